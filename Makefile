@@ -1,0 +1,45 @@
+# Two commands for a newcomer:  `make demo`  and  `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PROTO_DIR := operator/dynamig/agent/plugin/proto
+GEN_DIR := operator/dynamig/agent/plugin/_generated
+
+.PHONY: setup demo test lint typecheck imports unit controlplane proto bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+proto: $(STAMP)
+	@if [ -d $(PROTO_DIR) ]; then $(BIN)/python -m dynamig.agent.plugin.build_protos; fi
+
+controlplane:
+	@bash hack/build-control-plane.sh >/dev/null
+
+setup: $(STAMP) proto controlplane
+
+demo: setup
+	$(BIN)/dynamig demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check operator tests e2e bench
+	$(BIN)/hadolint Dockerfile
+
+typecheck: $(STAMP) proto
+	$(BIN)/mypy
+
+imports: $(STAMP)
+	$(BIN)/lint-imports
+
+test: setup lint typecheck imports
+	$(BIN)/pytest -q -p no:cacheprovider
+
+bench: setup
+	$(BIN)/python bench/planner_bench.py
+
+clean:
+	rm -rf $(VENV) $(GEN_DIR) .mypy_cache .ruff_cache

@@ -1,0 +1,105 @@
+"""MIG geometry types: GPU models, GI profiles, placed instances. Pure data, no I/O.
+
+A *placement* is counted in memory slices (NVML `nvmlGpuInstancePlacement_t`): an instance of a profile
+occupies memory slices ``[start, start + placement_size)``. Profile names are not unique across models
+(``1g.10gb`` is size 1 on A100-80GB but size 2 on A100-40GB), so a profile is always looked up through
+its ``GpuModel``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class MediaExtension(StrEnum):
+    """What a profile's name suffix says about media engines (go-nvlib naming)."""
+
+    NONE = ""
+    ME = "+me"  # at least one of each media engine; at most one such instance per GPU
+    ME_ALL = "+me.all"  # all media engines; excludes every profile but the ``-me`` ones
+    NO_ME = "-me"  # no media engines
+    GFX = "+gfx"  # graphics-capable
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """One GPU-instance profile of one GPU model, as ``nvidia-smi mig -lgip/-lgipp`` shows it."""
+
+    name: str  # "1g.10gb"
+    nvml_enum: int  # NVML_GPU_INSTANCE_PROFILE_* value passed to nvmlDeviceGetGpuInstanceProfileInfo
+    profile_id: int  # info.id, the lgip ID passed to create/placement calls
+    compute_slices: int
+    placement_starts: tuple[int, ...]
+    placement_size: int  # memory slices occupied
+    max_instances: int
+    memory_mib: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpegs: int
+    ofas: int
+    media: MediaExtension = MediaExtension.NONE
+    confirmed: bool = True  # False where the reference marks the row inferred
+    source: str = ""
+
+    def span(self, start: int) -> range:
+        """Memory slices an instance placed at ``start`` occupies."""
+        return range(start, start + self.placement_size)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuModel:
+    """A MIG-capable GPU model: its slice grid and its profiles (catalog key e.g. ``A100-80GB``)."""
+
+    key: str
+    product_names: tuple[str, ...]  # NVML product names that map to this key
+    pci_device_ids: tuple[int, ...]
+    memory_slices: int  # placement units: 8, 4 (A30) or 12 (RTX PRO 6000)
+    compute_slices: int
+    memory_mib: int
+    profiles: tuple[Profile, ...]
+    _by_name: dict[str, Profile] = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_name", {p.name: p for p in self.profiles})
+
+    def profile(self, name: str) -> Profile:
+        """The profile called ``name``; KeyError naming the model if it has none."""
+        try:
+            return self._by_name[name]
+        except KeyError:
+            known = ", ".join(p.name for p in self.profiles)
+            raise KeyError(f"GPU model {self.key} has no MIG profile {name!r} (known: {known})") from None
+
+    def has_profile(self, name: str) -> bool:
+        return name in self._by_name
+
+    def profile_by_id(self, profile_id: int) -> Profile:
+        for p in self.profiles:
+            if p.profile_id == profile_id:
+                return p
+        raise KeyError(f"GPU model {self.key} has no GI profile id {profile_id}")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class PlacedInstance:
+    """A GPU instance of ``profile`` at memory-slice ``start``. Sorted by start, then profile."""
+
+    start: int
+    profile: str
+
+
+Layout = tuple[PlacedInstance, ...]
+"""A GPU's MIG layout, kept sorted (``normalize_layout``) so equal layouts compare equal."""
+
+
+def normalize_layout(instances: tuple[PlacedInstance, ...] | list[PlacedInstance]) -> Layout:
+    return tuple(sorted(instances))
+
+
+def device_name(gpu_index: int, profile: str, start: int) -> str:
+    """Deterministic DRA device name for a placement, e.g. ``gpu0-1g10gb-s6`` (DNS-label safe)."""
+    slug = profile.replace(".", "").replace("+", "-").lower()
+    return f"gpu{gpu_index}-{slug}-s{start}"
