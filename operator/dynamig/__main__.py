@@ -1,0 +1,5 @@
+import sys
+
+from dynamig.cli import main
+
+sys.exit(main())
