@@ -1,1 +1,4 @@
-"""The embedded demo: local control plane, simulated GPU nodes, operator and agents, the morning-burst story."""
+"""The embedded demo: local control plane, simulated GPU nodes, operator and agents.
+
+It replays the morning-burst story.
+"""

@@ -1,0 +1,1 @@
+"""Kubernetes-facing code shared by the node agent and the operator (names, device shapes, CRD models)."""
