@@ -1,0 +1,252 @@
+"""Typed model of the ``GpuPartition`` custom resource (``dynamig.io/v1alpha1``, one per physical GPU).
+
+Raw API dicts are parsed once, at the edge, with :func:`parse_gpu_partition`; status is written back with
+:meth:`GpuPartitionStatus.to_api`. Field names here are the wire names (camelCase aliases) of
+``crds/gpupartitions.yaml``; keep the two in step. Pure: no I/O.
+
+Ownership of fields: the node agent creates the object and owns ``status``; the operator owns ``spec.layout``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from dynamig.geometry.model import Layout, PlacedInstance, normalize_layout
+from dynamig.kube.names import GPU_PARTITION_KIND, GROUP_VERSION
+
+
+class Phase(StrEnum):
+    STABLE = "Stable"
+    RESHAPING = "Reshaping"
+    DEGRADED = "Degraded"
+
+
+class InstanceState(StrEnum):
+    FREE = "free"
+    ALLOCATED = "allocated"
+    IN_USE = "in-use"
+
+
+class MigMode(StrEnum):
+    ENABLED = "Enabled"
+    DISABLED = "Disabled"
+    ENABLE_PENDING = "EnablePending"
+    DISABLE_PENDING = "DisablePending"
+    UNKNOWN = "Unknown"
+
+
+class ConditionType(StrEnum):
+    """Condition types the agent sets on a GpuPartition."""
+
+    READY = "Ready"  # the GPU matches spec.layout (True) or why not (False)
+    LAYOUT_VALID = "LayoutValid"  # spec.layout is valid for this GPU model
+    MANAGED = "Managed"  # the agent may manage this GPU (no other MIG owner, MIG enabled)
+    HEALTHY = "Healthy"  # NVML can reach the GPU
+
+
+class Reason(StrEnum):
+    """CamelCase reasons used in conditions."""
+
+    LAYOUT_APPLIED = "LayoutApplied"
+    RESHAPING = "Reshaping"
+    DRAINING = "Draining"
+    INSTANCE_BUSY = "InstanceBusy"
+    INSUFFICIENT_RESOURCES = "InsufficientResources"
+    PLACEMENT_TAKEN = "PlacementTaken"
+    INVALID_LAYOUT = "InvalidLayout"
+    VALID = "Valid"
+    MANAGED = "Managed"
+    FOREIGN_MIG_OWNER = "ForeignMigOwner"
+    MIG_DISABLED = "MigDisabled"
+    MIG_MODE_PENDING = "MigModePending"
+    UNKNOWN_MODEL = "UnknownModel"
+    GPU_LOST = "GpuLost"
+    GPU_PRESENT = "GpuPresent"
+    NVML_ERROR = "NvmlError"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
+
+
+class LayoutEntry(_Model):
+    """One desired instance: a GPU-instance profile at a placement start (memory slice)."""
+
+    profile: str
+    start: int = Field(ge=0)
+
+    def placed(self) -> PlacedInstance:
+        return PlacedInstance(self.start, self.profile)
+
+
+class GpuPartitionSpec(_Model):
+    layout: list[LayoutEntry] = Field(default_factory=list)
+
+    def desired(self) -> Layout:
+        """The desired layout as a normalized (sorted) tuple of placed instances."""
+        return normalize_layout([e.placed() for e in self.layout])
+
+    @classmethod
+    def from_layout(cls, layout: Layout | list[PlacedInstance]) -> GpuPartitionSpec:
+        return cls(layout=[LayoutEntry(profile=p.profile, start=p.start) for p in normalize_layout(layout)])
+
+
+class InstanceStatus(_Model):
+    profile: str
+    start: int
+    size: int = 0
+    device_name: str
+    mig_uuid: str = Field(default="", alias="migUUID")
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    state: InstanceState = InstanceState.FREE
+    published: bool = True
+    claims: list[str] = Field(default_factory=list)
+
+    def placed(self) -> PlacedInstance:
+        return PlacedInstance(self.start, self.profile)
+
+
+class Condition(_Model):
+    type: str
+    status: str  # "True" | "False" | "Unknown"
+    reason: str
+    message: str = ""
+    last_transition_time: str = ""
+    observed_generation: int | None = None
+
+    @property
+    def is_true(self) -> bool:
+        return self.status == "True"
+
+
+class GpuPartitionStatus(_Model):
+    node: str = ""
+    gpu_index: int | None = None
+    uuid: str = ""
+    product: str = ""
+    model: str = ""
+    mig_mode: MigMode = MigMode.UNKNOWN
+    instances: list[InstanceStatus] = Field(default_factory=list)
+    layout_summary: str = ""
+    free_slices: int = 0
+    total_slices: int = 0
+    observed_generation: int | None = None
+    phase: Phase | None = None
+    message: str = ""
+    last_reshape_time: str | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+
+    def condition(self, ctype: str) -> Condition | None:
+        for c in self.conditions:
+            if c.type == ctype:
+                return c
+        return None
+
+    def actual(self) -> Layout:
+        """The instances that exist, as a normalized layout."""
+        return normalize_layout([i.placed() for i in self.instances])
+
+    def to_api(self) -> dict[str, Any]:
+        """The status as the API takes it (camelCase, unset optionals dropped)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class ObjectMeta(_Model):
+    name: str
+    uid: str = ""
+    generation: int = 0
+    resource_version: str = ""
+    labels: dict[str, str] = Field(default_factory=dict)
+    creation_timestamp: str | None = None
+
+
+class GpuPartition(_Model):
+    metadata: ObjectMeta
+    spec: GpuPartitionSpec = Field(default_factory=GpuPartitionSpec)
+    status: GpuPartitionStatus = Field(default_factory=GpuPartitionStatus)
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+
+def parse_gpu_partition(obj: dict[str, Any]) -> GpuPartition:
+    """Parse a GpuPartition as the API returns it (dict). A missing status parses as an empty one."""
+    data = dict(obj)
+    if data.get("status") is None:
+        data["status"] = {}
+    if data.get("spec") is None:
+        data["spec"] = {}
+    return GpuPartition.model_validate(data)
+
+
+def build_gpu_partition(
+    name: str, labels: dict[str, str], layout: Layout | list[PlacedInstance]
+) -> dict[str, Any]:
+    """A new GpuPartition object (no status) whose spec.layout is ``layout``. Pure."""
+    return {
+        "apiVersion": GROUP_VERSION,
+        "kind": GPU_PARTITION_KIND,
+        "metadata": {"name": name, "labels": dict(labels)},
+        "spec": GpuPartitionSpec.from_layout(layout).model_dump(mode="json", by_alias=True),
+    }
+
+
+def layout_summary(layout: Layout | list[PlacedInstance]) -> str:
+    """``1g.10gb@0,1g.10gb@1,3g.40gb@4`` (``-`` for none). Pure."""
+    items = normalize_layout(layout)
+    return ",".join(f"{p.profile}@{p.start}" for p in items) if items else "-"
+
+
+def now_rfc3339() -> str:
+    """Current UTC time in the RFC 3339 form Kubernetes uses (seconds precision)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def set_condition(
+    conditions: list[Condition],
+    ctype: str,
+    status: bool | None,
+    reason: str,
+    message: str,
+    generation: int | None,
+    now: str,
+) -> list[Condition]:
+    """Conditions with ``ctype`` set; lastTransitionTime kept unless its status changes. Pure."""
+    text = "Unknown" if status is None else ("True" if status else "False")
+    out: list[Condition] = []
+    found = False
+    for c in conditions:
+        if c.type != ctype:
+            out.append(c)
+            continue
+        found = True
+        when = c.last_transition_time if c.status == text and c.last_transition_time else now
+        out.append(
+            Condition(
+                type=ctype,
+                status=text,
+                reason=reason,
+                message=message,
+                last_transition_time=when,
+                observed_generation=generation,
+            )
+        )
+    if not found:
+        out.append(
+            Condition(
+                type=ctype,
+                status=text,
+                reason=reason,
+                message=message,
+                last_transition_time=now,
+                observed_generation=generation,
+            )
+        )
+    return out
