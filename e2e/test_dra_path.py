@@ -1,0 +1,192 @@
+"""The DRA path dynamig depends on, end to end on the real control plane.
+
+Real: etcd, kube-apiserver, kube-scheduler (its DRA allocator) and kube-controller-manager (its ResourceClaim
+controller), all built from the Kubernetes sources; the ResourceSlice is built by dynamig's own device and
+slice builders (``dynamig.kube.devices``, ``dynamig.kube.slices``) from the A100-80GB geometry catalog.
+Simulated: the GPU node is a Node object registered through the API (no kubelet), and the slice is written
+by the test instead of the node agent, so pods are bound but never run.
+
+Scenario: one node publishes one ``1g.10gb`` and one ``2g.20gb`` MIG device. Every pod asks, through a
+ResourceClaimTemplate, for ``firstAvailable: [1g.10gb, 2g.20gb]``. The first pod gets the 1g.10gb (first
+choice), the second the 2g.20gb (fallback), the third nothing ("cannot allocate all claims"); once the first
+pod is gone, the third gets the freed 1g.10gb.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import pytest
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from dynamig.devcluster import ControlPlane
+from dynamig.geometry.catalog import load_catalog
+from dynamig.kube.devices import MigDevice
+from dynamig.kube.names import DEVICE_CLASS_NAME
+from dynamig.kube.slices import build_resource_slices
+
+pytestmark = pytest.mark.controlplane
+
+DRIVER = "mig.dynamig.io"
+T = TypeVar("T")
+
+
+async def eventually(probe: Callable[[], Awaitable[T | None]], what: str, within_s: float = 30.0) -> T:
+    """Await ``probe`` every 200 ms until it returns something other than None; fail after ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while True:
+        value = await probe()
+        if value is not None:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {within_s:.0f}s waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+def choice(name: str, profile: str) -> dict[str, Any]:
+    """One ``firstAvailable`` entry: a device of class mig.dynamig.io with the given MIG profile."""
+    selector = f'device.attributes["{DRIVER}"].profile == "{profile}"'
+    return {
+        "name": name,
+        "deviceClassName": DEVICE_CLASS_NAME,
+        "selectors": [{"cel": {"expression": selector}}],
+    }
+
+
+def claim_template(name: str) -> dict[str, Any]:
+    """A ResourceClaimTemplate asking for a 1g.10gb slice, or a 2g.20gb one when none is free (DESIGN.md)."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": [{
+            "name": "gpu",
+            "firstAvailable": [choice("small", "1g.10gb"), choice("medium", "2g.20gb")],
+        }]}}},
+    }
+
+
+def pod(name: str, node: str, template: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            # Pinned to this test's node: the session's cluster is shared with other tests.
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+            "containers": [{
+                "name": "main",
+                "image": "registry.invalid/cuda-sample:1",
+                "resources": {"claims": [{"name": "gpu"}], "requests": {"cpu": "100m", "memory": "64Mi"}},
+            }],
+        },
+    }
+
+
+async def ensure_device_class(resource: client.ResourceV1Api) -> None:
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": DEVICE_CLASS_NAME},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+    }
+    try:
+        await resource.create_device_class(body)
+    except ApiException as exc:
+        if exc.status != 409:  # already there (another test or the manifests created it)
+            raise
+
+
+async def test_first_available_allocation_fallback_and_unschedulable(
+    control_plane: ControlPlane, kube_api: client.ApiClient, namespace: str,
+    make_node: Callable[..., str],
+) -> None:
+    core = client.CoreV1Api(kube_api)
+    resource = client.ResourceV1Api(kube_api)
+    started = time.monotonic()
+
+    node = make_node("gpu-node", labels={"dynamig.io/managed": "true"})
+    node_uid = (await core.read_node(node)).metadata.uid
+    a100 = load_catalog().model("A100-80GB")
+    devices = [
+        MigDevice(0, a100.profile("1g.10gb"), 6, a100.product_name, "GPU-e2e-0", "MIG-e2e-1g"),
+        MigDevice(0, a100.profile("2g.20gb"), 0, a100.product_name, "GPU-e2e-0", "MIG-e2e-2g"),
+    ]
+    small_name, medium_name = (d.name for d in devices)
+    (slice_body,) = build_resource_slices(node, 1, [d.to_api() for d in devices])
+    # Owned by the Node, as a kubelet-registered driver's slices are: deleting the node collects them.
+    slice_body["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid, "controller": True},
+    ]
+    await resource.create_resource_slice(slice_body)
+    await ensure_device_class(resource)
+    await resource.create_namespaced_resource_claim_template(namespace, claim_template("mig"))
+
+    async def claim_of(pod_name: str) -> client.V1ResourceClaim | None:
+        """The claim the controller manager generated for the pod's ``gpu`` entry, once it exists."""
+        p = await core.read_namespaced_pod(pod_name, namespace)
+        for status in p.status.resource_claim_statuses or []:
+            if status.name == "gpu" and status.resource_claim_name:
+                claim: client.V1ResourceClaim = await resource.read_namespaced_resource_claim(
+                    status.resource_claim_name, namespace)
+                return claim
+        return None
+
+    async def allocated_claim(pod_name: str) -> client.V1ResourceClaim | None:
+        claim = await claim_of(pod_name)
+        return claim if claim is not None and claim.status and claim.status.allocation else None
+
+    async def bound(pod_name: str) -> client.V1Pod | None:
+        p: client.V1Pod = await core.read_namespaced_pod(pod_name, namespace)
+        return p if p.spec.node_name else None
+
+    async def expect_allocation(pod_name: str, subrequest: str, device: str) -> None:
+        claim = await eventually(lambda: allocated_claim(pod_name), f"claim of {pod_name} allocated")
+        # Generated by the ResourceClaim controller, owned by the pod.
+        owners = claim.metadata.owner_references or []
+        assert [(o.kind, o.name, o.controller) for o in owners] == [("Pod", pod_name, True)]
+        assert claim.metadata.annotations.get("resource.kubernetes.io/pod-claim-name") == "gpu"
+        results = claim.status.allocation.devices.results
+        assert [(r.request, r.driver, r.pool, r.device) for r in results] == [
+            (f"gpu/{subrequest}", DRIVER, node, device),
+        ]
+        assert [c.name for c in claim.status.reserved_for] == [pod_name]
+        p = await eventually(lambda: bound(pod_name), f"{pod_name} bound")
+        assert p.spec.node_name == node
+
+    # 1. First choice is free: the scheduler allocates 1g.10gb and binds the pod.
+    await core.create_namespaced_pod(namespace, pod("first", node, "mig"))
+    await expect_allocation("first", "small", small_name)
+
+    # 2. First choice taken: the fallback 2g.20gb.
+    await core.create_namespaced_pod(namespace, pod("second", node, "mig"))
+    await expect_allocation("second", "medium", medium_name)
+
+    # 3. Nothing left: the claim exists but stays unallocated and the pod is Unschedulable.
+    await core.create_namespaced_pod(namespace, pod("third", node, "mig"))
+
+    async def unschedulable() -> client.V1PodCondition | None:
+        p = await core.read_namespaced_pod("third", namespace)
+        for cond in p.status.conditions or []:
+            if cond.type == "PodScheduled" and cond.status == "False":
+                return cond
+        return None
+
+    cond = await eventually(unschedulable, "third pod reported unschedulable")
+    assert cond.reason == "Unschedulable"
+    assert "cannot allocate all claims" in cond.message, cond.message
+    third_claim = await eventually(lambda: claim_of("third"), "claim of third created")
+    assert third_claim.status is None or third_claim.status.allocation is None
+    assert (await core.read_namespaced_pod("third", namespace)).spec.node_name is None
+
+    # 4. The first pod goes away: its claim is released and the waiting pod gets the freed first choice.
+    await core.delete_namespaced_pod("first", namespace, grace_period_seconds=0)
+    await expect_allocation("third", "small", small_name)
+
+    await resource.delete_resource_slice(slice_body["metadata"]["name"])
+    print(f"\nDRA path scenario took {time.monotonic() - started:.1f}s")

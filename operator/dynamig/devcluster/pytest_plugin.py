@@ -1,0 +1,131 @@
+"""pytest fixtures for tests that need the real local control plane.
+
+Registered once from the repository's root ``conftest.py`` (``pytest_plugins = [...]``) so that ``tests/`` and
+``e2e/`` share one control plane per session. Fixtures:
+
+- ``control_plane`` (session): a started :class:`~dynamig.devcluster.ControlPlane`; its work dir (logs under
+  ``logs/``) lives in pytest's temporary directory, which pytest keeps for the last few runs.
+- ``kube_api`` (session, async): an admin ``kubernetes_asyncio`` ApiClient for that control plane.
+- ``namespace`` (function): a fresh namespace with its ``default`` ServiceAccount; on teardown its pods are
+  force-deleted (no kubelet would ever confirm a graceful delete) and the namespace is deleted.
+- ``make_node`` (function): ``make_node(prefix="node", labels=None, allocatable=None) -> str`` registers a
+  Ready node with a unique name; the nodes (and, through the garbage collector, slices they own) are deleted
+  on teardown.
+
+A test using ``control_plane`` (directly or through these fixtures) is marked ``controlplane`` automatically,
+so ``pytest -m "not controlplane"`` runs everything that needs no Kubernetes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from dynamig.devcluster.controlplane import ControlPlane
+from dynamig.devcluster.rest import ApiError
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio.client import ApiClient
+
+_CP_KEY = pytest.StashKey[ControlPlane]()
+_FIXTURES_NEEDING_CP = {"control_plane", "kube_api", "namespace", "make_node"}
+
+MakeNode = Callable[..., str]
+
+
+def unique_name(prefix: str, request: pytest.FixtureRequest | None = None) -> str:
+    """A DNS-1123 name: ``prefix``, a slug of the test name, and random hex (at most 63 characters). Pure."""
+    parts = [prefix]
+    if request is not None:
+        parts.append(re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:30])
+    base = "-".join(p for p in parts if p)[:54].strip("-")
+    return f"{base}-{uuid.uuid4().hex[:8]}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _FIXTURES_NEEDING_CP & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.controlplane)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    cp = config.stash.get(_CP_KEY, None)
+    if cp is not None and cp.start_seconds is not None:
+        terminalreporter.write_line(
+            f"dynamig control plane: started in {cp.start_seconds:.1f}s; component logs were in {cp.log_dir}"
+        )
+
+
+def _sigterm_to_exit(signum: int, frame: FrameType | None) -> None:
+    # Turn SIGTERM into an exception so fixture finalizers (control-plane stop) run.
+    raise SystemExit(128 + signum)
+
+
+@pytest.fixture(scope="session")
+def control_plane(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[ControlPlane]:
+    """The session's control plane (started on first use, stopped at session end, even after failures)."""
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
+            signal.signal(signal.SIGTERM, _sigterm_to_exit)
+    work_dir = tmp_path_factory.mktemp("controlplane", numbered=True)
+    cp = ControlPlane(work_dir=work_dir)
+    cp.start()
+    request.config.stash[_CP_KEY] = cp
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture(scope="session")
+async def kube_api(control_plane: ControlPlane) -> AsyncIterator[ApiClient]:
+    """An admin ``kubernetes_asyncio`` ApiClient for the session's control plane."""
+    async with control_plane.api_client() as api:
+        yield api
+
+
+@pytest.fixture
+def namespace(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace (with its ``default`` ServiceAccount) for one test; deleted afterwards."""
+    api = control_plane.rest()
+    name = unique_name("t", request)
+    api.request("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
+    # Pod admission needs the default ServiceAccount; the controller creates it too, so 409 is expected.
+    with contextlib.suppress(ApiError):
+        api.request("POST", f"/api/v1/namespaces/{name}/serviceaccounts", {"metadata": {"name": "default"}})
+    try:
+        yield name
+    finally:
+        with contextlib.suppress(ApiError, OSError):
+            api.request("DELETE", f"/api/v1/namespaces/{name}/pods?gracePeriodSeconds=0")
+            api.request("DELETE", f"/api/v1/namespaces/{name}")
+
+
+@pytest.fixture
+def make_node(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[MakeNode]:
+    """Factory: ``make_node(prefix="node", labels=None, allocatable=None) -> name`` of a new Ready node."""
+    created: list[str] = []
+
+    def make(prefix: str = "node", labels: Mapping[str, str] | None = None,
+             allocatable: Mapping[str, str] | None = None) -> str:
+        name = unique_name(prefix)
+        control_plane.register_node(name, labels=labels, allocatable=allocatable)
+        created.append(name)
+        return name
+
+    try:
+        yield make
+    finally:
+        for name in created:
+            with contextlib.suppress(ApiError, OSError):
+                control_plane.delete_node(name)
+
