@@ -1,0 +1,215 @@
+"""CDI specs for prepared claims, and the NVIDIA capability files they are built from.
+
+One spec file per claim, kind ``k8s.mig.dynamig.io/claim``, one CDI device per allocated MIG instance named
+``<claim-uid>-<device-name>``. A MIG instance is reached through the parent GPU's ``/dev/nvidia<minor>``,
+``/dev/nvidiactl``, ``/dev/nvidia-uvm`` and two capability nodes ``/dev/nvidia-caps/nvidia-cap<N>``: one for
+its GPU instance, one for its compute instance. Their minors are in the driver's procfs files
+``/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<X>/access`` and ``.../gi<X>/ci<Y>/access``, each with a
+``DeviceFileMinor: N`` line.
+
+``build_spec`` and ``parse_access_file`` are pure; the ``read_*``, ``write_*`` and ``remove_*`` functions
+touch the filesystem. Specs are written atomically (temp file, fsync, rename) so the container runtime never
+reads half a spec.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dynamig.agent.plugin.instances import PreparedInstance
+
+CDI_VERSION = "0.6.0"
+CDI_VENDOR = "k8s.mig.dynamig.io"
+CDI_CLASS = "claim"
+CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
+SPEC_PREFIX = f"{CDI_VENDOR}-{CDI_CLASS}_"
+
+_MINOR_RE = re.compile(r"^\s*DeviceFileMinor:\s*(\d+)\s*$", re.MULTILINE)
+_CLAIM_UID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*$")
+
+
+class CapabilityError(Exception):
+    """A capability file is missing or unreadable; the message names the file."""
+
+
+@dataclass(frozen=True, slots=True)
+class CapabilityMinors:
+    """Minors of the ``/dev/nvidia-caps/nvidia-cap<N>`` nodes that grant access to one MIG instance."""
+
+    gi_access: int
+    ci_access: int
+
+
+@dataclass(frozen=True, slots=True)
+class CdiDevice:
+    """One MIG instance of a claim, as it goes into the claim's CDI spec."""
+
+    instance: PreparedInstance
+    minors: CapabilityMinors
+    # MIG UUIDs of every device of the same request (NVIDIA_VISIBLE_DEVICES takes a list; a container that
+    # references the request must see all of them, and CDI env entries do not merge).
+    request_uuids: tuple[str, ...] = ()
+
+
+def parse_access_file(text: str) -> int:
+    """The ``DeviceFileMinor`` of an ``access`` file's content. Pure; ValueError if absent."""
+    match = _MINOR_RE.search(text)
+    if match is None:
+        raise ValueError("no 'DeviceFileMinor: N' line")
+    return int(match.group(1))
+
+
+def capabilities_dir(proc_root: Path, gpu_minor: int) -> Path:
+    """``<proc>/driver/nvidia/capabilities/gpu<minor>``. Pure."""
+    return proc_root / "driver" / "nvidia" / "capabilities" / f"gpu{gpu_minor}"
+
+
+def gi_access_path(proc_root: Path, gpu_minor: int, gi_id: int) -> Path:
+    return capabilities_dir(proc_root, gpu_minor) / "mig" / f"gi{gi_id}" / "access"
+
+
+def ci_access_path(proc_root: Path, gpu_minor: int, gi_id: int, ci_id: int) -> Path:
+    return capabilities_dir(proc_root, gpu_minor) / "mig" / f"gi{gi_id}" / f"ci{ci_id}" / "access"
+
+
+def _read_minor(path: Path) -> int:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise CapabilityError(f"capability file {path} does not exist (is the MIG instance there?)") from None
+    except OSError as exc:
+        raise CapabilityError(f"cannot read capability file {path}: {exc.strerror}") from exc
+    try:
+        return parse_access_file(text)
+    except ValueError:
+        raise CapabilityError(f"capability file {path} has no 'DeviceFileMinor: N' line") from None
+
+
+def read_capability_minors(proc_root: Path, instance: PreparedInstance) -> CapabilityMinors:
+    """Reads the GI and CI capability minors of ``instance``. Side effect: reads procfs."""
+    gi = _read_minor(gi_access_path(proc_root, instance.gpu_minor, instance.gi_id))
+    ci = _read_minor(ci_access_path(proc_root, instance.gpu_minor, instance.gi_id, instance.ci_id))
+    return CapabilityMinors(gi_access=gi, ci_access=ci)
+
+
+def device_nodes(instance: PreparedInstance, minors: CapabilityMinors) -> tuple[str, ...]:
+    """Device node paths under ``/dev`` a container needs for the instance, parent GPU first. Pure."""
+    return (
+        f"nvidia{instance.gpu_minor}",
+        "nvidiactl",
+        "nvidia-uvm",
+        f"nvidia-caps/nvidia-cap{minors.gi_access}",
+        f"nvidia-caps/nvidia-cap{minors.ci_access}",
+    )
+
+
+def missing_device_nodes(dev_root: Path, nodes: Iterable[str]) -> list[Path]:
+    """Those of ``nodes`` that do not exist under ``dev_root``. Side effect: stats files."""
+    return [dev_root / n for n in nodes if not (dev_root / n).exists()]
+
+
+def cdi_device_name(claim_uid: str, device_name: str) -> str:
+    """CDI device name of one device of a claim. Pure."""
+    return f"{claim_uid}-{device_name}"
+
+
+def cdi_device_id(claim_uid: str, device_name: str) -> str:
+    """Fully qualified CDI device id (``vendor/class=name``) the kubelet hands to the runtime. Pure."""
+    return f"{CDI_KIND}={cdi_device_name(claim_uid, device_name)}"
+
+
+def build_spec(claim_uid: str, devices: Sequence[CdiDevice], dev_root: Path) -> dict[str, Any]:
+    """The CDI spec (as JSON-able dict) for one claim. Pure.
+
+    ``path`` is where the node appears in the container (always ``/dev/...``); ``hostPath`` is where it is
+    on the host, under ``dev_root``.
+    """
+    cdi_devices: list[dict[str, Any]] = []
+    for dev in devices:
+        inst = dev.instance
+        nodes = [
+            {"path": f"/dev/{n}", "hostPath": str(dev_root / n)} for n in device_nodes(inst, dev.minors)
+        ]
+        uuids = ",".join(dev.request_uuids or (inst.mig_uuid,))
+        cdi_devices.append(
+            {
+                "name": cdi_device_name(claim_uid, inst.device_name),
+                "containerEdits": {
+                    "env": [f"NVIDIA_VISIBLE_DEVICES={uuids}"],
+                    "deviceNodes": nodes,
+                },
+            }
+        )
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": CDI_KIND,
+        "annotations": {"mig.dynamig.io/claim-uid": claim_uid},
+        "devices": cdi_devices,
+    }
+
+
+def spec_path(cdi_root: Path, claim_uid: str) -> Path:
+    """Spec file of a claim. Pure; ValueError for a UID that is not a safe file-name component."""
+    if not _CLAIM_UID_RE.match(claim_uid):
+        raise ValueError(f"claim UID {claim_uid!r} is not a valid UID")
+    return cdi_root / f"{SPEC_PREFIX}{claim_uid}.json"
+
+
+def claim_uid_of_spec(path: Path) -> str | None:
+    """The claim UID a spec file written by ``write_spec`` belongs to, else None. Pure."""
+    name = path.name
+    if not (name.startswith(SPEC_PREFIX) and name.endswith(".json")):
+        return None
+    uid = name[len(SPEC_PREFIX) : -len(".json")]
+    return uid if _CLAIM_UID_RE.match(uid) else None
+
+
+def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Writes ``data`` to ``path`` through temp file -> fsync -> rename -> fsync(dir). Side effect: file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def write_spec(cdi_root: Path, claim_uid: str, spec: dict[str, Any]) -> Path:
+    """Writes a claim's spec atomically; returns its path. Side effect: file under ``cdi_root``."""
+    path = spec_path(cdi_root, claim_uid)
+    write_atomic(path, (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode())
+    return path
+
+
+def remove_spec(cdi_root: Path, claim_uid: str) -> bool:
+    """Removes a claim's spec; True if there was one. Side effect: deletes a file."""
+    try:
+        spec_path(cdi_root, claim_uid).unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def spec_claim_uids(cdi_root: Path) -> set[str]:
+    """UIDs of the claims that have a spec written by this plugin under ``cdi_root``. Reads the directory."""
+    if not cdi_root.is_dir():
+        return set()
+    return {uid for p in cdi_root.iterdir() if (uid := claim_uid_of_spec(p)) is not None}

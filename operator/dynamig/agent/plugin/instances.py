@@ -1,0 +1,56 @@
+"""What the plugin needs from whoever owns the MIG instances on the node: the ``MigInstances`` protocol.
+
+The node agent implements it against NVML (it owns NVML and the GpuPartition status); the plugin only asks
+for an instance to exist before a pod uses it, and says when the pod is done with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedInstance:
+    """A MIG instance that exists, with what the CDI spec needs to hand it to a container."""
+
+    device_name: str  # DRA device name, e.g. "gpu0-1g10gb-s6"
+    mig_uuid: str  # "MIG-..." as NVML reports it; becomes NVIDIA_VISIBLE_DEVICES
+    parent_uuid: str  # "GPU-..." of the physical GPU
+    gpu_index: int  # NVML index of the parent GPU
+    gpu_minor: int  # minor number of the parent GPU: /dev/nvidia<minor>, capabilities/gpu<minor>
+    gi_id: int  # GPU instance id on the parent
+    ci_id: int  # compute instance id inside the GI
+    profile: str = ""  # "1g.10gb"
+    placement_start: int = -1
+
+
+class InstanceError(Exception):
+    """A device cannot be prepared; the message is shown to the user in the pod's events. Per claim."""
+
+
+class UnknownDevice(InstanceError):
+    """The device name does not denote a (GPU, profile, placement) of this node."""
+
+
+class PlacementTaken(InstanceError):
+    """The instance does not exist and its memory slices are occupied by another instance."""
+
+
+class MigInstances(Protocol):
+    """Makes MIG instances exist for prepared claims and hears when they are no longer used.
+
+    Both methods must be idempotent and safe to call concurrently for different devices.
+    """
+
+    async def ensure(self, device_name: str) -> PreparedInstance:
+        """Returns the instance named ``device_name``, creating its GI and CI at the device's placement when
+        it does not exist and the placement is free. Raises ``PlacementTaken`` when the placement is occupied,
+        ``UnknownDevice`` when the name does not denote a placement of this node's GPUs, ``InstanceError`` for
+        any other reason the instance cannot be made available. Side effects: NVML, agent state."""
+        ...
+
+    async def release(self, device_name: str) -> None:
+        """The claim using ``device_name`` was unprepared: mark the instance free (never destroy it; the
+        operator decides its fate). Side effects: agent state, GpuPartition status."""
+        ...
