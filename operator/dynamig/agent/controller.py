@@ -1,0 +1,530 @@
+"""The node agent's reconcile loop: NVML + API observed afresh each round, the reshape plan carried out.
+
+One round (:meth:`NodeAgent.reconcile_once`):
+
+1. read the Node (opt-in label, NVIDIA MIG manager label), the GPUs and their instances (NVML), the node's
+   ResourceSlices (ours and other drivers'), the ResourceClaim allocations naming our pool, and the node's
+   GpuPartitions (creating a missing one with the GPU's current layout as its spec, so nothing is destroyed);
+2. per GPU, plan with :func:`dynamig.agent.reconcile.plan_gpu` and act: destroy (after re-checking claims
+   and NVML processes), finish half-made instances, create at explicit placements;
+3. publish the devices every GPU's plan offers (one pool, generation bumped on change);
+4. write each GpuPartition's status, metrics.
+
+Nothing is carried between rounds but timers (since when an instance has been out of the slice and
+unallocated, when a reshape began): a restart only restarts the settle period, never skips it.
+A lock serialises rounds with :mod:`dynamig.agent.devices_service` calls from the kubelet plugin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from dynamig import DRIVER_NAME
+from dynamig.agent.kubeapi import KubeApi, allocated_devices, status_of
+from dynamig.agent.metrics import AgentMetrics, GpuSample, InstanceSample
+from dynamig.agent.nvml_device import GpuInfo, MigInstance, NvmlDevices
+from dynamig.agent.ownership import foreign_mig_owners, node_is_managed, node_mig_owner
+from dynamig.agent.publisher import SlicePublisher
+from dynamig.agent.reconcile import GpuPlan, Observed, plan_gpu
+from dynamig.geometry.model import PlacedInstance, device_name
+from dynamig.kube.devices import MigDevice
+from dynamig.kube.gpupartition import (
+    ConditionType,
+    GpuPartition,
+    GpuPartitionStatus,
+    InstanceState,
+    InstanceStatus,
+    MigMode,
+    Phase,
+    Reason,
+    build_gpu_partition,
+    layout_summary,
+    now_rfc3339,
+    parse_gpu_partition,
+    set_condition,
+)
+from dynamig.kube.names import GPU_INDEX_LABEL, NODE_LABEL, PRODUCT_LABEL, gpu_partition_name
+
+log = logging.getLogger(__name__)
+
+InstanceKey = tuple[int, PlacedInstance]  # (GPU index, placement)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentSettings:
+    """How one node agent behaves. Built once in ``main`` from flags."""
+
+    node: str
+    driver: str = DRIVER_NAME
+    settle_seconds: float = 5.0  # an instance out of the slice and unallocated this long may be destroyed
+    interval_seconds: float = 10.0  # time between rounds when every GPU is Stable
+    reshape_poll_seconds: float = 0.5  # time between rounds while a GPU reshapes
+
+
+@dataclass(slots=True)
+class _GpuOutcome:
+    """What one GPU contributes to this round: devices to publish and the status to write."""
+
+    name: str
+    devices: list[dict[str, Any]] = field(default_factory=list)
+    published: set[PlacedInstance] = field(default_factory=set)
+    status: GpuPartitionStatus | None = None
+    busy: bool = False  # still reshaping: poll again soon
+    instances: list[MigInstance] = field(default_factory=list)
+
+
+def _mig_mode(gpu: GpuInfo) -> MigMode:
+    if gpu.mig_current != gpu.mig_pending:
+        return MigMode.ENABLE_PENDING if gpu.mig_pending == 1 else MigMode.DISABLE_PENDING
+    return MigMode.ENABLED if gpu.mig_current == 1 else MigMode.DISABLED
+
+
+class NodeAgent:
+    """Reconciles every GPU of one node. Side effects: NVML, API writes, metrics."""
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        api: KubeApi,
+        devices: NvmlDevices,
+        metrics: AgentMetrics,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.api = api
+        self.devices = devices
+        self.metrics = metrics
+        self.clock = clock
+        self.publisher = SlicePublisher(api, settings.node, settings.driver)
+        self.lock = asyncio.Lock()
+        self.prepared: set[str] = set()  # device names the kubelet plugin prepared (in use by a pod)
+        self._quiet_since: dict[InstanceKey, float] = {}
+        self._reshape_started: dict[int, float] = {}
+        self._wake = asyncio.Event()
+        self._managed_logged: bool | None = None
+        self.rounds = 0
+
+    # --- loop ----------------------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Ask for a round now (e.g. after the plugin created or released an instance)."""
+        self._wake.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Reconcile until ``stop`` is set. Errors end the round, not the loop."""
+        while not stop.is_set():
+            busy = True
+            try:
+                busy = await self.reconcile_once()
+            except Exception:
+                self.metrics.reconcile_errors.labels(self.settings.node).inc()
+                log.exception("reconcile round failed; retrying")
+            delay = self.settings.reshape_poll_seconds if busy else self.settings.interval_seconds
+            self._wake.clear()
+            waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
+            try:
+                await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waiters:
+                    w.cancel()
+
+    async def reconcile_once(self) -> bool:
+        """One round over every GPU. Returns True while some GPU still reshapes (poll again soon)."""
+        async with self.lock:
+            return await self._round()
+
+    async def _round(self) -> bool:
+        node = self.settings.node
+        self.rounds += 1
+        labels = await self.api.node_labels(node)
+        if labels is None or not node_is_managed(labels):
+            if self._managed_logged is not False:
+                log.warning("node %s does not exist or lacks dynamig.io/managed=true; not managing it", node)
+            self._managed_logged = False
+            return False
+        self._managed_logged = True
+        node_owner = node_mig_owner(labels)
+
+        gpus: list[GpuInfo] = []
+        lost_reason = ""
+        try:
+            gpus = await asyncio.to_thread(self.devices.gpus)
+        except self.devices.error_type as exc:
+            self.metrics.nvml_error("discover", self.devices.error_name(exc))
+            lost_reason = f"NVML discovery failed: {exc}"
+            log.error("%s", lost_reason)
+
+        slices = await self.api.list_slices(node)
+        foreign = foreign_mig_owners(slices, [g.uuid for g in gpus], self.settings.driver)
+        claims = allocated_devices(await self.api.list_claims(), self.settings.driver, node)
+        parts = {
+            p.name: p
+            for p in (parse_gpu_partition(o) for o in await self.api.list_partitions(f"{NODE_LABEL}={node}"))
+        }
+
+        outcomes: list[_GpuOutcome] = []
+        for gpu in gpus:
+            name = gpu_partition_name(node, gpu.index)
+            try:
+                instances = await asyncio.to_thread(self.devices.instances, gpu)
+            except self.devices.error_type as exc:
+                self.metrics.nvml_error("list-instances", self.devices.error_name(exc))
+                part = parts.get(name)
+                if part is not None:
+                    outcomes.append(self._lost(part, f"NVML cannot read GPU {gpu.index}: {exc}"))
+                continue
+            part = parts.get(name)
+            if part is None:
+                part = await self._create_partition(gpu, instances)
+            owner = node_owner
+            if owner is None and gpu.uuid in foreign:
+                owner = f"driver {foreign[gpu.uuid]} publishes MIG devices of this GPU"
+            outcomes.append(await self._reconcile_gpu(gpu, part, instances, claims, owner))
+
+        seen = {o.name for o in outcomes}
+        for name, part in parts.items():
+            if name not in seen:
+                outcomes.append(self._lost(part, lost_reason or "NVML no longer reports this GPU"))
+
+        devices = [d for o in outcomes for d in o.devices]
+        if await self.publisher.sync(devices, existing=slices):
+            self.metrics.slice_publishes.labels(node).inc()
+        self._after_publish(outcomes, claims)
+
+        for o in outcomes:
+            if o.status is not None:
+                await self._write_status(o.name, o.status)
+        self._export(outcomes)
+        return any(o.busy for o in outcomes)
+
+    # --- one GPU -------------------------------------------------------------------------------------
+
+    async def _create_partition(self, gpu: GpuInfo, instances: list[MigInstance]) -> GpuPartition:
+        """Create the GpuPartition with the layout that exists now as its spec (adopt, destroy nothing)."""
+        name = gpu_partition_name(self.settings.node, gpu.index)
+        labels = {NODE_LABEL: self.settings.node, GPU_INDEX_LABEL: str(gpu.index)}
+        if gpu.model is not None:
+            labels[PRODUCT_LABEL] = gpu.model.key
+        body = build_gpu_partition(name, labels, [i.placed for i in instances if i.has_compute_instance])
+        try:
+            created = await self.api.create_partition(body)
+        except Exception as exc:
+            if status_of(exc) != 409:
+                raise
+            got = await self.api.get_partition(name)
+            if got is None:
+                raise
+            created = got
+        log.info("created GpuPartition %s adopting %d instance(s)", name, len(instances))
+        return parse_gpu_partition(created)
+
+    def _lost(self, part: GpuPartition, why: str) -> _GpuOutcome:
+        now = now_rfc3339()
+        old = part.status
+        gen = part.metadata.generation
+        conds = set_condition(old.conditions, ConditionType.HEALTHY, False, Reason.GPU_LOST, why, gen, now)
+        conds = set_condition(conds, ConditionType.READY, False, Reason.GPU_LOST, why, gen, now)
+        status = old.model_copy(
+            update={"phase": Phase.DEGRADED, "message": why, "conditions": conds, "free_slices": 0}
+        )
+        return _GpuOutcome(name=part.name, status=status)
+
+    def _observe(self, instances: list[MigInstance], claims: dict[str, list[str]]) -> tuple[Observed, ...]:
+        out = []
+        for i in instances:
+            dev = device_name(i.gpu_index, i.profile, i.start)
+            out.append(
+                Observed(
+                    i.placed,
+                    claims=tuple(claims.get(dev, ())),
+                    processes=i.processes,
+                    has_compute_instance=i.has_compute_instance,
+                    prepared=dev in self.prepared,
+                )
+            )
+        return tuple(out)
+
+    async def _reconcile_gpu(
+        self,
+        gpu: GpuInfo,
+        part: GpuPartition,
+        instances: list[MigInstance],
+        claims: dict[str, list[str]],
+        owner: str | None,
+    ) -> _GpuOutcome:
+        gen = part.metadata.generation
+        desired = part.spec.desired()
+        notes: list[str] = []
+        blocker: tuple[str, str] | None = None  # (reason, message) of an operation that failed
+        refuse: tuple[str, str] | None = None
+        if owner is not None:
+            refuse = (Reason.FOREIGN_MIG_OWNER, f"not managing this GPU: {owner}")
+        elif gpu.model is None:
+            refuse = (Reason.UNKNOWN_MODEL, f"GPU product {gpu.product!r} is not in the MIG catalog")
+        elif gpu.mig_current != gpu.mig_pending:
+            refuse = (Reason.MIG_MODE_PENDING, "MIG mode change pending; the GPU needs a reset")
+        elif not gpu.mig_enabled:
+            refuse = (Reason.MIG_DISABLED, "MIG mode is disabled on this GPU; the agent does not enable it")
+        if refuse is not None or gpu.model is None:
+            reason, message = refuse or (Reason.UNKNOWN_MODEL, "unknown model")
+            status = self._status(gpu, part, instances, claims, set(), None, Phase.DEGRADED, message)
+            stamp = now_rfc3339()
+            conds = status.conditions
+            for ctype in (ConditionType.MANAGED, ConditionType.READY):
+                conds = set_condition(conds, ctype, False, reason, message, gen, stamp)
+            return _GpuOutcome(name=part.name, status=status.model_copy(update={"conditions": conds}))
+
+        model = gpu.model
+        now = self.clock()
+        observed = self._observe(instances, claims)
+        for o in observed:
+            if o.busy:
+                self._quiet_since.pop((gpu.index, o.placed), None)
+        quiet = {p: t for (idx, p), t in self._quiet_since.items() if idx == gpu.index}
+        plan = plan_gpu(model, desired, observed, quiet, now, self.settings.settle_seconds)
+
+        if plan.acts:
+            self._reshape_started.setdefault(gpu.index, now)
+            fresh_claims: dict[str, list[str]] | None = None
+            for p in plan.destroy:
+                dev = device_name(gpu.index, p.profile, p.start)
+                if fresh_claims is None:  # re-check right before destroying: did a claim win the race?
+                    fresh_claims = allocated_devices(await self.api.list_claims(), self.settings.driver,
+                                                     self.settings.node)
+                holders = fresh_claims.get(dev, [])
+                if holders or dev in self.prepared:
+                    why = ", ".join(holders) or "prepared by the kubelet"
+                    notes.append(f"kept {dev}: a claim won the race ({why})")
+                    self.metrics.kept_busy.labels(self.settings.node).inc()
+                    claims.setdefault(dev, []).extend(h for h in holders if h not in claims.get(dev, []))
+                    continue
+                try:
+                    await asyncio.to_thread(self.devices.destroy, gpu, p)
+                    self.metrics.operation("destroy", "success")
+                    self._quiet_since.pop((gpu.index, p), None)
+                    log.info("destroyed %s on %s", dev, self.settings.node)
+                except self.devices.error_type as exc:
+                    err = self.devices.error_name(exc)
+                    self.metrics.operation("destroy", "error")
+                    self.metrics.nvml_error("destroy", err)
+                    if self.devices.is_error(exc, "InUse"):
+                        notes.append(f"kept {dev}: NVML reports it in use; will retry")
+                        self.metrics.kept_busy.labels(self.settings.node).inc()
+                    else:
+                        blocker = (Reason.NVML_ERROR, f"destroying {dev} failed: {err}")
+            for p in (*plan.complete, *plan.create):
+                dev = device_name(gpu.index, p.profile, p.start)
+                try:
+                    await asyncio.to_thread(self.devices.create, gpu, p)
+                    self.metrics.operation("create", "success")
+                    log.info("created %s on %s", dev, self.settings.node)
+                except self.devices.error_type as exc:
+                    err = self.devices.error_name(exc)
+                    self.metrics.operation("create", "error")
+                    self.metrics.nvml_error("create", err)
+                    if self.devices.is_error(exc, "InsufficientResources"):
+                        blocker = (
+                            Reason.INSUFFICIENT_RESOURCES,
+                            f"NVML refused to create {p.profile} at memory slice {p.start} "
+                            "(insufficient resources: the placement or an engine is taken)",
+                        )
+                    else:
+                        blocker = (Reason.NVML_ERROR, f"creating {dev} failed: {err}")
+            instances = await asyncio.to_thread(self.devices.instances, gpu)
+            observed = self._observe(instances, claims)
+            plan = plan_gpu(model, desired, observed, quiet, self.clock(), self.settings.settle_seconds)
+
+        # Blocked only by busy instances is Stable: nothing moves until a workload lets go.
+        reshaping = bool(plan.acts or plan.draining or blocker) and plan.violation is None
+        phase = Phase.RESHAPING if reshaping else Phase.STABLE
+        if reshaping:
+            self._reshape_started.setdefault(gpu.index, now)
+        finished = False
+        if not reshaping and gpu.index in self._reshape_started:
+            started = self._reshape_started.pop(gpu.index)
+            self.metrics.reshape_duration.labels(self.settings.node).observe(max(0.0, self.clock() - started))
+            finished = True
+
+        published = set(plan.publish)
+        message, ready, reason = self._readiness(plan, blocker, notes)
+        status = self._status(gpu, part, instances, claims, published, plan, phase, message)
+        tnow = now_rfc3339()
+        conds = status.conditions
+
+        def cond(ctype: str, value: bool, why: str, text: str) -> None:
+            nonlocal conds
+            conds = set_condition(conds, ctype, value, why, text, gen, tnow)
+
+        cond(ConditionType.MANAGED, True, Reason.MANAGED, "managed by dynamig")
+        cond(ConditionType.HEALTHY, True, Reason.GPU_PRESENT, "NVML reports the GPU")
+        if plan.violation is not None:
+            text = f"spec.layout is invalid for {model.key}: {plan.violation}; nothing changed"
+            cond(ConditionType.LAYOUT_VALID, False, Reason.INVALID_LAYOUT, text)
+        else:
+            cond(ConditionType.LAYOUT_VALID, True, Reason.VALID, f"spec.layout is valid for {model.key}")
+        cond(ConditionType.READY, ready, reason, message)
+        update: dict[str, Any] = {"conditions": conds}
+        if finished:
+            update["last_reshape_time"] = tnow
+        status = status.model_copy(update=update)
+
+        out = _GpuOutcome(name=part.name, status=status, busy=reshaping, instances=instances,
+                          published=published)
+        for i in instances:
+            if i.placed in published:
+                out.devices.append(self._device(gpu, i))
+        return out
+
+    @staticmethod
+    def _readiness(plan: GpuPlan, blocker: tuple[str, str] | None, notes: list[str]) -> tuple[str, bool, str]:
+        """(message, Ready status, reason) for the Ready condition. Pure."""
+        if plan.violation is not None:
+            return f"spec.layout rejected, GPU left as is: {plan.violation}", False, Reason.INVALID_LAYOUT
+        if blocker is not None:
+            return blocker[1], False, blocker[0]
+        parts: list[str] = list(notes)
+        parts += [f"kept {w.placed.profile}@{w.placed.start}: {w.reason}" for w in plan.kept_busy]
+        if plan.draining:
+            parts += [f"draining {w.placed.profile}@{w.placed.start}: {w.reason}" for w in plan.draining]
+            return "; ".join(parts), False, Reason.DRAINING
+        if plan.blocked:
+            parts += [f"waiting to create {w.placed.profile}@{w.placed.start}: {w.reason}" for w in
+                      plan.blocked]
+            reason = Reason.INSTANCE_BUSY if plan.kept_busy else Reason.RESHAPING
+            return "; ".join(parts), False, reason
+        if plan.kept_busy or notes:
+            return "; ".join(parts), False, Reason.INSTANCE_BUSY
+        return "GPU matches spec.layout", True, Reason.LAYOUT_APPLIED
+
+    def _device(self, gpu: GpuInfo, i: MigInstance) -> dict[str, Any]:
+        assert gpu.model is not None
+        return MigDevice(
+            gpu_index=gpu.index,
+            profile=gpu.model.profile(i.profile),
+            placement_start=i.start,
+            product_name=gpu.product,
+            parent_uuid=gpu.uuid,
+            uuid=i.mig_uuid,
+            memory_bytes=i.memory_bytes,
+            multiprocessors=i.multiprocessors,
+        ).to_api()
+
+    def _status(
+        self,
+        gpu: GpuInfo,
+        part: GpuPartition,
+        instances: list[MigInstance],
+        claims: dict[str, list[str]],
+        published: set[PlacedInstance],
+        plan: GpuPlan | None,
+        phase: Phase,
+        message: str,
+    ) -> GpuPartitionStatus:
+        items = []
+        for i in instances:
+            dev = device_name(i.gpu_index, i.profile, i.start)
+            holders = sorted(set(claims.get(dev, [])))
+            if i.processes > 0 or dev in self.prepared:
+                state = InstanceState.IN_USE
+            elif holders:
+                state = InstanceState.ALLOCATED
+            else:
+                state = InstanceState.FREE
+            items.append(
+                InstanceStatus(
+                    profile=i.profile,
+                    start=i.start,
+                    size=i.size,
+                    device_name=dev,
+                    mig_uuid=i.mig_uuid,
+                    gpu_instance_id=i.gi_id,
+                    compute_instance_id=i.ci_id,
+                    state=state,
+                    published=i.placed in published,
+                    claims=holders,
+                )
+            )
+        free = sum(1 for s in items if s.state == InstanceState.FREE and s.published)
+        return part.status.model_copy(
+            update={
+                "node": self.settings.node,
+                "gpu_index": gpu.index,
+                "uuid": gpu.uuid,
+                "product": gpu.product,
+                "model": gpu.model.key if gpu.model is not None else "",
+                "mig_mode": _mig_mode(gpu),
+                "instances": items,
+                "layout_summary": layout_summary([i.placed for i in instances]),
+                "free_slices": free,
+                "total_slices": len(items),
+                "observed_generation": part.metadata.generation,
+                "phase": phase,
+                "message": message,
+            }
+        )
+
+    # --- after publishing ----------------------------------------------------------------------------
+
+    def _after_publish(self, outcomes: list[_GpuOutcome], claims: dict[str, list[str]]) -> None:
+        """Start the settle clock of instances now out of the slice and unallocated; stop it for others."""
+        now = self.clock()
+        alive: set[InstanceKey] = set()
+        for o in outcomes:
+            for i in o.instances:
+                key = (i.gpu_index, i.placed)
+                alive.add(key)
+                dev = device_name(i.gpu_index, i.profile, i.start)
+                if i.placed in o.published or claims.get(dev) or dev in self.prepared:
+                    self._quiet_since.pop(key, None)
+                else:
+                    self._quiet_since.setdefault(key, now)
+        for key in list(self._quiet_since):
+            if key not in alive:
+                del self._quiet_since[key]
+
+    async def _write_status(self, name: str, status: GpuPartitionStatus) -> None:
+        try:
+            await self.api.patch_partition_status(name, status.to_api())
+        except Exception as exc:
+            if status_of(exc) == 404:
+                log.warning("GpuPartition %s vanished; it is recreated next round", name)
+                return
+            raise
+
+    def _export(self, outcomes: list[_GpuOutcome]) -> None:
+        samples: list[InstanceSample] = []
+        gpus: list[GpuSample] = []
+        for o in outcomes:
+            st = o.status
+            if st is None:
+                continue
+            gpus.append(GpuSample(st.gpu_index or 0, st.uuid, str(st.phase or "")))
+            for i in st.instances:
+                samples.append(
+                    InstanceSample(
+                        gpu_index=st.gpu_index or 0,
+                        gpu_uuid=st.uuid,
+                        profile=i.profile,
+                        gi_id=i.gpu_instance_id or 0,
+                        mig_uuid=i.mig_uuid,
+                        device=i.device_name,
+                        state=str(i.state),
+                    )
+                )
+        self.metrics.snapshot(tuple(samples), tuple(gpus))
+
+    # --- uninstall -----------------------------------------------------------------------------------
+
+    async def uninstall(self) -> tuple[int, int]:
+        """Delete this node's slices and GpuPartitions; leave MIG as it is. Returns (slices, partitions)."""
+        async with self.lock:
+            n_slices = await self.publisher.remove()
+            parts = await self.api.list_partitions(f"{NODE_LABEL}={self.settings.node}")
+            for p in parts:
+                await self.api.delete_partition(p["metadata"]["name"])
+            return n_slices, len(parts)

@@ -1,0 +1,133 @@
+"""MIG instances on demand for the kubelet DRA plugin: :class:`AgentMigInstances`.
+
+It implements ``dynamig.agent.plugin.instances.MigInstances`` on top of the node agent:
+
+- ``await ensure(device_name) -> PreparedInstance``: the instance named ``device_name`` (e.g.
+  ``gpu0-1g10gb-s6``) exists afterwards, with its MIG UUID, parent GPU UUID/index/minor, GI id and CI id.
+  A missing instance is created at its placement when those memory slices are free (reshape protocol step
+  5); a GI left without its CI is completed. Raises ``UnknownDevice`` when the name is no placement of this
+  node's GPUs, ``PlacementTaken`` when another instance holds the slices, ``InstanceError`` otherwise (MIG
+  disabled, NVML failure). The device is then counted as prepared: busy, never destroyed, ``in-use`` in
+  status.
+- ``await release(device_name)``: the claim was unprepared; the device is no longer counted as prepared and
+  the GpuPartition status is refreshed (``free`` unless a claim allocation still names it). Never destroys.
+- ``await lookup(device_name)``: the instance if it exists, else None; creates nothing.
+- ``mark_prepared(names)``: after a plugin restart, re-assert the devices its checkpoint holds.
+
+Calls are serialised with the agent's reconcile rounds through the agent's lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+
+from dynamig.agent.controller import NodeAgent
+from dynamig.agent.nvml_device import GpuInfo, MigInstance
+from dynamig.agent.plugin.instances import InstanceError, PlacementTaken, PreparedInstance, UnknownDevice
+from dynamig.geometry.model import PlacedInstance, device_name
+
+log = logging.getLogger(__name__)
+
+
+def _prepared(name: str, gpu: GpuInfo, inst: MigInstance) -> PreparedInstance:
+    if inst.ci_id is None or not inst.mig_uuid:
+        raise InstanceError(f"{name}: GPU instance {inst.gi_id} has no compute instance")
+    return PreparedInstance(
+        device_name=name,
+        mig_uuid=inst.mig_uuid,
+        parent_uuid=gpu.uuid,
+        gpu_index=gpu.index,
+        gpu_minor=gpu.minor if gpu.minor is not None else gpu.index,
+        gi_id=inst.gi_id,
+        ci_id=inst.ci_id,
+        profile=inst.profile,
+        placement_start=inst.start,
+    )
+
+
+class AgentMigInstances:
+    """The agent side of the plugin's ``MigInstances`` protocol. Side effects: NVML, agent state."""
+
+    def __init__(self, agent: NodeAgent) -> None:
+        self.agent = agent
+
+    async def _resolve(self, name: str) -> tuple[GpuInfo, PlacedInstance]:
+        devices = self.agent.devices
+        try:
+            gpus = await asyncio.to_thread(devices.gpus)
+        except devices.error_type as exc:
+            raise InstanceError(f"{name}: NVML cannot list GPUs: {exc}") from exc
+        for gpu in gpus:
+            if gpu.model is None or not name.startswith(f"gpu{gpu.index}-"):
+                continue
+            for p in gpu.model.profiles:
+                for start in p.placement_starts:
+                    if device_name(gpu.index, p.name, start) == name:
+                        return gpu, PlacedInstance(start, p.name)
+        raise UnknownDevice(f"{name} is not a MIG placement of any GPU on node {self.agent.settings.node}")
+
+    async def lookup(self, name: str) -> PreparedInstance | None:
+        """The existing instance named ``name``, or None. Reads only."""
+        async with self.agent.lock:
+            gpu, placed = await self._resolve(name)
+            for inst in await asyncio.to_thread(self.agent.devices.instances, gpu):
+                if inst.placed == placed and inst.has_compute_instance:
+                    return _prepared(name, gpu, inst)
+            return None
+
+    async def ensure(self, device_name: str) -> PreparedInstance:
+        """Make the instance exist (see module docstring). Side effects: NVML, agent state."""
+        name = device_name
+        agent = self.agent
+        devices = agent.devices
+        async with agent.lock:
+            gpu, placed = await self._resolve(name)
+            if not gpu.mig_enabled:
+                raise InstanceError(f"{name}: MIG mode is not enabled on GPU {gpu.index}")
+            assert gpu.model is not None
+            instances = await asyncio.to_thread(devices.instances, gpu)
+            found = next((i for i in instances if i.placed == placed), None)
+            if found is None or not found.has_compute_instance:
+                profile = gpu.model.profile(placed.profile)
+                span = profile.span(placed.start)
+                for other in instances:
+                    if other.placed == placed:
+                        continue
+                    if other.start < span.stop and span.start < other.start + other.size:
+                        raise PlacementTaken(
+                            f"{name}: memory slices {span.start}-{span.stop - 1} of GPU {gpu.index} are "
+                            f"held by {other.profile} at slice {other.start}; the instance cannot be created"
+                        )
+                try:
+                    found = await asyncio.to_thread(devices.create, gpu, placed)
+                    agent.metrics.operation("create", "success")
+                except devices.error_type as exc:
+                    err = devices.error_name(exc)
+                    agent.metrics.operation("create", "error")
+                    agent.metrics.nvml_error("create", err)
+                    if devices.is_error(exc, "InsufficientResources"):
+                        raise PlacementTaken(
+                            f"{name}: NVML refused {placed.profile} at memory slice {placed.start} "
+                            "(insufficient resources)"
+                        ) from exc
+                    raise InstanceError(f"{name}: NVML could not create the instance: {err}") from exc
+                log.info("created %s for a claim being prepared", name)
+            agent.prepared.add(name)
+        agent.wake()
+        return _prepared(name, gpu, found)
+
+    async def release(self, device_name: str) -> None:
+        """Stop counting the device as prepared and refresh status. Never destroys. Side effects: status."""
+        self.agent.prepared.discard(device_name)
+        try:
+            await self.agent.reconcile_once()
+        except Exception:  # the loop retries; release itself must not fail the unprepare
+            log.exception("status refresh after releasing %s failed", device_name)
+            self.agent.wake()
+
+    def mark_prepared(self, names: Iterable[str]) -> None:
+        """Count ``names`` as prepared (e.g. from the plugin's checkpoint after a restart)."""
+        self.agent.prepared.update(names)
+        self.agent.wake()

@@ -1,0 +1,207 @@
+"""The few Kubernetes API calls the node agent makes, with transient errors retried (tenacity, backoff).
+
+Objects are exchanged as plain dicts (``CustomObjectsApi`` serves built-in groups such as
+``resource.k8s.io`` too); typed parsing happens in the callers. Every method does network I/O.
+A transient error is a 5xx or 429 from the API server, or a connection/timeout error; 4xx errors
+(NotFound, Conflict, Invalid) are returned to the caller at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import aiohttp
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+from tenacity import (
+    AsyncRetrying,
+    before_sleep_log,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
+
+from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, VERSION
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+RESOURCE_GROUP = "resource.k8s.io"
+RESOURCE_VERSION = "v1"
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for errors worth retrying: 5xx/429 answers, connection errors and timeouts. Pure."""
+    if isinstance(exc, ApiException):
+        return exc.status is not None and (exc.status >= 500 or exc.status == 429 or exc.status == 0)
+    return isinstance(exc, aiohttp.ClientError | asyncio.TimeoutError | ConnectionError)
+
+
+def status_of(exc: BaseException) -> int | None:
+    """The HTTP status of an API error, else None. Pure."""
+    return exc.status if isinstance(exc, ApiException) else None
+
+
+class KubeApi:
+    """Thin async wrapper over kubernetes-asyncio for the agent's objects."""
+
+    def __init__(self, api_client: client.ApiClient, attempts: int = 6, max_wait_s: float = 5.0) -> None:
+        self.api_client = api_client
+        self.custom = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)
+        self._attempts = attempts
+        self._max_wait = max_wait_s
+
+    async def _retry(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(is_transient),
+            stop=stop_after_attempt(self._attempts),
+            wait=wait_exponential_jitter(initial=0.1, max=self._max_wait),
+            before_sleep=before_sleep_log(log, logging.WARNING),
+            reraise=True,
+        ):
+            with attempt:
+                return await call()
+        raise AssertionError(f"unreachable: {what}")  # AsyncRetrying either returns or raises
+
+    # --- nodes ---------------------------------------------------------------------------------------
+
+    async def node_labels(self, name: str) -> dict[str, str] | None:
+        """The node's labels; None when the Node does not exist."""
+
+        async def call() -> dict[str, str] | None:
+            try:
+                node = await self.core.read_node(name)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return None
+                raise
+            return dict(node.metadata.labels or {})
+
+        return await self._retry("read node", call)
+
+    # --- GpuPartitions -------------------------------------------------------------------------------
+
+    async def list_partitions(self, label_selector: str) -> list[dict[str, Any]]:
+        async def call() -> list[dict[str, Any]]:
+            res = await self.custom.list_cluster_custom_object(
+                GROUP, VERSION, GPU_PARTITION_PLURAL, label_selector=label_selector
+            )
+            return list(res.get("items", []))
+
+        return await self._retry("list gpupartitions", call)
+
+    async def get_partition(self, name: str) -> dict[str, Any] | None:
+        async def call() -> dict[str, Any] | None:
+            try:
+                obj: dict[str, Any] = await self.custom.get_cluster_custom_object(
+                    GROUP, VERSION, GPU_PARTITION_PLURAL, name
+                )
+                return obj
+            except ApiException as exc:
+                if exc.status == 404:
+                    return None
+                raise
+
+        return await self._retry("get gpupartition", call)
+
+    async def create_partition(self, body: dict[str, Any]) -> dict[str, Any]:
+        async def call() -> dict[str, Any]:
+            obj: dict[str, Any] = await self.custom.create_cluster_custom_object(
+                GROUP, VERSION, GPU_PARTITION_PLURAL, body
+            )
+            return obj
+
+        return await self._retry("create gpupartition", call)
+
+    async def patch_partition_status(self, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        async def call() -> dict[str, Any]:
+            obj: dict[str, Any] = await self.custom.patch_cluster_custom_object_status(
+                GROUP, VERSION, GPU_PARTITION_PLURAL, name, {"status": status}, _content_type=MERGE_PATCH
+            )
+            return obj
+
+        return await self._retry("patch gpupartition status", call)
+
+    async def delete_partition(self, name: str) -> None:
+        async def call() -> None:
+            try:
+                await self.custom.delete_cluster_custom_object(GROUP, VERSION, GPU_PARTITION_PLURAL, name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+
+        await self._retry("delete gpupartition", call)
+
+    # --- ResourceSlices ------------------------------------------------------------------------------
+
+    async def list_slices(self, node: str) -> list[dict[str, Any]]:
+        """Every ResourceSlice on ``node``, of any driver."""
+
+        async def call() -> list[dict[str, Any]]:
+            res = await self.custom.list_cluster_custom_object(
+                RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices", field_selector=f"spec.nodeName={node}"
+            )
+            return list(res.get("items", []))
+
+        return await self._retry("list resourceslices", call)
+
+    async def create_slice(self, body: dict[str, Any]) -> None:
+        await self._retry(
+            "create resourceslice",
+            lambda: self.custom.create_cluster_custom_object(
+                RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices", body
+            ),
+        )
+
+    async def replace_slice(self, name: str, body: dict[str, Any]) -> None:
+        await self._retry(
+            "replace resourceslice",
+            lambda: self.custom.replace_cluster_custom_object(
+                RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices", name, body
+            ),
+        )
+
+    async def delete_slice(self, name: str) -> None:
+        async def call() -> None:
+            try:
+                await self.custom.delete_cluster_custom_object(
+                    RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices", name
+                )
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+
+        await self._retry("delete resourceslice", call)
+
+    # --- ResourceClaims ------------------------------------------------------------------------------
+
+    async def list_claims(self) -> list[dict[str, Any]]:
+        """Every ResourceClaim in every namespace."""
+
+        async def call() -> list[dict[str, Any]]:
+            res = await self.custom.list_cluster_custom_object(
+                RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims"
+            )
+            return list(res.get("items", []))
+
+        return await self._retry("list resourceclaims", call)
+
+
+def allocated_devices(claims: list[dict[str, Any]], driver: str, pool: str) -> dict[str, list[str]]:
+    """Device name -> ``namespace/name`` of claims whose allocation names it in ``driver``/``pool``. Pure."""
+    out: dict[str, list[str]] = {}
+    for claim in claims:
+        alloc = (claim.get("status") or {}).get("allocation") or {}
+        results = (alloc.get("devices") or {}).get("results") or []
+        meta = claim.get("metadata") or {}
+        ref = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        for r in results:
+            if r.get("driver") == driver and r.get("pool") == pool:
+                out.setdefault(str(r.get("device")), []).append(ref)
+    return out

@@ -1,0 +1,107 @@
+"""Keeps the node's ResourceSlices for driver ``mig.dynamig.io`` equal to a desired device list.
+
+:meth:`SlicePublisher.sync` compares what the API holds (through the content digest each slice carries)
+with the desired devices and, on any difference, writes every slice of the pool at a new pool generation
+(one above the highest seen), then deletes slices the pool no longer needs. A slice someone deleted is
+therefore recreated on the next sync. Side effects: API writes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from dynamig import DRIVER_NAME
+from dynamig.agent.kubeapi import KubeApi, status_of
+from dynamig.kube.slices import CONTENT_ANNOTATION, build_resource_slices
+
+log = logging.getLogger(__name__)
+
+
+def _generation(obj: dict[str, Any]) -> int:
+    return int(((obj.get("spec") or {}).get("pool") or {}).get("generation") or 0)
+
+
+def _digest(obj: dict[str, Any]) -> str:
+    return str(((obj.get("metadata") or {}).get("annotations") or {}).get(CONTENT_ANNOTATION, ""))
+
+
+class SlicePublisher:
+    """Publishes one pool (named after the node) of driver ``mig.dynamig.io``."""
+
+    def __init__(self, api: KubeApi, node: str, driver: str = DRIVER_NAME) -> None:
+        self.api = api
+        self.node = node
+        self.driver = driver
+        self.generation = 0  # last generation written; the API's highest wins after a restart
+        self.publishes = 0
+
+    def _ours(self, slices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [
+            s
+            for s in slices
+            if (s.get("spec") or {}).get("driver") == self.driver
+            and ((s.get("spec") or {}).get("pool") or {}).get("name") == self.node
+        ]
+
+    async def sync(
+        self, devices: Sequence[dict[str, Any]], existing: list[dict[str, Any]] | None = None
+    ) -> bool:
+        """Make the pool publish exactly ``devices``. Returns True when it wrote anything.
+
+        ``existing`` may pass the node's slices already listed this round (any driver); otherwise they are
+        listed here.
+        """
+        current = self._ours(existing if existing is not None else await self.api.list_slices(self.node))
+        by_name = {s["metadata"]["name"]: s for s in current}
+        top = max([self.generation, *(_generation(s) for s in current)])
+        probe = build_resource_slices(self.node, top, devices, self.driver)
+        same = (
+            len(current) == len(probe)
+            and all(
+                p["metadata"]["name"] in by_name
+                and _digest(by_name[p["metadata"]["name"]]) == _digest(p)
+                and _generation(by_name[p["metadata"]["name"]]) == top
+                and int(by_name[p["metadata"]["name"]]["spec"]["pool"].get("resourceSliceCount", 0))
+                == len(probe)
+                for p in probe
+            )
+        )
+        if same:
+            self.generation = top
+            return False
+        generation = top + 1
+        wanted = build_resource_slices(self.node, generation, devices, self.driver)
+        for body in wanted:
+            name = body["metadata"]["name"]
+            have = by_name.get(name)
+            if have is None:
+                await self.api.create_slice(body)
+            else:
+                body["metadata"]["resourceVersion"] = have["metadata"].get("resourceVersion")
+                try:
+                    await self.api.replace_slice(name, body)
+                except Exception as exc:
+                    if status_of(exc) != 404:
+                        raise
+                    del body["metadata"]["resourceVersion"]
+                    await self.api.create_slice(body)
+        keep = {b["metadata"]["name"] for b in wanted}
+        for name in by_name:
+            if name not in keep:
+                await self.api.delete_slice(name)
+        self.generation = generation
+        self.publishes += 1
+        log.info(
+            "published %d device(s) for node %s in %d slice(s), pool generation %d",
+            len(devices), self.node, len(wanted), generation,
+        )
+        return True
+
+    async def remove(self) -> int:
+        """Delete every slice of this pool (uninstall). Returns how many were deleted."""
+        current = self._ours(await self.api.list_slices(self.node))
+        for s in current:
+            await self.api.delete_slice(s["metadata"]["name"])
+        return len(current)

@@ -1,0 +1,165 @@
+"""The reshape protocol for one GPU as a pure function: observed instances + desired layout -> a plan.
+
+Nothing here does I/O. The caller (``agent.controller``) observes NVML and the API, feeds the facts in
+(which instances exist, which are busy, since when each removal candidate has been out of the
+ResourceSlice and unallocated, ``now``), and carries out the returned :class:`GpuPlan`:
+
+1. an invalid desired layout -> ``violation`` set, nothing else (touch nothing, keep publishing what exists);
+2. an instance that exists but is not desired is never published again; it is destroyed only when it is not
+   busy and has been out of the slice and unallocated for ``settle_seconds`` (``destroy``), otherwise it
+   waits (``draining``) or is kept because a claim or a process holds it (``kept_busy``);
+3. a desired instance that does not exist is created when its memory slices are free once this round's
+   destroys are done (``create``), otherwise it waits (``blocked``);
+4. a GPU instance without its compute instance (a crash between the two NVML calls) is completed when it is
+   desired (``complete``) and destroyed like any other undesired free instance otherwise.
+
+Because every input is observed afresh each round, a crash at any point converges on the next round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from dynamig.geometry.layout import check_layout
+from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, normalize_layout
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """One GPU instance that exists, with what makes it busy."""
+
+    placed: PlacedInstance
+    claims: tuple[str, ...] = ()  # "namespace/name" of ResourceClaims whose allocation names the device
+    processes: int = 0  # compute processes NVML reports on the MIG device
+    has_compute_instance: bool = True
+    prepared: bool = False  # the kubelet plugin prepared it for a pod
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.claims) or self.processes > 0 or self.prepared
+
+    def busy_reason(self) -> str:
+        parts = []
+        if self.prepared:
+            parts.append("prepared for a pod by the kubelet")
+        if self.claims:
+            parts.append("allocated to " + ", ".join(self.claims))
+        if self.processes:
+            parts.append(f"{self.processes} process(es) running")
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    placed: PlacedInstance
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPlan:
+    """What to do on one GPU this round. Every tuple is sorted by placement."""
+
+    violation: str | None = None
+    publish: Layout = ()  # instances the ResourceSlice should offer after this round
+    destroy: Layout = ()
+    create: Layout = ()
+    complete: Layout = ()  # GIs missing their CI, to finish
+    draining: tuple[Waiting, ...] = ()  # undesired, free, still settling
+    kept_busy: tuple[Waiting, ...] = ()  # undesired but busy: kept
+    blocked: tuple[Waiting, ...] = ()  # desired, cannot be created yet
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def converged(self) -> bool:
+        """True when nothing is left to do and nothing is waiting (busy instances kept count as done)."""
+        return not (self.destroy or self.create or self.complete or self.draining or self.blocked)
+
+    @property
+    def acts(self) -> bool:
+        """True when the plan changes NVML state this round."""
+        return bool(self.destroy or self.create or self.complete)
+
+
+def _span(model: GpuModel, p: PlacedInstance) -> range:
+    if model.has_profile(p.profile):
+        return model.profile(p.profile).span(p.start)
+    return range(p.start, p.start + 1)
+
+
+def _overlaps(model: GpuModel, a: PlacedInstance, b: PlacedInstance) -> bool:
+    span_a, span_b = _span(model, a), _span(model, b)
+    return span_a.start < span_b.stop and span_b.start < span_a.stop
+
+
+def plan_gpu(
+    model: GpuModel,
+    desired: Layout,
+    observed: tuple[Observed, ...],
+    quiet_since: Mapping[PlacedInstance, float],
+    now: float,
+    settle_seconds: float,
+) -> GpuPlan:
+    """Plan one round of the reshape protocol for one GPU. Pure.
+
+    ``quiet_since[p]`` is when instance ``p`` was last seen both out of the published slice and unallocated;
+    absent means it is still published (or was allocated a moment ago), so its settle period has not begun.
+    """
+    desired = normalize_layout(desired)
+    violation = check_layout(model, desired)
+    complete_existing = normalize_layout([o.placed for o in observed if o.has_compute_instance])
+    if violation is not None:
+        return GpuPlan(violation=violation.message, publish=complete_existing)
+
+    wanted = set(desired)
+    destroy: list[PlacedInstance] = []
+    draining: list[Waiting] = []
+    kept: list[Waiting] = []
+    complete: list[PlacedInstance] = []
+    publish: list[PlacedInstance] = []
+    remaining: list[PlacedInstance] = []  # instances that still exist after this round's destroys
+    for o in sorted(observed, key=lambda x: x.placed):
+        p = o.placed
+        if p in wanted:
+            remaining.append(p)
+            if o.has_compute_instance:
+                publish.append(p)
+            else:
+                complete.append(p)
+            continue
+        if o.busy:
+            kept.append(Waiting(p, o.busy_reason()))
+            remaining.append(p)
+            continue
+        if not o.has_compute_instance:
+            destroy.append(p)  # never published, nothing can hold it
+            continue
+        since = quiet_since.get(p)
+        if since is not None and now - since >= settle_seconds:
+            destroy.append(p)
+        else:
+            left = settle_seconds if since is None else max(0.0, settle_seconds - (now - since))
+            draining.append(Waiting(p, f"out of the ResourceSlice, settling ({left:.1f}s left)"))
+            remaining.append(p)
+
+    existing = {o.placed for o in observed}
+    create: list[PlacedInstance] = []
+    blocked: list[Waiting] = []
+    for p in desired:
+        if p in existing:
+            continue
+        in_way = [r for r in remaining if _overlaps(model, p, r)]
+        if in_way:
+            names = ", ".join(f"{r.profile}@{r.start}" for r in in_way)
+            blocked.append(Waiting(p, f"memory slices held by {names}"))
+        else:
+            create.append(p)
+    return GpuPlan(
+        publish=normalize_layout(publish),
+        destroy=normalize_layout(destroy),
+        create=normalize_layout(create),
+        complete=normalize_layout(complete),
+        draining=tuple(draining),
+        kept_busy=tuple(kept),
+        blocked=tuple(blocked),
+    )
