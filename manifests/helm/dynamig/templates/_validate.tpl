@@ -1,0 +1,62 @@
+{{/*
+Render-time checks: a bad value stops `helm install/upgrade/template` with a message that names the key,
+instead of producing objects the API server or the pods would reject later.
+*/}}
+{{- define "dynamig.validate" -}}
+{{- $v := .Values -}}
+{{- if not (has $v.logging.format (list "text" "json")) -}}
+{{- fail (printf "logging.format must be \"text\" or \"json\", got %q" (toString $v.logging.format)) -}}
+{{- end -}}
+{{- if not (has $v.logging.level (list "debug" "info" "warning" "error")) -}}
+{{- fail (printf "logging.level must be one of debug, info, warning, error; got %q" (toString $v.logging.level)) -}}
+{{- end -}}
+{{- if not $v.image.repository -}}
+{{- fail "image.repository must be set" -}}
+{{- end -}}
+{{- if and $v.image.digest (not (hasPrefix "sha256:" $v.image.digest)) -}}
+{{- fail (printf "image.digest must look like sha256:<hex>, got %q" $v.image.digest) -}}
+{{- end -}}
+{{- if not (or $v.operator.enabled $v.agent.enabled) -}}
+{{- fail "operator.enabled and agent.enabled are both false: nothing to deploy" -}}
+{{- end -}}
+{{- if $v.operator.enabled -}}
+{{- if or (lt (int $v.operator.replicas) 1) (gt (int $v.operator.replicas) 5) -}}
+{{- fail (printf "operator.replicas must be between 1 and 5 (only one acts at a time), got %v" $v.operator.replicas) -}}
+{{- end -}}
+{{- if eq (int $v.operator.metricsPort) (int $v.operator.healthPort) -}}
+{{- fail (printf "operator.metricsPort and operator.healthPort must differ (both %v)" $v.operator.metricsPort) -}}
+{{- end -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" (toString $v.operator.peering.name)) -}}
+{{- fail (printf "operator.peering.name must be a DNS label, got %q" (toString $v.operator.peering.name)) -}}
+{{- end -}}
+{{- end -}}
+{{- if $v.agent.enabled -}}
+{{- if not (hasPrefix "/" (toString $v.agent.kubeletDir)) -}}
+{{- fail (printf "agent.kubeletDir must be an absolute path, got %q" (toString $v.agent.kubeletDir)) -}}
+{{- end -}}
+{{- if not (hasPrefix "/" (toString $v.agent.cdiRoot)) -}}
+{{- fail (printf "agent.cdiRoot must be an absolute path, got %q" (toString $v.agent.cdiRoot)) -}}
+{{- end -}}
+{{- if not (has $v.agent.nvml.mode (list "runtimeClass" "hostDriverRoot")) -}}
+{{- fail (printf "agent.nvml.mode must be \"runtimeClass\" or \"hostDriverRoot\", got %q" (toString $v.agent.nvml.mode)) -}}
+{{- end -}}
+{{- if and (eq $v.agent.nvml.mode "runtimeClass") (not $v.agent.nvml.runtimeClassName) -}}
+{{- fail "agent.nvml.runtimeClassName must be set when agent.nvml.mode is runtimeClass" -}}
+{{- end -}}
+{{- if and (eq $v.agent.nvml.mode "hostDriverRoot") (not (hasPrefix "/" (toString $v.agent.nvml.driverRoot))) -}}
+{{- fail (printf "agent.nvml.driverRoot must be an absolute path when agent.nvml.mode is hostDriverRoot, got %q" (toString $v.agent.nvml.driverRoot)) -}}
+{{- end -}}
+{{- if empty $v.agent.nodeSelector -}}
+{{- fail "agent.nodeSelector is empty: the privileged agent would run on every node; select GPU nodes (default dynamig.io/managed: \"true\")" -}}
+{{- end -}}
+{{- end -}}
+{{- if and $v.metrics.serviceMonitor.enabled (not (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/ServiceMonitor")) (not $v.metrics.serviceMonitor.skipCapabilityCheck) -}}
+{{- fail "metrics.serviceMonitor.enabled is true but the cluster does not serve monitoring.coreos.com/v1 ServiceMonitor (install the Prometheus Operator, or set metrics.serviceMonitor.skipCapabilityCheck=true when rendering offline)" -}}
+{{- end -}}
+{{- if and $v.metrics.prometheusRule.enabled (not (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/PrometheusRule")) (not $v.metrics.prometheusRule.skipCapabilityCheck) -}}
+{{- fail "metrics.prometheusRule.enabled is true but the cluster does not serve monitoring.coreos.com/v1 PrometheusRule (install the Prometheus Operator, or set metrics.prometheusRule.skipCapabilityCheck=true when rendering offline)" -}}
+{{- end -}}
+{{- if and (lt (int $v.metrics.prometheusRule.pendingClaimSeconds) 60) $v.metrics.prometheusRule.enabled -}}
+{{- fail (printf "metrics.prometheusRule.pendingClaimSeconds must be at least 60, got %v" $v.metrics.prometheusRule.pendingClaimSeconds) -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,377 @@
+"""The install manifests: the Helm chart, the plain manifests rendered from it, RBAC and the node admission policy.
+
+What runs for real: the helm binary built from its Go module (``hack/build-helm.sh``) renders and lints the
+chart; the local control plane (real kube-apiserver with RBAC, Pod Security admission and
+ValidatingAdmissionPolicy) receives the rendered objects. CRDs, the namespace, service accounts, RBAC, the
+admission policies and the DeviceClass are applied for real; the workloads (Deployment, DaemonSet) go through
+server-side dry-run only, since no kubelet would ever run them. ``kubectl auth can-i`` asks the real RBAC
+authorizer; the node identity of an agent is simulated by impersonating its service account with the
+``authentication.kubernetes.io/node-name`` extra that a pod-bound token carries.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dynamig.devcluster import ControlPlane
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "manifests" / "helm" / "dynamig"
+DEPLOY = ROOT / "manifests" / "deploy"
+EXAMPLES = ROOT / "manifests" / "examples"
+NS = "dynamig-system"
+OPERATOR_SA = f"system:serviceaccount:{NS}:dynamig-operator"
+AGENT_SA = f"system:serviceaccount:{NS}:dynamig-agent"
+NODE_EXTRA = "authentication.kubernetes.io/node-name"
+WORKLOAD_KINDS = {"Deployment", "DaemonSet"}
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+@pytest.fixture(scope="module")
+def helm() -> str:
+    """Path of the helm binary (built once from its Go module; cached)."""
+    proc = subprocess.run(["bash", str(ROOT / "hack" / "build-helm.sh")], capture_output=True, text=True,
+                          timeout=1800, check=False)
+    if proc.returncode != 0:
+        pytest.skip(f"helm could not be built from its Go module: {proc.stderr.strip()[-500:]}")
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def render(helm: str, *sets: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """``helm template`` of the chart with ``--set`` values. Side effect: runs helm."""
+    args = [helm, "template", "dynamig", str(CHART), "--namespace", NS]
+    for s in sets:
+        args += ["--set", s]
+    return subprocess.run(args, capture_output=True, text=True, timeout=120, check=check)
+
+
+def docs(text: str) -> list[dict[str, Any]]:
+    """The YAML documents of a multi-document stream, empty ones dropped. Pure."""
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def find(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    """The one object of ``kind`` (and ``name``); fails the test when it is missing. Pure."""
+    hits = [o for o in objs if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+    assert len(hits) == 1, f"expected one {kind} {name or ''}, found {len(hits)}"
+    return hits[0]
+
+
+def deploy_objects() -> list[dict[str, Any]]:
+    return docs((DEPLOY / "dynamig.yaml").read_text())
+
+
+def can_i(cp: ControlPlane, user: str, *args: str) -> bool:
+    """``kubectl auth can-i`` as a service account, with the groups a real token of it carries."""
+    ns = user.split(":")[2]
+    proc = cp.kubectl("auth", "can-i", *args, f"--as={user}", "--as-group=system:serviceaccounts",
+                      f"--as-group=system:serviceaccounts:{ns}", "--as-group=system:authenticated", check=False)
+    answer = proc.stdout.strip()
+    assert answer in ("yes", "no"), f"kubectl auth can-i {args}: {proc.stdout} {proc.stderr}"
+    return answer == "yes"
+
+
+# ------------------------------------------------------------------------------------------------ chart only
+def test_chart_lints_clean(helm: str) -> None:
+    proc = subprocess.run([helm, "lint", "--strict", str(CHART), "--namespace", NS], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout
+
+
+def test_plain_manifests_and_chart_crds_are_in_sync(helm: str) -> None:
+    """manifests/deploy and the chart's copy of crds/ are exactly what the chart renders today."""
+    proc = subprocess.run(["bash", str(ROOT / "hack" / "render-manifests.sh"), "--check"], capture_output=True,
+                          text=True, timeout=300, check=False, env={"DYNAMIG_HELM": helm, "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    repo_crds = sorted(p.name for p in (ROOT / "crds").glob("*.yaml"))
+    assert sorted(p.name for p in (CHART / "files" / "crds").glob("*.yaml")) == repo_crds
+    for name in repo_crds:
+        assert (CHART / "files" / "crds" / name).read_bytes() == (ROOT / "crds" / name).read_bytes()
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("logging.format=xml", 'logging.format must be "text" or "json", got "xml"'),
+    ("logging.level=loud", "logging.level must be one of debug, info, warning, error"),
+    ("operator.replicas=0", "operator.replicas must be between 1 and 5"),
+    ("operator.healthPort=8080", "operator.metricsPort and operator.healthPort must differ"),
+    ("agent.kubeletDir=var/lib/kubelet", 'agent.kubeletDir must be an absolute path, got "var/lib/kubelet"'),
+    ("agent.nvml.mode=magic", 'agent.nvml.mode must be "runtimeClass" or "hostDriverRoot"'),
+    ("agent.nodeSelector=null", "agent.nodeSelector is empty"),
+    ("image.digest=abc", "image.digest must look like sha256:<hex>"),
+    ("metrics.serviceMonitor.enabled=true", "cluster does not serve monitoring.coreos.com/v1 ServiceMonitor"),
+    ("operator.peering.name=Not_A_Label", "operator.peering.name must be a DNS label"),
+])
+def test_bad_values_fail_rendering_with_a_message_naming_the_key(helm: str, value: str, message: str) -> None:
+    proc = render(helm, value, check=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+
+
+def test_values_switch_what_is_rendered(helm: str) -> None:
+    base = docs(render(helm).stdout)
+    kinds = {o["kind"] for o in base}
+    assert {"CustomResourceDefinition", "DeviceClass", "ValidatingAdmissionPolicy", "Deployment",
+            "DaemonSet", "ClusterKopfPeering"} <= kinds
+    assert "Namespace" not in kinds  # helm install -n ... --create-namespace owns it
+    assert "ServiceMonitor" not in kinds and "PrometheusRule" not in kinds
+    for crd in (o for o in base if o["kind"] == "CustomResourceDefinition"):
+        assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+    lean = docs(render(helm, "features.nodeAdmissionPolicy=false", "features.deviceClass=false",
+                       "crds.install=false", "operator.enabled=false").stdout)
+    assert {o["kind"] for o in lean} & {"ValidatingAdmissionPolicy", "DeviceClass", "CustomResourceDefinition",
+                                        "Deployment", "ClusterKopfPeering"} == set()
+
+    rich = docs(render(helm, "metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.skipCapabilityCheck=true",
+                       "metrics.prometheusRule.enabled=true", "metrics.prometheusRule.skipCapabilityCheck=true",
+                       "logging.format=json", "features.reshape=false", "features.kubeletPlugin=false",
+                       "agent.nvml.mode=hostDriverRoot", "image.digest=sha256:" + "a" * 64,
+                       "operator.priorityClassName=system-cluster-critical").stdout)
+    assert len([o for o in rich if o["kind"] == "ServiceMonitor"]) == 2
+    rule = find(rich, "PrometheusRule")
+    alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert alerts, "the PrometheusRule has no alerts"
+    op = find(rich, "Deployment")["spec"]["template"]["spec"]
+    assert op["priorityClassName"] == "system-cluster-critical"
+    assert op["containers"][0]["image"] == "dynamig/dynamig@sha256:" + "a" * 64
+    assert "--log-format=json" in op["containers"][0]["args"]
+    assert "--dry-run" in op["containers"][0]["args"]
+    agent = find(rich, "DaemonSet")["spec"]["template"]["spec"]
+    assert "runtimeClassName" not in agent
+    assert "--no-kubelet-plugin" in agent["containers"][0]["args"]
+    assert any(v["name"] == "driver-root" for v in agent["volumes"])
+
+
+# ------------------------------------------------------------------------------------------------ cluster
+@pytest.fixture(scope="module")
+def installed(control_plane: ControlPlane) -> Iterator[ControlPlane]:
+    """CRDs and every non-workload object of manifests/deploy applied for real; removed afterwards."""
+    cp = control_plane
+    cp.kubectl("apply", "--server-side", "--force-conflicts", "-k", str(DEPLOY / "crds"))
+    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "-l",
+               "app.kubernetes.io/part-of=dynamig")
+    static = [o for o in deploy_objects() if o["kind"] not in WORKLOAD_KINDS]
+    stream = yaml.safe_dump_all(static)
+    cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=stream)
+    try:
+        yield cp
+    finally:
+        cp.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-", input=stream, check=False)
+
+
+def test_rendered_manifests_pass_server_side_dry_run(installed: ControlPlane) -> None:
+    proc = installed.kubectl("apply", "--server-side", "--force-conflicts", "--dry-run=server", "-k", str(DEPLOY))
+    out = proc.stdout
+    for line in ("deployment.apps/dynamig-operator serverside-applied (server dry run)",
+                 "daemonset.apps/dynamig-agent serverside-applied (server dry run)",
+                 "deviceclass.resource.k8s.io/mig.dynamig.io serverside-applied (server dry run)",
+                 "clusterkopfpeering.kopf.dev/dynamig serverside-applied (server dry run)"):
+        assert line in out, out
+    assert "Warning" not in proc.stderr, proc.stderr
+
+
+def test_examples_pass_server_side_dry_run(installed: ControlPlane) -> None:
+    installed.kubectl("create", "namespace", "dynamig-examples", check=False)
+    try:
+        proc = installed.kubectl("apply", "--server-side", "--dry-run=server", "-k", str(EXAMPLES))
+    finally:
+        installed.kubectl("delete", "namespace", "dynamig-examples", "--wait=false", check=False)
+    kinds = {line.split("/")[0].split(".")[0] for line in proc.stdout.splitlines() if "/" in line}
+    assert {"gpupartitionpolicy", "resourceclaimtemplate"} <= kinds, proc.stdout
+
+
+def test_namespace_pod_security_labels(installed: ControlPlane) -> None:
+    ns = yaml.safe_load(installed.kubectl("get", "namespace", NS, "-o", "yaml").stdout)
+    labels = ns["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert labels["pod-security.kubernetes.io/audit"] == "restricted"
+
+
+def _pod_from(template_owner: dict[str, Any], name: str, namespace: str) -> dict[str, Any]:
+    spec = copy.deepcopy(template_owner["spec"]["template"]["spec"])
+    return {"apiVersion": "v1", "kind": "Pod", "spec": spec,
+            "metadata": {"name": name, "namespace": namespace}}
+
+
+def test_operator_pod_passes_restricted_and_agent_pod_needs_privileged(installed: ControlPlane,
+                                                                       namespace: str) -> None:
+    """A namespace enforcing ``restricted`` admits the operator's pod and refuses the agent's."""
+    cp = installed
+    cp.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted",
+               "pod-security.kubernetes.io/enforce-version=latest")
+    cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(
+        {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"},
+         "handler": "nvidia"}))
+    objs = deploy_objects()
+    operator_pod = _pod_from(find(objs, "Deployment"), "operator-check", namespace)
+    operator_pod["spec"]["serviceAccountName"] = "default"
+    proc = cp.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(operator_pod), check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "violates PodSecurity" not in proc.stderr
+
+    agent_pod = _pod_from(find(objs, "DaemonSet"), "agent-check", namespace)
+    agent_pod["spec"]["serviceAccountName"] = "default"
+    proc = cp.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(agent_pod), check=False)
+    assert proc.returncode != 0
+    assert 'violates PodSecurity "restricted:latest"' in proc.stderr
+    assert "privileged (container \"agent\" must not set securityContext.privileged=true)" in proc.stderr, proc.stderr
+    assert "use restricted volume type \"hostPath\"" in proc.stderr, proc.stderr
+
+    # In its own namespace (enforce=privileged) the agent's pod is admitted.
+    agent_pod = _pod_from(find(objs, "DaemonSet"), "agent-check", NS)
+    proc = cp.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(agent_pod), check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+OPERATOR_ALLOWED = [
+    ("list", "resourceclaims.resource.k8s.io", "--all-namespaces"),
+    ("watch", "pods", "--all-namespaces"),
+    ("list", "resourceslices.resource.k8s.io"),
+    ("get", "deviceclasses.resource.k8s.io"),
+    ("list", "nodes"),
+    ("patch", "gpupartitions.dynamig.io"),
+    ("watch", "gpupartitionpolicies.dynamig.io"),
+    ("patch", "gpupartitionpolicies.dynamig.io", "--subresource=status"),
+    ("create", "events", "-n", "default"),
+    ("create", "events.events.k8s.io", "-n", "team-a"),
+    ("patch", "clusterkopfpeerings.kopf.dev"),
+    ("update", "leases.coordination.k8s.io", "-n", NS),
+]
+OPERATOR_DENIED = [
+    ("create", "resourceslices.resource.k8s.io"),
+    ("update", "resourceclaims.resource.k8s.io", "-n", "default"),
+    ("update", "resourceclaims.resource.k8s.io", "--subresource=status", "-n", "default"),
+    ("create", "pods", "-n", "default"),
+    ("delete", "pods", "-n", "default"),
+    ("create", "gpupartitions.dynamig.io"),
+    ("delete", "gpupartitions.dynamig.io"),
+    ("patch", "gpupartitions.dynamig.io", "--subresource=status"),
+    ("delete", "gpupartitionpolicies.dynamig.io"),
+    ("get", "secrets", "-n", NS),
+    ("list", "secrets", "--all-namespaces"),
+    ("patch", "nodes"),
+    ("create", "leases.coordination.k8s.io", "-n", "kube-system"),
+    ("create", "deviceclasses.resource.k8s.io"),
+]
+AGENT_ALLOWED = [
+    ("create", "resourceslices.resource.k8s.io"),
+    ("delete", "resourceslices.resource.k8s.io"),
+    ("watch", "resourceclaims.resource.k8s.io", "--all-namespaces"),
+    ("create", "gpupartitions.dynamig.io"),
+    ("patch", "gpupartitions.dynamig.io", "--subresource=status"),
+    ("get", "nodes"),
+    ("create", "events", "-n", "default"),
+]
+AGENT_DENIED = [
+    ("patch", "gpupartitionpolicies.dynamig.io"),
+    ("update", "resourceclaims.resource.k8s.io", "-n", "default"),
+    ("create", "pods", "-n", NS),
+    ("get", "secrets", "-n", NS),
+    ("list", "secrets", "--all-namespaces"),
+    ("patch", "nodes"),
+    ("delete", "nodes"),
+    ("create", "deviceclasses.resource.k8s.io"),
+    ("patch", "clusterkopfpeerings.kopf.dev"),
+    ("get", "leases.coordination.k8s.io", "-n", NS),
+]
+
+
+def test_rbac_least_privilege(installed: ControlPlane) -> None:
+    cases = ([(OPERATOR_SA, a, True) for a in OPERATOR_ALLOWED] + [(OPERATOR_SA, a, False) for a in OPERATOR_DENIED]
+             + [(AGENT_SA, a, True) for a in AGENT_ALLOWED] + [(AGENT_SA, a, False) for a in AGENT_DENIED])
+    wrong = [f"{user.rsplit(':', 1)[1]} {' '.join(args)}: expected {'yes' if want else 'no'}"
+             for user, args, want in cases if can_i(installed, user, *args) != want]
+    assert not wrong, "\n".join(wrong)
+
+
+def _slice(node: str, name: str, driver: str = "mig.dynamig.io") -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
+            "spec": {"driver": driver, "nodeName": node, "pool": {"name": node, "generation": 1,
+                                                                  "resourceSliceCount": 1},
+                     "devices": []}}
+
+
+def _partition(node: str, name: str) -> dict[str, Any]:
+    return {"apiVersion": "dynamig.io/v1alpha1", "kind": "GpuPartition",
+            "metadata": {"name": name, "labels": {"dynamig.io/node": node}},
+            "spec": {"layout": [{"profile": "3g.40gb", "start": 0}]}}
+
+
+def _as_agent(cp: ControlPlane, obj: dict[str, Any], node: str | None) -> subprocess.CompletedProcess[str]:
+    ns = NS
+    extra = [f"--as-user-extra={NODE_EXTRA}={node}"] if node else []
+    return cp.kubectl("create", "--dry-run=server", "-f", "-", f"--as={AGENT_SA}",
+                      "--as-group=system:serviceaccounts", f"--as-group=system:serviceaccounts:{ns}",
+                      "--as-group=system:authenticated", *extra, input=yaml.safe_dump(obj), check=False)
+
+
+def test_node_admission_policy_confines_each_agent_to_its_node(installed: ControlPlane) -> None:
+    cp = installed
+    # The policy is compiled asynchronously after it is created: wait until it denies.
+    deadline = time.monotonic() + 30
+    while True:
+        denied = _as_agent(cp, _slice("node-b", "node-b-mig"), "node-a")
+        if denied.returncode != 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert denied.returncode != 0, denied.stdout
+    assert "the dynamig agent on node node-a may not write ResourceSlices of node node-b" in denied.stderr
+
+    ok = _as_agent(cp, _slice("node-a", "node-a-mig"), "node-a")
+    assert ok.returncode == 0, ok.stderr
+
+    no_identity = _as_agent(cp, _slice("node-a", "node-a-mig"), None)
+    assert no_identity.returncode != 0
+    assert "the dynamig agent has no node identity" in no_identity.stderr
+
+    other_driver = _as_agent(cp, _slice("node-a", "node-a-gpu", driver="gpu.nvidia.com"), "node-a")
+    assert other_driver.returncode != 0
+    assert "may only write ResourceSlices of driver mig.dynamig.io" in other_driver.stderr
+
+    ok = _as_agent(cp, _partition("node-a", "node-a-gpu0"), "node-a")
+    assert ok.returncode == 0, ok.stderr
+    denied = _as_agent(cp, _partition("node-b", "node-b-gpu0"), "node-a")
+    assert denied.returncode != 0
+    assert "may not write GpuPartition node-b-gpu0 of node node-b" in denied.stderr
+    unlabelled = _partition("node-a", "node-a-gpu1")
+    del unlabelled["metadata"]["labels"]
+    denied = _as_agent(cp, unlabelled, "node-a")
+    assert denied.returncode != 0 and "no dynamig.io/node label" in denied.stderr
+
+    # Other users (the cluster admin here) are not matched by the policy.
+    admin = cp.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(_slice("node-b", "x")),
+                       check=False)
+    assert admin.returncode == 0, admin.stderr
+
+
+def test_node_admission_policy_checks_status_updates(installed: ControlPlane) -> None:
+    """An agent may not move a GpuPartition to its node, nor report another node in status."""
+    cp = installed
+    name = "vap-status-check-gpu0"
+    cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(_partition("node-b", name)))
+    try:
+        flags = [f"--as={AGENT_SA}", "--as-group=system:serviceaccounts",
+                 f"--as-group=system:serviceaccounts:{NS}", "--as-group=system:authenticated"]
+        relabel = cp.kubectl("label", "--overwrite", "--dry-run=server", "gpupartition", name,
+                             "dynamig.io/node=node-a", *flags, f"--as-user-extra={NODE_EXTRA}=node-a", check=False)
+        assert relabel.returncode != 0
+        assert "may not write GpuPartition" in relabel.stderr
+        status = cp.kubectl("patch", "gpupartition", name, "--subresource=status", "--type=merge",
+                            "--dry-run=server", "-p", '{"status":{"node":"node-b","phase":"Stable"}}', *flags,
+                            f"--as-user-extra={NODE_EXTRA}=node-b", check=False)
+        assert status.returncode == 0, status.stderr
+        status = cp.kubectl("patch", "gpupartition", name, "--subresource=status", "--type=merge",
+                            "--dry-run=server", "-p", '{"status":{"node":"node-a"}}', *flags,
+                            f"--as-user-extra={NODE_EXTRA}=node-a", check=False)
+        assert status.returncode != 0
+    finally:
+        cp.kubectl("delete", "gpupartition", name, "--ignore-not-found", check=False)
