@@ -1,0 +1,68 @@
+"""``dynamig dev-cluster up|down|env|status``: a local control plane that outlives the command.
+
+``up`` builds the binaries when needed (progress on stderr), starts the cluster in the background and prints
+the kubeconfig path on stdout; ``env`` prints shell exports (``eval "$(dynamig dev-cluster env)"``); ``down``
+stops it and deletes its files; ``status`` says whether it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+
+def _say(message: str) -> None:
+    print(f"[dev-cluster] {message}", file=sys.stderr, flush=True)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser("dev-cluster", help="run a local Kubernetes control plane (etcd, API server, "
+                            "scheduler, controller manager) in the background")
+    parser.add_argument("--state-dir", type=Path, default=None,
+                        help="where the cluster keeps its files (default ~/.cache/dynamig/dev-cluster)")
+    actions = parser.add_subparsers(dest="action", required=True)
+    up = actions.add_parser("up", help="start the cluster (no-op when running) and print the kubeconfig path")
+    up.add_argument("--foreground", action="store_true",
+                    help="run in this process until interrupted instead of in the background")
+    actions.add_parser("down", help="stop the cluster and delete its files")
+    actions.add_parser("env", help="print shell exports for KUBECONFIG and PATH (kubectl)")
+    actions.add_parser("status", help="print whether the cluster runs, its server URL and log directory")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dynamig.devcluster import BinariesNotFoundError
+    from dynamig.devcluster.background import default_state_dir, down, run_foreground, running_state, up
+
+    state_dir: Path = args.state_dir or default_state_dir(os.environ)
+    try:
+        if args.action == "up" and args.foreground:
+            return run_foreground(state_dir, _say)
+        if args.action == "up":
+            started = up(state_dir, _say)
+            _say(f"ready in {started.start_seconds:.1f}s at {started.server_url}; logs in {started.log_dir}")
+            _say('use it with: eval "$(dynamig dev-cluster env)"   stop it with: dynamig dev-cluster down')
+            print(started.kubeconfig)
+            return 0
+        if args.action == "down":
+            if not down(state_dir, _say):
+                _say("no dev cluster was running (leftover files removed)")
+            return 0
+        state = running_state(state_dir)
+        if state is None:
+            _say("no dev cluster is running; start one with: dynamig dev-cluster up")
+            return 1
+        if args.action == "env":
+            print(f"export KUBECONFIG={shlex.quote(state.kubeconfig)}")
+            print(f"export PATH={shlex.quote(state.bin_dir)}:\"$PATH\"")
+        else:
+            print(f"running: supervisor pid {state.supervisor_pid}, server {state.server_url}")
+            print(f"kubeconfig: {state.kubeconfig}")
+            print(f"logs: {state.log_dir}")
+        return 0
+    except (BinariesNotFoundError, RuntimeError) as exc:
+        _say(f"error: {exc}")
+        return 1

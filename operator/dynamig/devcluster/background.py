@@ -1,0 +1,228 @@
+"""A long-lived dev cluster for ``dynamig dev-cluster up|down|env|status``.
+
+``up`` resolves (or builds) the binaries in the foreground, so build progress shows on the terminal, then
+starts a detached supervisor process (``dynamig dev-cluster up --foreground``) that owns the control plane.
+The supervisor writes ``state.json`` once the cluster is healthy, stops the cluster on SIGTERM/SIGINT/SIGHUP,
+and stops it too if any component dies. Its components are tied to it by the kernel (parent-death signal),
+so even a supervisor killed with SIGKILL leaves nothing running.
+
+State directory (default ``$DYNAMIG_CACHE`` or ``~/.cache/dynamig``, then ``dev-cluster/``):
+``state.json``, ``supervisor.log``, ``lock``, and ``cluster/`` (certificates, kubeconfig, etcd data,
+``logs/<component>.log``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import FrameType
+
+from dynamig.devcluster.binaries import find_binaries
+from dynamig.devcluster.controlplane import ControlPlane
+
+Say = Callable[[str], None]
+
+
+def default_state_dir(env: Mapping[str, str]) -> Path:
+    """``$DYNAMIG_CACHE/dev-cluster``, else ``$XDG_CACHE_HOME/dynamig/dev-cluster``. Pure."""
+    if env.get("DYNAMIG_CACHE"):
+        root = Path(env["DYNAMIG_CACHE"])
+    else:
+        root = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dynamig"
+    return root / "dev-cluster"
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    """What ``state.json`` records about a running dev cluster."""
+
+    supervisor_pid: int
+    server_url: str
+    kubeconfig: str
+    bin_dir: str
+    log_dir: str
+    component_pids: dict[str, int]
+    start_seconds: float
+
+    @classmethod
+    def read(cls, state_dir: Path) -> ClusterState | None:
+        try:
+            data = json.loads((state_dir / "state.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return cls(**data)
+
+    def write(self, state_dir: Path) -> None:
+        tmp = state_dir / "state.json.tmp"
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        tmp.replace(state_dir / "state.json")  # atomic: readers never see half a file
+
+
+def _alive(pid: int) -> bool:
+    """True when ``pid`` runs a dynamig dev-cluster supervisor (guards against a recycled pid)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        return True  # no /proc (not Linux): trust the pid
+    return b"dev-cluster" in cmdline
+
+
+def running_state(state_dir: Path) -> ClusterState | None:
+    """The recorded state when its supervisor is alive, else None."""
+    state = ClusterState.read(state_dir)
+    return state if state is not None and _alive(state.supervisor_pid) else None
+
+
+@contextlib.contextmanager
+def _locked(state_dir: Path) -> Iterator[None]:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with open(state_dir / "lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def up(state_dir: Path, say: Say, *, timeout: float = 120.0) -> ClusterState:
+    """Start the dev cluster in the background unless it runs already; returns its state. Side effects.
+
+    Raises ``RuntimeError`` with the supervisor's log tail when the cluster does not come up.
+    """
+    with _locked(state_dir):
+        state = running_state(state_dir)
+        if state is not None:
+            say(f"dev cluster already running (supervisor pid {state.supervisor_pid})")
+            return state
+        _cleanup(state_dir)
+        binaries = find_binaries(progress=say)
+        say(f"binaries: {binaries.directory} (from {binaries.source})")
+        env = dict(os.environ, KUBEBUILDER_ASSETS=str(binaries.kube_apiserver.parent))
+        if binaries.source == "PATH":
+            env.pop("KUBEBUILDER_ASSETS")  # the five may live in different PATH directories
+        log = state_dir / "supervisor.log"
+        say("starting the control plane in the background")
+        with open(log, "wb") as fh:
+            argv = [sys.executable, "-m", "dynamig", "dev-cluster", f"--state-dir={state_dir}",
+                    "up", "--foreground"]
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while True:
+            state = ClusterState.read(state_dir)
+            if state is not None and state.supervisor_pid == proc.pid:
+                return state
+            if proc.poll() is not None or time.monotonic() > deadline:
+                if proc.poll() is None:
+                    _terminate(proc.pid)
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+                raise RuntimeError(f"dev cluster did not start; supervisor log {log}:\n{tail}")
+            time.sleep(0.2)
+
+
+def run_foreground(state_dir: Path, say: Say) -> int:
+    """Run the control plane until a signal arrives or a component dies; returns the exit code. Blocks."""
+    stop_requested: list[int] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop_requested.append(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    cp = ControlPlane(work_dir=state_dir / "cluster", progress=say)
+    try:
+        cp.start()
+        ClusterState(
+            supervisor_pid=os.getpid(), server_url=cp.server_url, kubeconfig=str(cp.kubeconfig_path),
+            bin_dir=str(cp.binaries.directory), log_dir=str(cp.log_dir), component_pids=cp.pids,
+            start_seconds=round(cp.start_seconds or 0.0, 2),
+        ).write(state_dir)
+        say(f"kubeconfig: {cp.kubeconfig_path}")
+        while not stop_requested:
+            if not cp.running():
+                dead = [name for name, pid in cp.pids.items() if not _pid_running(pid)]
+                say(f"component(s) exited: {', '.join(dead) or 'unknown'}; stopping the dev cluster")
+                return 1
+            time.sleep(0.5)
+        say(f"signal {stop_requested[0]}: stopping the dev cluster")
+        return 0
+    finally:
+        cp.stop()
+        with contextlib.suppress(FileNotFoundError):
+            (state_dir / "state.json").unlink()
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def _terminate(pid: int, timeout: float = 20.0) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _pid_running(pid) and time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.1)
+    if _pid_running(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _runs_binary_from(pid: int, bin_dir: str) -> bool:
+    """True when ``pid`` still runs an executable from ``bin_dir`` (so a recycled pid is never touched)."""
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return False
+    return exe.startswith(bin_dir.rstrip("/") + "/")
+
+
+def _cleanup(state_dir: Path) -> None:
+    """Remove everything a previous cluster left (except the lock file)."""
+    for entry in ("cluster", "state.json", "state.json.tmp", "supervisor.log"):
+        path = state_dir / entry
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+
+def down(state_dir: Path, say: Say) -> bool:
+    """Stop the dev cluster and delete its files; returns whether one was running. Side effects."""
+    with _locked(state_dir):
+        state = ClusterState.read(state_dir)
+        was_running = state is not None and _alive(state.supervisor_pid)
+        if state is not None:
+            if was_running:
+                say(f"stopping dev cluster (supervisor pid {state.supervisor_pid})")
+                _terminate(state.supervisor_pid)
+            # Belt and braces: sweep the component process groups the state recorded.
+            for pid in state.component_pids.values():
+                if _runs_binary_from(pid, state.bin_dir):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(pid, signal.SIGKILL)
+        _cleanup(state_dir)
+        return was_running
