@@ -78,6 +78,13 @@ class _GpuOutcome:
     instances: list[MigInstance] = field(default_factory=list)
 
 
+def node_owner_reference(node: str, uid: str) -> dict[str, Any] | None:
+    """An ownerReference to the Node (so the garbage collector removes our objects with it). Pure."""
+    if not uid:
+        return None
+    return {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}
+
+
 def _mig_mode(gpu: GpuInfo) -> MigMode:
     if gpu.mig_current != gpu.mig_pending:
         return MigMode.ENABLE_PENDING if gpu.mig_pending == 1 else MigMode.DISABLE_PENDING
@@ -107,6 +114,7 @@ class NodeAgent:
         self._reshape_started: dict[int, float] = {}
         self._wake = asyncio.Event()
         self._managed_logged: bool | None = None
+        self._node_owner: dict[str, Any] | None = None
         self.rounds = 0
 
     # --- loop ----------------------------------------------------------------------------------------
@@ -141,13 +149,16 @@ class NodeAgent:
     async def _round(self) -> bool:
         node = self.settings.node
         self.rounds += 1
-        labels = await self.api.node_labels(node)
-        if labels is None or not node_is_managed(labels):
+        meta = await self.api.node_meta(node)
+        labels = meta[0] if meta is not None else {}
+        if meta is None or not node_is_managed(labels):
             if self._managed_logged is not False:
                 log.warning("node %s does not exist or lacks dynamig.io/managed=true; not managing it", node)
             self._managed_logged = False
             return False
         self._managed_logged = True
+        self._node_owner = node_owner_reference(node, meta[1])
+        self.publisher.owner = self._node_owner
         node_owner = node_mig_owner(labels)
 
         gpus: list[GpuInfo] = []
@@ -211,6 +222,8 @@ class NodeAgent:
         if gpu.model is not None:
             labels[PRODUCT_LABEL] = gpu.model.key
         body = build_gpu_partition(name, labels, [i.placed for i in instances if i.has_compute_instance])
+        if self._node_owner is not None:
+            body["metadata"]["ownerReferences"] = [dict(self._node_owner)]
         try:
             created = await self.api.create_partition(body)
         except Exception as exc:

@@ -71,17 +71,17 @@ class KubeApi:
 
     # --- nodes ---------------------------------------------------------------------------------------
 
-    async def node_labels(self, name: str) -> dict[str, str] | None:
-        """The node's labels; None when the Node does not exist."""
+    async def node_meta(self, name: str) -> tuple[dict[str, str], str] | None:
+        """The node's (labels, uid); None when the Node does not exist."""
 
-        async def call() -> dict[str, str] | None:
+        async def call() -> tuple[dict[str, str], str] | None:
             try:
                 node = await self.core.read_node(name)
             except ApiException as exc:
                 if exc.status == 404:
                     return None
                 raise
-            return dict(node.metadata.labels or {})
+            return dict(node.metadata.labels or {}), str(node.metadata.uid or "")
 
         return await self._retry("read node", call)
 

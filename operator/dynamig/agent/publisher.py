@@ -36,6 +36,8 @@ class SlicePublisher:
         self.driver = driver
         self.generation = 0  # last generation written; the API's highest wins after a restart
         self.publishes = 0
+        # Owner of the slices (the Node, as for kubelet-registered drivers): deleting the node collects them.
+        self.owner: dict[str, Any] | None = None
 
     def _ours(self, slices: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [
@@ -74,6 +76,8 @@ class SlicePublisher:
         generation = top + 1
         wanted = build_resource_slices(self.node, generation, devices, self.driver)
         for body in wanted:
+            if self.owner is not None:
+                body["metadata"]["ownerReferences"] = [dict(self.owner)]
             name = body["metadata"]["name"]
             have = by_name.get(name)
             if have is None:

@@ -1,0 +1,160 @@
+"""Wiring of the node agent: settings in, dependencies built once and passed down, loop run until a signal.
+
+``run_agent(options)`` is what ``dynamig agent`` calls. It loads NVML (the real library or the simulated
+one), connects to the API (kubeconfig from the flag, ``$KUBECONFIG``, ``~/.kube/config`` or the in-cluster
+service account), serves metrics, optionally serves the kubelet DRA plugin, and reconciles until SIGTERM or
+SIGINT. With ``uninstall`` it deletes the node's ResourceSlices and GpuPartitions and exits, leaving MIG as
+it is. The environment is read here only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+from dynamig.agent.controller import AgentSettings, NodeAgent
+from dynamig.agent.devices_service import AgentMigInstances
+from dynamig.agent.kubeapi import KubeApi
+from dynamig.agent.metrics import AgentMetrics
+from dynamig.agent.nvml_device import NvmlDevices
+from dynamig.geometry.catalog import load_catalog
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimulationOptions:
+    """How the simulated NVML is set up (``--nvml simulated``)."""
+
+    gpus: tuple[str, ...]  # catalog keys, one per GPU
+    state_file: Path | None = None  # shared with other processes (e.g. a restarted agent) when given
+    create_latency_s: float = 0.0
+    destroy_latency_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PluginOptions:
+    """Where the kubelet DRA plugin listens and writes (``--kubelet-plugin``)."""
+
+    kubelet_root: Path
+    cdi_root: Path
+    dev_root: Path
+    proc_root: Path
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentOptions:
+    settings: AgentSettings
+    nvml: str = "real"  # "real" | "simulated"
+    simulation: SimulationOptions | None = None
+    kubeconfig: Path | None = None
+    metrics_address: str = "0.0.0.0"
+    metrics_port: int | None = None  # None: no metrics server; 0: any free port
+    uninstall: bool = False
+    plugin: PluginOptions | None = None
+
+
+def parse_simulated_gpus(text: str) -> tuple[str, ...]:
+    """``H100-80GB:2,A100-40GB:1`` -> ``("H100-80GB", "H100-80GB", "A100-40GB")``. Pure."""
+    out: list[str] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, _, count = part.partition(":")
+        n = int(count) if count else 1
+        if n < 0:
+            raise ValueError(f"negative GPU count in {part!r}")
+        out.extend([key] * n)
+    return tuple(out)
+
+
+def load_nvml_module(options: AgentOptions) -> ModuleType:
+    """The NVML module: real ``pynvml``, or the simulated one configured with the simulation options."""
+    from dynamig.backends.nvml import load_nvml
+
+    module: ModuleType = load_nvml(options.nvml)
+    if options.nvml == "simulated":
+        sim = options.simulation or SimulationOptions(gpus=())
+        module.configure(
+            gpus=list(sim.gpus),
+            state_file=sim.state_file,
+            create_latency_s=sim.create_latency_s,
+            destroy_latency_s=sim.destroy_latency_s,
+        )
+    return module
+
+
+async def api_client_for(kubeconfig: Path | None) -> Any:
+    """A kubernetes-asyncio ApiClient: flag, then $KUBECONFIG / ~/.kube/config, then in-cluster config."""
+    from kubernetes_asyncio import client, config
+
+    cfg = client.Configuration()
+    path = kubeconfig or (Path(os.environ["KUBECONFIG"]) if os.environ.get("KUBECONFIG") else None)
+    if path is None and (Path.home() / ".kube" / "config").exists():
+        path = Path.home() / ".kube" / "config"
+    if path is not None:
+        await config.load_kube_config(config_file=str(path), client_configuration=cfg)
+    else:
+        config.load_incluster_config(client_configuration=cfg)
+    return client.ApiClient(configuration=cfg)
+
+
+async def run_agent(options: AgentOptions) -> int:
+    """Run the agent until a signal (or uninstall and return). Side effects: everything the agent does."""
+    settings = options.settings
+    nvml = load_nvml_module(options)
+    devices = NvmlDevices(nvml, load_catalog())
+    registry = CollectorRegistry()
+    metrics = AgentMetrics(registry, settings.node)
+    api_client = await api_client_for(options.kubeconfig)
+    plugin_server: Any = None
+    http_server: Any = None
+    try:
+        api = KubeApi(api_client)
+        devices.init()
+        agent = NodeAgent(settings, api, devices, metrics)
+        if options.uninstall:
+            n_slices, n_parts = await agent.uninstall()
+            log.info("uninstalled from %s: %d ResourceSlice(s), %d GpuPartition(s) deleted; MIG left as is",
+                     settings.node, n_slices, n_parts)
+            return 0
+        if options.metrics_port is not None:
+            started = start_http_server(options.metrics_port, addr=options.metrics_address, registry=registry)
+            http_server = started[0] if isinstance(started, tuple) else None
+            port = http_server.server_port if http_server is not None else options.metrics_port
+            log.info("metrics on http://%s:%d/metrics", options.metrics_address, port)
+        instances = AgentMigInstances(agent)
+        if options.plugin is not None:
+            from dynamig.agent.plugin import PluginSettings, serve_plugin
+
+            p = options.plugin
+            plugin_settings = PluginSettings(
+                node_name=settings.node,
+                kubelet_root=p.kubelet_root,
+                cdi_root=p.cdi_root,
+                dev_root=p.dev_root,
+                proc_root=p.proc_root,
+            )
+            plugin_server = await serve_plugin(plugin_settings, instances, api_client)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+        log.info("agent for node %s running (settle %.1fs)", settings.node, settings.settle_seconds)
+        await agent.run(stop)
+        return 0
+    finally:
+        if plugin_server is not None:
+            await plugin_server.stop()
+        if http_server is not None:
+            http_server.shutdown()
+        devices.shutdown()
+        await api_client.close()

@@ -1,0 +1,98 @@
+"""``dynamig agent``: the node agent (one per GPU node). Reconciles GpuPartitions with NVML, publishes
+ResourceSlices for driver ``mig.dynamig.io``, optionally serves the kubelet DRA plugin.
+
+Examples::
+
+    dynamig agent --node gpu-node-1                                  # real NVML, in-cluster config
+    dynamig agent --node n1 --nvml simulated --simulate-gpus H100-80GB:2 --kubeconfig kc.yaml
+    dynamig agent --node n1 --uninstall                              # remove slices and GpuPartitions
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("agent", help="run the node agent (NVML reconcile, ResourceSlices, DRA plugin)")
+    p.add_argument("--node", default=os.environ.get("NODE_NAME"),
+                   help="name of the Node this agent manages (default $NODE_NAME)")
+    p.add_argument("--nvml", choices=("real", "simulated"), default="real",
+                   help="NVML library: the real one, or the simulated one (no GPU needed)")
+    p.add_argument("--simulate-gpus", default="H100-80GB:1",
+                   help="with --nvml simulated: GPUs as catalog-key:count, comma separated")
+    p.add_argument("--state", type=Path, default=None,
+                   help="with --nvml simulated: file holding the simulated GPUs' MIG state across restarts")
+    p.add_argument("--sim-create-latency", type=float, default=0.0,
+                   help="with --nvml simulated: seconds each GI/CI creation takes")
+    p.add_argument("--sim-destroy-latency", type=float, default=0.0,
+                   help="with --nvml simulated: seconds each GI/CI destruction takes")
+    p.add_argument("--kubeconfig", type=Path, default=None,
+                   help="kubeconfig file (default $KUBECONFIG, ~/.kube/config, then in-cluster)")
+    p.add_argument("--settle-seconds", type=float, default=5.0,
+                   help="how long an instance must be out of the ResourceSlice and unallocated before it "
+                        "may be destroyed")
+    p.add_argument("--interval", type=float, default=10.0,
+                   help="seconds between rounds when all GPUs are Stable")
+    p.add_argument("--reshape-poll", type=float, default=0.5, help="seconds between rounds while reshaping")
+    p.add_argument("--metrics-port", type=int, default=9465,
+                   help="Prometheus metrics port (0: any free port, -1: no metrics server)")
+    p.add_argument("--metrics-address", default="0.0.0.0", help="address the metrics server binds")
+    p.add_argument("--uninstall", action="store_true",
+                   help="delete this node's ResourceSlices and GpuPartitions and exit; MIG is left as is")
+    p.add_argument("--kubelet-plugin", action="store_true", help="also serve the kubelet DRA plugin")
+    p.add_argument("--kubelet-root", type=Path, default=Path("/var/lib/kubelet"))
+    p.add_argument("--cdi-root", type=Path, default=Path("/var/run/cdi"))
+    p.add_argument("--dev-root", type=Path, default=Path("/dev"))
+    p.add_argument("--proc-root", type=Path, default=Path("/proc"))
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dynamig.agent.controller import AgentSettings
+    from dynamig.agent.main import (
+        AgentOptions,
+        PluginOptions,
+        SimulationOptions,
+        parse_simulated_gpus,
+        run_agent,
+    )
+
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.node:
+        logging.error("--node (or $NODE_NAME) is required")
+        return 2
+    simulation = None
+    if args.nvml == "simulated":
+        simulation = SimulationOptions(
+            gpus=parse_simulated_gpus(args.simulate_gpus),
+            state_file=args.state,
+            create_latency_s=args.sim_create_latency,
+            destroy_latency_s=args.sim_destroy_latency,
+        )
+    plugin = None
+    if args.kubelet_plugin:
+        plugin = PluginOptions(kubelet_root=args.kubelet_root, cdi_root=args.cdi_root, dev_root=args.dev_root,
+                               proc_root=args.proc_root)
+    options = AgentOptions(
+        settings=AgentSettings(
+            node=args.node,
+            settle_seconds=args.settle_seconds,
+            interval_seconds=args.interval,
+            reshape_poll_seconds=args.reshape_poll,
+        ),
+        nvml=args.nvml,
+        simulation=simulation,
+        kubeconfig=args.kubeconfig,
+        metrics_address=args.metrics_address,
+        metrics_port=None if args.metrics_port < 0 else args.metrics_port,
+        uninstall=args.uninstall,
+        plugin=plugin,
+    )
+    return asyncio.run(run_agent(options))
