@@ -44,12 +44,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--metrics-address", default="0.0.0.0", help="address the metrics server binds")
     p.add_argument("--uninstall", action="store_true",
                    help="delete this node's ResourceSlices and GpuPartitions and exit; MIG is left as is")
-    p.add_argument("--kubelet-plugin", action="store_true", help="also serve the kubelet DRA plugin")
-    p.add_argument("--kubelet-root", type=Path, default=Path("/var/lib/kubelet"))
-    p.add_argument("--cdi-root", type=Path, default=Path("/var/run/cdi"))
-    p.add_argument("--dev-root", type=Path, default=Path("/dev"))
-    p.add_argument("--proc-root", type=Path, default=Path("/proc"))
+    p.add_argument("--kubelet-plugin", action=argparse.BooleanOptionalAction, default=None,
+                   help="serve the kubelet DRA plugin (default: on with --nvml real, off with simulated)")
+    p.add_argument("--kubelet-root", "--kubelet-dir", dest="kubelet_root", type=Path,
+                   default=Path("/var/lib/kubelet"), help="the kubelet's root directory")
+    p.add_argument("--cdi-root", type=Path, default=Path("/var/run/cdi"), help="where CDI specs are written")
+    p.add_argument("--dev-root", type=Path, default=Path("/dev"), help="directory of the NVIDIA device nodes")
+    p.add_argument("--proc-root", type=Path, default=Path("/proc"),
+                   help="directory holding driver/nvidia/capabilities")
+    p.add_argument("--proc-driver-nvidia", type=Path, default=None,
+                   help="the driver/nvidia directory itself, e.g. /host/proc/driver/nvidia (overrides "
+                        "--proc-root)")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-format", choices=("text", "json"), default="text")
     p.set_defaults(func=run)
 
 
@@ -63,8 +70,10 @@ def run(args: argparse.Namespace) -> int:
         run_agent,
     )
 
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    if args.log_format == "json":
+        fmt = '{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}'
+    logging.basicConfig(level=args.log_level.upper(), format=fmt)
     if not args.node:
         logging.error("--node (or $NODE_NAME) is required")
         return 2
@@ -77,9 +86,11 @@ def run(args: argparse.Namespace) -> int:
             destroy_latency_s=args.sim_destroy_latency,
         )
     plugin = None
-    if args.kubelet_plugin:
+    serve_plugin = args.kubelet_plugin if args.kubelet_plugin is not None else args.nvml == "real"
+    if serve_plugin:
+        proc_root = args.proc_driver_nvidia.parent.parent if args.proc_driver_nvidia else args.proc_root
         plugin = PluginOptions(kubelet_root=args.kubelet_root, cdi_root=args.cdi_root, dev_root=args.dev_root,
-                               proc_root=args.proc_root)
+                               proc_root=proc_root)
     options = AgentOptions(
         settings=AgentSettings(
             node=args.node,
