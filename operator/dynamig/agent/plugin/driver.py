@@ -90,6 +90,9 @@ class MigDriver:
             for uid in cdi.spec_claim_uids(self._settings.cdi_root) - set(self._prepared):
                 log.info("removing CDI spec of unknown claim %s", uid)
                 cdi.remove_spec(self._settings.cdi_root, uid)
+            self._instances.mark_prepared(
+                d.device_name for claim in self._prepared.values() for d in claim.devices
+            )
 
     async def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         """One result per claim UID. Never raises for a single claim's failure."""

@@ -6,6 +6,7 @@ for an instance to exist before a pod uses it, and says when the pod is done wit
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -53,4 +54,9 @@ class MigInstances(Protocol):
     async def release(self, device_name: str) -> None:
         """The claim using ``device_name`` was unprepared: mark the instance free (never destroy it; the
         operator decides its fate). Side effects: agent state, GpuPartition status."""
+        ...
+
+    def mark_prepared(self, names: Iterable[str]) -> None:
+        """Called once at plugin start with the devices of the claims the checkpoint still holds, so an agent
+        that restarted with the plugin counts them as in use again. Side effects: agent state."""
         ...
