@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -115,12 +114,13 @@ class ClaimReader:
 
         api = ResourceV1Api(self._api)
         try:
-            resp = await api.read_namespaced_resource_claim(
-                ref.name, ref.namespace, _preload_content=False, _request_timeout=self._timeout_s
+            obj = await api.read_namespaced_resource_claim(
+                ref.name, ref.namespace, _request_timeout=self._timeout_s
             )
-            raw = await resp.read()
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
-        return parse_claim(json.loads(raw))
+        # Back to the API's JSON shape (camelCase keys), which parse_claim takes.
+        data: dict[str, Any] = self._api.sanitize_for_serialization(obj)
+        return parse_claim(data)
