@@ -1,4 +1,4 @@
-"""The install manifests: the Helm chart, the plain manifests rendered from it, RBAC and the node admission policy.
+"""The install manifests: the Helm chart, the plain manifests rendered from it, RBAC, node admission policy.
 
 What runs for real: the helm binary built from its Go module (``hack/build-helm.sh``) renders and lints the
 chart; the local control plane (real kube-apiserver with RBAC, Pod Security admission and
@@ -38,8 +38,13 @@ WORKLOAD_KINDS = {"Deployment", "DaemonSet"}
 @pytest.fixture(scope="module")
 def helm() -> str:
     """Path of the helm binary (built once from its Go module; cached)."""
-    proc = subprocess.run(["bash", str(ROOT / "hack" / "build-helm.sh")], capture_output=True, text=True,
-                          timeout=1800, check=False)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "hack" / "build-helm.sh")],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
     if proc.returncode != 0:
         pytest.skip(f"helm could not be built from its Go module: {proc.stderr.strip()[-500:]}")
     return proc.stdout.strip().splitlines()[-1]
@@ -72,8 +77,16 @@ def deploy_objects() -> list[dict[str, Any]]:
 def can_i(cp: ControlPlane, user: str, *args: str) -> bool:
     """``kubectl auth can-i`` as a service account, with the groups a real token of it carries."""
     ns = user.split(":")[2]
-    proc = cp.kubectl("auth", "can-i", *args, f"--as={user}", "--as-group=system:serviceaccounts",
-                      f"--as-group=system:serviceaccounts:{ns}", "--as-group=system:authenticated", check=False)
+    proc = cp.kubectl(
+        "auth",
+        "can-i",
+        *args,
+        f"--as={user}",
+        "--as-group=system:serviceaccounts",
+        f"--as-group=system:serviceaccounts:{ns}",
+        "--as-group=system:authenticated",
+        check=False,
+    )
     answer = proc.stdout.strip()
     assert answer in ("yes", "no"), f"kubectl auth can-i {args}: {proc.stdout} {proc.stderr}"
     return answer == "yes"
@@ -81,16 +94,27 @@ def can_i(cp: ControlPlane, user: str, *args: str) -> bool:
 
 # ------------------------------------------------------------------------------------------------ chart only
 def test_chart_lints_clean(helm: str) -> None:
-    proc = subprocess.run([helm, "lint", "--strict", str(CHART), "--namespace", NS], capture_output=True,
-                          text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [helm, "lint", "--strict", str(CHART), "--namespace", NS],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout
 
 
 def test_plain_manifests_and_chart_crds_are_in_sync(helm: str) -> None:
     """manifests/deploy and the chart's copy of crds/ are exactly what the chart renders today."""
-    proc = subprocess.run(["bash", str(ROOT / "hack" / "render-manifests.sh"), "--check"], capture_output=True,
-                          text=True, timeout=300, check=False, env={"DYNAMIG_HELM": helm, "PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        ["bash", str(ROOT / "hack" / "render-manifests.sh"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={"DYNAMIG_HELM": helm, "PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     repo_crds = sorted(p.name for p in (ROOT / "crds").glob("*.yaml"))
     assert sorted(p.name for p in (CHART / "files" / "crds").glob("*.yaml")) == repo_crds
@@ -98,18 +122,27 @@ def test_plain_manifests_and_chart_crds_are_in_sync(helm: str) -> None:
         assert (CHART / "files" / "crds" / name).read_bytes() == (ROOT / "crds" / name).read_bytes()
 
 
-@pytest.mark.parametrize(("value", "message"), [
-    ("logging.format=xml", 'logging.format must be "text" or "json", got "xml"'),
-    ("logging.level=loud", "logging.level must be one of debug, info, warning, error"),
-    ("operator.replicas=0", "operator.replicas must be between 1 and 5"),
-    ("operator.healthPort=8080", "operator.metricsPort and operator.healthPort must differ"),
-    ("agent.kubeletDir=var/lib/kubelet", 'agent.kubeletDir must be an absolute path, got "var/lib/kubelet"'),
-    ("agent.nvml.mode=magic", 'agent.nvml.mode must be "runtimeClass" or "hostDriverRoot"'),
-    ("agent.nodeSelector=null", "agent.nodeSelector is empty"),
-    ("image.digest=abc", "image.digest must look like sha256:<hex>"),
-    ("metrics.serviceMonitor.enabled=true", "cluster does not serve monitoring.coreos.com/v1 ServiceMonitor"),
-    ("operator.peering.name=Not_A_Label", "operator.peering.name must be a DNS label"),
-])
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("logging.format=xml", 'logging.format must be "text" or "json", got "xml"'),
+        ("logging.level=loud", "logging.level must be one of debug, info, warning, error"),
+        ("operator.replicas=0", "operator.replicas must be between 1 and 5"),
+        ("operator.healthPort=8080", "operator.metricsPort and operator.healthPort must differ"),
+        (
+            "agent.kubeletDir=var/lib/kubelet",
+            'agent.kubeletDir must be an absolute path, got "var/lib/kubelet"',
+        ),
+        ("agent.nvml.mode=magic", 'agent.nvml.mode must be "runtimeClass" or "hostDriverRoot"'),
+        ("agent.nodeSelector=null", "agent.nodeSelector is empty"),
+        ("image.digest=abc", "image.digest must look like sha256:<hex>"),
+        (
+            "metrics.serviceMonitor.enabled=true",
+            "cluster does not serve monitoring.coreos.com/v1 ServiceMonitor",
+        ),
+        ("operator.peering.name=Not_A_Label", "operator.peering.name must be a DNS label"),
+    ],
+)
 def test_bad_values_fail_rendering_with_a_message_naming_the_key(helm: str, value: str, message: str) -> None:
     proc = render(helm, value, check=False)
     assert proc.returncode != 0
@@ -119,23 +152,51 @@ def test_bad_values_fail_rendering_with_a_message_naming_the_key(helm: str, valu
 def test_values_switch_what_is_rendered(helm: str) -> None:
     base = docs(render(helm).stdout)
     kinds = {o["kind"] for o in base}
-    assert {"CustomResourceDefinition", "DeviceClass", "ValidatingAdmissionPolicy", "Deployment",
-            "DaemonSet", "ClusterKopfPeering"} <= kinds
+    assert {
+        "CustomResourceDefinition",
+        "DeviceClass",
+        "ValidatingAdmissionPolicy",
+        "Deployment",
+        "DaemonSet",
+        "ClusterKopfPeering",
+    } <= kinds
     assert "Namespace" not in kinds  # helm install -n ... --create-namespace owns it
     assert "ServiceMonitor" not in kinds and "PrometheusRule" not in kinds
     for crd in (o for o in base if o["kind"] == "CustomResourceDefinition"):
         assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
 
-    lean = docs(render(helm, "features.nodeAdmissionPolicy=false", "features.deviceClass=false",
-                       "crds.install=false", "operator.enabled=false").stdout)
-    assert {o["kind"] for o in lean} & {"ValidatingAdmissionPolicy", "DeviceClass", "CustomResourceDefinition",
-                                        "Deployment", "ClusterKopfPeering"} == set()
+    lean = docs(
+        render(
+            helm,
+            "features.nodeAdmissionPolicy=false",
+            "features.deviceClass=false",
+            "crds.install=false",
+            "operator.enabled=false",
+        ).stdout
+    )
+    assert {o["kind"] for o in lean} & {
+        "ValidatingAdmissionPolicy",
+        "DeviceClass",
+        "CustomResourceDefinition",
+        "Deployment",
+        "ClusterKopfPeering",
+    } == set()
 
-    rich = docs(render(helm, "metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.skipCapabilityCheck=true",
-                       "metrics.prometheusRule.enabled=true", "metrics.prometheusRule.skipCapabilityCheck=true",
-                       "logging.format=json", "features.reshape=false", "features.kubeletPlugin=false",
-                       "agent.nvml.mode=hostDriverRoot", "image.digest=sha256:" + "a" * 64,
-                       "operator.priorityClassName=system-cluster-critical").stdout)
+    rich = docs(
+        render(
+            helm,
+            "metrics.serviceMonitor.enabled=true",
+            "metrics.serviceMonitor.skipCapabilityCheck=true",
+            "metrics.prometheusRule.enabled=true",
+            "metrics.prometheusRule.skipCapabilityCheck=true",
+            "logging.format=json",
+            "features.reshape=false",
+            "features.kubeletPlugin=false",
+            "agent.nvml.mode=hostDriverRoot",
+            "image.digest=sha256:" + "a" * 64,
+            "operator.priorityClassName=system-cluster-critical",
+        ).stdout
+    )
     assert len([o for o in rich if o["kind"] == "ServiceMonitor"]) == 2
     rule = find(rich, "PrometheusRule")
     alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
@@ -157,8 +218,14 @@ def installed(control_plane: ControlPlane) -> Iterator[ControlPlane]:
     """CRDs and every non-workload object of manifests/deploy applied for real; removed afterwards."""
     cp = control_plane
     cp.kubectl("apply", "--server-side", "--force-conflicts", "-k", str(DEPLOY / "crds"))
-    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "-l",
-               "app.kubernetes.io/part-of=dynamig")
+    cp.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd",
+        "-l",
+        "app.kubernetes.io/part-of=dynamig",
+    )
     static = [o for o in deploy_objects() if o["kind"] not in WORKLOAD_KINDS]
     stream = yaml.safe_dump_all(static)
     cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=stream)
@@ -169,12 +236,16 @@ def installed(control_plane: ControlPlane) -> Iterator[ControlPlane]:
 
 
 def test_rendered_manifests_pass_server_side_dry_run(installed: ControlPlane) -> None:
-    proc = installed.kubectl("apply", "--server-side", "--force-conflicts", "--dry-run=server", "-k", str(DEPLOY))
+    proc = installed.kubectl(
+        "apply", "--server-side", "--force-conflicts", "--dry-run=server", "-k", str(DEPLOY)
+    )
     out = proc.stdout
-    for line in ("deployment.apps/dynamig-operator serverside-applied (server dry run)",
-                 "daemonset.apps/dynamig-agent serverside-applied (server dry run)",
-                 "deviceclass.resource.k8s.io/mig.dynamig.io serverside-applied (server dry run)",
-                 "clusterkopfpeering.kopf.dev/dynamig serverside-applied (server dry run)"):
+    for line in (
+        "deployment.apps/dynamig-operator serverside-applied (server dry run)",
+        "daemonset.apps/dynamig-agent serverside-applied (server dry run)",
+        "deviceclass.resource.k8s.io/mig.dynamig.io serverside-applied (server dry run)",
+        "clusterkopfpeering.kopf.dev/dynamig serverside-applied (server dry run)",
+    ):
         assert line in out, out
     assert "Warning" not in proc.stderr, proc.stderr
 
@@ -198,23 +269,45 @@ def test_namespace_pod_security_labels(installed: ControlPlane) -> None:
 
 def _pod_from(template_owner: dict[str, Any], name: str, namespace: str) -> dict[str, Any]:
     spec = copy.deepcopy(template_owner["spec"]["template"]["spec"])
-    return {"apiVersion": "v1", "kind": "Pod", "spec": spec,
-            "metadata": {"name": name, "namespace": namespace}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "spec": spec,
+        "metadata": {"name": name, "namespace": namespace},
+    }
 
 
-def test_operator_pod_passes_restricted_and_agent_pod_needs_privileged(installed: ControlPlane,
-                                                                       namespace: str) -> None:
+def test_operator_pod_passes_restricted_and_agent_pod_needs_privileged(
+    installed: ControlPlane, namespace: str
+) -> None:
     """A namespace enforcing ``restricted`` admits the operator's pod and refuses the agent's."""
     cp = installed
-    cp.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted",
-               "pod-security.kubernetes.io/enforce-version=latest")
-    cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(
-        {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"},
-         "handler": "nvidia"}))
+    cp.kubectl(
+        "label",
+        "namespace",
+        namespace,
+        "pod-security.kubernetes.io/enforce=restricted",
+        "pod-security.kubernetes.io/enforce-version=latest",
+    )
+    cp.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=yaml.safe_dump(
+            {
+                "apiVersion": "node.k8s.io/v1",
+                "kind": "RuntimeClass",
+                "metadata": {"name": "nvidia"},
+                "handler": "nvidia",
+            }
+        ),
+    )
     objs = deploy_objects()
     operator_pod = _pod_from(find(objs, "Deployment"), "operator-check", namespace)
     operator_pod["spec"]["serviceAccountName"] = "default"
-    proc = cp.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(operator_pod), check=False)
+    proc = cp.kubectl(
+        "create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(operator_pod), check=False
+    )
     assert proc.returncode == 0, proc.stderr
     assert "violates PodSecurity" not in proc.stderr
 
@@ -223,8 +316,10 @@ def test_operator_pod_passes_restricted_and_agent_pod_needs_privileged(installed
     proc = cp.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(agent_pod), check=False)
     assert proc.returncode != 0
     assert 'violates PodSecurity "restricted:latest"' in proc.stderr
-    assert "privileged (container \"agent\" must not set securityContext.privileged=true)" in proc.stderr, proc.stderr
-    assert "use restricted volume type \"hostPath\"" in proc.stderr, proc.stderr
+    assert 'privileged (container "agent" must not set securityContext.privileged=true)' in proc.stderr, (
+        proc.stderr
+    )
+    assert 'use restricted volume type "hostPath"' in proc.stderr, proc.stderr
 
     # In its own namespace (enforce=privileged) the agent's pod is admitted.
     agent_pod = _pod_from(find(objs, "DaemonSet"), "agent-check", NS)
@@ -286,32 +381,59 @@ AGENT_DENIED = [
 
 
 def test_rbac_least_privilege(installed: ControlPlane) -> None:
-    cases = ([(OPERATOR_SA, a, True) for a in OPERATOR_ALLOWED] + [(OPERATOR_SA, a, False) for a in OPERATOR_DENIED]
-             + [(AGENT_SA, a, True) for a in AGENT_ALLOWED] + [(AGENT_SA, a, False) for a in AGENT_DENIED])
-    wrong = [f"{user.rsplit(':', 1)[1]} {' '.join(args)}: expected {'yes' if want else 'no'}"
-             for user, args, want in cases if can_i(installed, user, *args) != want]
+    cases = (
+        [(OPERATOR_SA, a, True) for a in OPERATOR_ALLOWED]
+        + [(OPERATOR_SA, a, False) for a in OPERATOR_DENIED]
+        + [(AGENT_SA, a, True) for a in AGENT_ALLOWED]
+        + [(AGENT_SA, a, False) for a in AGENT_DENIED]
+    )
+    wrong = [
+        f"{user.rsplit(':', 1)[1]} {' '.join(args)}: expected {'yes' if want else 'no'}"
+        for user, args, want in cases
+        if can_i(installed, user, *args) != want
+    ]
     assert not wrong, "\n".join(wrong)
 
 
 def _slice(node: str, name: str, driver: str = "mig.dynamig.io") -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
-            "spec": {"driver": driver, "nodeName": node, "pool": {"name": node, "generation": 1,
-                                                                  "resourceSliceCount": 1},
-                     "devices": []}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [],
+        },
+    }
 
 
 def _partition(node: str, name: str) -> dict[str, Any]:
-    return {"apiVersion": "dynamig.io/v1alpha1", "kind": "GpuPartition",
-            "metadata": {"name": name, "labels": {"dynamig.io/node": node}},
-            "spec": {"layout": [{"profile": "3g.40gb", "start": 0}]}}
+    return {
+        "apiVersion": "dynamig.io/v1alpha1",
+        "kind": "GpuPartition",
+        "metadata": {"name": name, "labels": {"dynamig.io/node": node}},
+        "spec": {"layout": [{"profile": "3g.40gb", "start": 0}]},
+    }
 
 
 def _as_agent(cp: ControlPlane, obj: dict[str, Any], node: str | None) -> subprocess.CompletedProcess[str]:
     ns = NS
     extra = [f"--as-user-extra={NODE_EXTRA}={node}"] if node else []
-    return cp.kubectl("create", "--dry-run=server", "-f", "-", f"--as={AGENT_SA}",
-                      "--as-group=system:serviceaccounts", f"--as-group=system:serviceaccounts:{ns}",
-                      "--as-group=system:authenticated", *extra, input=yaml.safe_dump(obj), check=False)
+    return cp.kubectl(
+        "create",
+        "--dry-run=server",
+        "-f",
+        "-",
+        f"--as={AGENT_SA}",
+        "--as-group=system:serviceaccounts",
+        f"--as-group=system:serviceaccounts:{ns}",
+        "--as-group=system:authenticated",
+        *extra,
+        input=yaml.safe_dump(obj),
+        check=False,
+    )
 
 
 def test_node_admission_policy_confines_each_agent_to_its_node(installed: ControlPlane) -> None:
@@ -348,8 +470,9 @@ def test_node_admission_policy_confines_each_agent_to_its_node(installed: Contro
     assert denied.returncode != 0 and "no dynamig.io/node label" in denied.stderr
 
     # Other users (the cluster admin here) are not matched by the policy.
-    admin = cp.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(_slice("node-b", "x")),
-                       check=False)
+    admin = cp.kubectl(
+        "create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(_slice("node-b", "x")), check=False
+    )
     assert admin.returncode == 0, admin.stderr
 
 
@@ -359,19 +482,52 @@ def test_node_admission_policy_checks_status_updates(installed: ControlPlane) ->
     name = "vap-status-check-gpu0"
     cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(_partition("node-b", name)))
     try:
-        flags = [f"--as={AGENT_SA}", "--as-group=system:serviceaccounts",
-                 f"--as-group=system:serviceaccounts:{NS}", "--as-group=system:authenticated"]
-        relabel = cp.kubectl("label", "--overwrite", "--dry-run=server", "gpupartition", name,
-                             "dynamig.io/node=node-a", *flags, f"--as-user-extra={NODE_EXTRA}=node-a", check=False)
+        flags = [
+            f"--as={AGENT_SA}",
+            "--as-group=system:serviceaccounts",
+            f"--as-group=system:serviceaccounts:{NS}",
+            "--as-group=system:authenticated",
+        ]
+        relabel = cp.kubectl(
+            "label",
+            "--overwrite",
+            "--dry-run=server",
+            "gpupartition",
+            name,
+            "dynamig.io/node=node-a",
+            *flags,
+            f"--as-user-extra={NODE_EXTRA}=node-a",
+            check=False,
+        )
         assert relabel.returncode != 0
         assert "may not write GpuPartition" in relabel.stderr
-        status = cp.kubectl("patch", "gpupartition", name, "--subresource=status", "--type=merge",
-                            "--dry-run=server", "-p", '{"status":{"node":"node-b","phase":"Stable"}}', *flags,
-                            f"--as-user-extra={NODE_EXTRA}=node-b", check=False)
+        status = cp.kubectl(
+            "patch",
+            "gpupartition",
+            name,
+            "--subresource=status",
+            "--type=merge",
+            "--dry-run=server",
+            "-p",
+            '{"status":{"node":"node-b","phase":"Stable"}}',
+            *flags,
+            f"--as-user-extra={NODE_EXTRA}=node-b",
+            check=False,
+        )
         assert status.returncode == 0, status.stderr
-        status = cp.kubectl("patch", "gpupartition", name, "--subresource=status", "--type=merge",
-                            "--dry-run=server", "-p", '{"status":{"node":"node-a"}}', *flags,
-                            f"--as-user-extra={NODE_EXTRA}=node-a", check=False)
+        status = cp.kubectl(
+            "patch",
+            "gpupartition",
+            name,
+            "--subresource=status",
+            "--type=merge",
+            "--dry-run=server",
+            "-p",
+            '{"status":{"node":"node-a"}}',
+            *flags,
+            f"--as-user-extra={NODE_EXTRA}=node-a",
+            check=False,
+        )
         assert status.returncode != 0
     finally:
         cp.kubectl("delete", "gpupartition", name, "--ignore-not-found", check=False)
