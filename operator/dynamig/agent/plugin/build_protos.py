@@ -79,12 +79,15 @@ def _run_protoc(protos: Sequence[Path], out_root: Path) -> None:
 
 def build(*, force: bool = False) -> bool:
     """Generates the stubs unless they are up to date. Returns True when it generated. Side effect: files."""
-    from importlib.metadata import version
+    try:
+        from grpc_tools.grpc_version import VERSION  # type: ignore[import-untyped]
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise SystemExit("grpcio-tools is missing; install the dev extras: pip install -e '.[dev]'") from exc
 
     protos = proto_files()
     if not protos:
         raise SystemExit(f"no .proto files under {PROTO_DIR}")
-    digest = inputs_digest(protos, version("grpcio-tools"))
+    digest = inputs_digest(protos, str(VERSION))
     if not force and _stamp_matches(digest):
         return False
     # Lock on this script's own file: it always exists and is not an artefact in the checkout.
