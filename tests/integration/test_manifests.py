@@ -12,6 +12,7 @@ authorizer; the node identity of an agent is simulated by impersonating its serv
 from __future__ import annotations
 
 import copy
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -74,6 +75,19 @@ def deploy_objects() -> list[dict[str, Any]]:
     return docs((DEPLOY / "dynamig.yaml").read_text())
 
 
+def registered_metric_names() -> set[str]:
+    """Metric family names registered in the package's metrics modules (read from their source)."""
+    names: set[str] = set()
+    for path in (ROOT / "operator" / "dynamig").rglob("metrics.py"):
+        names |= {metric_family(n) for n in re.findall(r'"(dynamig_[a-z_]+)"', path.read_text())}
+    return names
+
+
+def metric_family(series: str) -> str:
+    """``x_total`` / ``x_bucket`` / ``x_count`` / ``x_sum`` -> ``x``: the family a series belongs to. Pure."""
+    return re.sub(r"_(total|bucket|count|sum)$", "", series)
+
+
 def can_i(cp: ControlPlane, user: str, *args: str) -> bool:
     """``kubectl auth can-i`` as a service account, with the groups a real token of it carries."""
     ns = user.split(":")[2]
@@ -128,7 +142,7 @@ def test_plain_manifests_and_chart_crds_are_in_sync(helm: str) -> None:
         ("logging.format=xml", 'logging.format must be "text" or "json", got "xml"'),
         ("logging.level=loud", "logging.level must be one of debug, info, warning, error"),
         ("operator.replicas=0", "operator.replicas must be between 1 and 5"),
-        ("operator.healthPort=8080", "operator.metricsPort and operator.healthPort must differ"),
+        ("operator.metricsPort=70000", "operator.metricsPort must be a port number (1-65535), got 70000"),
         (
             "agent.kubeletDir=var/lib/kubelet",
             'agent.kubeletDir must be an absolute path, got "var/lib/kubelet"',
@@ -190,7 +204,7 @@ def test_values_switch_what_is_rendered(helm: str) -> None:
             "metrics.prometheusRule.enabled=true",
             "metrics.prometheusRule.skipCapabilityCheck=true",
             "logging.format=json",
-            "features.reshape=false",
+            "logging.level=warning",
             "features.kubeletPlugin=false",
             "agent.nvml.mode=hostDriverRoot",
             "image.digest=sha256:" + "a" * 64,
@@ -199,14 +213,19 @@ def test_values_switch_what_is_rendered(helm: str) -> None:
     )
     assert len([o for o in rich if o["kind"] == "ServiceMonitor"]) == 2
     rule = find(rich, "PrometheusRule")
-    alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
-    assert alerts, "the PrometheusRule has no alerts"
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert len(alerts) >= 5, "the PrometheusRule has too few alerts"
+    # Every dynamig series an alert uses is one the agent or the operator registers.
+    registered = registered_metric_names()
+    for alert in alerts:
+        for series in re.findall(r"dynamig_[a-z_]+", alert["expr"]):
+            assert metric_family(series) in registered, f"{alert['alert']}: {series} is not exported"
     op = find(rich, "Deployment")["spec"]["template"]["spec"]
     assert op["priorityClassName"] == "system-cluster-critical"
     assert op["containers"][0]["image"] == "dynamig/dynamig@sha256:" + "a" * 64
-    assert "--log-format=json" in op["containers"][0]["args"]
-    assert "--dry-run" in op["containers"][0]["args"]
+    assert "--log-level=WARNING" in op["containers"][0]["args"]
     agent = find(rich, "DaemonSet")["spec"]["template"]["spec"]
+    assert {"--log-format=json", "--log-level=WARNING"} <= set(agent["containers"][0]["args"])
     assert "runtimeClassName" not in agent
     assert "--no-kubelet-plugin" in agent["containers"][0]["args"]
     assert any(v["name"] == "driver-root" for v in agent["volumes"])
@@ -339,7 +358,6 @@ OPERATOR_ALLOWED = [
     ("create", "events", "-n", "default"),
     ("create", "events.events.k8s.io", "-n", "team-a"),
     ("patch", "clusterkopfpeerings.kopf.dev"),
-    ("update", "leases.coordination.k8s.io", "-n", NS),
 ]
 OPERATOR_DENIED = [
     ("create", "resourceslices.resource.k8s.io"),
@@ -354,7 +372,8 @@ OPERATOR_DENIED = [
     ("get", "secrets", "-n", NS),
     ("list", "secrets", "--all-namespaces"),
     ("patch", "nodes"),
-    ("create", "leases.coordination.k8s.io", "-n", "kube-system"),
+    ("create", "leases.coordination.k8s.io", "-n", NS),
+    ("list", "customresourcedefinitions.apiextensions.k8s.io"),
     ("create", "deviceclasses.resource.k8s.io"),
 ]
 AGENT_ALLOWED = [

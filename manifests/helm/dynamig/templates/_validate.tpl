@@ -23,8 +23,8 @@ instead of producing objects the API server or the pods would reject later.
 {{- if or (lt (int $v.operator.replicas) 1) (gt (int $v.operator.replicas) 5) -}}
 {{- fail (printf "operator.replicas must be between 1 and 5 (only one acts at a time), got %v" $v.operator.replicas) -}}
 {{- end -}}
-{{- if eq (int $v.operator.metricsPort) (int $v.operator.healthPort) -}}
-{{- fail (printf "operator.metricsPort and operator.healthPort must differ (both %v)" $v.operator.metricsPort) -}}
+{{- if or (lt (int $v.operator.metricsPort) 1) (gt (int $v.operator.metricsPort) 65535) -}}
+{{- fail (printf "operator.metricsPort must be a port number (1-65535), got %v" $v.operator.metricsPort) -}}
 {{- end -}}
 {{- if not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" (toString $v.operator.peering.name)) -}}
 {{- fail (printf "operator.peering.name must be a DNS label, got %q" (toString $v.operator.peering.name)) -}}
@@ -45,6 +45,9 @@ instead of producing objects the API server or the pods would reject later.
 {{- end -}}
 {{- if and (eq $v.agent.nvml.mode "hostDriverRoot") (not (hasPrefix "/" (toString $v.agent.nvml.driverRoot))) -}}
 {{- fail (printf "agent.nvml.driverRoot must be an absolute path when agent.nvml.mode is hostDriverRoot, got %q" (toString $v.agent.nvml.driverRoot)) -}}
+{{- end -}}
+{{- if or (lt (int $v.agent.metricsPort) 1) (gt (int $v.agent.metricsPort) 65535) -}}
+{{- fail (printf "agent.metricsPort must be a port number (1-65535), got %v" $v.agent.metricsPort) -}}
 {{- end -}}
 {{- if empty $v.agent.nodeSelector -}}
 {{- fail "agent.nodeSelector is empty: the privileged agent would run on every node; select GPU nodes (default dynamig.io/managed: \"true\")" -}}
