@@ -1,0 +1,72 @@
+"""``dynamig operator``: run the operator (Kopf) against a cluster.
+
+Peering: by default replicas coordinate through the cluster-wide ``ClusterKopfPeering`` object named by
+``--peering`` (default ``dynamig``; its CRD ships with Kopf and must be installed), so that only the replica
+with the highest ``--priority`` acts. ``--standalone`` skips peering: use it for a single replica, tests and
+demos.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser("operator", help="run the operator that reshapes MIG GPUs for pending claims")
+    parser.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=None,
+        help="kubeconfig path (default: $KUBECONFIG, else in-cluster service account)",
+    )
+    parser.add_argument("--peering", default="dynamig", help="ClusterKopfPeering name shared by the replicas")
+    parser.add_argument("--priority", type=int, default=0, help="peering priority; the highest acts")
+    parser.add_argument("--standalone", action="store_true", help="no peering: act as the only replica")
+    parser.add_argument(
+        "--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port"
+    )
+    parser.add_argument("--metrics-host", default="0.0.0.0", help="address of the metrics endpoint")
+    parser.add_argument("--resync-seconds", type=float, default=30.0, help="replan at least this often")
+    parser.add_argument(
+        "--events-namespace", default="default", help="namespace for Events about cluster-scoped objects"
+    )
+    parser.add_argument("--log-level", default="INFO")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build settings from the flags (and $KUBECONFIG), then run until SIGINT/SIGTERM."""
+    import asyncio
+    import logging
+    import signal
+
+    from dynamig.operator.handlers import run_operator
+    from dynamig.operator.settings import OperatorSettings
+
+    kubeconfig = args.kubeconfig
+    if kubeconfig is None and os.environ.get("KUBECONFIG"):
+        kubeconfig = Path(os.environ["KUBECONFIG"].split(os.pathsep)[0])
+    settings = OperatorSettings(
+        kubeconfig=kubeconfig,
+        standalone=args.standalone,
+        peering_name=args.peering,
+        priority=args.priority,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        resync_seconds=args.resync_seconds,
+        events_namespace=args.events_namespace,
+        log_level=args.log_level,
+    )
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await run_operator(settings, stop)
+
+    asyncio.run(main())
+    return 0

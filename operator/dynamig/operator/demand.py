@@ -1,0 +1,408 @@
+"""Pending demand: which ResourceClaims wait for a MIG device, and which profiles would satisfy them. Pure.
+
+A claim is *pending demand* when
+
+1. it has no ``status.allocation``,
+2. a pod that uses it is unschedulable (``PodScheduled=False``, reason ``Unschedulable``), and
+3. one of its requests targets a DeviceClass whose selectors select driver ``mig.dynamig.io``.
+
+For each request, and each ``firstAvailable`` alternative in order, the profiles it accepts are found by
+evaluating the alternative's CEL selectors *and* its DeviceClass's selectors (``dynamig.kube.cel``) against
+the device each catalog profile would be published as (``MigDevice``). Within one alternative the smallest
+profiles come first, so the planner cuts no more than asked for.
+
+Selectors on per-GPU attributes (``gpuIndex``, ``parentUUID``, ``placementStart``) are evaluated on a
+representative device (GPU 0, the profile's first placement): the planner cannot pin a claim to one GPU.
+
+A claim with several MIG requests becomes one planner demand per request (named ``ns/claim/request``); the
+planner then keeps each request's devices on one node, not all requests together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dynamig.geometry.model import GpuModel, Profile
+from dynamig.kube.cel import DeviceView, device_view, evaluate_selector
+from dynamig.kube.devices import MigDevice
+from dynamig.kube.names import ATTRIBUTE_DOMAIN
+from dynamig.planner.model import ClaimDemand
+
+DRIVER = ATTRIBUTE_DOMAIN
+
+
+# ------------------------------------------------------------------------------------------ parsed inputs
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceClass:
+    name: str
+    selectors: tuple[str, ...]
+
+
+def parse_device_classes(objs: Iterable[Mapping[str, Any]]) -> dict[str, DeviceClass]:
+    """DeviceClass name -> its CEL selectors (resource.k8s.io/v1). Pure."""
+    out: dict[str, DeviceClass] = {}
+    for obj in objs:
+        name = obj["metadata"]["name"]
+        exprs = tuple(
+            s["cel"]["expression"] for s in (obj.get("spec") or {}).get("selectors") or [] if "cel" in s
+        )
+        out[name] = DeviceClass(name, exprs)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class SubRequest:
+    """One way to satisfy a request: an ``exactly`` request, or one ``firstAvailable`` alternative."""
+
+    name: str  # "gpu" or "gpu/small"
+    device_class: str
+    selectors: tuple[str, ...]
+    count: int
+    all_devices: bool  # allocationMode All
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    name: str
+    alternatives: tuple[SubRequest, ...]
+
+
+def _sub_request(name: str, body: Mapping[str, Any]) -> SubRequest:
+    exprs = tuple(s["cel"]["expression"] for s in body.get("selectors") or [] if "cel" in s)
+    mode = body.get("allocationMode") or "ExactCount"
+    return SubRequest(
+        name=name,
+        device_class=str(body.get("deviceClassName", "")),
+        selectors=exprs,
+        count=int(body.get("count") or 1),
+        all_devices=mode == "All",
+    )
+
+
+def parse_requests(claim: Mapping[str, Any]) -> tuple[Request, ...]:
+    """The claim's device requests (``exactly`` or ``firstAvailable``; the pre-v1 flat form too). Pure."""
+    out: list[Request] = []
+    for req in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        name = str(req["name"])
+        if req.get("firstAvailable"):
+            subs = tuple(_sub_request(f"{name}/{s['name']}", s) for s in req["firstAvailable"])
+        elif req.get("exactly"):
+            subs = (_sub_request(name, req["exactly"]),)
+        else:
+            subs = (_sub_request(name, req),)
+        out.append(Request(name, subs))
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class PodRef:
+    namespace: str
+    name: str
+    uid: str
+    unschedulable: bool
+    node_selector: Mapping[str, str]
+    required_terms: tuple[Mapping[str, Any], ...]  # nodeSelectorTerms of required node affinity (ORed)
+    scheduling_message: str = ""
+
+
+def parse_pod(pod: Mapping[str, Any]) -> PodRef:
+    """The scheduling facts of a pod that matter here. Pure."""
+    meta = pod["metadata"]
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    unschedulable = False
+    message = ""
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            unschedulable = cond.get("reason") == "Unschedulable"
+            message = str(cond.get("message") or "")
+    affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    return PodRef(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta["name"]),
+        uid=str(meta.get("uid", "")),
+        unschedulable=unschedulable and not spec.get("nodeName"),
+        node_selector=dict(spec.get("nodeSelector") or {}),
+        required_terms=tuple(affinity.get("nodeSelectorTerms") or ()),
+        scheduling_message=message,
+    )
+
+
+def pod_claim_names(pod: Mapping[str, Any]) -> tuple[str, ...]:
+    """Names of the ResourceClaims a pod uses (direct, and generated from templates via its status). Pure."""
+    names: list[str] = []
+    generated = {
+        s.get("name"): s.get("resourceClaimName")
+        for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+    }
+    for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
+        if ref.get("resourceClaimName"):
+            names.append(str(ref["resourceClaimName"]))
+        elif generated.get(ref.get("name")):
+            names.append(str(generated[ref.get("name")]))
+    return tuple(names)
+
+
+# ------------------------------------------------------------------------------------------ node constraints
+
+
+def _expr_matches(expr: Mapping[str, Any], labels: Mapping[str, str], node_name: str, field: bool) -> bool:
+    key = str(expr.get("key", ""))
+    op = expr.get("operator")
+    values = [str(v) for v in expr.get("values") or []]
+    if field:
+        value: str | None = node_name if key == "metadata.name" else None
+    else:
+        value = labels.get(key)
+    if op == "In":
+        return value is not None and value in values
+    if op == "NotIn":
+        return value is None or value not in values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt") and value is not None and values:
+        try:
+            lhs, rhs = int(value), int(values[0])
+        except ValueError:
+            return False
+        return lhs > rhs if op == "Gt" else lhs < rhs
+    return False
+
+
+def pod_fits_node(pod: PodRef, node_name: str, labels: Mapping[str, str]) -> bool:
+    """The pod's nodeSelector and required node affinity against one node. Pure."""
+    if any(labels.get(k) != v for k, v in pod.node_selector.items()):
+        return False
+    if not pod.required_terms:
+        return True
+    for term in pod.required_terms:
+        exprs = term.get("matchExpressions") or []
+        fields = term.get("matchFields") or []
+        if not exprs and not fields:
+            continue  # an empty term matches nothing
+        if all(_expr_matches(e, labels, node_name, False) for e in exprs) and all(
+            _expr_matches(f, labels, node_name, True) for f in fields
+        ):
+            return True
+    return False
+
+
+# ------------------------------------------------------------------------------------------ profile matching
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileMatch:
+    """Which profiles one sub-request accepts on each model, and selector errors met on the way."""
+
+    sub_request: SubRequest
+    accepts: Mapping[str, tuple[str, ...]]  # model key -> profiles, smallest first
+    errors: tuple[str, ...] = ()
+
+    @property
+    def any(self) -> bool:
+        return any(self.accepts.values())
+
+
+def _candidate_device(model: GpuModel, profile: Profile, product_name: str | None) -> DeviceView:
+    device = MigDevice(
+        gpu_index=0,
+        profile=profile,
+        placement_start=profile.placement_starts[0],
+        product_name=product_name or model.product_name,
+        parent_uuid="",
+    )
+    return device_view(device, DRIVER)
+
+
+def _size_key(p: Profile) -> tuple[int, int, int, str]:
+    return (p.placement_size, p.compute_slices, p.memory_mib, p.name)
+
+
+def match_sub_request(
+    sub: SubRequest,
+    device_classes: Mapping[str, DeviceClass],
+    models: Sequence[GpuModel],
+    product_names: Mapping[str, str] | None = None,
+) -> ProfileMatch:
+    """Profiles of each model whose device passes the DeviceClass's and the request's selectors. Pure."""
+    dclass = device_classes.get(sub.device_class)
+    if dclass is None:
+        return ProfileMatch(sub, {}, (f"DeviceClass {sub.device_class!r} does not exist",))
+    selectors = dclass.selectors + sub.selectors
+    accepts: dict[str, tuple[str, ...]] = {}
+    errors: list[str] = []
+    for model in models:
+        ok: list[Profile] = []
+        for profile in sorted(model.profiles, key=_size_key):
+            view = _candidate_device(model, profile, (product_names or {}).get(model.key))
+            matched = True
+            for expr in selectors:
+                result = evaluate_selector(expr, view)
+                if result.error and result.error not in errors:
+                    errors.append(result.error)
+                if not result.matched:
+                    matched = False
+                    break
+            if matched:
+                ok.append(profile)
+        accepts[model.key] = tuple(p.name for p in ok)
+    return ProfileMatch(sub, accepts, tuple(errors))
+
+
+def class_targets_driver(dclass: DeviceClass | None, models: Sequence[GpuModel]) -> bool:
+    """Whether a DeviceClass's selectors select devices of driver ``mig.dynamig.io`` at all. Pure."""
+    if dclass is None:
+        return False
+    for model in models:
+        for profile in model.profiles:
+            view = _candidate_device(model, profile, None)
+            if all(evaluate_selector(e, view).matched for e in dclass.selectors):
+                return True
+    return False
+
+
+# ------------------------------------------------------------------------------------------ claims
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    namespace: str
+    name: str
+    uid: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestDemand:
+    """One MIG request of a pending claim, with what each alternative accepts."""
+
+    demand_name: str  # the name the planner sees
+    request: str
+    matches: tuple[ProfileMatch, ...]
+
+    def alternatives(
+        self, allowed: frozenset[str] | None = None, models: frozenset[str] | None = None
+    ) -> tuple[str, ...]:
+        """Profile names in preference order (deduplicated) over ``models`` (catalog keys; None: all),
+        keeping only ``allowed`` ones when given. Pure."""
+        out: list[str] = []
+        for m in self.matches:
+            for model, profiles in m.accepts.items():
+                if models is not None and model not in models:
+                    continue
+                for p in profiles:
+                    if p not in out and (allowed is None or p in allowed):
+                        out.append(p)
+        return tuple(out)
+
+    @property
+    def count(self) -> int:
+        return self.matches[0].sub_request.count if self.matches else 1
+
+    @property
+    def errors(self) -> tuple[str, ...]:
+        return tuple(e for m in self.matches for e in m.errors)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingClaim:
+    claim: ClaimRef
+    pods: tuple[PodRef, ...]
+    requests: tuple[RequestDemand, ...]
+    nodes: frozenset[str] | None  # nodes every pod of the claim may run on; None: no constraint
+    created: str = ""  # claim creationTimestamp
+
+    def planner_demands(
+        self, allowed: frozenset[str] | None = None, models: frozenset[str] | None = None
+    ) -> tuple[ClaimDemand, ...]:
+        """The planner's view: one ClaimDemand per MIG request that accepts some allowed profile of
+        ``models``. Pure."""
+        out: list[ClaimDemand] = []
+        for r in self.requests:
+            alts = r.alternatives(allowed, models)
+            if alts:
+                out.append(
+                    ClaimDemand(name=r.demand_name, alternatives=alts, count=r.count, nodes=self.nodes)
+                )
+        return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class DemandSnapshot:
+    pending: tuple[PendingClaim, ...]
+    allocated: frozenset[str] = field(default_factory=frozenset)  # claim UIDs with an allocation
+
+
+def claim_is_allocated(claim: Mapping[str, Any]) -> bool:
+    return bool((claim.get("status") or {}).get("allocation"))
+
+
+def extract_demand(
+    claims: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+    device_classes: Mapping[str, DeviceClass],
+    models: Sequence[GpuModel],
+    nodes: Mapping[str, Mapping[str, str]],
+    product_names: Mapping[str, str] | None = None,
+) -> DemandSnapshot:
+    """Pending MIG claims from raw API dicts. ``models``: the GPU models to match against; ``nodes``: the
+    candidate nodes (name -> labels) used to resolve pod node constraints. Pure."""
+    users: dict[tuple[str, str], list[PodRef]] = {}
+    for pod in pods:
+        ref = parse_pod(pod)
+        for cname in pod_claim_names(pod):
+            users.setdefault((ref.namespace, cname), []).append(ref)
+    targets: dict[str, bool] = {}
+    pending: list[PendingClaim] = []
+    allocated: set[str] = set()
+    for claim in claims:
+        meta = claim["metadata"]
+        cref = ClaimRef(str(meta.get("namespace", "")), str(meta["name"]), str(meta.get("uid", "")))
+        if claim_is_allocated(claim):
+            allocated.add(cref.uid)
+            continue
+        claim_pods = tuple(users.get((cref.namespace, cref.name), ()))
+        if not any(p.unschedulable for p in claim_pods):
+            continue
+        req_demands: list[RequestDemand] = []
+        requests = parse_requests(claim)
+        for req in requests:
+            subs = req.alternatives
+            if not any(
+                targets.setdefault(
+                    s.device_class, class_targets_driver(device_classes.get(s.device_class), models)
+                )
+                for s in subs
+            ):
+                continue
+            matches = tuple(match_sub_request(s, device_classes, models, product_names) for s in subs)
+            name = cref.key if len(requests) == 1 else f"{cref.key}/{req.name}"
+            req_demands.append(RequestDemand(demand_name=name, request=req.name, matches=matches))
+        if not req_demands:
+            continue
+        allowed_nodes = frozenset(
+            n for n, labels in nodes.items() if all(pod_fits_node(p, n, labels) for p in claim_pods)
+        )
+        constrained = any(p.node_selector or p.required_terms for p in claim_pods)
+        pending.append(
+            PendingClaim(
+                claim=cref,
+                pods=claim_pods,
+                requests=tuple(req_demands),
+                nodes=allowed_nodes if constrained else None,
+                created=str(meta.get("creationTimestamp", "")),
+            )
+        )
+    pending.sort(key=lambda p: (p.created, p.claim.key))
+    return DemandSnapshot(tuple(pending), frozenset(allocated))

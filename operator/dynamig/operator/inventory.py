@@ -1,0 +1,153 @@
+"""The GPUs a policy governs, read from GpuPartition objects, in the shape the planner takes. Pure.
+
+An instance is busy (never removed or moved by the planner) when the agent reports it ``allocated`` or
+``in-use``. A GPU whose agent has not yet reported the current ``spec.layout`` (``observedGeneration`` behind
+``generation``, or phase ``Reshaping``) is *in flight*: all of its instances are treated as busy and the
+operator writes nothing to it until the agent has caught up. GPUs that are ``Degraded``, have MIG off, are
+owned by another MIG manager or are of a model the catalog lacks are not planned at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from dynamig import API_GROUP
+from dynamig.geometry.catalog import Catalog
+from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, normalize_layout
+from dynamig.kube.gpupartition import (
+    ConditionType,
+    GpuPartition,
+    InstanceState,
+    MigMode,
+    Phase,
+    parse_gpu_partition,
+)
+from dynamig.kube.names import GPU_INDEX_LABEL, NODE_LABEL
+from dynamig.kube.policy import GpuIdentity, check_layout_fits
+from dynamig.planner.model import CurrentInstance, GpuState
+
+# Written by the operator on a GpuPartition whenever it writes spec.layout (RFC 3339): cooldown starts here.
+LAYOUT_WRITTEN_ANNOTATION = f"{API_GROUP}/layout-written-at"
+
+
+def parse_time(text: str | None) -> float | None:
+    """RFC 3339 (``2026-01-01T10:00:00Z``) to epoch seconds; None if empty or malformed. Pure."""
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    """One GPU as the operator sees it."""
+
+    name: str
+    node: str
+    index: int
+    model: GpuModel | None
+    product: str
+    generation: int
+    observed_generation: int | None
+    desired: Layout
+    actual: Layout
+    busy: frozenset[PlacedInstance]
+    claims_on: Mapping[PlacedInstance, tuple[str, ...]]
+    in_flight: bool
+    unusable: str  # why the GPU cannot be planned ("" when it can)
+    last_written: float | None  # epoch seconds the operator last wrote spec.layout
+    failure: str  # the agent's Ready=False message when it is stuck on the current generation
+
+    @property
+    def free(self) -> Layout:
+        return tuple(i for i in self.actual if i not in self.busy)
+
+    def state(self) -> GpuState:
+        """Planner input for this GPU. Pure.
+
+        A GPU in flight is planned as the layout it is becoming (``spec.layout`` plus any busy instance the
+        agent kept), so claims that its new instances will serve are not planned a second time elsewhere;
+        if that union cannot exist, every actual instance is pinned instead.
+        """
+        assert self.model is not None
+        if self.in_flight:
+            future = normalize_layout(list(self.desired) + [i for i in self.busy if i not in self.desired])
+            if check_layout_fits(self.model, future) is None:
+                instances = tuple(CurrentInstance(i.profile, i.start, busy=i in self.busy) for i in future)
+            else:
+                instances = tuple(CurrentInstance(i.profile, i.start, busy=True) for i in self.actual)
+        else:
+            instances = tuple(CurrentInstance(i.profile, i.start, busy=i in self.busy) for i in self.actual)
+        return GpuState(node=self.node, index=self.index, model=self.model.key, instances=instances)
+
+    def identity(self, node_labels: Mapping[str, str]) -> GpuIdentity:
+        return GpuIdentity(self.name, self.node, node_labels, self.model)
+
+
+def _gpu_view(gp: GpuPartition, raw: Mapping[str, Any], catalog: Catalog) -> GpuView:
+    st = gp.status
+    labels = gp.metadata.labels
+    node = st.node or labels.get(NODE_LABEL, "")
+    index = st.gpu_index if st.gpu_index is not None else int(labels.get(GPU_INDEX_LABEL, "-1") or -1)
+    model: GpuModel | None = None
+    if st.model and st.model in catalog:
+        model = catalog.model(st.model)
+    elif st.product:
+        model = catalog.for_product(st.product)
+    busy = frozenset(
+        i.placed() for i in st.instances if i.state in (InstanceState.ALLOCATED, InstanceState.IN_USE)
+    )
+    claims_on = {i.placed(): tuple(i.claims) for i in st.instances if i.claims}
+    in_flight = (
+        st.observed_generation is None
+        or st.observed_generation < gp.metadata.generation
+        or st.phase == Phase.RESHAPING
+    )
+    unusable = ""
+    managed = st.condition(ConditionType.MANAGED)
+    if model is None:
+        unusable = f"GPU model of {st.product or 'unknown product'} is not in the catalog"
+    elif st.phase == Phase.DEGRADED:
+        unusable = f"phase Degraded: {st.message}".rstrip(": ")
+    elif st.mig_mode not in (MigMode.ENABLED,):
+        unusable = f"MIG mode is {st.mig_mode.value}"
+    elif managed is not None and not managed.is_true:
+        unusable = f"not managed: {managed.message or managed.reason}"
+    ready = st.condition(ConditionType.READY)
+    failure = ""
+    if (
+        ready is not None
+        and not ready.is_true
+        and ready.observed_generation == gp.metadata.generation
+        and ready.reason not in ("Reshaping", "Draining")
+    ):
+        failure = f"{ready.reason}: {ready.message}"
+    annotations = (raw.get("metadata") or {}).get("annotations") or {}
+    return GpuView(
+        name=gp.name,
+        node=node,
+        index=index,
+        model=model,
+        product=st.product,
+        generation=gp.metadata.generation,
+        observed_generation=st.observed_generation,
+        desired=gp.spec.desired(),
+        actual=normalize_layout(st.actual()),
+        busy=busy,
+        claims_on=claims_on,
+        in_flight=in_flight and not failure,
+        unusable=unusable,
+        last_written=parse_time(annotations.get(LAYOUT_WRITTEN_ANNOTATION)),
+        failure=failure,
+    )
+
+
+def parse_inventory(objs: Iterable[Mapping[str, Any]], catalog: Catalog) -> tuple[GpuView, ...]:
+    """GpuViews from raw GpuPartition dicts, sorted by (node, index). Pure."""
+    views = [_gpu_view(parse_gpu_partition(dict(o)), o, catalog) for o in objs]
+    return tuple(sorted(views, key=lambda v: (v.node, v.index, v.name)))

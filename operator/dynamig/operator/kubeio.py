@@ -1,0 +1,182 @@
+"""The operator's Kubernetes I/O: read a snapshot, write layouts and policy status, post Events.
+
+Every function here does network I/O through ``kubernetes_asyncio`` and exchanges plain dicts (typed parsing
+happens in the pure modules). Transient API errors (5xx, 429, connection errors) are retried with tenacity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import aiohttp
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, POLICY_PLURAL, VERSION
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+RESOURCE_GROUP = "resource.k8s.io"
+RESOURCE_VERSION = "v1"
+MERGE_PATCH = "application/merge-patch+json"
+COMPONENT = "dynamig-operator"
+
+
+def is_transient(exc: BaseException) -> bool:
+    """5xx/429 answers, connection errors and timeouts are worth retrying. Pure."""
+    if isinstance(exc, ApiException):
+        return exc.status is not None and (exc.status >= 500 or exc.status in (0, 429))
+    return isinstance(exc, aiohttp.ClientError | asyncio.TimeoutError | ConnectionError)
+
+
+def now_rfc3339(micro: bool = False) -> str:
+    fmt = "%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ"
+    return datetime.now(UTC).strftime(fmt)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything one planning round reads, as raw API dicts."""
+
+    policies: tuple[dict[str, Any], ...]
+    partitions: tuple[dict[str, Any], ...]
+    nodes: tuple[dict[str, Any], ...]
+    pods: tuple[dict[str, Any], ...]
+    claims: tuple[dict[str, Any], ...]
+    device_classes: tuple[dict[str, Any], ...]
+
+
+class KubeIO:
+    """The operator's API calls. One instance per operator, built from one ApiClient."""
+
+    def __init__(self, api_client: client.ApiClient, attempts: int = 5) -> None:
+        self.api_client = api_client
+        self.custom = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)
+        self._attempts = attempts
+
+    async def _retry(self, call: Callable[[], Awaitable[T]]) -> T:
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(is_transient),
+            stop=stop_after_attempt(self._attempts),
+            wait=wait_exponential_jitter(initial=0.1, max=3.0),
+            reraise=True,
+        ):
+            with attempt:
+                return await call()
+        raise AssertionError("unreachable")
+
+    async def _list_custom(self, group: str, version: str, plural: str) -> tuple[dict[str, Any], ...]:
+        async def call() -> tuple[dict[str, Any], ...]:
+            body = await self.custom.list_cluster_custom_object(group, version, plural)
+            return tuple(body.get("items") or ())
+
+        return await self._retry(call)
+
+    async def _list_core(self, what: str, **kwargs: Any) -> tuple[dict[str, Any], ...]:
+        async def call() -> tuple[dict[str, Any], ...]:
+            method = getattr(self.core, what)
+            resp = await method(_preload_content=False, **kwargs)
+            body = json.loads(await resp.read())
+            return tuple(body.get("items") or ())
+
+        return await self._retry(call)
+
+    async def snapshot(self) -> Snapshot:
+        """List everything a round needs, concurrently."""
+        policies, partitions, nodes, pods, claims, classes = await asyncio.gather(
+            self._list_custom(GROUP, VERSION, POLICY_PLURAL),
+            self._list_custom(GROUP, VERSION, GPU_PARTITION_PLURAL),
+            self._list_core("list_node"),
+            self._list_core("list_pod_for_all_namespaces", field_selector="status.phase=Pending"),
+            self._list_custom(RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims"),
+            self._list_custom(RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses"),
+        )
+        return Snapshot(policies, partitions, nodes, pods, claims, classes)
+
+    async def write_layout(
+        self,
+        name: str,
+        layout: list[dict[str, Any]],
+        annotations: Mapping[str, str],
+        resource_version: str = "",
+    ) -> dict[str, Any]:
+        """Merge-patch a GpuPartition's ``spec.layout`` (and annotations). With ``resource_version`` the patch
+        fails with 409 if the object changed since it was read."""
+        meta: dict[str, Any] = {"annotations": dict(annotations)}
+        if resource_version:
+            meta["resourceVersion"] = resource_version
+        body = {"metadata": meta, "spec": {"layout": layout}}
+
+        async def call() -> dict[str, Any]:
+            result: dict[str, Any] = await self.custom.patch_cluster_custom_object(
+                GROUP, VERSION, GPU_PARTITION_PLURAL, name, body, _content_type=MERGE_PATCH
+            )
+            return result
+
+        return await self._retry(call)
+
+    async def patch_policy_status(self, name: str, status: Mapping[str, Any]) -> None:
+        async def call() -> None:
+            await self.custom.patch_cluster_custom_object_status(
+                GROUP, VERSION, POLICY_PLURAL, name, {"status": dict(status)}, _content_type=MERGE_PATCH
+            )
+
+        try:
+            await self._retry(call)
+        except ApiException as exc:
+            if exc.status != 404:  # the policy was deleted meanwhile
+                raise
+
+    async def post_event(
+        self,
+        involved: Mapping[str, Any],
+        event_type: str,
+        reason: str,
+        message: str,
+        namespace: str,
+    ) -> None:
+        """Create a core/v1 Event about ``involved`` (apiVersion, kind, name, namespace, uid). Errors are
+        logged, not raised: an Event that cannot be posted must not stop the round."""
+        now = now_rfc3339()
+        name = f"{involved.get('name', 'object')}.{uuid.uuid4().hex[:16]}"
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name[:253], "namespace": namespace},
+            "involvedObject": {k: v for k, v in involved.items() if v},
+            "type": event_type,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": COMPONENT,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self._retry(lambda: self.core.create_namespaced_event(namespace, body))
+        except (TimeoutError, ApiException, aiohttp.ClientError) as exc:
+            log.warning("could not post event %s on %s: %s", reason, involved.get("name"), exc)
+
+
+def ref_of(obj: Mapping[str, Any], api_version: str, kind: str) -> dict[str, str]:
+    """The involvedObject reference of an API object. Pure."""
+    meta = obj.get("metadata") or {}
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "name": str(meta.get("name", "")),
+        "namespace": str(meta.get("namespace", "")),
+        "uid": str(meta.get("uid", "")),
+    }

@@ -1,0 +1,72 @@
+"""Prometheus metrics of the operator, in a registry of their own (passed explicitly, never global).
+
+Names follow Prometheus conventions: ``dynamig_operator_`` prefix, base units (seconds), ``_total`` counters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from dynamig import __version__
+
+
+@dataclass
+class OperatorMetrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self._pending_series: set[tuple[str, str, str]] = set()
+        self._governed_series: set[str] = set()
+        self.build_info = Gauge("dynamig_operator_build_info", "Operator build", ["version"], registry=r)
+        self.build_info.labels(version=__version__).set(1)
+        self.pending_devices = Gauge(
+            "dynamig_operator_pending_devices",
+            "MIG devices asked for by pending claims, by policy, preferred profile and reason",
+            ["policy", "profile", "reason"],
+            registry=r,
+        )
+        self.reshapes = Counter(
+            "dynamig_operator_reshapes_total",
+            "GpuPartition layouts written (result=written|failed|completed)",
+            ["policy", "result"],
+            registry=r,
+        )
+        self.pending_to_allocated = Histogram(
+            "dynamig_operator_claim_pending_to_allocated_seconds",
+            "Time from a claim first seen pending to its allocation",
+            buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800),
+            registry=r,
+        )
+        self.plan_duration = Histogram(
+            "dynamig_operator_plan_duration_seconds",
+            "Time the planner took for one policy round",
+            ["policy"],
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=r,
+        )
+        self.governed_gpus = Gauge(
+            "dynamig_operator_governed_gpus", "GPUs governed by each policy", ["policy"], registry=r
+        )
+
+    def set_pending(self, policy: str, counts: dict[tuple[str, str], int]) -> None:
+        """Replace the policy's pending-demand series with ``(profile, reason) -> devices``."""
+        for labels in [x for x in self._pending_series if x[0] == policy and (x[1], x[2]) not in counts]:
+            self.pending_devices.remove(*labels)  # drop series that no longer exist
+            self._pending_series.discard(labels)
+        for (profile, reason), n in counts.items():
+            self.pending_devices.labels(policy=policy, profile=profile, reason=reason).set(n)
+            self._pending_series.add((policy, profile, reason))
+
+    def forget_policy(self, policy: str) -> None:
+        """Drop every series of a deleted policy."""
+        self.set_pending(policy, {})
+        if policy in self._governed_series:
+            self.governed_gpus.remove(policy)
+            self._governed_series.discard(policy)
+
+    def set_governed(self, policy: str, gpus: int) -> None:
+        self.governed_gpus.labels(policy=policy).set(gpus)
+        self._governed_series.add(policy)

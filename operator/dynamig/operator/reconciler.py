@@ -1,0 +1,497 @@
+"""The reshape loop: per policy, read a snapshot, decide a round, write layouts, status, Events and metrics.
+
+:class:`Reconciler` holds the operator's dependencies (API I/O, catalog, metrics, settings) and the little
+state that lives only in memory: when each claim was first seen pending (for the latency histogram), when each
+GPU went idle, which layout writes are waiting for their agent, and the last verdict told to each claim (so
+Events are posted when something changes, not every round). Losing that state on a restart or a peering
+hand-over only delays a return to the baseline by one cooldown and repeats a few Events.
+
+``Reconciler.run_policy(name, stopped)`` is the body of the Kopf daemon that runs for each policy. Watch
+events on pods, claims, GpuPartitions, slices and nodes call :meth:`Reconciler.wake`; each policy loop then
+waits its ``batchWindowSeconds`` so that a burst of claims is planned in one round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from kubernetes_asyncio.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from dynamig.geometry.catalog import Catalog
+from dynamig.kube.gpupartition import Condition, layout_summary, set_condition
+from dynamig.kube.names import GPU_PARTITION_KIND, GROUP_VERSION, POLICY_KIND
+from dynamig.kube.policy import (
+    GpuPartitionPolicy,
+    Mode,
+    Ownership,
+    check_spec_against_catalog,
+    parse_policy,
+    resolve_ownership,
+)
+from dynamig.operator.decide import ClaimVerdict, LayoutWrite, Reason, RoundDecision, RoundInput, decide_round
+from dynamig.operator.demand import PendingClaim, extract_demand, parse_device_classes
+from dynamig.operator.inventory import LAYOUT_WRITTEN_ANNOTATION, GpuView, parse_inventory
+from dynamig.operator.kubeio import KubeIO, Snapshot, now_rfc3339
+from dynamig.operator.metrics import OperatorMetrics
+from dynamig.operator.settings import OperatorSettings
+
+log = logging.getLogger(__name__)
+
+CLAIM_API = "resource.k8s.io/v1"
+
+
+class StopFlag(Protocol):
+    """What the loop needs of Kopf's ``stopped`` flag (or any stand-in)."""
+
+    def is_set(self) -> bool: ...
+
+
+@dataclass
+class _Memory:
+    pending_since: dict[str, float] = field(default_factory=dict)  # claim uid -> first seen pending
+    idle_since: dict[str, float] = field(default_factory=dict)  # GPU -> since when no busy instance
+    awaiting: dict[str, tuple[str, int, float]] = field(default_factory=dict)  # GPU -> (policy, gen, t)
+    told: dict[str, tuple[str, str, float]] = field(default_factory=dict)  # claim uid -> (reason, gpu, t)
+    problems: dict[str, str] = field(default_factory=dict)  # policy -> last problems text
+
+
+@dataclass(frozen=True, slots=True)
+class World:
+    """A parsed snapshot: policies, GPUs, ownership, pending claims and which policy serves each claim."""
+
+    policies: tuple[GpuPartitionPolicy, ...]
+    gpus: tuple[GpuView, ...]
+    node_labels: Mapping[str, Mapping[str, str]]
+    ownership: Ownership
+    pending: tuple[PendingClaim, ...]
+    claim_owner: Mapping[str, str]  # claim key -> policy name
+    allocated: frozenset[str]
+
+
+def assign_claims(
+    policies: tuple[GpuPartitionPolicy, ...],
+    gpus: tuple[GpuView, ...],
+    ownership: Ownership,
+    pending: tuple[PendingClaim, ...],
+) -> dict[str, str]:
+    """Each pending claim goes to the first policy (oldest, then by name) with a GPU on an allowed node whose
+    model has a profile the claim accepts; a claim none can serve goes to the oldest policy, which reports
+    why. Pure."""
+    ordered = sorted(policies, key=lambda p: p.precedence)
+    out: dict[str, str] = {}
+    if not ordered:
+        return out
+    for claim in pending:
+        chosen = ordered[0].name
+        for pol in ordered:
+            mine = [g for g in gpus if ownership.owner.get(g.name) == pol.name and g.model is not None]
+            if any(
+                (claim.nodes is None or g.node in claim.nodes)
+                and any(r.alternatives(None, frozenset({g.model.key})) for r in claim.requests if g.model)
+                for g in mine
+            ):
+                chosen = pol.name
+                break
+        out[claim.claim.key] = chosen
+    return out
+
+
+def parse_world(snap: Snapshot, catalog: Catalog) -> World:
+    """Parse a snapshot into a :class:`World`. Pure."""
+    policies: list[GpuPartitionPolicy] = []
+    for raw in snap.policies:
+        try:
+            policies.append(parse_policy(raw))
+        except ValidationError as exc:
+            log.warning("skipping malformed policy %s: %s", raw.get("metadata", {}).get("name"), exc)
+    gpus = parse_inventory(snap.partitions, catalog)
+    node_labels = {
+        str(n["metadata"]["name"]): dict(n["metadata"].get("labels") or {})
+        for n in snap.nodes
+        if n.get("metadata")
+    }
+    ownership = resolve_ownership(policies, [g.identity(node_labels.get(g.node, {})) for g in gpus])
+    governed = [g for g in gpus if g.name in ownership.owner and g.model is not None]
+    models: dict[str, Any] = {}
+    products: dict[str, str] = {}
+    for g in governed:
+        assert g.model is not None
+        models.setdefault(g.model.key, g.model)
+        if g.product:
+            products.setdefault(g.model.key, g.product)
+    gpu_nodes = {g.node: node_labels.get(g.node, {}) for g in governed}
+    demand = extract_demand(
+        snap.claims,
+        snap.pods,
+        parse_device_classes(snap.device_classes),
+        tuple(models.values()),
+        gpu_nodes,
+        products,
+    )
+    owner = assign_claims(tuple(policies), gpus, ownership, demand.pending)
+    return World(tuple(policies), gpus, node_labels, ownership, demand.pending, owner, demand.allocated)
+
+
+class Reconciler:
+    """Dependencies and in-memory state of the operator; one per process."""
+
+    def __init__(
+        self,
+        kube: KubeIO,
+        catalog: Catalog,
+        metrics: OperatorMetrics,
+        settings: OperatorSettings,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.kube = kube
+        self.catalog = catalog
+        self.metrics = metrics
+        self.settings = settings
+        self.clock = clock
+        self._memory = _Memory()
+        self._wakers: dict[str, asyncio.Event] = {}
+        self._lock = (
+            asyncio.Lock()
+        )  # one round at a time: rounds of different policies share the snapshot view
+        self._windows: dict[str, int] = {}
+        self.last_decisions: dict[str, RoundDecision] = {}
+
+    # ------------------------------------------------------------------------------------------ wake-ups
+    def wake(self) -> None:
+        """Something changed in the cluster: every policy loop plans again after its batch window."""
+        for ev in self._wakers.values():
+            ev.set()
+
+    async def run_policy(self, name: str, stopped: StopFlag) -> None:
+        """The loop of one policy, until ``stopped`` is set (its Kopf daemon's body)."""
+        waker = self._wakers.setdefault(name, asyncio.Event())
+        waker.set()
+        try:
+            while not stopped.is_set():
+                await self._wait(waker, stopped, self.settings.resync_seconds)
+                if stopped.is_set():
+                    break
+                window = await self._batch_window(name)
+                if window > 0:
+                    await self._sleep(window, stopped)
+                waker.clear()
+                try:
+                    await self.round(name)
+                except ApiException as exc:
+                    log.warning("policy %s: API error in round (%s); retrying", name, exc.status)
+                    await self._sleep(1.0, stopped)
+                    waker.set()
+        finally:
+            self._wakers.pop(name, None)
+            self.metrics.forget_policy(name)
+
+    async def _wait(self, waker: asyncio.Event, stopped: StopFlag, seconds: float) -> None:
+        """Until woken, stopped, or ``seconds`` passed (Kopf's flag is polled: it is not an asyncio.Event)."""
+        deadline = time.monotonic() + seconds
+        while not stopped.is_set() and not waker.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                await asyncio.wait_for(waker.wait(), timeout=min(left, 0.5))
+            except TimeoutError:
+                continue
+
+    async def _sleep(self, seconds: float, stopped: StopFlag) -> None:
+        deadline = time.monotonic() + seconds
+        while not stopped.is_set() and time.monotonic() < deadline:  # noqa: ASYNC110 - polls Kopf's flag
+            await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+
+    async def _batch_window(self, name: str) -> float:
+        """Seconds to gather demand before planning; none before the policy's first round."""
+        return float(self._windows.get(name, 0))
+
+    # ------------------------------------------------------------------------------------------ one round
+    async def round(self, name: str) -> RoundDecision | None:
+        """Read, decide and act for policy ``name``. Returns the decision (None if the policy is gone)."""
+        async with self._lock:
+            snap = await self.kube.snapshot()
+            now = self.clock()
+            world = parse_world(snap, self.catalog)
+            raw = next((p for p in snap.policies if p["metadata"]["name"] == name), None)
+            policy = next((p for p in world.policies if p.name == name), None)
+            if policy is None or raw is None:
+                return None
+            self._windows[name] = policy.spec.batch_window_seconds
+            self._track_claims(world, snap, now)
+            mine = tuple(g for g in world.gpus if world.ownership.owner.get(g.name) == name)
+            self._track_idle(mine, now)
+            await self._report_completions(policy, mine)
+            problems = tuple(check_spec_against_catalog(policy.spec, self.catalog))
+            claims = tuple(c for c in world.pending if world.claim_owner.get(c.claim.key) == name)
+            decision = decide_round(
+                RoundInput(policy, problems, mine, claims, now, dict(self._memory.idle_since), self.catalog)
+            )
+            self.metrics.plan_duration.labels(policy=name).observe(decision.plan_seconds)
+            partitions = {p["metadata"]["name"]: p for p in snap.partitions}
+            written = await self._apply_writes(policy, decision.writes, partitions, now)
+            await self._tell_claims(decision.verdicts, now)
+            await self._report_problems(policy, raw, problems)
+            await self._update_status(policy, raw, world, mine, decision, written, problems, now)
+            self._update_metrics(name, mine, decision)
+            self.last_decisions[name] = decision
+            return decision
+
+    def _track_claims(self, world: World, snap: Snapshot, now: float) -> None:
+        mem = self._memory
+        for c in world.pending:
+            mem.pending_since.setdefault(c.claim.uid, now)
+        for uid in list(mem.pending_since):
+            if uid in world.allocated:
+                self.metrics.pending_to_allocated.observe(now - mem.pending_since.pop(uid))
+                mem.told.pop(uid, None)
+        live = {str(c["metadata"].get("uid", "")) for c in snap.claims}
+        for uid in list(mem.pending_since):
+            if uid not in live:
+                mem.pending_since.pop(uid, None)
+                mem.told.pop(uid, None)
+
+    def _track_idle(self, gpus: tuple[GpuView, ...], now: float) -> None:
+        idle = self._memory.idle_since
+        for g in gpus:
+            if g.busy or g.in_flight:
+                idle[g.name] = now
+            else:
+                since = idle.setdefault(g.name, now)
+                if g.last_written is not None and g.last_written > since:
+                    idle[g.name] = g.last_written
+
+    async def _report_completions(self, policy: GpuPartitionPolicy, gpus: tuple[GpuView, ...]) -> None:
+        for g in gpus:
+            entry = self._memory.awaiting.get(g.name)
+            if entry is None or entry[0] != policy.name:
+                continue
+            _, generation, started = entry
+            if g.failure and (g.observed_generation or 0) >= generation:
+                self._memory.awaiting.pop(g.name)
+                self.metrics.reshapes.labels(policy=policy.name, result="failed").inc()
+                msg = f"{g.name}: the agent could not apply {layout_summary(g.desired)}: {g.failure}"
+                await self._event_policy(policy, "Warning", "ReshapeFailed", msg)
+                await self._event_gpu(g.name, "Warning", "ReshapeFailed", msg)
+            elif not g.in_flight and (g.observed_generation or 0) >= generation:
+                self._memory.awaiting.pop(g.name)
+                self.metrics.reshapes.labels(policy=policy.name, result="completed").inc()
+                took = self.clock() - started
+                msg = (
+                    f"{g.name} now has {layout_summary(g.actual)} ({took:.1f}s after the layout was written)"
+                )
+                await self._event_policy(policy, "Normal", "ReshapeCompleted", msg)
+                await self._event_gpu(g.name, "Normal", "ReshapeCompleted", msg)
+
+    async def _apply_writes(
+        self,
+        policy: GpuPartitionPolicy,
+        writes: tuple[LayoutWrite, ...],
+        partitions: Mapping[str, Mapping[str, Any]],
+        now: float,
+    ) -> tuple[LayoutWrite, ...]:
+        done: list[LayoutWrite] = []
+        stamp = now_rfc3339()
+        for w in writes:
+            raw = partitions.get(w.gpu) or {}
+            rv = str((raw.get("metadata") or {}).get("resourceVersion", ""))
+            layout = [{"profile": i.profile, "start": i.start} for i in w.layout]
+            try:
+                result = await self.kube.write_layout(w.gpu, layout, {LAYOUT_WRITTEN_ANNOTATION: stamp}, rv)
+            except ApiException as exc:
+                if exc.status in (404, 409):  # changed or gone since the snapshot: the next round replans
+                    log.info("layout write to %s skipped (%s)", w.gpu, exc.status)
+                    continue
+                self.metrics.reshapes.labels(policy=policy.name, result="failed").inc()
+                await self._event_policy(
+                    policy, "Warning", "ReshapeFailed", f"{w.gpu}: write failed: {exc.reason}"
+                )
+                continue
+            generation = int((result.get("metadata") or {}).get("generation", 0))
+            self._memory.awaiting[w.gpu] = (policy.name, generation, now)
+            self._memory.idle_since.pop(w.gpu, None)
+            self.metrics.reshapes.labels(policy=policy.name, result="written").inc()
+            serves = f" for {len(w.claims)} pending claim(s)" if w.claims else ""
+            msg = (
+                f"{w.gpu} ({w.model}): {layout_summary(w.before)} -> {layout_summary(w.layout)}{serves}; "
+                f"{w.reason}"
+            )
+            await self._event_policy(policy, "Normal", "ReshapeStarted", msg)
+            await self._event_gpu(w.gpu, "Normal", "LayoutChanged", f"policy {policy.name}: {msg}")
+            done.append(w)
+        return tuple(done)
+
+    async def _tell_claims(self, verdicts: tuple[ClaimVerdict, ...], now: float) -> None:
+        """Post an Event on each pending claim and its pods when its verdict changed (or went stale)."""
+        told = self._memory.told
+        for v in verdicts:
+            uid = v.claim.claim.uid
+            last = told.get(uid)
+            key = (v.reason.value, v.gpu)
+            if (
+                last is not None
+                and (last[0], last[1]) == key
+                and now - last[2] < self.settings.event_repeat_seconds
+            ):
+                continue
+            told[uid] = (key[0], key[1], now)
+            kind = "Warning" if v.warning else "Normal"
+            claim_ref = {
+                "apiVersion": CLAIM_API,
+                "kind": "ResourceClaim",
+                "name": v.claim.claim.name,
+                "namespace": v.claim.claim.namespace,
+                "uid": uid,
+            }
+            await self.kube.post_event(claim_ref, kind, v.reason.value, v.message, v.claim.claim.namespace)
+            for pod in v.claim.pods:
+                pod_ref = {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": pod.name,
+                    "namespace": pod.namespace,
+                    "uid": pod.uid,
+                }
+                msg = f"claim {v.claim.claim.name}: {v.message}"
+                await self.kube.post_event(pod_ref, kind, v.reason.value, msg, pod.namespace)
+
+    async def _report_problems(
+        self, policy: GpuPartitionPolicy, raw: Mapping[str, Any], problems: tuple[Any, ...]
+    ) -> None:
+        text = "; ".join(str(p) for p in problems)
+        if self._memory.problems.get(policy.name) == text:
+            return
+        self._memory.problems[policy.name] = text
+        if text:
+            await self._event_policy(policy, "Warning", "InvalidSpec", text)
+
+    async def _update_status(
+        self,
+        policy: GpuPartitionPolicy,
+        raw: Mapping[str, Any],
+        world: World,
+        mine: tuple[GpuView, ...],
+        decision: RoundDecision,
+        written: tuple[LayoutWrite, ...],
+        problems: tuple[Any, ...],
+        now: float,
+    ) -> None:
+        old: dict[str, Any] = dict(raw.get("status") or {})
+        conds = [Condition.model_validate(c) for c in old.get("conditions") or []]
+        gen = policy.metadata.generation
+        stamp = now_rfc3339()
+        if problems:
+            text = "; ".join(str(p) for p in problems)
+            conds = set_condition(conds, "Valid", False, "InvalidSpec", text, gen, stamp)
+        else:
+            conds = set_condition(
+                conds, "Valid", True, "Valid", "the spec fits the GPU models it governs", gen, stamp
+            )
+        lost = world.ownership.lost.get(policy.name, {})
+        if lost:
+            winners = sorted(set(lost.values()))
+            msg = f"{len(lost)} selected GPU(s) are governed by older policy {', '.join(winners)}"
+            conds = set_condition(conds, "Overlapping", True, "GovernedByOlderPolicy", msg, gen, stamp)
+        else:
+            conds = set_condition(
+                conds, "Overlapping", False, "NoOverlap", "no other policy selects its GPUs", gen, stamp
+            )
+        reshaping = [g.name for g in mine if g.in_flight and g.desired != g.actual]
+        if reshaping:
+            conds = set_condition(
+                conds,
+                "Reshaping",
+                True,
+                "AgentsApplying",
+                f"waiting for agents on {', '.join(reshaping)}",
+                gen,
+                stamp,
+            )
+        elif written:
+            conds = set_condition(
+                conds,
+                "Reshaping",
+                True,
+                "LayoutWritten",
+                f"wrote {', '.join(w.gpu for w in written)}",
+                gen,
+                stamp,
+            )
+        else:
+            conds = set_condition(
+                conds, "Reshaping", False, "Stable", "no GpuPartition is being reshaped", gen, stamp
+            )
+        status: dict[str, Any] = {
+            "observedGeneration": gen,
+            "matchedGpus": len(mine),
+            "gpus": [g.name for g in mine],
+            "lostGpus": [{"gpu": g, "governedBy": p} for g, p in sorted(lost.items())],
+            "pendingDemand": {
+                "total": len(decision.verdicts),
+                "byProfile": decision.pending_by_profile(),
+                "byReason": decision.pending_by_reason(),
+            },
+            "plannedLayouts": [
+                {"gpu": w.gpu, "layout": layout_summary(w.layout), "reason": w.reason}
+                for w in decision.planned
+            ]
+            if policy.spec.mode == Mode.DRY_RUN
+            else [],
+            "conditions": [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in conds],
+        }
+        if written:
+            status["lastReshape"] = {
+                "time": stamp,
+                "gpus": [w.gpu for w in written],
+                "reason": "; ".join(f"{w.gpu}: {w.reason}" for w in written)[:1024],
+            }
+        if _differs(old, status):
+            await self.kube.patch_policy_status(policy.name, status)
+
+    def _update_metrics(self, name: str, mine: tuple[GpuView, ...], decision: RoundDecision) -> None:
+        counts: dict[tuple[str, str], int] = {}
+        for v in decision.verdicts:
+            key = (v.profile or "none", v.reason.value)
+            counts[key] = counts.get(key, 0) + sum(r.count for r in v.claim.requests)
+        self.metrics.set_pending(name, counts)
+        self.metrics.set_governed(name, len(mine))
+
+    async def _event_policy(self, policy: GpuPartitionPolicy, kind: str, reason: str, message: str) -> None:
+        ref = {
+            "apiVersion": GROUP_VERSION,
+            "kind": POLICY_KIND,
+            "name": policy.name,
+            "uid": policy.metadata.uid,
+        }
+        await self.kube.post_event(ref, kind, reason, message, self.settings.events_namespace)
+
+    async def _event_gpu(self, gpu: str, kind: str, reason: str, message: str) -> None:
+        ref = {"apiVersion": GROUP_VERSION, "kind": GPU_PARTITION_KIND, "name": gpu}
+        await self.kube.post_event(ref, kind, reason, message, self.settings.events_namespace)
+
+
+def _differs(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether writing ``new`` would change the status (condition timestamps aside). Pure."""
+
+    def strip(conds: Any) -> list[tuple[Any, ...]]:
+        return sorted(
+            (c.get("type"), c.get("status"), c.get("reason"), c.get("message"), c.get("observedGeneration"))
+            for c in conds or []
+        )
+
+    for key, value in new.items():
+        if key == "conditions":
+            if strip(old.get(key)) != strip(value):
+                return True
+        elif old.get(key) != value and not (value == [] and key not in old):
+            return True
+    return False
+
+
+__all__ = ["Reason", "Reconciler", "StopFlag", "World", "assign_claims", "parse_world"]

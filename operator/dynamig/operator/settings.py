@@ -1,0 +1,34 @@
+"""Operator settings: one frozen dataclass, filled from command-line flags in ``dynamig.cli.operator`` (the
+only place that reads the environment) or directly by a test or demo that runs the operator in-process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorSettings:
+    """How the operator connects, coordinates with other replicas, and reports.
+
+    - ``kubeconfig``: path of a kubeconfig; None uses the in-cluster service account.
+    - ``standalone``: act without Kopf peering (a single replica; tests and demos). Otherwise replicas
+      coordinate through the cluster-wide ``ClusterKopfPeering`` object named ``peering_name``: only the
+      replica with the highest ``priority`` acts, the others stay paused until it goes away.
+    - ``metrics_port``: port of the Prometheus ``/metrics`` endpoint on ``metrics_host``; None: no endpoint
+      (the metrics still exist in the registry); 0: any free port.
+    - ``resync_seconds``: how often each policy replans even when no watch event arrived.
+    - ``event_repeat_seconds``: a pending claim whose verdict did not change gets its Event again after this.
+    - ``events_namespace``: namespace of Events about cluster-scoped objects (policies, GpuPartitions).
+    """
+
+    kubeconfig: Path | None = None
+    standalone: bool = False
+    peering_name: str = "dynamig"
+    priority: int = 0
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    resync_seconds: float = 30.0
+    event_repeat_seconds: float = 300.0
+    events_namespace: str = "default"
+    log_level: str = "INFO"

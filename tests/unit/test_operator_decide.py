@@ -1,0 +1,250 @@
+"""One planning round of the operator: modes, cooldown, disruption budget, drift to baseline, and the
+"why pending?" verdicts.
+
+Real: the layout planner, the MIG geometry catalog, CEL evaluation of the claims' selectors, and the parsing
+of GpuPartition and policy dicts. The cluster is described by plain values (no API server); time is a value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dynamig.geometry.catalog import load_catalog
+from dynamig.geometry.model import PlacedInstance
+from dynamig.kube.policy import check_spec_against_catalog, parse_policy, resolve_ownership
+from dynamig.operator.decide import Reason, RoundDecision, RoundInput, decide_round
+from dynamig.operator.demand import PendingClaim, extract_demand, parse_device_classes
+from dynamig.operator.inventory import GpuView, parse_inventory
+
+CATALOG = load_catalog()
+NOW = 1_800_000_000.0
+PROFILE = 'device.attributes["mig.dynamig.io"].profile'
+CLASSES = parse_device_classes(
+    [
+        {
+            "metadata": {"name": "mig.dynamig.io"},
+            "spec": {"selectors": [{"cel": {"expression": 'device.driver == "mig.dynamig.io"'}}]},
+        }
+    ]
+)
+BASELINE = [{"profile": "3g.40gb", "start": 0}, {"profile": "3g.40gb", "start": 4}]
+
+
+def partition(
+    index: int, instances: list[tuple[str, int, str]], written: str | None = None, gen: int = 1
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": f"node-a-gpu{index}", "generation": gen, "resourceVersion": "7"}
+    if written:
+        meta["annotations"] = {"dynamig.io/layout-written-at": written}
+    return {
+        "metadata": meta,
+        "spec": {"layout": [{"profile": p, "start": s} for p, s, _ in instances]},
+        "status": {
+            "node": "node-a",
+            "gpuIndex": index,
+            "product": "NVIDIA A100-SXM4-80GB",
+            "model": "A100-80GB",
+            "migMode": "Enabled",
+            "observedGeneration": gen,
+            "phase": "Stable",
+            "instances": [
+                {"profile": p, "start": s, "deviceName": f"gpu{index}-{p}-s{s}", "state": st}
+                for p, s, st in instances
+            ],
+        },
+    }
+
+
+def baseline_gpu(index: int, **kw: Any) -> dict[str, Any]:
+    return partition(index, [("3g.40gb", 0, "free"), ("3g.40gb", 4, "free")], **kw)
+
+
+def policy(**spec: Any) -> dict[str, Any]:
+    base = {
+        "mode": "Dynamic",
+        "baseline": {"A100-80GB": BASELINE},
+        "cooldownSeconds": 60,
+        "batchWindowSeconds": 1,
+    }
+    return {
+        "metadata": {"name": "morning", "generation": 3, "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {**base, **spec},
+    }
+
+
+def burst(n: int, first: str = "1g.10gb", fallback: str = "2g.20gb") -> tuple[PendingClaim, ...]:
+    claims, pods = [], []
+    for i in range(n):
+        alts = [
+            {
+                "name": "a",
+                "deviceClassName": "mig.dynamig.io",
+                "selectors": [{"cel": {"expression": f'{PROFILE} == "{first}"'}}],
+            },
+            {
+                "name": "b",
+                "deviceClassName": "mig.dynamig.io",
+                "selectors": [{"cel": {"expression": f'{PROFILE} == "{fallback}"'}}],
+            },
+        ]
+        claims.append({
+            "metadata": {"name": f"infer-{i}", "namespace": "ml", "uid": f"u{i}",
+                         "creationTimestamp": f"2026-01-01T08:00:{i:02d}Z"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": alts}]}},
+        })  # fmt: skip
+        pods.append({
+            "metadata": {"name": f"infer-{i}", "namespace": "ml", "uid": f"p{i}"},
+            "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": f"infer-{i}"}]},
+            "status": {"conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]},
+        })  # fmt: skip
+    model = CATALOG.model("A100-80GB")
+    return extract_demand(claims, pods, CLASSES, (model,), {"node-a": {}}).pending
+
+
+def run(
+    pol: dict[str, Any],
+    parts: list[dict[str, Any]],
+    claims: tuple[PendingClaim, ...],
+    idle: dict[str, float] | None = None,
+) -> tuple[RoundDecision, tuple[GpuView, ...]]:
+    p = parse_policy(pol)
+    gpus = parse_inventory(parts, CATALOG)
+    problems = tuple(check_spec_against_catalog(p.spec, CATALOG))
+    return decide_round(RoundInput(p, problems, gpus, claims, NOW, idle or {}, CATALOG)), gpus
+
+
+def test_dynamic_burst_reshapes_within_the_budget_and_explains_each_claim() -> None:
+    decision, _ = run(policy(), [baseline_gpu(0), baseline_gpu(1)], burst(7))
+    assert len(decision.writes) == 1  # budget: one GPU at a time
+    (w,) = decision.writes
+    assert w.before == (PlacedInstance(0, "3g.40gb"), PlacedInstance(4, "3g.40gb"))
+    assert all(i.profile in ("1g.10gb", "2g.20gb") for i in w.layout)
+    reasons = decision.pending_by_reason()
+    assert sum(reasons.values()) == 7
+    assert reasons.get(Reason.RESHAPE_SCHEDULED.value, 0) == len(w.claims) > 0
+    for v in decision.verdicts:
+        if v.reason is Reason.RESHAPE_SCHEDULED:
+            assert v.gpu == w.gpu and "3g.40gb@0,3g.40gb@4" in v.message
+    assert decision.pending_by_profile() == {"1g.10gb": 7}
+
+
+def test_budget_of_two_lets_both_gpus_change() -> None:
+    decision, _ = run(
+        policy(disruptionBudget={"maxGpusReshaping": 2}), [baseline_gpu(0), baseline_gpu(1)], burst(9)
+    )
+    assert sum(1 for v in decision.verdicts if v.reason is Reason.RESHAPE_SCHEDULED) == 9
+    assert len(decision.writes) == 2
+
+
+def test_busy_instances_are_never_in_a_write_that_drops_them() -> None:
+    busy = partition(0, [("3g.40gb", 0, "allocated"), ("3g.40gb", 4, "free")])
+    decision, _ = run(policy(), [busy], burst(3))
+    (w,) = decision.writes
+    assert PlacedInstance(0, "3g.40gb") in w.layout
+
+
+def test_static_policy_writes_nothing_and_says_why() -> None:
+    decision, _ = run(policy(mode="Static"), [baseline_gpu(0), baseline_gpu(1)], burst(7))
+    assert decision.writes == () and decision.planned == ()
+    assert decision.pending_by_reason() == {"ReshapeDisabled": 7}
+    msg = decision.verdicts[0].message
+    assert "Static" in msg and "4x 3g.40gb" in msg and "1g.10gb or 2g.20gb" in msg
+
+
+def test_static_policy_points_at_existing_free_instances() -> None:
+    gpu = partition(0, [("1g.10gb", 0, "free"), ("3g.40gb", 4, "free")])
+    decision, _ = run(policy(mode="Static"), [gpu], burst(1))
+    assert decision.verdicts[0].reason is Reason.WAITING_FOR_SCHEDULER
+
+
+def test_dry_run_plans_but_writes_nothing() -> None:
+    decision, _ = run(policy(mode="DryRun"), [baseline_gpu(0), baseline_gpu(1)], burst(2))
+    assert decision.writes == ()
+    assert decision.planned
+    assert {v.reason for v in decision.verdicts} == {Reason.WOULD_RESHAPE}
+
+
+def test_recently_reshaped_gpu_waits_for_cooldown() -> None:
+    recent = "2027-01-15T08:00:00Z"  # NOW is 2027-01-15T08:00:00Z
+    decision, _ = run(policy(), [baseline_gpu(0, written=recent)], burst(2))
+    assert decision.writes == ()
+    v1, _ = decision.verdicts
+    assert v1.reason is Reason.WAITING_FOR_COOLDOWN
+    assert "cooldown 60s (60s left)" in v1.message
+
+
+def test_in_flight_gpu_is_not_written_again_and_its_new_instances_serve_claims() -> None:
+    gpu = partition(0, [("1g.10gb", s, "free") for s in range(7)], gen=2)
+    gpu["status"]["observedGeneration"] = 1  # the agent is still cutting: actual is still the baseline
+    gpu["status"]["instances"] = baseline_gpu(0)["status"]["instances"]
+    decision, gpus = run(policy(disruptionBudget={"maxGpusReshaping": 2}), [gpu, baseline_gpu(1)], burst(2))
+    assert gpus[0].in_flight
+    assert decision.writes == ()  # nothing new: gpu0's coming 1g.10gb instances serve both claims
+    assert {v.reason for v in decision.verdicts} == {Reason.RESHAPE_IN_PROGRESS}
+    assert all(v.gpu == "node-a-gpu0" for v in decision.verdicts)
+
+
+def test_idle_gpu_returns_to_baseline_only_after_cooldown() -> None:
+    cut = partition(0, [("1g.10gb", s, "free") for s in range(7)])
+    early, _ = run(policy(), [cut], (), idle={"node-a-gpu0": NOW - 10})
+    assert early.writes == () and "returns to baseline after 60s" in early.held["node-a-gpu0"]
+    late, _ = run(policy(), [cut], (), idle={"node-a-gpu0": NOW - 61})
+    (w,) = late.writes
+    assert w.layout == (PlacedInstance(0, "3g.40gb"), PlacedInstance(4, "3g.40gb"))
+    assert w.claims == ()
+
+
+def test_gpu_with_an_allocated_instance_does_not_drift() -> None:
+    cut = partition(0, [("1g.10gb", 0, "in-use")] + [("1g.10gb", s, "free") for s in range(1, 7)])
+    decision, _ = run(policy(), [cut], (), idle={"node-a-gpu0": NOW - 1000})
+    assert all(PlacedInstance(0, "1g.10gb") in w.layout for w in decision.writes)
+
+
+def test_profile_not_allowed_and_no_capacity() -> None:
+    decision, _ = run(
+        policy(allowedProfiles=["3g.40gb", "7g.80gb"], baseline={}), [baseline_gpu(0)], burst(1)
+    )
+    (v,) = decision.verdicts
+    assert v.reason is Reason.PROFILE_NOT_ALLOWED and v.warning
+    assert "1g.10gb, 2g.20gb" in v.message and "3g.40gb, 7g.80gb" in v.message
+
+    full = partition(0, [("3g.40gb", 0, "allocated"), ("3g.40gb", 4, "allocated")])
+    decision, _ = run(policy(), [full], burst(1))
+    (v,) = decision.verdicts
+    assert v.reason is Reason.NO_CAPACITY
+    assert "6 of 7 compute slices are allocated" in v.message
+
+
+def test_invalid_baseline_is_reported_against_the_field() -> None:
+    bad = policy(baseline={"A100-80GB": [{"profile": "3g.40gb", "start": 2}]})
+    p = parse_policy(bad)
+    (problem,) = check_spec_against_catalog(p.spec, CATALOG)
+    assert problem.field == "spec.baseline[A100-80GB]"
+    assert "cannot start at slice 2" in problem.message
+    decision, _ = run(bad, [baseline_gpu(0)], burst(1))
+    assert decision.writes == ()
+    assert decision.verdicts[0].reason is Reason.POLICY_INVALID
+
+
+def test_overlapping_policies_oldest_wins() -> None:
+    old = parse_policy(
+        {"metadata": {"name": "zeta", "creationTimestamp": "2026-01-01T00:00:00Z"}, "spec": {}}
+    )
+    new = parse_policy(
+        {
+            "metadata": {"name": "alpha", "creationTimestamp": "2026-02-01T00:00:00Z"},
+            "spec": {"gpuProducts": ["A100-80GB"]},
+        }
+    )
+    other = parse_policy(
+        {
+            "metadata": {"name": "beta", "creationTimestamp": "2026-02-01T00:00:00Z"},
+            "spec": {"gpuProducts": ["H100-80GB"]},
+        }
+    )
+    gpus = parse_inventory([baseline_gpu(0), baseline_gpu(1)], CATALOG)
+    own = resolve_ownership([new, other, old], [g.identity({}) for g in gpus])
+    assert own.governed_by("zeta") == ("node-a-gpu0", "node-a-gpu1")
+    assert own.lost["alpha"] == {"node-a-gpu0": "zeta", "node-a-gpu1": "zeta"}
+    assert own.lost["beta"] == {}

@@ -1,0 +1,274 @@
+"""Pending demand extracted from ResourceClaim, Pod and DeviceClass dicts as the API server returns them.
+
+Real: the CEL evaluation (cel-python) of every request and DeviceClass selector, against devices built from
+the real MIG geometry catalog; the dicts have the shape of resource.k8s.io/v1 and core/v1 objects. No API
+server is involved (the integration and e2e tests cover that); nothing is mocked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dynamig.geometry.catalog import load_catalog
+from dynamig.geometry.model import GpuModel
+from dynamig.operator.demand import (
+    DemandSnapshot,
+    extract_demand,
+    parse_device_classes,
+    parse_pod,
+    pod_fits_node,
+)
+
+PROFILE = 'device.attributes["mig.dynamig.io"].profile'
+MEMORY = 'device.capacity["mig.dynamig.io"].memory'
+
+DEVICE_CLASSES = parse_device_classes(
+    [
+        {
+            "metadata": {"name": "mig.dynamig.io"},
+            "spec": {"selectors": [{"cel": {"expression": 'device.driver == "mig.dynamig.io"'}}]},
+        },
+        {
+            "metadata": {"name": "mig-small"},
+            "spec": {
+                "selectors": [
+                    {"cel": {"expression": 'device.driver == "mig.dynamig.io"'}},
+                    {"cel": {"expression": 'device.attributes["mig.dynamig.io"].computeSlices <= 2'}},
+                ]
+            },
+        },
+        {
+            "metadata": {"name": "gpu.nvidia.com"},
+            "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.nvidia.com"'}}]},
+        },
+    ]
+)
+
+
+def models() -> tuple[GpuModel, ...]:
+    return (load_catalog().model("A100-80GB"),)
+
+
+def alt(name: str, expr: str, device_class: str = "mig.dynamig.io", count: int = 1) -> dict[str, Any]:
+    return {
+        "name": name,
+        "deviceClassName": device_class,
+        "selectors": [{"cel": {"expression": expr}}],
+        "count": count,
+    }
+
+
+def claim(
+    name: str, requests: list[dict[str, Any]], allocated: bool = False, ns: str = "team"
+) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "uid": f"uid-{name}",
+            "creationTimestamp": "2026-01-01T08:00:00Z",
+        },
+        "spec": {"devices": {"requests": requests}},
+        "status": {},
+    }
+    if allocated:
+        obj["status"]["allocation"] = {
+            "devices": {"results": [{"request": "gpu", "driver": "mig.dynamig.io"}]}
+        }
+    return obj
+
+
+def pod(
+    name: str, claim_name: str, unschedulable: bool = True, ns: str = "team", **spec: Any
+) -> dict[str, Any]:
+    conditions = (
+        [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "cannot allocate all claims",
+            }
+        ]
+        if unschedulable
+        else [{"type": "PodScheduled", "status": "True"}]
+    )
+    return {
+        "metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}"},
+        "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}], **spec},
+        "status": {"phase": "Pending", "conditions": conditions},
+    }
+
+
+def inference_claim(name: str) -> dict[str, Any]:
+    return claim(
+        name,
+        [
+            {
+                "name": "gpu",
+                "firstAvailable": [
+                    alt("small", f'{PROFILE} == "1g.10gb"'),
+                    alt("medium", f'{PROFILE} == "2g.20gb"'),
+                ],
+            }
+        ],
+    )
+
+
+def demand(
+    claims: list[dict[str, Any]], pods: list[dict[str, Any]], nodes: dict[str, dict[str, str]] | None = None
+) -> DemandSnapshot:
+    return extract_demand(claims, pods, DEVICE_CLASSES, models(), nodes or {"n1": {}, "n2": {}})
+
+
+def test_unschedulable_claim_with_first_available_keeps_preference_order() -> None:
+    snap = demand([inference_claim("c1")], [pod("p1", "c1")])
+    assert len(snap.pending) == 1
+    pc = snap.pending[0]
+    assert pc.claim.key == "team/c1"
+    assert [p.name for p in pc.pods] == ["p1"]
+    (req,) = pc.requests
+    assert req.alternatives() == ("1g.10gb", "2g.20gb")
+    assert [m.sub_request.name for m in req.matches] == ["gpu/small", "gpu/medium"]
+    (d,) = pc.planner_demands()
+    assert (
+        d.name == "team/c1" and d.alternatives == ("1g.10gb", "2g.20gb") and d.count == 1 and d.nodes is None
+    )
+
+
+def test_allocated_claim_or_scheduled_pod_is_not_demand() -> None:
+    allocated = inference_claim("c1")
+    allocated["status"]["allocation"] = {"devices": {"results": []}}
+    snap = demand([allocated, inference_claim("c2")], [pod("p1", "c1"), pod("p2", "c2", unschedulable=False)])
+    assert snap.pending == ()
+    assert snap.allocated == frozenset({"uid-c1"})
+
+
+def test_claim_without_a_pod_is_not_demand() -> None:
+    assert demand([inference_claim("lonely")], []).pending == ()
+
+
+def test_request_for_another_driver_is_not_demand() -> None:
+    other = claim("c1", [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1}}])
+    assert demand([other], [pod("p1", "c1")]).pending == ()
+
+
+def test_capacity_selector_accepts_every_big_enough_profile_smallest_first() -> None:
+    big = claim(
+        "c1", [{"name": "gpu", "exactly": {"deviceClassName": "mig.dynamig.io", "selectors": [
+            {"cel": {"expression": f'{MEMORY}.compareTo(quantity("20Gi")) >= 0'}}]}}]
+    )  # fmt: skip
+    (pc,) = demand([big], [pod("p1", "c1")]).pending
+    # 2g.20gb/1g.20gb publish 19.5 GiB on A100-80GB: below 20Gi
+    assert pc.requests[0].alternatives() == ("3g.40gb", "4g.40gb", "7g.80gb")
+
+
+def test_device_class_selectors_and_request_selectors_both_apply() -> None:
+    c = claim(
+        "c1", [{"name": "gpu", "exactly": {"deviceClassName": "mig-small", "selectors": [
+            {"cel": {"expression": f'{MEMORY}.isGreaterThan(quantity("15Gi"))'}}]}}]
+    )  # fmt: skip
+    (pc,) = demand([c], [pod("p1", "c1")]).pending
+    # class: at most 2 compute slices; request: more than 15Gi -> only the 20gb profiles
+    assert pc.requests[0].alternatives() == ("1g.20gb", "2g.20gb")
+
+
+def test_count_and_claims_generated_from_templates() -> None:
+    c = claim("pod-a-gpu-x7k2", [{"name": "gpu", "exactly": {"deviceClassName": "mig.dynamig.io", "count": 2,
+        "selectors": [{"cel": {"expression": f'{PROFILE} == "3g.40gb"'}}]}}])  # fmt: skip
+    p = pod("pod-a", "unused")
+    p["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "training"}]
+    p["status"]["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": "pod-a-gpu-x7k2"}]
+    (pc,) = demand([c], [p]).pending
+    (d,) = pc.planner_demands()
+    assert d.count == 2 and d.alternatives == ("3g.40gb",)
+
+
+def test_node_selector_and_required_affinity_restrict_nodes() -> None:
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n4"]}]},
+                ]
+            }
+        }
+    }
+    nodes = {
+        "n1": {"pool": "gpu", "zone": "a"},
+        "n2": {"pool": "gpu", "zone": "b"},
+        "n3": {"pool": "cpu", "zone": "a"},
+        "n4": {"pool": "gpu", "zone": "c"},
+    }
+    p = pod("p1", "c1", nodeSelector={"pool": "gpu"}, affinity=affinity)
+    (pc,) = demand([inference_claim("c1")], [p], nodes).pending
+    assert pc.nodes == frozenset({"n1", "n4"})
+    assert pc.planner_demands()[0].nodes == frozenset({"n1", "n4"})
+    ref = parse_pod(p)
+    assert pod_fits_node(ref, "n1", nodes["n1"]) and not pod_fits_node(ref, "n3", nodes["n3"])
+
+
+def test_numeric_affinity_operators() -> None:
+    p = pod("p1", "c1", affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "gpus", "operator": "Gt", "values": ["3"]}]}]}}})  # fmt: skip
+    ref = parse_pod(p)
+    assert pod_fits_node(ref, "a", {"gpus": "8"})
+    assert not pod_fits_node(ref, "b", {"gpus": "2"})
+    assert not pod_fits_node(ref, "c", {})
+
+
+def test_claim_no_profile_can_satisfy_keeps_the_reason() -> None:
+    c = claim(
+        "c1",
+        [
+            {
+                "name": "gpu",
+                "firstAvailable": [
+                    alt("huge", f'{PROFILE} == "9g.1tb"'),
+                    alt("broken", 'device.attributes["mig.dynamig.io"].colour == "red"'),
+                ],
+            }
+        ],
+    )
+    (pc,) = demand([c], [pod("p1", "c1")]).pending
+    (req,) = pc.requests
+    assert req.alternatives() == ()
+    assert pc.planner_demands() == ()
+    assert any("colour" in e for e in req.errors)
+
+
+def test_two_mig_requests_become_two_planner_demands() -> None:
+    c = claim(
+        "c1",
+        [
+            {
+                "name": "a",
+                "exactly": {
+                    "deviceClassName": "mig.dynamig.io",
+                    "selectors": [{"cel": {"expression": f'{PROFILE} == "1g.10gb"'}}],
+                },
+            },
+            {
+                "name": "b",
+                "exactly": {
+                    "deviceClassName": "mig.dynamig.io",
+                    "selectors": [{"cel": {"expression": f'{PROFILE} == "3g.40gb"'}}],
+                },
+            },
+        ],
+    )
+    (pc,) = demand([c], [pod("p1", "c1")]).pending
+    assert [(d.name, d.alternatives) for d in pc.planner_demands()] == [
+        ("team/c1/a", ("1g.10gb",)),
+        ("team/c1/b", ("3g.40gb",)),
+    ]
+
+
+def test_allowed_profiles_filter_alternatives() -> None:
+    (pc,) = demand([inference_claim("c1")], [pod("p1", "c1")]).pending
+    assert pc.planner_demands(frozenset({"2g.20gb", "3g.40gb"}))[0].alternatives == ("2g.20gb",)
+    assert pc.planner_demands(frozenset({"3g.40gb"})) == ()
