@@ -1,0 +1,456 @@
+"""Node agent end to end: discovery, ResourceSlices, scheduler allocation, reshape, busy instances, restarts.
+
+Real: etcd, kube-apiserver, kube-scheduler (DRA allocation against the agent's ResourceSlices) and
+kube-controller-manager, built from the Kubernetes sources; the agent's whole code path (NVML calls,
+reconcile, publisher, status). Simulated: the GPUs (``dynamig.backends.simnvml`` under the agent's NVML calls,
+shared through a state file with a restarted agent process) and the nodes (Node objects, no kubelet: pods are
+bound, never run). Settle periods and poll intervals are shortened through the agent's flags.
+"""
+
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any, TypeVar
+
+import pytest
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+from prometheus_client import CollectorRegistry, generate_latest
+
+from dynamig.agent.controller import AgentSettings, NodeAgent
+from dynamig.agent.kubeapi import KubeApi
+from dynamig.agent.metrics import AgentMetrics
+from dynamig.agent.nvml_device import NvmlDevices
+from dynamig.devcluster import ControlPlane
+from dynamig.geometry.catalog import load_catalog
+from dynamig.kube.names import DEVICE_CLASS_NAME
+
+pytestmark = pytest.mark.controlplane
+
+T = TypeVar("T")
+DRIVER = "mig.dynamig.io"
+REPO = Path(__file__).resolve().parent.parent
+CRD = REPO / "crds" / "gpupartitions.yaml"
+
+
+async def eventually(probe: Callable[[], Awaitable[T | None]], what: str, within_s: float = 30.0,
+                     every_s: float = 0.1) -> T:
+    """Await ``probe`` until it returns something other than None; fail after ``within_s``."""
+    deadline = time.monotonic() + within_s
+    last: Any = None
+    while True:
+        try:
+            value = await probe()
+        except AssertionError as exc:  # probes may assert to explain what they saw
+            value, last = None, exc
+        if value is not None:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {within_s:.0f}s waiting for {what}" + (f": {last}" if last else ""))
+        await asyncio.sleep(every_s)
+
+
+def install_crd(cp: ControlPlane) -> None:
+    """Apply the GpuPartition CRD and wait until it is served (idempotent)."""
+    cp.kubectl("apply", "-f", str(CRD))
+    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/gpupartitions.dynamig.io")
+
+
+async def ensure_device_class(api: client.ApiClient) -> None:
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": DEVICE_CLASS_NAME},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+    }
+    try:
+        await client.ResourceV1Api(api).create_device_class(body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+class Api:
+    """Dict-level API shortcuts for the objects the scenarios look at."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+
+    async def partition(self, name: str) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = await self.custom.get_cluster_custom_object(
+                "dynamig.io", "v1alpha1", "gpupartitions", name)
+            return obj
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def partitions(self, node: str) -> list[dict[str, Any]]:
+        res = await self.custom.list_cluster_custom_object(
+            "dynamig.io", "v1alpha1", "gpupartitions", label_selector=f"dynamig.io/node={node}")
+        return list(res["items"])
+
+    async def set_layout(self, name: str, layout: str) -> int:
+        """Write spec.layout from ``"1g.10gb@0,3g.40gb@4"``; returns the new generation."""
+        items = []
+        for part in filter(None, layout.split(",")):
+            profile, start = part.split("@")
+            items.append({"profile": profile, "start": int(start)})
+        obj = await self.custom.patch_cluster_custom_object(
+            "dynamig.io", "v1alpha1", "gpupartitions", name, {"spec": {"layout": items}},
+            _content_type="application/merge-patch+json")
+        return int(obj["metadata"]["generation"])
+
+    async def slices(self, node: str) -> list[dict[str, Any]]:
+        res = await self.custom.list_cluster_custom_object(
+            "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node}")
+        return [s for s in res["items"] if s["spec"]["driver"] == DRIVER]
+
+    async def published(self, node: str) -> dict[str, dict[str, Any]]:
+        """Device name -> device over the highest pool generation of the node's slices."""
+        slices = await self.slices(node)
+        if not slices:
+            return {}
+        top = max(s["spec"]["pool"]["generation"] for s in slices)
+        return {d["name"]: d for s in slices if s["spec"]["pool"]["generation"] == top
+                for d in s["spec"].get("devices") or []}
+
+    async def create_claim(self, namespace: str, name: str, profile: str) -> None:
+        expr = f'device.attributes["{DRIVER}"].profile == "{profile}"'
+        body = {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": DEVICE_CLASS_NAME,
+                "selectors": [{"cel": {"expression": expr}}],
+            }}]}},
+        }
+        await self.custom.create_namespaced_custom_object(
+            "resource.k8s.io", "v1", namespace, "resourceclaims", body)
+
+    async def claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = await self.custom.get_namespaced_custom_object(
+                "resource.k8s.io", "v1", namespace, "resourceclaims", name)
+            return obj
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def allocated_device(self, namespace: str, claim: str) -> str | None:
+        obj = await self.claim(namespace, claim)
+        alloc = ((obj or {}).get("status") or {}).get("allocation")
+        if not alloc:
+            return None
+        (result,) = alloc["devices"]["results"]
+        return str(result["device"])
+
+    async def create_pod(self, namespace: str, name: str, node: str, claim: str) -> None:
+        body = {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+                "containers": [{"name": "main", "image": "registry.invalid/cuda-sample:1",
+                                "resources": {"claims": [{"name": "gpu"}]}}],
+            },
+        }
+        await self.core.create_namespaced_pod(namespace, body)
+
+    async def release(self, namespace: str, pod: str, claim: str) -> None:
+        """Delete the pod and the claim (the claim's finalizer goes once the pod is gone)."""
+        await self.core.delete_namespaced_pod(pod, namespace, grace_period_seconds=0)
+        await self.custom.delete_namespaced_custom_object(
+            "resource.k8s.io", "v1", namespace, "resourceclaims", claim)
+
+
+def layout_of(part: dict[str, Any]) -> str:
+    """``"1g.10gb@0,..."`` of the instances in a GpuPartition's status."""
+    items = sorted((i["start"], i["profile"]) for i in (part.get("status") or {}).get("instances") or [])
+    return ",".join(f"{p}@{s}" for s, p in items)
+
+
+def condition(part: dict[str, Any], ctype: str) -> dict[str, Any] | None:
+    for c in (part.get("status") or {}).get("conditions") or []:
+        if c["type"] == ctype:
+            return dict(c)
+    return None
+
+
+def stable_at(part: dict[str, Any] | None, generation: int | None = None) -> bool:
+    if part is None:
+        return False
+    st = part.get("status") or {}
+    gen = generation if generation is not None else part["metadata"]["generation"]
+    return st.get("phase") == "Stable" and st.get("observedGeneration") == gen
+
+
+@contextlib.asynccontextmanager
+async def agent_in_process(
+    api: client.ApiClient, node: str, nvml: ModuleType, settle_s: float = 0.3
+) -> AsyncIterator[NodeAgent]:
+    """An agent running as a task of this event loop (short settle period and intervals)."""
+    devices = NvmlDevices(nvml, load_catalog())
+    devices.init()
+    settings = AgentSettings(node=node, settle_seconds=settle_s, interval_seconds=0.5,
+                             reshape_poll_seconds=0.1)
+    agent = NodeAgent(settings, KubeApi(api), devices, AgentMetrics(CollectorRegistry(), node))
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop), name=f"agent-{node}")
+    try:
+        yield agent
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=30)
+
+
+def start_agent_process(cp: ControlPlane, node: str, gpus: str, state: Path, log: Path, *extra: str
+                        ) -> subprocess.Popen[bytes]:
+    """``python -m dynamig agent`` with simulated NVML sharing ``state``; output to ``log``."""
+    argv = [sys.executable, "-m", "dynamig", "agent", "--node", node, "--nvml", "simulated",
+            "--simulate-gpus", gpus, "--state", str(state), "--kubeconfig", str(cp.kubeconfig_path),
+            "--metrics-port", "-1", "--interval", "0.5", "--reshape-poll", "0.1", *extra]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with log.open("ab") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+
+
+def kill(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    proc.wait(timeout=30)
+
+
+# --------------------------------------------------------------------------------------------- scenarios
+
+
+@pytest.fixture
+def crd(control_plane: ControlPlane) -> ControlPlane:
+    install_crd(control_plane)
+    return control_plane
+
+
+@pytest.fixture
+def sim_nvml() -> Iterator[ModuleType]:
+    from dynamig.backends.nvml import load_nvml
+
+    module: ModuleType = load_nvml("simulated")
+    module.configure(gpus=["H100-80GB", "H100-80GB"], state_file=None)
+    yield module
+    module.configure(gpus=[], state_file=None)
+
+
+def _reshaped_keeping(start: int) -> str:
+    """An H100 layout that keeps ``1g.10gb@start`` and turns three other 1g slices into one 3g.40gb."""
+    if start < 4:
+        return ",".join(f"1g.10gb@{s}" for s in range(4)) + ",3g.40gb@4"
+    return "3g.40gb@0," + ",".join(f"1g.10gb@{s}" for s in range(4, 7))
+
+
+async def test_agent_publishes_reshapes_free_instances_and_keeps_allocated_ones(
+    crd: ControlPlane, kube_api: client.ApiClient, namespace: str, make_node: Callable[..., str],
+    sim_nvml: ModuleType,
+) -> None:
+    timings: dict[str, float] = {}
+    api = Api(kube_api)
+    await ensure_device_class(kube_api)
+    node = make_node("agent", labels={"dynamig.io/managed": "true"})
+    gpu0, gpu1 = f"{node}-gpu0", f"{node}-gpu1"
+    async with agent_in_process(kube_api, node, sim_nvml, settle_s=0.3) as agent:
+        t0 = time.monotonic()
+        # 1. Discovery: one GpuPartition per GPU, adopted empty layout, Stable; an empty pool is published.
+        parts = await eventually(lambda: _all_stable(api, node, 2), "two Stable GpuPartitions")
+        p0 = next(p for p in parts if p["metadata"]["name"] == gpu0)
+        assert p0["status"]["product"] == "NVIDIA H100 80GB HBM3" and p0["status"]["migMode"] == "Enabled"
+        assert p0["status"]["uuid"].startswith("GPU-") and p0["spec"].get("layout", []) == []
+        assert p0["metadata"]["ownerReferences"][0]["kind"] == "Node"
+        timings["discover"] = time.monotonic() - t0
+
+        # 2. Layouts written by hand (as the operator would): slices follow with NVML's memory and SMs.
+        t1 = time.monotonic()
+        g0 = await api.set_layout(gpu0, ",".join(f"1g.10gb@{s}" for s in range(7)))
+        g1 = await api.set_layout(gpu1, "3g.40gb@0,3g.40gb@4")
+        await eventually(lambda: _stable(api, gpu0, g0), "gpu0 Stable at 7x1g.10gb")
+        await eventually(lambda: _stable(api, gpu1, g1), "gpu1 Stable at 2x3g.40gb")
+        devices = await eventually(lambda: _published_count(api, node, 9), "9 devices published")
+        timings["first layout"] = time.monotonic() - t1
+        dev = devices["gpu0-1g10gb-s3"]
+        attrs = dev["attributes"]
+        assert attrs["mig.dynamig.io/profile"] == {"string": "1g.10gb"}
+        assert attrs["mig.dynamig.io/uuid"]["string"].startswith("MIG-")
+        assert attrs["mig.dynamig.io/parentUUID"] == {"string": p0["status"]["uuid"]}
+        assert int(dev["capacity"]["mig.dynamig.io/multiprocessors"]["value"]) == 16
+        (slice0,) = await api.slices(node)
+        assert slice0["spec"]["pool"]["name"] == node and slice0["spec"]["nodeName"] == node
+        gen_before = slice0["spec"]["pool"]["generation"]
+        st0 = (await api.partition(gpu0) or {})["status"]
+        assert st0["freeSlices"] == 7 and st0["totalSlices"] == 7 and condition(
+            await api.partition(gpu0) or {}, "Ready")["status"] == "True"  # type: ignore[index]
+
+        # 3. A claim for 1g.10gb is allocated by the scheduler; status says so.
+        await api.create_claim(namespace, "small", "1g.10gb")
+        await api.create_pod(namespace, "small", node, "small")
+        taken = await eventually(lambda: api.allocated_device(namespace, "small"), "claim allocated")
+        assert taken.startswith("gpu0-1g10gb-s")
+        start = int(taken.rsplit("-s", 1)[1])
+
+        async def allocated_in_status() -> dict[str, Any] | None:
+            part = await api.partition(gpu0)
+            for i in (part or {}).get("status", {}).get("instances", []):
+                if i["deviceName"] == taken and i["state"] == "allocated":
+                    assert i["claims"] == [f"{namespace}/small"]
+                    return dict(i)
+            return None
+
+        before = await eventually(allocated_in_status, "allocated instance in status")
+        instances_before = (await api.partition(gpu0) or {})["status"]["instances"]
+        uuids_before = {i["deviceName"]: i["migUUID"] for i in instances_before}
+
+        # 4. New layout: only free instances change; the allocated one keeps its MIG UUID; slices follow.
+        t2 = time.monotonic()
+        target = _reshaped_keeping(start)
+        g0 = await api.set_layout(gpu0, target)
+        part = await eventually(lambda: _stable(api, gpu0, g0), "gpu0 reshaped and Stable", within_s=60)
+        timings["reshape 3x1g -> 3g"] = time.monotonic() - t2
+        assert layout_of(part) == target
+        after = {i["deviceName"]: i["migUUID"] for i in part["status"]["instances"]}
+        kept = [n for n in after if n in uuids_before]
+        assert taken in kept and all(after[n] == uuids_before[n] for n in kept)
+        assert after[taken] == before["migUUID"]
+        published = await api.published(node)
+        expected_names = {i["deviceName"] for i in part["status"]["instances"]} | {
+            "gpu1-3g40gb-s0", "gpu1-3g40gb-s4"}
+        assert set(published) == expected_names
+        assert (await api.slices(node))[0]["spec"]["pool"]["generation"] > gen_before
+        assert await api.allocated_device(namespace, "small") == taken
+
+        # 5. A layout that omits the allocated instance: the free ones go, the allocated one stays (kept),
+        #    out of the slice; the 7g.80gb waits for it.
+        g0 = await api.set_layout(gpu0, "7g.80gb@0")
+
+        async def kept_busy() -> dict[str, Any] | None:
+            p = await api.partition(gpu0)
+            if p is None or p["status"].get("observedGeneration") != g0 or layout_of(p) != f"1g.10gb@{start}":
+                return None
+            ready = condition(p, "Ready")
+            ok = ready and ready["reason"] == "InstanceBusy" and p["status"]["phase"] == "Stable"
+            return p if ok else None
+
+        p = await eventually(kept_busy, "allocated instance kept, others destroyed", within_s=60)
+        assert taken in (condition(p, "Ready") or {})["message"]
+        (inst,) = p["status"]["instances"]
+        assert inst["migUUID"] == before["migUUID"] and inst["published"] is False
+        assert not any(n.startswith("gpu0-") for n in await api.published(node))
+        assert layout(agent, 0) == f"1g.10gb@{start}"  # NVML agrees
+
+        # 6. Invalid layout on gpu1: refused with a reason, nothing touched.
+        g1 = await api.set_layout(gpu1, "3g.40gb@0,1g.10gb@3")
+
+        async def refused() -> dict[str, Any] | None:
+            p = await api.partition(gpu1)
+            c = condition(p or {}, "LayoutValid")
+            return p if p and c and c["status"] == "False" and c["observedGeneration"] == g1 else None
+
+        p1 = await eventually(refused, "invalid layout refused")
+        assert "1g.10gb@3" in (condition(p1, "LayoutValid") or {})["message"]
+        assert layout_of(p1) == "3g.40gb@0,3g.40gb@4" and layout(agent, 1) == "3g.40gb@0,3g.40gb@4"
+
+        # 7. The workload ends: the claim goes, the kept instance is destroyed and the 7g.80gb made.
+        t3 = time.monotonic()
+        await api.release(namespace, "small", "small")
+        p = await eventually(lambda: _stable(api, gpu0, g0, ready=True), "gpu0 at 7g.80gb", within_s=60)
+        timings["release -> 7g"] = time.monotonic() - t3
+        assert layout_of(p) == "7g.80gb@0" and "gpu0-7g80gb-s0" in await api.published(node)
+
+        # 8. Someone deletes our slice: it is recreated at a higher generation.
+        (sl,) = await api.slices(node)
+        await api.custom.delete_cluster_custom_object("resource.k8s.io", "v1", "resourceslices",
+                                                      sl["metadata"]["name"])
+        agent.wake()
+        old_gen = sl["spec"]["pool"]["generation"]
+        back = await eventually(lambda: _slice_back(api, node, old_gen), "slice recreated")
+        assert "gpu0-7g80gb-s0" in {d["name"] for d in back["spec"]["devices"]}
+
+        # 9. Metrics: DCGM-compatible instance labels, operations counted.
+        text = generate_latest(agent.metrics.registry).decode()
+        assert 'dynamig_build_info{version="' in text
+        assert 'GPU_I_PROFILE="7g.80gb"' in text and f'hostname="{node}"' in text and 'UUID="GPU-' in text
+        labels = f'hostname="{node}",operation="destroy",result="success"'
+        destroyed = f"dynamig_reshape_operations_total{{{labels}}}"
+        assert destroyed in text
+        assert "dynamig_reshape_duration_seconds_count" in text
+
+        # 10. Uninstall: slices and GpuPartitions go, MIG stays as it is.
+        nvml_before = (layout(agent, 0), layout(agent, 1))
+        await agent.uninstall()
+        assert await api.slices(node) == [] and await api.partitions(node) == []
+        assert (layout(agent, 0), layout(agent, 1)) == nvml_before
+    print("\nagent scenario timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in timings.items()))
+
+
+async def test_agent_refuses_gpus_of_another_mig_owner(
+    crd: ControlPlane, kube_api: client.ApiClient, make_node: Callable[..., str], sim_nvml: ModuleType,
+) -> None:
+    api = Api(kube_api)
+    node = make_node("foreign", labels={"dynamig.io/managed": "true", "nvidia.com/mig.config": "all-1g.10gb"})
+    async with agent_in_process(kube_api, node, sim_nvml):
+        async def degraded() -> list[dict[str, Any]] | None:
+            parts = await api.partitions(node)
+            ok = len(parts) == 2 and all((p.get("status") or {}).get("phase") == "Degraded" for p in parts)
+            return parts if ok else None
+
+        parts = await eventually(degraded, "GpuPartitions Degraded by the foreign owner")
+        managed = condition(parts[0], "Managed") or {}
+        assert managed["status"] == "False" and managed["reason"] == "ForeignMigOwner"
+        assert "nvidia.com/mig.config" in managed["message"]
+        await api.set_layout(parts[0]["metadata"]["name"], "7g.80gb@0")
+        await asyncio.sleep(1.0)
+        assert (await api.published(node)) == {}
+        (sl,) = await api.slices(node)
+        assert sl["spec"]["devices"] == []
+
+
+async def _all_stable(api: Api, node: str, n: int) -> list[dict[str, Any]] | None:
+    parts = await api.partitions(node)
+    return parts if len(parts) == n and all(stable_at(p) for p in parts) else None
+
+
+async def _stable(api: Api, name: str, generation: int, ready: bool = False) -> dict[str, Any] | None:
+    p = await api.partition(name)
+    if not stable_at(p, generation):
+        return None
+    assert p is not None
+    if ready and (condition(p, "Ready") or {}).get("status") != "True":
+        return None
+    return p
+
+
+async def _published_count(api: Api, node: str, n: int) -> dict[str, dict[str, Any]] | None:
+    devices = await api.published(node)
+    return devices if len(devices) == n else None
+
+
+async def _slice_back(api: Api, node: str, old_generation: int) -> dict[str, Any] | None:
+    slices = await api.slices(node)
+    if len(slices) == 1 and slices[0]["spec"]["pool"]["generation"] > old_generation:
+        return slices[0]
+    return None
+
+
+def layout(agent: NodeAgent, index: int) -> str:
+    """What NVML holds on GPU ``index``, as ``profile@start,...``."""
+    gpu = agent.devices.gpu(index)
+    return ",".join(f"{i.profile}@{i.start}" for i in agent.devices.instances(gpu))

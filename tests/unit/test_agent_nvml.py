@@ -1,0 +1,144 @@
+"""The agent's NVML code path (``dynamig.agent.nvml_device``) and the plugin-facing instance service.
+
+Real: the agent's NVML calls (the same ones it makes through ``pynvml`` on a GPU node), the geometry catalog.
+Simulated: the GPUs, through ``dynamig.backends.simnvml`` (a drop-in for ``pynvml`` with NVML's placement,
+overlap, instance-count and in-use rules). No Kubernetes API is involved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import ModuleType
+
+import pytest
+from dynamig.backends.nvml import load_nvml
+from prometheus_client import CollectorRegistry
+
+from dynamig.agent.controller import AgentSettings, NodeAgent
+from dynamig.agent.devices_service import AgentMigInstances
+from dynamig.agent.kubeapi import KubeApi
+from dynamig.agent.metrics import AgentMetrics
+from dynamig.agent.nvml_device import NvmlDevices
+from dynamig.agent.plugin.instances import PlacementTaken, UnknownDevice
+from dynamig.geometry.catalog import load_catalog
+from dynamig.geometry.layout import parse_layout
+from dynamig.geometry.model import PlacedInstance
+
+
+@pytest.fixture
+def nvml() -> Iterator[ModuleType]:
+    module: ModuleType = load_nvml("simulated")
+    module.configure(gpus=["H100-80GB", "A100-40GB"], state_file=None)
+    yield module
+    module.configure(gpus=[], state_file=None)
+
+
+@pytest.fixture
+def devices(nvml: ModuleType) -> Iterator[NvmlDevices]:
+    d = NvmlDevices(nvml, load_catalog())
+    d.init()
+    yield d
+    d.shutdown()
+
+
+def layout(devices: NvmlDevices, index: int) -> tuple[PlacedInstance, ...]:
+    gpu = devices.gpu(index)
+    return tuple(i.placed for i in devices.instances(gpu))
+
+
+def test_discovery_maps_gpus_to_catalog_models_with_nvml_profile_data(devices: NvmlDevices) -> None:
+    gpus = devices.gpus()
+    assert [g.model.key if g.model else None for g in gpus] == ["H100-80GB", "A100-40GB"]
+    h100 = gpus[0]
+    assert h100.uuid.startswith("GPU-") and h100.mig_enabled and h100.pci_device_id == 0x2330
+    assert h100.product == "NVIDIA H100 80GB HBM3"
+    assert h100.model is not None
+    one = h100.model.profile("1g.10gb")
+    assert one.profile_id == 19 and one.placement_starts == (0, 1, 2, 3, 4, 5, 6) and one.placement_size == 1
+    assert h100.model.profile("1g.20gb").placement_size == 2
+    assert devices.instances(h100) == []
+
+
+def test_create_with_placement_then_destroy(devices: NvmlDevices) -> None:
+    gpu = devices.gpu(0)
+    made = devices.create(gpu, PlacedInstance(4, "3g.40gb"))
+    assert made.start == 4 and made.size == 4 and made.ci_id is not None and made.mig_uuid.startswith("MIG-")
+    assert made.memory_bytes and made.multiprocessors == 60
+    again = devices.create(gpu, PlacedInstance(4, "3g.40gb"))  # idempotent
+    assert again.mig_uuid == made.mig_uuid
+    devices.create(gpu, PlacedInstance(0, "1g.10gb"))
+    assert layout(devices, 0) == parse_layout("1g.10gb@0,3g.40gb@4")
+    assert devices.destroy(gpu, PlacedInstance(4, "3g.40gb")) is True
+    assert devices.destroy(gpu, PlacedInstance(4, "3g.40gb")) is False
+    assert layout(devices, 0) == parse_layout("1g.10gb@0")
+
+
+def test_taken_placement_is_insufficient_resources(devices: NvmlDevices, nvml: ModuleType) -> None:
+    gpu = devices.gpu(0)
+    devices.create(gpu, PlacedInstance(0, "3g.40gb"))
+    with pytest.raises(nvml.NVMLError_InsufficientResources):
+        devices.create(gpu, PlacedInstance(3, "1g.10gb"))
+    assert layout(devices, 0) == parse_layout("3g.40gb@0")
+
+
+def test_busy_instance_is_not_destroyed(devices: NvmlDevices, nvml: ModuleType) -> None:
+    gpu = devices.gpu(0)
+    made = devices.create(gpu, PlacedInstance(6, "1g.10gb"))
+    nvml.attach_process(made.mig_uuid, 4242)
+    assert devices.processes(gpu, PlacedInstance(6, "1g.10gb")) == 1
+    with pytest.raises(nvml.NVMLError_InUse):
+        devices.destroy(gpu, PlacedInstance(6, "1g.10gb"))
+    # Even without the agent's own check, NVML refuses.
+    with pytest.raises(nvml.NVMLError_InUse):
+        devices.destroy(gpu, PlacedInstance(6, "1g.10gb"), check_processes=False)
+    assert layout(devices, 0) == parse_layout("1g.10gb@6")
+
+
+def test_existing_instances_are_adopted_as_nvml_reports_them(nvml: ModuleType) -> None:
+    first = NvmlDevices(nvml, load_catalog())
+    first.init()
+    gpu = first.gpu(1)  # A100-40GB: 1g.10gb is the size-2 profile there
+    first.create(gpu, PlacedInstance(2, "1g.10gb"))
+    first.create(gpu, PlacedInstance(4, "3g.20gb"))
+    # A new agent (fresh NvmlDevices) sees exactly what exists.
+    second = NvmlDevices(nvml, load_catalog())
+    second.init()
+    found = second.instances(second.gpu(1))
+    assert [(i.profile, i.start, i.size) for i in found] == [("1g.10gb", 2, 2), ("3g.20gb", 4, 4)]
+    assert all(i.has_compute_instance for i in found)
+
+
+def _agent(devices: NvmlDevices) -> NodeAgent:
+    from kubernetes_asyncio.client import ApiClient, Configuration
+
+    conf = Configuration(host="http://127.0.0.1:9")  # never contacted: ensure() makes no API call
+    return NodeAgent(AgentSettings(node="n1"), KubeApi(ApiClient(conf)), devices,
+                     AgentMetrics(CollectorRegistry(), "n1"))
+
+
+async def test_ensure_creates_missing_instance_and_reports_ids(devices: NvmlDevices) -> None:
+    agent = _agent(devices)
+    service = AgentMigInstances(agent)
+    assert await service.lookup("gpu0-1g10gb-s6") is None
+    inst = await service.ensure("gpu0-1g10gb-s6")
+    assert inst.device_name == "gpu0-1g10gb-s6" and inst.gpu_index == 0 and inst.placement_start == 6
+    assert inst.mig_uuid.startswith("MIG-") and inst.parent_uuid == devices.gpu(0).uuid
+    assert inst.gi_id >= 0 and inst.ci_id >= 0 and inst.gpu_minor >= 0
+    assert "gpu0-1g10gb-s6" in agent.prepared
+    assert await service.ensure("gpu0-1g10gb-s6") == inst  # repeatable
+    assert await service.lookup("gpu0-1g10gb-s6") == inst
+    await agent.api.api_client.close()
+
+
+async def test_ensure_refuses_taken_placement_and_unknown_names(devices: NvmlDevices) -> None:
+    agent = _agent(devices)
+    service = AgentMigInstances(agent)
+    devices.create(devices.gpu(0), PlacedInstance(4, "3g.40gb"))
+    with pytest.raises(PlacementTaken, match=r"3g\.40gb"):
+        await service.ensure("gpu0-1g10gb-s5")
+    with pytest.raises(UnknownDevice):
+        await service.ensure("gpu0-1g10gb-s9")
+    with pytest.raises(UnknownDevice):
+        await service.ensure("gpu7-1g10gb-s0")
+    assert layout(devices, 0) == parse_layout("3g.40gb@4")
+    await agent.api.api_client.close()
