@@ -12,6 +12,7 @@ authorizer; the node identity of an agent is simulated by impersonating its serv
 from __future__ import annotations
 
 import copy
+import json
 import re
 import subprocess
 import time
@@ -550,3 +551,28 @@ def test_node_admission_policy_checks_status_updates(installed: ControlPlane) ->
         assert status.returncode != 0
     finally:
         cp.kubectl("delete", "gpupartition", name, "--ignore-not-found", check=False)
+
+
+# ------------------------------------------------------------------------------------------------ dashboard
+def test_grafana_dashboard_uses_only_exported_metrics() -> None:
+    dash = json.loads((ROOT / "dashboards" / "dynamig.json").read_text())
+    panels = [p for p in dash["panels"] if p["type"] != "row"]
+    assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"]), "panel ids repeat"
+    exprs = {p["title"]: [t["expr"] for t in p["targets"]] for p in panels}
+    registered = registered_metric_names()
+    used = set()
+    for title, queries in exprs.items():
+        for expr in queries:
+            for series in re.findall(r"dynamig_[a-z_]+", expr):
+                assert metric_family(series) in registered, f"panel {title!r}: {series} is not exported"
+                used.add(metric_family(series))
+    # What the dashboard is for: layouts, demand by profile and reason, reshape latency, NVML errors.
+    assert {
+        "dynamig_mig_instances",
+        "dynamig_operator_pending_devices",
+        "dynamig_reshape_duration_seconds",
+        "dynamig_nvml_errors",
+        "dynamig_reshape_operations",
+    } <= used
+    assert any("by (reason)" in e for q in exprs.values() for e in q)
+    assert any("by (profile)" in e for q in exprs.values() for e in q)
