@@ -59,6 +59,7 @@ class Component:
         self.name = name
         self.popen = popen
         self.log_path = log_path
+        self.started_at = time.monotonic()
 
     @classmethod
     def spawn(cls, name: str, argv: Sequence[str], *, log_path: Path, cwd: Path,
