@@ -53,6 +53,7 @@ from dynamig.kube.names import GPU_INDEX_LABEL, NODE_LABEL, PRODUCT_LABEL, gpu_p
 log = logging.getLogger(__name__)
 
 InstanceKey = tuple[int, PlacedInstance]  # (GPU index, placement)
+_NO_PARTITION = GpuPartition.model_validate({"metadata": {"name": ""}})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -208,7 +209,7 @@ class NodeAgent:
         self._after_publish(outcomes, claims)
 
         for o in outcomes:
-            if o.status is not None:
+            if o.status is not None and o.status != parts.get(o.name, _NO_PARTITION).status:
                 await self._write_status(o.name, o.status)
         self._export(outcomes)
         return any(o.busy for o in outcomes)
@@ -330,6 +331,11 @@ class NodeAgent:
                         self.metrics.kept_busy.labels(self.settings.node).inc()
                     else:
                         blocker = (Reason.NVML_ERROR, f"destroying {dev} failed: {err}")
+            if plan.destroy:  # what was really destroyed decides what fits now
+                instances = await asyncio.to_thread(self.devices.instances, gpu)
+                observed = self._observe(instances, claims)
+                quiet = {p: t for (idx, p), t in self._quiet_since.items() if idx == gpu.index}
+                plan = plan_gpu(model, desired, observed, quiet, self.clock(), self.settings.settle_seconds)
             for p in (*plan.complete, *plan.create):
                 dev = device_name(gpu.index, p.profile, p.start)
                 try:
@@ -350,6 +356,7 @@ class NodeAgent:
                         blocker = (Reason.NVML_ERROR, f"creating {dev} failed: {err}")
             instances = await asyncio.to_thread(self.devices.instances, gpu)
             observed = self._observe(instances, claims)
+            quiet = {p: t for (idx, p), t in self._quiet_since.items() if idx == gpu.index}
             plan = plan_gpu(model, desired, observed, quiet, self.clock(), self.settings.settle_seconds)
 
         # Blocked only by busy instances is Stable: nothing moves until a workload lets go.
