@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the test control plane (kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, etcd)
 # from their Go modules at pinned versions. Output is cached per version: a second run builds nothing.
-#   usage: hack/build-control-plane.sh            -> prints the bin directory on stdout
+#   usage: hack/build-control-plane.sh            -> prints the bin directory on stdout (logs go to stderr)
+# Safe to run from several processes at once: one builds (under a lock), the others wait and reuse it.
 set -euo pipefail
 
 K8S_VERSION="${DYNAMIG_K8S_VERSION:-v1.36.3}"
@@ -10,20 +11,39 @@ CACHE_ROOT="${DYNAMIG_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dynamig}"
 OUT="$CACHE_ROOT/control-plane/k8s-${K8S_VERSION}-etcd-${ETCD_VERSION}"
 BIN="$OUT/bin"
 TOOLS=(kube-apiserver kube-scheduler kube-controller-manager kubectl etcd)
+K8S_TOOLS=(kube-apiserver kube-scheduler kube-controller-manager kubectl)
+# Bump when the way the binaries are built changes: binaries stamped with an older recipe are rebuilt.
+RECIPE="2 (version ldflags)"
 
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 
-have_all() { for t in "${TOOLS[@]}"; do [ -x "$BIN/$t" ] || return 1; done; }
+have_all() {
+  [ "$(cat "$BIN/.recipe" 2>/dev/null)" = "$RECIPE" ] || return 1
+  for t in "${TOOLS[@]}"; do [ -x "$BIN/$t" ] || return 1; done
+}
 if have_all; then echo "$BIN"; exit 0; fi
 
+log() { echo "[build-control-plane] $*" >&2; }
 command -v go >/dev/null || { echo "go is required to build the control plane (or set KUBEBUILDER_ASSETS)" >&2; exit 1; }
 mkdir -p "$BIN"
+if command -v flock >/dev/null; then
+  exec 9>"$OUT/.lock"
+  flock 9 || true
+  if have_all; then echo "$BIN"; exit 0; fi  # another process built it while we waited
+fi
 work="$OUT/src"; mkdir -p "$work/k8s" "$work/etcd"
-
-log() { echo "[build-control-plane] $*" >&2; }
+stage="$OUT/stage.$$"; rm -rf "$stage"; mkdir -p "$stage"
+trap 'rm -rf "$stage"' EXIT
+# Binaries are built into $stage and renamed into $BIN, so running processes and readers never see a
+# half-written file.
+install_built() { for f in "$stage"/*; do mv -f "$f" "$BIN/"; done; }
 
 # --- Kubernetes: wrapper module with a replace directive per staging module -------------------------
-if ! [ -x "$BIN/kube-apiserver" ] || ! [ -x "$BIN/kubectl" ] || ! [ -x "$BIN/kube-scheduler" ] || ! [ -x "$BIN/kube-controller-manager" ]; then
+have_k8s() {
+  [ "$(cat "$BIN/.recipe" 2>/dev/null)" = "$RECIPE" ] || return 1
+  for t in "${K8S_TOOLS[@]}"; do [ -x "$BIN/$t" ] || return 1; done
+}
+if ! have_k8s; then
   log "resolving k8s.io/kubernetes $K8S_VERSION"
   gomod=$(cd "$work/k8s" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^\s*"GoMod": "\(.*\)",\?$/\1/p')
   staging_version="v0${K8S_VERSION#v1}"
@@ -48,11 +68,20 @@ import (
 	_ "k8s.io/kubernetes/cmd/kubectl"
 )
 GO
+  # Stamp the release version the way the Kubernetes release build does, so /version and `kubectl version`
+  # report it (otherwise they say v0.0.0-master).
+  major="${K8S_VERSION#v}"; major="${major%%.*}"
+  minor="${K8S_VERSION#v*.}"; minor="${minor%%.*}"
+  ldflags="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+  done
   (cd "$work/k8s" && log "go mod tidy (k8s)" && go mod tidy >&2 \
      && log "go build kube-apiserver kube-scheduler kube-controller-manager kubectl" \
-     && go build -trimpath -ldflags='-s -w' -o "$BIN/" \
+     && go build -trimpath -ldflags="$ldflags" -o "$stage/" \
           k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \
           k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl >&2)
+  install_built
 fi
 
 # --- etcd -------------------------------------------------------------------------------------------
@@ -72,9 +101,11 @@ package tools
 
 import _ "go.etcd.io/etcd/server/v3"
 GO
-  (cd "$work/etcd" && go mod tidy >&2 && go build -trimpath -ldflags='-s -w' -o "$BIN/etcd" go.etcd.io/etcd/server/v3 >&2)
+  (cd "$work/etcd" && go mod tidy >&2 && go build -trimpath -ldflags='-s -w' -o "$stage/etcd" go.etcd.io/etcd/server/v3 >&2)
+  install_built
 fi
 
+echo "$RECIPE" > "$BIN/.recipe"
 have_all || { echo "control-plane build incomplete in $BIN" >&2; exit 1; }
 log "done: $BIN"
 echo "$BIN"
