@@ -454,3 +454,95 @@ def layout(agent: NodeAgent, index: int) -> str:
     """What NVML holds on GPU ``index``, as ``profile@start,...``."""
     gpu = agent.devices.gpu(index)
     return ",".join(f"{i.profile}@{i.start}" for i in agent.devices.instances(gpu))
+
+
+def _target_keeping(start: int) -> str:
+    """An H100 layout keeping ``1g.10gb@start``: destroys four or more 1g.10gb, creates two or more."""
+    if start < 4:
+        pair = start // 2 * 2
+        return f"1g.10gb@{pair},1g.10gb@{pair + 1},2g.20gb@{2 - pair},3g.40gb@4"
+    if start in (4, 5):
+        return "3g.40gb@0,1g.10gb@4,1g.10gb@5,1g.20gb@6"
+    return "3g.40gb@0,2g.20gb@4,1g.10gb@6"
+
+
+def _read_nvml(state: Path) -> list[tuple[str, int, str, bool]]:
+    """(profile, start, MIG UUID, has CI) of every instance on GPU 0 of the simulated state file."""
+    from dynamig.backends.nvml import load_nvml
+
+    module: ModuleType = load_nvml("simulated")
+    module.configure(gpus=["H100-80GB"], state_file=state)
+    devices = NvmlDevices(module, load_catalog())
+    devices.init()
+    try:
+        gpu = devices.gpu(0)
+        return [(i.profile, i.start, i.mig_uuid, i.has_compute_instance) for i in devices.instances(gpu)]
+    finally:
+        devices.shutdown()
+
+
+async def test_agent_killed_mid_reshape_converges_after_restart(
+    crd: ControlPlane, kube_api: client.ApiClient, namespace: str, make_node: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    api = Api(kube_api)
+    await ensure_device_class(kube_api)
+    node = make_node("restart", labels={"dynamig.io/managed": "true"})
+    name = f"{node}-gpu0"
+    state, log = tmp_path / "simnvml.json", tmp_path / "agent.log"
+    flags = ("--settle-seconds", "0.3", "--sim-create-latency", "0.25", "--sim-destroy-latency", "0.25")
+    first = start_agent_process(crd, node, "H100-80GB:1", state, log, *flags)
+    try:
+        await eventually(lambda: api.partition(name), "GpuPartition of the agent process", within_s=60)
+        gen = await api.set_layout(name, ",".join(f"1g.10gb@{s}" for s in range(7)))
+        await eventually(lambda: _stable(api, name, gen, ready=True), "7x1g.10gb", within_s=60)
+        await api.create_claim(namespace, "held", "1g.10gb")
+        await api.create_pod(namespace, "held", node, "held")
+        taken = await eventually(lambda: api.allocated_device(namespace, "held"), "claim allocated")
+        start = int(taken.rsplit("-s", 1)[1])
+        before = {(p, s): u for p, s, u, _ in _read_nvml(state)}
+        held_uuid = before[("1g.10gb", start)]
+
+        # Reshape; kill the agent with SIGKILL once NVML shows the reshape half done.
+        target = _target_keeping(start)
+        gen = await api.set_layout(name, target)
+        t_reshape = time.monotonic()
+
+        async def half_done() -> list[tuple[str, int, str, bool]] | None:
+            now = await asyncio.to_thread(_read_nvml, state)
+            return now if 0 < len(before) - len(now) < len(before) - 1 else None
+
+        mid = await eventually(half_done, "first destroys of the reshape", within_s=60, every_s=0.05)
+        kill(first)
+        killed_at = time.monotonic()
+        mid = await asyncio.to_thread(_read_nvml, state)
+        mid_layout = ",".join(f"{p}@{s}" for p, s, _, _ in mid)
+        assert mid_layout != target, "the reshape finished before the kill: nothing was interrupted"
+        assert ("1g.10gb", start, held_uuid, True) in mid
+    finally:
+        kill(first)
+
+    second = start_agent_process(crd, node, "H100-80GB:1", state, log, *flags)
+    try:
+        part = await eventually(lambda: _stable(api, name, gen, ready=True), "converged after restart",
+                                within_s=90)
+        converged_s = time.monotonic() - killed_at
+        total_s = time.monotonic() - t_reshape
+        after = await asyncio.to_thread(_read_nvml, state)
+        # Nothing lost: the allocated instance is the same one (same MIG UUID), the claim still names it.
+        assert ("1g.10gb", start, held_uuid, True) in after
+        assert await api.allocated_device(namespace, "held") == taken
+        # Nothing orphaned: NVML holds exactly the target, every GI has its CI; status and slices agree.
+        assert ",".join(f"{p}@{s}" for p, s, _, _ in after) == target
+        assert all(has_ci for *_, has_ci in after)
+        assert layout_of(part) == target
+        published = await api.published(node)
+        assert set(published) == {i["deviceName"] for i in part["status"]["instances"]}
+        assert {d["attributes"]["mig.dynamig.io/uuid"]["string"] for d in published.values()} == {
+            u for _, _, u, _ in after}
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(timeout=30) == 0
+        print(f"\nkilled mid-reshape at {mid_layout}; converged {converged_s:.2f}s after the kill "
+              f"({total_s:.2f}s after the new layout)")
+    finally:
+        kill(second)
