@@ -43,10 +43,15 @@ class Profile:
     media: MediaExtension = MediaExtension.NONE
     confirmed: bool = True  # False where the reference marks the row inferred
     source: str = ""
+    inferred: tuple[str, ...] = ()  # names of the fields the reference infers (empty when confirmed)
 
     def span(self, start: int) -> range:
         """Memory slices an instance placed at ``start`` occupies."""
         return range(start, start + self.placement_size)
+
+    def mask(self, start: int) -> int:
+        """Bit mask of the memory slices an instance placed at ``start`` occupies (bit i = slice i). Pure."""
+        return ((1 << self.placement_size) - 1) << start
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +65,8 @@ class GpuModel:
     compute_slices: int
     memory_mib: int
     profiles: tuple[Profile, ...]
+    sources: tuple[str, ...] = ()  # reference source keys for the model as a whole
+    notes: tuple[str, ...] = ()  # driver requirements and caveats from the reference
     _by_name: dict[str, Profile] = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -75,6 +82,23 @@ class GpuModel:
 
     def has_profile(self, name: str) -> bool:
         return name in self._by_name
+
+    @property
+    def product_name(self) -> str:
+        """The canonical NVML product name (the first listed)."""
+        return self.product_names[0]
+
+    @property
+    def confirmed(self) -> bool:
+        """True when every profile row of this model is confirmed by a real transcript or NVIDIA table."""
+        return all(p.confirmed for p in self.profiles)
+
+    def profile_by_enum(self, nvml_enum: int) -> Profile:
+        """The profile with NVML_GPU_INSTANCE_PROFILE_* value ``nvml_enum``; KeyError if unsupported."""
+        for p in self.profiles:
+            if p.nvml_enum == nvml_enum:
+                return p
+        raise KeyError(f"GPU model {self.key} has no GI profile with NVML enum {nvml_enum:#x}")
 
     def profile_by_id(self, profile_id: int) -> Profile:
         for p in self.profiles:
