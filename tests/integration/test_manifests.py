@@ -384,9 +384,11 @@ AGENT_ALLOWED = [
     ("create", "gpupartitions.dynamig.io"),
     ("patch", "gpupartitions.dynamig.io", "--subresource=status"),
     ("get", "nodes"),
-    ("create", "events", "-n", "default"),
 ]
 AGENT_DENIED = [
+    ("patch", "gpupartitions.dynamig.io"),
+    ("update", "gpupartitions.dynamig.io"),
+    ("create", "events", "-n", "default"),
     ("patch", "gpupartitionpolicies.dynamig.io"),
     ("update", "resourceclaims.resource.k8s.io", "-n", "default"),
     ("create", "pods", "-n", NS),
@@ -497,7 +499,7 @@ def test_node_admission_policy_confines_each_agent_to_its_node(installed: Contro
 
 
 def test_node_admission_policy_checks_status_updates(installed: ControlPlane) -> None:
-    """An agent may not move a GpuPartition to its node, nor report another node in status."""
+    """An agent may not relabel, delete or report status for another node's GpuPartition."""
     cp = installed
     name = "vap-status-check-gpu0"
     cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(_partition("node-b", name)))
@@ -508,6 +510,7 @@ def test_node_admission_policy_checks_status_updates(installed: ControlPlane) ->
             f"--as-group=system:serviceaccounts:{NS}",
             "--as-group=system:authenticated",
         ]
+        # RBAC alone keeps the agent off the spec and labels; the policy keeps it off other nodes' objects.
         relabel = cp.kubectl(
             "label",
             "--overwrite",
@@ -520,7 +523,28 @@ def test_node_admission_policy_checks_status_updates(installed: ControlPlane) ->
             check=False,
         )
         assert relabel.returncode != 0
-        assert "may not write GpuPartition" in relabel.stderr
+        assert 'cannot patch resource "gpupartitions"' in relabel.stderr
+        delete = cp.kubectl(
+            "delete",
+            "--dry-run=server",
+            "gpupartition",
+            name,
+            *flags,
+            f"--as-user-extra={NODE_EXTRA}=node-a",
+            check=False,
+        )
+        assert delete.returncode != 0
+        assert f"may not write GpuPartition {name} of node node-b" in delete.stderr
+        delete = cp.kubectl(
+            "delete",
+            "--dry-run=server",
+            "gpupartition",
+            name,
+            *flags,
+            f"--as-user-extra={NODE_EXTRA}=node-b",
+            check=False,
+        )
+        assert delete.returncode == 0, delete.stderr
         status = cp.kubectl(
             "patch",
             "gpupartition",
