@@ -169,6 +169,25 @@ async def test_controller_manager_runs_gc_namespace_and_serviceaccount_controlle
     await poll(namespace_gone, seconds=60)  # namespace-controller
 
 
+def test_service_account_kubeconfig_has_only_granted_rights(
+    control_plane: ControlPlane, namespace: str,
+) -> None:
+    control_plane.kubectl("-n", namespace, "create", "serviceaccount", "robot")
+    kubeconfig = control_plane.service_account_kubeconfig(namespace, "robot")
+
+    def can_i(*args: str) -> str:
+        env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/")}
+        argv = [str(control_plane.binaries.kubectl), f"--kubeconfig={kubeconfig}", "auth", "can-i", *args]
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+        return proc.stdout.strip()
+
+    assert can_i("list", "pods") == "no"
+    control_plane.kubectl("-n", namespace, "create", "rolebinding", "robot-view", "--clusterrole=view",
+                          f"--serviceaccount={namespace}:robot")
+    assert can_i("list", "pods") == "yes"
+    assert can_i("delete", "pods") == "no"
+
+
 def test_kubectl_and_env(control_plane: ControlPlane, make_node: Callable[..., str]) -> None:
     name = make_node("kubectl")
     out = control_plane.kubectl("get", "node", name, "-o", "json")
@@ -203,15 +222,21 @@ def test_binary_lookup_order(control_plane: ControlPlane, tmp_path: Path) -> Non
 
 
 # ------------------------------------------------------------------------------------------ clean-up
-def test_stop_after_a_failure_leaves_no_process_port_or_files(control_plane: ControlPlane) -> None:
+async def test_async_use_and_stop_after_a_failure_leave_no_process_port_or_files(
+    control_plane: ControlPlane,
+) -> None:
     cp = ControlPlane(binaries=control_plane.binaries)
-    with pytest.raises(RuntimeError, match="test body failed"), cp:
-        pids = cp.pids
-        server = cp.server_url
-        work_dir = cp.work_dir
-        assert set(pids) == {"etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager"}
-        assert port_open(server)
-        raise RuntimeError("test body failed")
+    with pytest.raises(RuntimeError, match="test body failed"):
+        async with cp:
+            pids = cp.pids
+            server = cp.server_url
+            work_dir = cp.work_dir
+            assert set(pids) == {"etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager"}
+            assert port_open(server)
+            async with cp.api_client() as api:
+                namespaces = await client.CoreV1Api(api).list_namespace()
+            assert "kube-system" in [n.metadata.name for n in namespaces.items]
+            raise RuntimeError("test body failed")
     assert not [name for name, pid in pids.items() if pid_alive(pid)]
     assert not port_open(server)
     assert not work_dir.exists()

@@ -6,7 +6,8 @@ is all the scheduler looks at. The controller manager runs only what dynamig's t
 - ``resourceclaim-controller`` creates ResourceClaims from ResourceClaimTemplates and cleans them up,
 - ``garbage-collector-controller`` follows ownerReferences (e.g. ResourceSlices owned by a deleted Node),
 - ``namespace-controller`` finishes namespace deletion,
-- ``serviceaccount-controller`` creates each namespace's ``default`` ServiceAccount;
+- ``serviceaccount-controller`` creates each namespace's ``default`` ServiceAccount,
+- ``clusterrole-aggregation-controller`` fills aggregated ClusterRoles such as ``view`` and ``edit``;
 
 and deliberately no node-lifecycle controller, so registered nodes stay Ready without heartbeats. The
 ``TaintNodesByCondition`` admission plugin is disabled for the same reason: with no kubelet to clear it, the
@@ -48,6 +49,7 @@ KUBE_CONTROLLERS = (
     "garbage-collector-controller",
     "namespace-controller",
     "serviceaccount-controller",
+    "clusterrole-aggregation-controller",
 )
 SERVICE_CIDR = "10.0.0.0/24"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -411,6 +413,27 @@ class ControlPlane:
 
         async with ApiClient(configuration=self.client_configuration()) as api:
             yield api
+
+    def service_account_kubeconfig(self, namespace: str, name: str, *,
+                                   expiration_seconds: int = 3600) -> Path:
+        """A kubeconfig that acts as ServiceAccount ``namespace/name`` (token from the TokenRequest API).
+
+        For running a component with exactly the RBAC its manifests grant. The ServiceAccount must exist.
+        Side effects: requests a token and writes ``<work_dir>/sa-<namespace>-<name>.kubeconfig``.
+        """
+        status = self.rest().request(
+            "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+             "spec": {"expirationSeconds": expiration_seconds}},
+        )["status"]
+        user = f"system:serviceaccount:{namespace}:{name}"
+        config = _kubeconfig(self.server_url, self.pki.ca, self.pki.admin, user)
+        config["users"] = [{"name": user, "user": {"token": status["token"]}}]
+        config["contexts"][0]["context"]["namespace"] = namespace
+        path = self.work_dir / f"sa-{namespace}-{name}.kubeconfig"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        path.chmod(0o600)
+        return path
 
     # ----------------------------------------------------------------------------------------- nodes
     def register_node(
