@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -600,3 +601,110 @@ def test_grafana_dashboard_uses_only_exported_metrics() -> None:
     } <= used
     assert any("by (reason)" in e for q in exprs.values() for e in q)
     assert any("by (profile)" in e for q in exprs.values() for e in q)
+
+
+# ------------------------------------------------------------------------------------------------ helm
+HELM_RELEASE = "dynamig-helm"
+HELM_NS = "dynamig-helm"
+# Keep the release's pods unschedulable (no kubelet would run them) and its cluster-scoped names apart from
+# the kubectl-applied install above.
+HELM_VALUES = {
+    "features": {"deviceClass": False},
+    "operator": {
+        "replicas": 1,
+        "peering": {"name": "dynamig-helm"},
+        "nodeSelector": {"dynamig.io/test-never": "true"},
+    },
+    "agent": {"nodeSelector": {"dynamig.io/test-never": "true"}},
+}
+
+
+def _crd_columns(cp: ControlPlane, name: str) -> list[str]:
+    crd = json.loads(cp.kubectl("get", "crd", name, "-o", "json").stdout)
+    return [c["name"] for c in crd["spec"]["versions"][0].get("additionalPrinterColumns", [])]
+
+
+def test_helm_upgrade_updates_the_crds_and_uninstall_keeps_them(
+    installed: ControlPlane, helm: str, tmp_path: Path
+) -> None:
+    """A real helm install, upgrade and uninstall against the API server."""
+    cp = installed
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump(HELM_VALUES))
+    env = cp.env()
+
+    def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [helm, *args, "--namespace", HELM_NS],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env=env,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc
+
+    # The CRDs already exist (applied above): mark them adoptable by the release, as a user moving from
+    # the plain manifests to Helm would.
+    crds = ("gpupartitions.dynamig.io", "gpupartitionpolicies.dynamig.io")
+    for crd in crds:
+        cp.kubectl("label", "--overwrite", "crd", crd, "app.kubernetes.io/managed-by=Helm")
+        cp.kubectl(
+            "annotate",
+            "--overwrite",
+            "crd",
+            crd,
+            f"meta.helm.sh/release-name={HELM_RELEASE}",
+            f"meta.helm.sh/release-namespace={HELM_NS}",
+        )
+    try:
+        run_helm("install", HELM_RELEASE, str(chart), "--create-namespace", "-f", str(values))
+        assert "Model" not in _crd_columns(cp, "gpupartitions.dynamig.io")
+        cp.kubectl("get", "clusterrole", f"{HELM_RELEASE}-operator", f"{HELM_RELEASE}-agent")
+
+        # A new CRD revision in the chart (an extra printer column) reaches the cluster on helm upgrade.
+        crd_file = chart / "files" / "crds" / "gpupartitions.yaml"
+        doc = yaml.safe_load(crd_file.read_text())
+        doc["spec"]["versions"][0]["additionalPrinterColumns"].append(
+            {"name": "Model", "type": "string", "jsonPath": ".status.model"}
+        )
+        crd_file.write_text(yaml.safe_dump(doc))
+        run_helm("upgrade", HELM_RELEASE, str(chart), "-f", str(values))
+        assert "Model" in _crd_columns(cp, "gpupartitions.dynamig.io")
+
+        # And back to the repository's CRD.
+        shutil.copy(CHART / "files" / "crds" / "gpupartitions.yaml", crd_file)
+        run_helm("upgrade", HELM_RELEASE, str(chart), "-f", str(values))
+        assert "Model" not in _crd_columns(cp, "gpupartitions.dynamig.io")
+
+        run_helm("uninstall", HELM_RELEASE)
+        # helm.sh/resource-policy: keep leaves the CRDs (and every object of their kinds) in place.
+        for crd in crds:
+            cp.kubectl("get", "crd", crd)
+        gone = cp.kubectl("get", "clusterrole", f"{HELM_RELEASE}-operator", check=False)
+        assert gone.returncode != 0 and "NotFound" in gone.stderr
+    finally:
+        subprocess.run(
+            [helm, "uninstall", HELM_RELEASE, "--namespace", HELM_NS],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+            check=False,
+        )
+        cp.kubectl("delete", "namespace", HELM_NS, "--ignore-not-found", "--wait=false", check=False)
+        for crd in crds:
+            cp.kubectl("label", "crd", crd, "app.kubernetes.io/managed-by-", check=False)
+            cp.kubectl(
+                "annotate",
+                "crd",
+                crd,
+                "meta.helm.sh/release-name-",
+                "meta.helm.sh/release-namespace-",
+                check=False,
+            )
+        # Leave the CRDs exactly as the repository defines them for the rest of the session.
+        cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
