@@ -165,6 +165,20 @@ def test_bad_values_fail_rendering_with_a_message_naming_the_key(helm: str, valu
     assert message in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("agent.nodeselector.a=b", "at '/agent': additional properties 'nodeselector' not allowed"),
+        ("operator.replicas=two", "at '/operator/replicas': got string, want integer"),
+        ("image.pullPolicy=Sometimes", "at '/image/pullPolicy'"),
+    ],
+)
+def test_the_values_schema_catches_typos_and_wrong_types(helm: str, value: str, message: str) -> None:
+    proc = render(helm, value, check=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+
+
 def test_values_switch_what_is_rendered(helm: str) -> None:
     base = docs(render(helm).stdout)
     kinds = {o["kind"] for o in base}
