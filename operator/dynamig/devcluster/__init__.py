@@ -1,5 +1,19 @@
-"""A local Kubernetes control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager) for tests,
-the embedded demo and ``dynamig dev-cluster``. See :class:`ControlPlane`."""
+"""A local Kubernetes control plane for tests, the embedded demo and ``dynamig dev-cluster``.
+
+etcd, kube-apiserver, kube-scheduler and kube-controller-manager (ResourceClaim, garbage-collector, namespace,
+service-account and ClusterRole-aggregation controllers; no node lifecycle controller) run on 127.0.0.1 with
+free ports, RBAC + Node authorization and ``resource.k8s.io/v1``. Nodes are registered through the API::
+
+    with ControlPlane() as cp:                     # or: async with ControlPlane() as cp:
+        cp.register_node("gpu-node-1", labels={"dynamig.io/managed": "true"})
+        cp.kubectl("apply", "-f", "crds/")         # CompletedProcess; raises on failure
+        subprocess.run([...], env=cp.env())        # KUBECONFIG set, kubectl's directory first on PATH
+        async with cp.api_client() as api:         # kubernetes_asyncio ApiClient (admin)
+            ...
+
+Binaries come from ``KUBEBUILDER_ASSETS``, else PATH, else ``hack/build-control-plane.sh`` (see
+:mod:`dynamig.devcluster.binaries`). pytest fixtures are in :mod:`dynamig.devcluster.pytest_plugin`.
+"""
 
 from dynamig.devcluster.binaries import Binaries, BinariesNotFoundError, find_binaries
 from dynamig.devcluster.controlplane import ControlPlane, ControlPlaneError

@@ -41,11 +41,11 @@ def free_port() -> int:
 def _pdeathsig_preexec() -> Callable[[], None] | None:
     if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
         return None
-    libc = ctypes.CDLL(None, use_errno=True)
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child should do little
     parent = os.getpid()
 
     def arm() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # the parent died before prctl took effect
             os._exit(1)
 
