@@ -263,11 +263,31 @@ def installed(control_plane: ControlPlane) -> Iterator[ControlPlane]:
     )
     static = [o for o in deploy_objects() if o["kind"] not in WORKLOAD_KINDS]
     stream = yaml.safe_dump_all(static)
+    # What other tests of the session made (the DeviceClass, say) stays: only what this fixture made goes.
+    existing = set(
+        cp.kubectl("get", "--ignore-not-found", "-o", "name", "-f", "-", input=stream).stdout.split()
+    )
     cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=stream)
     try:
         yield cp
     finally:
-        cp.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-", input=stream, check=False)
+        created = [
+            o
+            for o in static
+            if not any(
+                e.endswith("/" + o["metadata"]["name"]) and e.split("/")[0].split(".")[0] == o["kind"].lower()
+                for e in existing
+            )
+        ]
+        cp.kubectl(
+            "delete",
+            "--ignore-not-found",
+            "--wait=false",
+            "-f",
+            "-",
+            input=yaml.safe_dump_all(created),
+            check=False,
+        )
 
 
 def test_rendered_manifests_pass_server_side_dry_run(installed: ControlPlane) -> None:
