@@ -124,9 +124,12 @@ def up(state_dir: Path, say: Say, *, timeout: float = 120.0) -> ClusterState:
                 start_new_session=True,
             )
         deadline = time.monotonic() + timeout
+        relayed = 0
         while True:
+            relayed = _relay_progress(log, relayed, say)
             state = ClusterState.read(state_dir)
             if state is not None and state.supervisor_pid == proc.pid:
+                _relay_progress(log, relayed, say)
                 return state
             if proc.poll() is not None or time.monotonic() > deadline:
                 if proc.poll() is None:
@@ -134,6 +137,18 @@ def up(state_dir: Path, say: Say, *, timeout: float = 120.0) -> ClusterState:
                 tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
                 raise RuntimeError(f"dev cluster did not start; supervisor log {log}:\n{tail}")
             time.sleep(0.2)
+
+
+def _relay_progress(log: Path, already: int, say: Say) -> int:
+    """Pass the supervisor's progress lines after the first ``already`` to ``say``; returns the count."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return already
+    for line in lines[already:]:
+        if line.startswith("[dev-cluster] "):
+            say(line.removeprefix("[dev-cluster] "))
+    return len(lines)
 
 
 def run_foreground(state_dir: Path, say: Say) -> int:

@@ -108,7 +108,7 @@ def find_binaries(
             f"{', '.join(TOOLS)}, put them on PATH, or run hack/build-control-plane.sh from a dynamig source "
             "checkout (needs Go >= 1.26) and set KUBEBUILDER_ASSETS to the directory it prints"
         )
-    say(f"building control-plane binaries with {BUILD_SCRIPT} (cached after the first run)")
+    say(f"running {BUILD_SCRIPT} (a no-op once built; the first build takes minutes)")
     proc = subprocess.run(
         ["bash", str(root / BUILD_SCRIPT)], cwd=root, env=dict(env), stdout=subprocess.PIPE, text=True,
         check=False,
