@@ -1,0 +1,238 @@
+"""``dynamig simulate``: replay workload traces against whole GPUs, static MIG, first-fit slicing and dynamig.
+
+Examples::
+
+    dynamig simulate --out sim-out                                   # the four synthetic traces
+    dynamig simulate --alibaba path/to/alibaba-gpu-v2023 --out sim-out --no-synthetic
+    dynamig simulate --alibaba-sample --seeds 2 --no-synthetic       # the small sample the package carries
+
+Prints one table per trace (and one for the paper's protocol), writes ``results.json`` and PNG plots to
+``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dynamig.simulate.runner import PaperRun, TraceReport
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="trace-driven comparison of dynamig with static MIG and first-fit",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--traces",
+        nargs="*",
+        default=None,
+        help="synthetic traces: built-in names or parameter files (default: all built-in)",
+    )
+    p.add_argument("--no-synthetic", action="store_true", help="skip the synthetic traces")
+    p.add_argument(
+        "--alibaba",
+        type=Path,
+        default=None,
+        help="directory with openb_pod_list_default.csv and openb_node_list_gpu_node.csv",
+    )
+    p.add_argument("--alibaba-sample", action="store_true", help="use the trace sample shipped with dynamig")
+    p.add_argument("--protocols", default="paper,replay", help="Alibaba protocols: paper, replay or both")
+    p.add_argument("--seeds", type=int, default=10, help="seeds for the paper protocol (default 10)")
+    p.add_argument(
+        "--paper-batch",
+        type=int,
+        default=32,
+        help="paper protocol: failed arrivals dynamig plans together (default 32)",
+    )
+    p.add_argument("--model", default="A100-80GB", help="simulated GPU model for the Alibaba trace")
+    p.add_argument(
+        "--fallbacks",
+        type=int,
+        default=0,
+        help="Alibaba: next-larger profiles a fractional task also accepts (default 0)",
+    )
+    p.add_argument(
+        "--policies",
+        default="whole-gpu,static,first-fit,dynamig,pool",
+        help="comma-separated subset of whole-gpu,static,first-fit,dynamig,pool",
+    )
+    p.add_argument("--window-s", type=float, default=None, help="dynamig batching window (default 2)")
+    p.add_argument(
+        "--reshape-latency-s",
+        type=float,
+        default=None,
+        help="seconds per reshaped GPU on a node (and per first-fit creation), default 6",
+    )
+    p.add_argument("--cooldown-s", type=float, default=None, help="dynamig per-GPU cooldown (default 300)")
+    p.add_argument("--warm-pool", default="", help="dynamig warm pool, e.g. 1g.10gb=4,2g.20gb=2")
+    p.add_argument("--out", type=Path, default=Path("simulate-out"), help="output directory")
+    p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.set_defaults(func=run)
+
+
+def _warm_pool(text: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for part in filter(None, (x.strip() for x in text.split(","))):
+        name, _, n = part.partition("=")
+        if not n.isdigit():
+            raise ValueError(f"--warm-pool: expected PROFILE=COUNT, got {part!r}")
+        out[name] = int(n)
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the requested simulations. Side effects: prints tables, writes files under ``--out``."""
+    from dataclasses import replace
+
+    from dynamig.geometry.catalog import load_catalog
+    from dynamig.simulate import alibaba, report, synthetic
+    from dynamig.simulate.engine import SimConfig
+    from dynamig.simulate.runner import DynamigSettings, run_paper_protocol, run_trace
+    from dynamig.simulate.trace import share_mapping_table
+
+    def say(msg: str) -> None:
+        if not args.quiet:
+            print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    cfg = SimConfig()
+    if args.window_s is not None:
+        cfg = replace(cfg, window_s=args.window_s)
+    if args.reshape_latency_s is not None:
+        cfg = replace(cfg, reshape_latency_s=args.reshape_latency_s)
+    if args.cooldown_s is not None:
+        cfg = replace(cfg, cooldown_s=args.cooldown_s)
+    try:
+        dyn = DynamigSettings(warm_pool=_warm_pool(args.warm_pool))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    policies = tuple(x.strip() for x in args.policies.split(",") if x.strip())
+    protocols = {x.strip() for x in args.protocols.split(",") if x.strip()}
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    reports: list[TraceReport] = []
+    paper: list[PaperRun] = []
+    timings: dict[str, float] = {}
+    wall0 = time.perf_counter()
+    try:
+        if not args.no_synthetic:
+            names = args.traces if args.traces else list(synthetic.builtin_trace_names())
+            for name in names:
+                path = Path(name)
+                trace = (
+                    synthetic.load_trace_file(path)
+                    if path.suffix in (".yaml", ".yml") and path.is_file()
+                    else synthetic.load_builtin_trace(name)
+                )
+                t0 = time.perf_counter()
+                reports.append(run_trace(trace, cfg, dyn, policies, progress=say))
+                timings[trace.name] = time.perf_counter() - t0
+        if args.alibaba is not None or args.alibaba_sample:
+            model = load_catalog().model(args.model)
+            if args.alibaba_sample:
+                tasks, spec = alibaba.load_sample(model)
+                label = "alibaba-openb-sample"
+            else:
+                assert args.alibaba is not None
+                tasks, spec = alibaba.load(args.alibaba, model)
+                label = "alibaba-openb"
+            say(
+                f"{label}: {len(tasks)} GPU tasks, {spec.gpu_count} GPUs on {len(spec.nodes)} nodes "
+                f"({model.key})"
+            )
+            if "replay" in protocols:
+                trace = alibaba.replay_trace(
+                    tasks, spec, model, fallbacks=args.fallbacks, name=f"{label}-replay"
+                )
+                t0 = time.perf_counter()
+                reports.append(run_trace(trace, cfg, dyn, policies, progress=say))
+                timings[trace.name] = time.perf_counter() - t0
+            if "paper" in protocols:
+                t0 = time.perf_counter()
+                for seed in range(args.seeds):
+                    say(f"{label}: paper protocol, seed {seed}")
+                    jobs = alibaba.sampled_tasks(tasks, model, spec.gpu_count, 1.3, seed, args.fallbacks)
+                    paper.extend(
+                        run_paper_protocol(jobs, spec, seed, cfg, dyn, policies, batch=args.paper_batch)
+                    )
+                timings[f"{label}-paper ({args.seeds} seeds)"] = time.perf_counter() - t0
+            mapping = share_mapping_table(model)
+            print(
+                f"\nAlibaba share -> {model.key} profile: "
+                + ", ".join(f"({lo:.3f}, {hi:.3f}] -> {name}" for name, lo, hi in mapping)
+            )
+            print(
+                "tasks per profile: "
+                + ", ".join(f"{k}: {v}" for k, v in sorted(alibaba.mapping_counts(tasks, model).items()))
+            )
+    except (synthetic.TraceSpecError, alibaba.TraceFormatError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    for rep in reports:
+        first = rep.results[0] if rep.results else None
+        print(
+            f"\n== {rep.trace.name}: {len(rep.trace.jobs)} jobs, {rep.trace.cluster.gpu_count} GPUs, "
+            f"{rep.trace.horizon / 3600:.1f} h, offered {first.offered_slice_h:,.0f} slice-h"
+            if first
+            else ""
+        )
+        print(report.text_table(report.TRACE_HEADER, report.trace_rows(rep)))
+        for line in report.goals(rep):
+            print(f"  {line}")
+        print(f"  best-fit static layout: {report.static_summary(rep)}")
+    if paper:
+        print(
+            f"\n== Alibaba openb, paper protocol ({args.seeds} seeds): "
+            "allocation rate = requested GPU share of "
+            "allocated tasks / GPUs"
+        )
+        print(report.text_table(report.PAPER_HEADER, report.paper_rows(paper)))
+    total = time.perf_counter() - wall0
+    print("\nrun times: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()) + f"; total {total:.1f}s")
+
+    meta = {
+        "config": {
+            "window_s": cfg.window_s,
+            "reshape_latency_s": cfg.reshape_latency_s,
+            "cooldown_s": cfg.cooldown_s,
+            "warm_pool": dict(dyn.warm_pool),
+            "paper_batch": args.paper_batch,
+            "seeds": args.seeds,
+            "model": args.model,
+        },
+        "timings_s": timings,
+        "total_s": total,
+    }
+    report.write_json(args.out / "results.json", reports, paper, meta)
+    (args.out / "tables.md").write_text(_markdown(reports, paper))
+    if not args.no_plots:
+        for path in report.write_plots(args.out, reports, paper):
+            say(f"wrote {path}")
+    return 0
+
+
+def _markdown(reports: list[TraceReport], paper: list[PaperRun]) -> str:
+    from dynamig.simulate import report
+
+    parts = []
+    for rep in reports:
+        parts.append(
+            f"### {rep.trace.name}\n\n" + report.markdown_table(report.TRACE_HEADER, report.trace_rows(rep))
+        )
+        parts.append("\n".join(f"- {g}" for g in report.goals(rep)))
+    runs = paper
+    if runs:
+        parts.append(
+            "### Alibaba openb, paper protocol\n\n"
+            + report.markdown_table(report.PAPER_HEADER, report.paper_rows(runs))
+        )
+    return "\n\n".join(parts) + "\n"

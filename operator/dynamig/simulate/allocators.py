@@ -1,0 +1,297 @@
+"""The policies the simulator compares, each as an allocator over one ``Cluster``.
+
+- ``WholeGpuAllocator``: no MIG; every device request takes a whole GPU.
+- ``StaticAllocator``: MIG layouts fixed up front; jobs take free instances of an acceptable profile.
+- ``FirstFitAllocator``: per-request slicing without repacking: a request creates an instance at the first
+  free valid placement (GPU order, then lowest start) and the instance is destroyed when the job ends.
+- ``DynamigAllocator`` (in ``dynamig.simulate.dynamig_policy``): instances are kept, the planner re-cuts
+  free space for pending demand.
+- ``PoolAllocator``: ignores placement rules; each node is a pool of compute slices (the reference that
+  shows what placement rules cost).
+
+Jobs are placed the way the Kubernetes scheduler allocates DRA claims: alternatives in order, the first
+that has a free device anywhere wins; the devices of a multi-device claim sit on one node, on distinct GPUs.
+Allocators mutate their cluster (side effects); they never look at the future of the trace.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dynamig.geometry.model import Layout
+from dynamig.simulate.cluster import Cluster, Gpu, Instance
+from dynamig.simulate.trace import Job, full_profile, plain_profiles
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    slices: int  # compute slices held (what the job occupies, not what it asked for)
+    instances: tuple[Instance, ...]
+    node: int
+    delay: float = 0.0  # seconds from allocation until the job can run (instance creation)
+
+
+@dataclass(frozen=True, slots=True)
+class Replan:
+    """What a planning round changed: when new instances become usable, and when to try again."""
+
+    ready_times: tuple[float, ...] = ()
+    retry_at: float | None = None
+
+
+class Allocator:
+    """Base: a policy's name, its cluster, and the hooks the engine calls."""
+
+    name = "base"
+    replans = False  # True: the engine runs planning rounds (batched) while demand is pending
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.reshapes = 0
+        self.plan_calls = 0
+        self._holding: set[str] = set()
+
+    @property
+    def total_slices(self) -> int:
+        return self.cluster.total_slices
+
+    def busy_slices(self) -> int:
+        return self.cluster.busy_slices
+
+    def place(self, job: Job, now: float) -> Allocation | None:
+        """Allocate devices for ``job`` now, or None. Side effect: the cluster state."""
+        alloc = self._place(job, now)
+        if alloc is not None:
+            self._holding.add(job.name)
+        return alloc
+
+    def release(self, job: Job, alloc: Allocation, now: float) -> None:
+        """``job`` ended. Side effect: the cluster state."""
+        self._holding.discard(job.name)
+        self._release(job, alloc, now)
+
+    def placed_jobs(self) -> frozenset[str]:
+        return frozenset(self._holding)
+
+    def _place(self, job: Job, now: float) -> Allocation | None:
+        raise NotImplementedError
+
+    def _release(self, job: Job, alloc: Allocation, now: float) -> None:
+        raise NotImplementedError
+
+    def on_ready(self, now: float) -> None:
+        """Instances created by a reshape became usable at ``now``."""
+
+    def replan(self, now: float, pending: Sequence[Job]) -> Replan:
+        return Replan()
+
+    def wants_plan(self, now: float) -> bool:
+        """True when a planning round is due even without pending jobs (e.g. warm pool below minimum)."""
+        return False
+
+
+class InstancePoolAllocator(Allocator):
+    """Jobs take existing free, ready instances; released instances stay (they are not destroyed)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(cluster)
+        self._seq = itertools.count()
+        self._free: dict[str, list[tuple[int, int, int, Instance]]] = {}
+
+    def _push(self, inst: Instance) -> None:
+        heapq.heappush(
+            self._free.setdefault(inst.profile, []), (inst.gpu.pos, inst.start, next(self._seq), inst)
+        )
+
+    @staticmethod
+    def _usable(inst: Instance, now: float) -> bool:
+        return inst.alive and not inst.job and inst.ready_at <= now
+
+    def free_count(self, profile: str, now: float) -> int:
+        return sum(1 for e in self._free.get(profile, ()) if self._usable(e[3], now))
+
+    def _first_free(self, profile: str, now: float) -> Instance | None:
+        heap = self._free.get(profile)
+        while heap:
+            inst = heap[0][3]
+            if self._usable(inst, now):
+                return inst
+            heapq.heappop(heap)  # stale: destroyed or held; re-pushed when it becomes free again
+        return None
+
+    def _free_on_one_node(self, profile: str, count: int, now: float) -> list[Instance] | None:
+        by_node: dict[int, dict[int, Instance]] = {}
+        for _, _, _, inst in sorted(self._free.get(profile, ())):
+            if self._usable(inst, now):
+                by_node.setdefault(inst.gpu.node_pos, {}).setdefault(inst.gpu.pos, inst)
+        for node in sorted(by_node):
+            if len(by_node[node]) >= count:
+                return list(by_node[node].values())[:count]
+        return None
+
+    def alternatives(self, job: Job) -> tuple[str, ...]:
+        return job.alternatives
+
+    def _place(self, job: Job, now: float) -> Allocation | None:
+        for profile in self.alternatives(job):
+            if job.count == 1:
+                inst = self._first_free(profile, now)
+                chosen = None if inst is None else [inst]
+            else:
+                chosen = self._free_on_one_node(profile, job.count, now)
+            if chosen:
+                for inst in chosen:
+                    self.cluster.assign(inst, job.name, now)
+                return Allocation(sum(i.slices for i in chosen), tuple(chosen), chosen[0].gpu.node_pos)
+        return None
+
+    def _release(self, job: Job, alloc: Allocation, now: float) -> None:
+        for inst in alloc.instances:
+            self.cluster.release(inst, now)
+            if inst.alive:
+                self._push(inst)
+
+
+class StaticAllocator(InstancePoolAllocator):
+    """Fixed MIG layouts: ``layouts[i]`` is cut on GPU ``i`` (cycled) before the first job, never changed."""
+
+    name = "static"
+
+    def __init__(self, cluster: Cluster, layouts: Sequence[Layout], label: str) -> None:
+        super().__init__(cluster)
+        self.name = f"static:{label}"
+        for gpu, layout in zip(cluster.gpus, itertools.cycle(layouts), strict=False):
+            for placed in layout:
+                self._push(cluster.create(gpu, placed.profile, placed.start, 0.0, 0.0))
+
+
+class WholeGpuAllocator(InstancePoolAllocator):
+    """No MIG: each GPU is one device; a job's every device takes a whole GPU whatever it asked for."""
+
+    name = "whole-gpu"
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(cluster)
+        self._full: dict[str, str] = {key: full_profile(m).name for key, m in cluster.models.items()}
+        for gpu in cluster.gpus:
+            self._push(cluster.create(gpu, self._full[gpu.model.key], 0, 0.0, 0.0))
+        self._whole = tuple(sorted(set(self._full.values())))
+
+    def alternatives(self, job: Job) -> tuple[str, ...]:
+        return self._whole
+
+
+class FirstFitAllocator(Allocator):
+    """Per-request slicing: create at the first free valid placement, destroy when the job ends."""
+
+    name = "first-fit"
+
+    def __init__(self, cluster: Cluster, create_latency_s: float = 0.0) -> None:
+        super().__init__(cluster)
+        self.create_latency = create_latency_s  # creating the instance delays the job, as in dynamig
+        self._profiles = sorted({p.name for m in cluster.models.values() for p in plain_profiles(m)})
+        # profile -> heap of GPU positions that may still host it (checked lazily)
+        self._hosts: dict[str, list[int]] = {p: [g.pos for g in cluster.gpus] for p in self._profiles}
+        self._in_heap: dict[str, set[int]] = {p: {g.pos for g in cluster.gpus} for p in self._profiles}
+
+    def _can_host(self, gpu: Gpu, profile: str) -> int | None:
+        if not gpu.model.has_profile(profile):
+            return None
+        starts = self.cluster.free_starts(gpu, profile)
+        return starts[0] if starts else None
+
+    def _first_host(self, profile: str) -> tuple[Gpu, int] | None:
+        heap = self._hosts.get(profile)
+        while heap:
+            gpu = self.cluster.gpus[heap[0]]
+            start = self._can_host(gpu, profile)
+            if start is not None:
+                return gpu, start
+            self._in_heap[profile].discard(heapq.heappop(heap))
+        return None
+
+    def _hosts_on_one_node(self, profile: str, count: int) -> list[tuple[Gpu, int]] | None:
+        for node in self.cluster.nodes:
+            found: list[tuple[Gpu, int]] = []
+            for gpu in node:
+                start = self._can_host(gpu, profile)
+                if start is not None:
+                    found.append((gpu, start))
+                    if len(found) == count:
+                        return found
+        return None
+
+    def _place(self, job: Job, now: float) -> Allocation | None:
+        for profile in job.alternatives:
+            if job.count == 1:
+                host = self._first_host(profile)
+                chosen = None if host is None else [host]
+            else:
+                chosen = self._hosts_on_one_node(profile, job.count)
+            if chosen:
+                insts = []
+                for gpu, start in chosen:
+                    inst = self.cluster.create(gpu, profile, start, now, now)
+                    self.cluster.assign(inst, job.name, now)
+                    insts.append(inst)
+                return Allocation(
+                    sum(i.slices for i in insts), tuple(insts), chosen[0][0].node_pos, self.create_latency
+                )
+        return None
+
+    def _release(self, job: Job, alloc: Allocation, now: float) -> None:
+        for inst in alloc.instances:
+            self.cluster.release(inst, now)
+            self.cluster.destroy(inst, now)
+            gpu = inst.gpu
+            for profile in self._profiles:
+                if gpu.pos not in self._in_heap[profile] and self._can_host(gpu, profile) is not None:
+                    heapq.heappush(self._hosts[profile], gpu.pos)
+                    self._in_heap[profile].add(gpu.pos)
+
+
+class PoolAllocator(Allocator):
+    """No placement rules: a node is a pool of compute slices; a job takes ``count`` x its preferred
+    profile's slices from one node's pool."""
+
+    name = "pool (no placement rules)"
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(cluster)
+        self._free = [sum(g.model.compute_slices for g in node) for node in cluster.nodes]
+        self._total_free = sum(self._free)
+        self._busy = 0
+        self._model = {i: node[0].model.key for i, node in enumerate(cluster.nodes) if node}
+
+    def busy_slices(self) -> int:
+        return self._busy
+
+    def busy_gpus_estimate(self) -> int:
+        """GPUs' worth of busy slices, rounded up per node (the pool has no GPUs of its own)."""
+        out = 0
+        for node, free in enumerate(self._free):
+            size = self.cluster.nodes[node][0].model.compute_slices
+            out += -(-(sum(g.model.compute_slices for g in self.cluster.nodes[node]) - free) // size)
+        return out
+
+    def _place(self, job: Job, now: float) -> Allocation | None:
+        for node, free in enumerate(self._free):
+            if free <= 0:
+                continue
+            need = job.count * self.cluster.slices_of[(self._model[node], job.preferred)]
+            if need > self._total_free:
+                return None
+            if free >= need:
+                self._free[node] -= need
+                self._total_free -= need
+                self._busy += need
+                return Allocation(need, (), node)
+        return None
+
+    def _release(self, job: Job, alloc: Allocation, now: float) -> None:
+        self._free[alloc.node] += alloc.slices
+        self._total_free += alloc.slices
+        self._busy -= alloc.slices

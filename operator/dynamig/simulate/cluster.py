@@ -1,0 +1,136 @@
+"""Simulated cluster state: GPUs, their MIG instances, which job holds each, and an event log.
+
+The state is mutable and owned by one allocator during one run. Every change goes through ``Cluster``
+methods so that the event log (create, destroy, assign, release) is complete: tests replay it to prove,
+for example, that no instance was destroyed while a job held it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dynamig.geometry.catalog import load_catalog
+from dynamig.geometry.layout import free_starts
+from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, normalize_layout
+from dynamig.simulate.trace import ClusterSpec
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    time: float
+    op: str  # "create" | "destroy" | "assign" | "release"
+    gpu: int  # position of the GPU in the cluster
+    profile: str
+    start: int
+    job: str = ""
+
+
+class Instance:
+    """A MIG instance (or, for the whole-GPU policy, a whole GPU). ``job`` is the holder, ``""`` when free."""
+
+    __slots__ = ("alive", "gpu", "job", "profile", "ready_at", "slices", "start")
+
+    def __init__(self, gpu: Gpu, profile: str, start: int, slices: int, ready_at: float) -> None:
+        self.gpu = gpu
+        self.profile = profile
+        self.start = start
+        self.slices = slices
+        self.ready_at = ready_at
+        self.job = ""
+        self.alive = True
+
+    @property
+    def placed(self) -> PlacedInstance:
+        return PlacedInstance(self.start, self.profile)
+
+
+class Gpu:
+    __slots__ = ("busy_slices", "cooldown_until", "index", "instances", "model", "node", "node_pos", "pos")
+
+    def __init__(self, pos: int, node: str, node_pos: int, index: int, model: GpuModel) -> None:
+        self.pos = pos
+        self.node = node
+        self.node_pos = node_pos
+        self.index = index
+        self.model = model
+        self.instances: list[Instance] = []
+        self.cooldown_until = 0.0
+        self.busy_slices = 0
+
+    def layout(self) -> Layout:
+        return normalize_layout([i.placed for i in self.instances])
+
+    def reshaping(self, now: float) -> bool:
+        return any(i.ready_at > now for i in self.instances)
+
+    def has_busy(self) -> bool:
+        return any(i.job for i in self.instances)
+
+
+class Cluster:
+    """GPUs of a ``ClusterSpec`` and their instances; counts creations and destructions; logs every change."""
+
+    def __init__(self, spec: ClusterSpec, *, log: bool = False) -> None:
+        catalog = load_catalog()
+        self.models: dict[str, GpuModel] = {key: catalog.model(key) for key in spec.models()}
+        self.gpus: list[Gpu] = []
+        self.nodes: list[list[Gpu]] = []
+        self.node_names: list[str] = []
+        for node_pos, node in enumerate(spec.nodes):
+            model = self.models[node.model]
+            gpus = [Gpu(len(self.gpus) + i, node.name, node_pos, i, model) for i in range(node.gpus)]
+            self.gpus.extend(gpus)
+            self.nodes.append(gpus)
+            self.node_names.append(node.name)
+        self.slices_of: dict[tuple[str, str], int] = {
+            (m.key, p.name): p.compute_slices for m in self.models.values() for p in m.profiles
+        }
+        self.total_slices = sum(g.model.compute_slices for g in self.gpus)
+        self.busy_slices = 0
+        self.created = 0
+        self.destroyed = 0
+        self.destroyed_busy = 0  # must stay 0: destroying a held instance loses a workload
+        self.log: list[LogEntry] | None = [] if log else None
+        self._free_starts: dict[tuple[str, Layout, str], tuple[int, ...]] = {}
+
+    def _log(self, time: float, op: str, inst: Instance, job: str = "") -> None:
+        if self.log is not None:
+            self.log.append(LogEntry(time, op, inst.gpu.pos, inst.profile, inst.start, job))
+
+    def create(self, gpu: Gpu, profile: str, start: int, now: float, ready_at: float) -> Instance:
+        """Add an instance to ``gpu`` (the caller has checked the placement). Side effect: state, log."""
+        inst = Instance(gpu, profile, start, self.slices_of[(gpu.model.key, profile)], ready_at)
+        gpu.instances.append(inst)
+        self.created += 1
+        self._log(now, "create", inst)
+        return inst
+
+    def destroy(self, inst: Instance, now: float) -> None:
+        """Remove an instance. Side effect: state, log; a held instance is counted in ``destroyed_busy``."""
+        if inst.job:
+            self.destroyed_busy += 1
+        inst.gpu.instances.remove(inst)
+        inst.alive = False
+        self.destroyed += 1
+        self._log(now, "destroy", inst, inst.job)
+
+    def assign(self, inst: Instance, job: str, now: float) -> None:
+        inst.job = job
+        inst.gpu.busy_slices += inst.slices
+        self.busy_slices += inst.slices
+        self._log(now, "assign", inst, job)
+
+    def release(self, inst: Instance, now: float) -> None:
+        self._log(now, "release", inst, inst.job)
+        inst.job = ""
+        inst.gpu.busy_slices -= inst.slices
+        self.busy_slices -= inst.slices
+
+    def free_starts(self, gpu: Gpu, profile: str) -> tuple[int, ...]:
+        """Starts where ``profile`` fits next to ``gpu``'s instances (geometry rules), memoised per layout."""
+        key = (gpu.model.key, gpu.layout(), profile)
+        found = self._free_starts.get(key)
+        if found is None:
+            found = tuple(free_starts(gpu.model, key[1], profile))
+            self._free_starts[key] = found
+        return found

@@ -1,0 +1,280 @@
+"""Tables (text, Markdown), a JSON dump and PNG plots of simulation results.
+
+Formatting functions are pure. ``write_plots`` and ``write_json`` write files; matplotlib is imported
+inside ``write_plots`` only, with the Agg backend, so the simulator itself does not need it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from dynamig.geometry.layout import format_layout
+from dynamig.simulate.engine import RunResult
+from dynamig.simulate.runner import PaperRun, TraceReport
+
+
+def _h(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def trace_rows(rep: TraceReport) -> list[list[str]]:
+    """One row per policy plus the upper bound. Pure."""
+    rows = []
+    offered = rep.results[0].offered_slice_h if rep.results else 0.0
+    for r in rep.results:
+        rows.append(
+            [
+                r.policy,
+                f"{r.served_slice_h:,.0f}",
+                f"{100 * r.served_slice_h / offered:.1f}%" if offered else "-",
+                f"{100 * r.utilization:.1f}%",
+                _h(r.wait_mean_s),
+                _h(r.wait_p95_s),
+                f"{r.never_served}",
+                f"{r.reshapes}",
+                f"{r.destroyed}",
+                f"{r.wall_s:.1f}s",
+            ]
+        )
+    rows.append(
+        [
+            "upper bound (slice arithmetic)",
+            f"{rep.upper_bound_slice_h:,.0f}",
+            f"{100 * rep.upper_bound_slice_h / offered:.1f}%" if offered else "-",
+            f"{100 * rep.upper_bound_slice_h / rep.results[0].capacity_slice_h:.1f}%" if rep.results else "-",
+            "",
+            "",
+            "",
+            "",
+            "",
+            "",
+        ]
+    )
+    return rows
+
+
+TRACE_HEADER = [
+    "policy",
+    "served slice-h",
+    "of offered",
+    "slice util",
+    "mean wait",
+    "p95 wait",
+    "never served",
+    "reshapes",
+    "destroyed",
+    "run time",
+]
+
+
+def goals(rep: TraceReport) -> list[str]:
+    """dynamig against best static, first-fit, the placement-free pool and the bound. Pure."""
+    dyn = rep.by_policy("dynamig")
+    if dyn is None:
+        return []
+    out = []
+    best = rep.best_static()
+    if best is not None and best.served_slice_h:
+        out.append(f"dynamig / best static ({best.policy}) = {dyn.served_slice_h / best.served_slice_h:.2f}x")
+    ff = rep.by_policy("first-fit")
+    if ff is not None and ff.served_slice_h:
+        out.append(f"dynamig / first-fit = {dyn.served_slice_h / ff.served_slice_h:.2f}x")
+    pool = rep.by_policy("pool (no placement rules)")
+    if pool is not None and pool.served_slice_h:
+        out.append(
+            f"dynamig / pool without placement rules = {100 * dyn.served_slice_h / pool.served_slice_h:.1f}%"
+        )
+    if rep.upper_bound_slice_h:
+        out.append(f"dynamig / upper bound = {100 * dyn.served_slice_h / rep.upper_bound_slice_h:.1f}%")
+    out.append(f"instances destroyed while held: {dyn.destroyed_busy}")
+    return out
+
+
+def paper_rows(runs: Sequence[PaperRun]) -> list[list[str]]:
+    """Mean (and standard deviation) over seeds per policy. Pure."""
+    by: dict[str, list[PaperRun]] = {}
+    for r in runs:
+        by.setdefault(r.policy, []).append(r)
+
+    def ms(values: list[float], pct: bool = True) -> str:
+        mean = statistics.fmean(values)
+        sd = statistics.pstdev(values) if len(values) > 1 else 0.0
+        return f"{100 * mean:.2f}% ± {100 * sd:.2f}" if pct else f"{mean:.1f} ± {sd:.1f}"
+
+    rows = []
+    for policy, rs in by.items():
+        rows.append(
+            [
+                policy,
+                ms([r.rate_100 for r in rs]),
+                ms([r.rate_130 for r in rs]),
+                ms([r.held_130 for r in rs]),
+                ms([r.unallocated_gpus_130 for r in rs], pct=False),
+                ms([float(r.idle_gpus_130) for r in rs], pct=False),
+                ms([float(r.failed) / r.tasks for r in rs]),
+                f"{statistics.fmean(r.wall_s for r in rs):.1f}s",
+            ]
+        )
+    return rows
+
+
+PAPER_HEADER = [
+    "policy",
+    "alloc @100%",
+    "alloc @130%",
+    "slices held @130%",
+    "unallocated GPUs @130%",
+    "idle GPUs @130%",
+    "tasks failed",
+    "run time/seed",
+]
+
+
+def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(header, widths, strict=False))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)) for row in rows]
+    return "\n".join(lines)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def static_summary(rep: TraceReport) -> str:
+    """The hindsight best-fit layout as counts of distinct layouts. Pure."""
+    counts: dict[str, int] = {}
+    for lay in rep.static_layouts.get("best-fit", ()):
+        key = format_layout(lay)
+        counts[key] = counts.get(key, 0) + 1
+    return "; ".join(f"{n} x [{k}]" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _result_json(r: RunResult) -> dict[str, Any]:
+    d = asdict(r)
+    d["utilization"] = r.utilization
+    d.pop("timeline")
+    return d
+
+
+def write_json(
+    path: Path, reports: Sequence[TraceReport], paper: Sequence[PaperRun], meta: dict[str, Any]
+) -> None:
+    """Dump every figure to ``path``. Side effect: writes the file."""
+    doc = {
+        "meta": meta,
+        "traces": [
+            {
+                "trace": rep.trace.name,
+                "jobs": len(rep.trace.jobs),
+                "gpus": rep.trace.cluster.gpu_count,
+                "upper_bound_slice_h": rep.upper_bound_slice_h,
+                "best_fit_layouts": static_summary(rep),
+                "results": [_result_json(r) for r in rep.results],
+                "goals": goals(rep),
+            }
+            for rep in reports
+        ],
+        "paper_protocol": [asdict(r) for r in paper],
+    }
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def write_plots(out: Path, reports: Sequence[TraceReport], paper: Sequence[PaperRun]) -> list[Path]:
+    """PNG plots into ``out``; returns the paths written. Side effect: writes files."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written: list[Path] = []
+    if reports:
+        fig, ax = plt.subplots(figsize=(10, 4.5))
+        policies = [r.policy for r in reports[0].results]
+        width = 0.8 / max(1, len(policies) + 1)
+        for i, policy in enumerate(policies):
+            vals = []
+            for rep in reports:
+                r = rep.by_policy(policy)
+                vals.append(100 * r.served_slice_h / r.offered_slice_h if r and r.offered_slice_h else 0.0)
+            ax.bar([x + i * width for x in range(len(reports))], vals, width, label=policy)
+        ub = [
+            100 * rep.upper_bound_slice_h / rep.results[0].offered_slice_h
+            if rep.results[0].offered_slice_h
+            else 0.0
+            for rep in reports
+        ]
+        ax.bar(
+            [x + len(policies) * width for x in range(len(reports))],
+            ub,
+            width,
+            label="upper bound",
+            color="lightgrey",
+            edgecolor="black",
+        )
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(reports))], [rep.trace.name for rep in reports])
+        ax.set_ylabel("demand served (% of offered slice-hours)")
+        ax.set_ylim(0, 105)
+        ax.legend(fontsize=7, ncol=3, loc="lower right")
+        ax.set_title("Demand served per policy and trace")
+        fig.tight_layout()
+        path = out / "served.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+
+        for rep in reports:
+            fig, ax = plt.subplots(figsize=(10, 3.5))
+            best = rep.best_static()
+            show = [
+                r
+                for r in rep.results
+                if r.policy in ("dynamig", "first-fit", "whole-gpu") or (best and r.policy == best.policy)
+            ]
+            for r in show:
+                ax.plot([t for t, _ in r.timeline], [100 * b for _, b in r.timeline], label=r.policy, lw=1.2)
+            ax.set_xlabel("hours")
+            ax.set_ylabel("slices held (%)")
+            ax.set_ylim(0, 105)
+            ax.set_title(f"{rep.trace.name}: compute slices held by running jobs")
+            ax.legend(fontsize=8, loc="lower right")
+            fig.tight_layout()
+            path = out / f"timeline-{rep.trace.name}.png"
+            fig.savefig(path, dpi=110)
+            plt.close(fig)
+            written.append(path)
+
+    if paper:
+        by: dict[str, list[PaperRun]] = {}
+        for run in paper:
+            by.setdefault(run.policy, []).append(run)
+        fig, ax = plt.subplots(figsize=(10, 4))
+        names = list(by)
+        for j, (attr, label) in enumerate((("rate_100", "100% arrived"), ("rate_130", "130% arrived"))):
+            means = [100 * statistics.fmean(getattr(x, attr) for x in by[n]) for n in names]
+            sds = [100 * statistics.pstdev([getattr(x, attr) for x in by[n]]) for n in names]
+            ax.bar([i + j * 0.4 for i in range(len(names))], means, 0.4, yerr=sds, label=label, capsize=3)
+        ax.axhline(95.23, color="black", ls="--", lw=0.8, label="FGD (paper, no MIG) @100%")
+        ax.set_xticks([i + 0.2 for i in range(len(names))], names, rotation=20, ha="right", fontsize=8)
+        ax.set_ylabel("GPU allocation rate (%)")
+        ax.set_ylim(0, 105)
+        ax.legend(fontsize=8, loc="lower right")
+        ax.set_title("Alibaba openb, paper protocol (sampled tasks, no departures), mean ± sd over seeds")
+        fig.tight_layout()
+        path = out / "paper-allocation.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
