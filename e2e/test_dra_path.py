@@ -6,24 +6,22 @@ slice builders (``dynamig.kube.devices``, ``dynamig.kube.slices``) from the A100
 Simulated: the GPU node is a Node object registered through the API (no kubelet), and the slice is written
 by the test instead of the node agent, so pods are bound but never run.
 
-Scenario: one node publishes one ``1g.10gb`` and one ``2g.20gb`` MIG device. Every pod asks, through a
-ResourceClaimTemplate, for ``firstAvailable: [1g.10gb, 2g.20gb]``. The first pod gets the 1g.10gb (first
-choice), the second the 2g.20gb (fallback), the third nothing ("cannot allocate all claims"); once the first
-pod is gone, the third gets the freed 1g.10gb.
+Each test's node publishes one ``1g.10gb`` and one ``2g.20gb`` MIG device. Pods ask for a slice through a
+ResourceClaimTemplate with ``firstAvailable``, as DESIGN.md shows.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from dynamig.devcluster import ControlPlane
 from dynamig.geometry.catalog import load_catalog
 from dynamig.kube.devices import MigDevice
 from dynamig.kube.names import DEVICE_CLASS_NAME
@@ -57,16 +55,12 @@ def choice(name: str, profile: str) -> dict[str, Any]:
     }
 
 
-def claim_template(name: str) -> dict[str, Any]:
-    """A ResourceClaimTemplate asking for a 1g.10gb slice, or a 2g.20gb one when none is free (DESIGN.md)."""
+def claim_template(name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
         "metadata": {"name": name},
-        "spec": {"spec": {"devices": {"requests": [{
-            "name": "gpu",
-            "firstAvailable": [choice("small", "1g.10gb"), choice("medium", "2g.20gb")],
-        }]}}},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": choices}]}}},
     }
 
 
@@ -102,14 +96,18 @@ async def ensure_device_class(resource: client.ResourceV1Api) -> None:
             raise
 
 
-async def test_first_available_allocation_fallback_and_unschedulable(
-    control_plane: ControlPlane, kube_api: client.ApiClient, namespace: str,
-    make_node: Callable[..., str],
-) -> None:
+@dataclass(frozen=True)
+class MigNode:
+    name: str
+    small: str  # device name of the 1g.10gb instance
+    medium: str  # device name of the 2g.20gb instance
+
+
+@pytest.fixture
+async def mig_node(kube_api: client.ApiClient, make_node: Callable[..., str]) -> AsyncIterator[MigNode]:
+    """A Ready node whose pool publishes one 1g.10gb and one 2g.20gb device, and the DeviceClass."""
     core = client.CoreV1Api(kube_api)
     resource = client.ResourceV1Api(kube_api)
-    started = time.monotonic()
-
     node = make_node("gpu-node", labels={"dynamig.io/managed": "true"})
     node_uid = (await core.read_node(node)).metadata.uid
     a100 = load_catalog().model("A100-80GB")
@@ -117,7 +115,6 @@ async def test_first_available_allocation_fallback_and_unschedulable(
         MigDevice(0, a100.profile("1g.10gb"), 6, a100.product_name, "GPU-e2e-0", "MIG-e2e-1g"),
         MigDevice(0, a100.profile("2g.20gb"), 0, a100.product_name, "GPU-e2e-0", "MIG-e2e-2g"),
     ]
-    small_name, medium_name = (d.name for d in devices)
     (slice_body,) = build_resource_slices(node, 1, [d.to_api() for d in devices])
     # Owned by the Node, as a kubelet-registered driver's slices are: deleting the node collects them.
     slice_body["metadata"]["ownerReferences"] = [
@@ -125,28 +122,48 @@ async def test_first_available_allocation_fallback_and_unschedulable(
     ]
     await resource.create_resource_slice(slice_body)
     await ensure_device_class(resource)
-    await resource.create_namespaced_resource_claim_template(namespace, claim_template("mig"))
+    try:
+        yield MigNode(node, devices[0].name, devices[1].name)
+    finally:
+        await resource.delete_resource_slice(slice_body["metadata"]["name"])
 
-    async def claim_of(pod_name: str) -> client.V1ResourceClaim | None:
+
+class Cluster:
+    """Reads of one test namespace's pods and their generated claims."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.core = client.CoreV1Api(api)
+        self.resource = client.ResourceV1Api(api)
+        self.namespace = namespace
+
+    async def claim_of(self, pod_name: str) -> client.V1ResourceClaim | None:
         """The claim the controller manager generated for the pod's ``gpu`` entry, once it exists."""
-        p = await core.read_namespaced_pod(pod_name, namespace)
+        p = await self.core.read_namespaced_pod(pod_name, self.namespace)
         for status in p.status.resource_claim_statuses or []:
             if status.name == "gpu" and status.resource_claim_name:
-                claim: client.V1ResourceClaim = await resource.read_namespaced_resource_claim(
-                    status.resource_claim_name, namespace)
+                claim: client.V1ResourceClaim = await self.resource.read_namespaced_resource_claim(
+                    status.resource_claim_name, self.namespace)
                 return claim
         return None
 
-    async def allocated_claim(pod_name: str) -> client.V1ResourceClaim | None:
-        claim = await claim_of(pod_name)
+    async def allocated_claim(self, pod_name: str) -> client.V1ResourceClaim | None:
+        claim = await self.claim_of(pod_name)
         return claim if claim is not None and claim.status and claim.status.allocation else None
 
-    async def bound(pod_name: str) -> client.V1Pod | None:
-        p: client.V1Pod = await core.read_namespaced_pod(pod_name, namespace)
+    async def bound(self, pod_name: str) -> client.V1Pod | None:
+        p: client.V1Pod = await self.core.read_namespaced_pod(pod_name, self.namespace)
         return p if p.spec.node_name else None
 
-    async def expect_allocation(pod_name: str, subrequest: str, device: str) -> None:
-        claim = await eventually(lambda: allocated_claim(pod_name), f"claim of {pod_name} allocated")
+    async def unschedulable(self, pod_name: str) -> client.V1PodCondition | None:
+        p = await self.core.read_namespaced_pod(pod_name, self.namespace)
+        for cond in p.status.conditions or []:
+            if cond.type == "PodScheduled" and cond.status == "False":
+                return cond
+        return None
+
+    async def expect_allocation(self, pod_name: str, node: str, subrequest: str, device: str) -> None:
+        """The pod's claim holds ``device`` for ``gpu/<subrequest>``; the pod is bound to ``node``."""
+        claim = await eventually(lambda: self.allocated_claim(pod_name), f"claim of {pod_name} allocated")
         # Generated by the ResourceClaim controller, owned by the pod.
         owners = claim.metadata.owner_references or []
         assert [(o.kind, o.name, o.controller) for o in owners] == [("Pod", pod_name, True)]
@@ -156,37 +173,55 @@ async def test_first_available_allocation_fallback_and_unschedulable(
             (f"gpu/{subrequest}", DRIVER, node, device),
         ]
         assert [c.name for c in claim.status.reserved_for] == [pod_name]
-        p = await eventually(lambda: bound(pod_name), f"{pod_name} bound")
+        p = await eventually(lambda: self.bound(pod_name), f"{pod_name} bound")
         assert p.spec.node_name == node
 
-    # 1. First choice is free: the scheduler allocates 1g.10gb and binds the pod.
-    await core.create_namespaced_pod(namespace, pod("first", node, "mig"))
-    await expect_allocation("first", "small", small_name)
+    async def expect_unschedulable(self, pod_name: str) -> None:
+        """The pod is PodScheduled=False/Unschedulable for its claim, which exists but is not allocated."""
+        cond = await eventually(lambda: self.unschedulable(pod_name), f"{pod_name} reported unschedulable")
+        assert cond.reason == "Unschedulable"
+        assert "cannot allocate all claims" in cond.message, cond.message
+        claim = await eventually(lambda: self.claim_of(pod_name), f"claim of {pod_name} created")
+        assert claim.status is None or claim.status.allocation is None
+        assert (await self.core.read_namespaced_pod(pod_name, self.namespace)).spec.node_name is None
+
+
+async def test_first_available_first_choice_fallback_exhaustion_and_release(
+    kube_api: client.ApiClient, namespace: str, mig_node: MigNode,
+) -> None:
+    started = time.monotonic()
+    cluster = Cluster(kube_api, namespace)
+    template = claim_template("mig", [choice("small", "1g.10gb"), choice("medium", "2g.20gb")])
+    await cluster.resource.create_namespaced_resource_claim_template(namespace, template)
+
+    # 1. First choice is free: the scheduler allocates the 1g.10gb and binds the pod.
+    await cluster.core.create_namespaced_pod(namespace, pod("first", mig_node.name, "mig"))
+    await cluster.expect_allocation("first", mig_node.name, "small", mig_node.small)
 
     # 2. First choice taken: the fallback 2g.20gb.
-    await core.create_namespaced_pod(namespace, pod("second", node, "mig"))
-    await expect_allocation("second", "medium", medium_name)
+    await cluster.core.create_namespaced_pod(namespace, pod("second", mig_node.name, "mig"))
+    await cluster.expect_allocation("second", mig_node.name, "medium", mig_node.medium)
 
     # 3. Nothing left: the claim exists but stays unallocated and the pod is Unschedulable.
-    await core.create_namespaced_pod(namespace, pod("third", node, "mig"))
-
-    async def unschedulable() -> client.V1PodCondition | None:
-        p = await core.read_namespaced_pod("third", namespace)
-        for cond in p.status.conditions or []:
-            if cond.type == "PodScheduled" and cond.status == "False":
-                return cond
-        return None
-
-    cond = await eventually(unschedulable, "third pod reported unschedulable")
-    assert cond.reason == "Unschedulable"
-    assert "cannot allocate all claims" in cond.message, cond.message
-    third_claim = await eventually(lambda: claim_of("third"), "claim of third created")
-    assert third_claim.status is None or third_claim.status.allocation is None
-    assert (await core.read_namespaced_pod("third", namespace)).spec.node_name is None
+    await cluster.core.create_namespaced_pod(namespace, pod("third", mig_node.name, "mig"))
+    await cluster.expect_unschedulable("third")
 
     # 4. The first pod goes away: its claim is released and the waiting pod gets the freed first choice.
-    await core.delete_namespaced_pod("first", namespace, grace_period_seconds=0)
-    await expect_allocation("third", "small", small_name)
-
-    await resource.delete_resource_slice(slice_body["metadata"]["name"])
+    await cluster.core.delete_namespaced_pod("first", namespace, grace_period_seconds=0)
+    await cluster.expect_allocation("third", mig_node.name, "small", mig_node.small)
     print(f"\nDRA path scenario took {time.monotonic() - started:.1f}s")
+
+
+async def test_claim_no_published_device_satisfies_is_unschedulable(
+    kube_api: client.ApiClient, namespace: str, mig_node: MigNode,
+) -> None:
+    cluster = Cluster(kube_api, namespace)
+    # A whole-GPU profile the node does not publish, and a 1g.10gb with more memory than any 1g.10gb has.
+    big_1g = choice("big-small", "1g.10gb")
+    big_1g["selectors"].append(
+        {"cel": {"expression": f'device.capacity["{DRIVER}"].memory.compareTo(quantity("20Gi")) >= 0'}},
+    )
+    template = claim_template("whole", [choice("whole", "7g.80gb"), big_1g])
+    await cluster.resource.create_namespaced_resource_claim_template(namespace, template)
+    await cluster.core.create_namespaced_pod(namespace, pod("greedy", mig_node.name, "whole"))
+    await cluster.expect_unschedulable("greedy")
