@@ -71,7 +71,7 @@ def test_placements_fit_the_grid_and_counts_are_reachable(model: GpuModel) -> No
         assert p.compute_slices <= model.compute_slices
         assert p.max_instances <= len(p.placement_starts)
         # max_instances is reachable on an empty GPU: that many instances fit side by side.
-        instances = []
+        instances: list[PlacedInstance] = []
         for start in p.placement_starts:
             candidate = [*instances, PlacedInstance(start, p.name)]
             if is_valid(model, candidate):

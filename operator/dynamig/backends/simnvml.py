@@ -1,0 +1,1191 @@
+"""A simulated NVML: a drop-in for the subset of ``pynvml`` (nvidia-ml-py 13.615) that MIG management uses.
+
+The functions below have the names, arguments and return types of their ``pynvml`` namesakes: handles
+are real ctypes pointers (``c_nvmlDevice_t``, ``c_nvmlGpuInstance_t``, ``c_nvmlComputeInstance_t``),
+structures are ``pynvml``'s own ``c_nvml*`` classes, strings come back as ``str`` as ``pynvml``'s
+``convertStrBytes`` wrappers return them, out-parameters follow the ctypes-reference convention
+(``nvmlDeviceGetGpuInstancePossiblePlacements(h, id, None, byref(count))`` for the count, then again with
+an array), and failures raise
+``pynvml``'s ``NVMLError_*`` classes, so ``except pynvml.NVMLError_InUse`` catches the simulated error too.
+Every ``pynvml`` constant, structure and exception class is re-exported from this module.
+
+The simulated GPUs obey the rules the real driver enforces (``reference/mig-geometry.md``): a GI is created
+only at one of its profile's placements (else ``InvalidArgument``); a placement overlapping occupied memory
+slices, a profile over its instance cap, or a second media-engine instance fails with
+``InsufficientResources``; MIG calls on a GPU with MIG disabled fail with ``NotSupported``; a CI or GI with
+running processes, or a GI that still has CIs, cannot be destroyed (``InUse``); an NVML enum the model does
+not offer gives ``NotSupported``. Profile tables come from the geometry catalog.
+
+Not in ``pynvml`` (simulation control): :func:`configure`, :func:`attach_process`, :func:`detach_process`,
+:func:`set_gpu_lost`, :func:`history`, :func:`snapshot`, :func:`reset`.
+
+State (GPUs, MIG mode, instances, processes, the event history) lives in memory or, with ``state_file``, in a
+JSON file shared by every process that configures the same path: each call re-reads the file when it has
+changed, and each change runs under an ``fcntl`` lock as read-modify-write, written temp file -> fsync ->
+rename. So a node agent and a test see the same GPUs. Being a drop-in for a module, the configuration is
+module state (one simulated machine per process).
+
+Simplifications, stated: MIG mode changes take effect at once (``activationStatus`` 0, no pending reset even
+on Ampere); GI ids are the lowest free id from 1; a CI is placed at the first free aligned compute slice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import json
+import os
+import tempfile
+import threading
+import time
+import types
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pynvml
+from pynvml import (
+    NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+    NVML_COMPUTE_INSTANCE_PROFILE_COUNT,
+    NVML_DEVICE_ARCH_AMPERE,
+    NVML_DEVICE_ARCH_BLACKWELL,
+    NVML_DEVICE_ARCH_HOPPER,
+    NVML_DEVICE_MIG_DISABLE,
+    NVML_DEVICE_MIG_ENABLE,
+    NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_IN_USE,
+    NVML_ERROR_INSUFFICIENT_RESOURCES,
+    NVML_ERROR_INSUFFICIENT_SIZE,
+    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_LIBRARY_NOT_FOUND,
+    NVML_ERROR_NOT_FOUND,
+    NVML_ERROR_NOT_SUPPORTED,
+    NVML_ERROR_UNINITIALIZED,
+    NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2,
+    NVML_GPU_INSTANCE_PROFILE_COUNT,
+    NVML_SUCCESS,
+    NVMLError,
+    c_nvmlComputeInstance_t,
+    c_nvmlComputeInstanceInfo_t,
+    c_nvmlComputeInstanceProfileInfo_t,
+    c_nvmlComputeInstanceProfileInfo_v2_t,
+    c_nvmlDevice_t,
+    c_nvmlDeviceAttributes,
+    c_nvmlGpuInstance_t,
+    c_nvmlGpuInstanceInfo_t,
+    c_nvmlGpuInstanceProfileInfo_t,
+    c_nvmlGpuInstanceProfileInfo_v2_t,
+    c_nvmlMemory_t,
+    c_nvmlMemory_v2_t,
+    c_nvmlProcessInfo_v3_t,
+    nvmlPciInfo_t,
+    nvmlStructToFriendlyObject,
+)
+
+from dynamig.geometry.catalog import load_catalog
+from dynamig.geometry.layout import (
+    RULE_DISALLOWED_START,
+    RULE_OUT_OF_RANGE,
+    RULE_UNKNOWN_PROFILE,
+    check_layout,
+    free_starts,
+    remaining_capacity,
+)
+from dynamig.geometry.model import GpuModel, PlacedInstance, Profile
+
+# Re-export pynvml's constants, structures and exception classes (not its functions: those would call the
+# real library).
+for _name, _value in vars(pynvml).items():
+    if _name.startswith("_") or _name in globals() or isinstance(_value, types.ModuleType):
+        continue
+    if isinstance(_value, types.FunctionType) and not _name.startswith("nvmlStructTo"):
+        continue
+    globals()[_name] = _value
+del _name, _value
+
+MIB = 1024 * 1024
+STATE_FORMAT = "dynamig-simnvml/v1"
+DRIVER_VERSION = "580.65.06"
+_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "simnvml.dynamig.io")
+_VENDOR_NVIDIA = 0x10DE
+_SUCCESS: int = int(NVML_SUCCESS)
+
+# Compute-instance profile enum -> compute slices (nvml.h NVML_COMPUTE_INSTANCE_PROFILE_*).
+_CI_SLICES = {0x0: 1, 0x1: 2, 0x2: 3, 0x3: 4, 0x4: 7, 0x5: 8, 0x6: 6, 0x7: 1, 0x8: 7}
+_CI_ENUMS_BY_GI_SLICES = {
+    1: (0x0,),
+    2: (0x0, 0x1),
+    3: (0x0, 0x1, 0x2),
+    4: (0x0, 0x1, 0x3),
+    7: (0x0, 0x1, 0x2, 0x3, 0x4),
+}
+
+# Handle addresses: never dereferenced, they only encode what they name.
+_HANDLE_BASE = 0x5EED << 40
+_KIND_GPU, _KIND_MIG, _KIND_GI, _KIND_CI = 1, 2, 3, 4
+
+
+def _arch(model: GpuModel) -> tuple[int, tuple[int, int]]:
+    """(NVML architecture, CUDA compute capability) of a catalog model."""
+    key = model.key
+    if key.startswith(("A100", "A30")):
+        return NVML_DEVICE_ARCH_AMPERE, (8, 0)
+    if key.startswith(("H100", "H200", "H20")):
+        return NVML_DEVICE_ARCH_HOPPER, (9, 0)
+    if key.startswith("RTXPRO"):
+        return NVML_DEVICE_ARCH_BLACKWELL, (12, 0)
+    return NVML_DEVICE_ARCH_BLACKWELL, (10, 0)
+
+
+# pynvml asks the C library for the text of codes it has no string for; without the library the text would
+# be "NVML Error with code 23". Give it the library's wording for the codes the simulation raises.
+for _code, _text in (
+    (NVML_ERROR_IN_USE, "In use by another client"),
+    (NVML_ERROR_INSUFFICIENT_RESOURCES, "Insufficient Resources"),
+):
+    NVMLError._errcode_to_string.setdefault(_code, _text)
+del _code, _text
+
+
+def _error(code: int) -> Exception:
+    err: Exception = NVMLError(code)  # pynvml maps the code to its NVMLError_* subclass
+    return err
+
+
+# --- state ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Process:
+    pid: int
+    used_bytes: int
+
+
+@dataclass
+class _ComputeInstance:
+    id: int
+    profile_id: int
+    start: int
+    size: int
+    uuid: str
+    processes: list[_Process] = field(default_factory=list)
+
+
+@dataclass
+class _GpuInstance:
+    id: int
+    profile_id: int
+    start: int
+    size: int
+    compute_instances: list[_ComputeInstance] = field(default_factory=list)
+
+
+@dataclass
+class _Gpu:
+    index: int
+    model: str
+    uuid: str
+    mig_current: int
+    mig_pending: int
+    lost: bool = False
+    gpu_instances: list[_GpuInstance] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class SimEvent:
+    """One entry of the append-only simulation history."""
+
+    seq: int
+    timestamp: float
+    kind: str  # create-gi destroy-gi create-ci destroy-ci attach-process detach-process set-mig-mode gpu-lost
+    gpu_index: int
+    gpu_uuid: str
+    gi_id: int | None = None
+    ci_id: int | None = None
+    profile: str | None = None
+    profile_id: int | None = None
+    start: int | None = None
+    size: int | None = None
+    mig_uuid: str | None = None
+    pid: int | None = None
+    value: int | None = None  # MIG mode for set-mig-mode, 1/0 for gpu-lost
+
+
+@dataclass
+class _State:
+    gpus: list[_Gpu]
+    history: list[SimEvent] = field(default_factory=list)
+    serial: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": STATE_FORMAT,
+            "serial": self.serial,
+            "gpus": [asdict(g) for g in self.gpus],
+            "history": [asdict(e) for e in self.history],
+        }
+
+    @staticmethod
+    def from_json(doc: dict[str, Any]) -> _State:
+        if doc.get("format") != STATE_FORMAT:
+            raise ValueError(f"not a simulated NVML state file (format {doc.get('format')!r})")
+        gpus = []
+        for g in doc["gpus"]:
+            gis = []
+            for gi in g.pop("gpu_instances"):
+                cis = []
+                for ci in gi.pop("compute_instances"):
+                    procs = [_Process(**p) for p in ci.pop("processes")]
+                    cis.append(_ComputeInstance(**ci, processes=procs))
+                gis.append(_GpuInstance(**gi, compute_instances=cis))
+            gpus.append(_Gpu(**g, gpu_instances=gis))
+        return _State(gpus, [SimEvent(**e) for e in doc["history"]], int(doc["serial"]))
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """temp file -> fsync -> rename -> fsync(dir): readers see the old or the new file, never a torn one."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class _Simulator:
+    """The simulated machine: its configuration and (cached) state. Methods do file I/O when persisted."""
+
+    def __init__(
+        self,
+        gpus: Sequence[str],
+        state_file: Path | None,
+        create_latency_s: float,
+        destroy_latency_s: float,
+        mig_enabled: bool,
+        seed: str,
+    ) -> None:
+        catalog = load_catalog()
+        for key in gpus:
+            catalog.model(key)  # KeyError naming the known keys
+        self.state_file = state_file
+        self.create_latency_s = create_latency_s
+        self.destroy_latency_s = destroy_latency_s
+        self._lock = threading.RLock()
+        self._stamp: tuple[int, int, int] | None = None
+        mode = NVML_DEVICE_MIG_ENABLE if mig_enabled else NVML_DEVICE_MIG_DISABLE
+        fresh = _State(
+            [
+                _Gpu(i, key, "GPU-" + str(uuid.uuid5(_NAMESPACE, f"{seed}/gpu{i}/{key}")), mode, mode)
+                for i, key in enumerate(gpus)
+            ]
+        )
+        if state_file is None:
+            self._state = fresh
+            return
+        with self._file_lock():
+            if state_file.exists():
+                self._state = self._load()
+                existing = [g.model for g in self._state.gpus]
+                if gpus and existing != list(gpus):
+                    raise ValueError(
+                        f"state file {state_file} describes GPUs {existing}, not {list(gpus)}; "
+                        "use another file or reset=True"
+                    )
+            else:
+                self._state = fresh
+                self._save()
+
+    # -- persistence ---------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _file_lock(self) -> Iterator[None]:
+        assert self.state_file is not None
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.state_file.with_name(self.state_file.name + ".lock"), "a+b") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+    def _file_stamp(self) -> tuple[int, int, int] | None:
+        assert self.state_file is not None
+        try:
+            st = self.state_file.stat()
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _load(self) -> _State:
+        assert self.state_file is not None
+        stamp = self._file_stamp()
+        state = _State.from_json(json.loads(self.state_file.read_bytes()))
+        self._stamp = stamp
+        return state
+
+    def _save(self) -> None:
+        assert self.state_file is not None
+        data = json.dumps(self._state.to_json(), indent=1, sort_keys=True).encode()
+        _write_atomically(self.state_file, data)
+        self._stamp = self._file_stamp()
+
+    def state(self) -> _State:
+        """Current state for reading (re-read from the file when another process changed it)."""
+        with self._lock:
+            if self.state_file is not None:
+                stamp = self._file_stamp()
+                if stamp is None:
+                    raise FileNotFoundError(f"simulated NVML state file {self.state_file} disappeared")
+                if stamp != self._stamp:
+                    self._state = self._load()
+            return self._state
+
+    @contextlib.contextmanager
+    def mutate(self) -> Iterator[_State]:
+        """Read-modify-write under the thread and file locks; saved only when the body does not raise."""
+        with self._lock:
+            if self.state_file is None:
+                yield self._state
+                return
+            with self._file_lock():
+                self._state = self._load()
+                try:
+                    yield self._state
+                except BaseException:
+                    self._stamp = None  # drop any half-made change: the next read reloads the file
+                    raise
+                self._save()
+
+    def record(self, state: _State, kind: str, gpu: _Gpu, **fields: Any) -> None:
+        state.serial += 1
+        state.history.append(SimEvent(state.serial, time.time(), kind, gpu.index, gpu.uuid, **fields))
+
+
+_SIM: _Simulator | None = None
+_INIT_COUNT = 0
+_MODULE_LOCK = threading.RLock()
+
+
+def _sim() -> _Simulator:
+    if _SIM is None:
+        raise _error(NVML_ERROR_LIBRARY_NOT_FOUND)
+    return _SIM
+
+
+def _initialized() -> _Simulator:
+    sim = _sim()
+    if _INIT_COUNT <= 0:
+        raise _error(NVML_ERROR_UNINITIALIZED)
+    return sim
+
+
+# --- simulation control (not in pynvml) ----------------------------------------------------------------
+
+
+def configure(
+    gpus: Sequence[str] = (),
+    *,
+    state_file: Path | str | None = None,
+    create_latency_s: float = 0.0,
+    destroy_latency_s: float = 0.0,
+    mig_enabled: bool = True,
+    seed: str | None = None,
+    reset: bool = False,
+) -> None:
+    """Set up the simulated machine: one GPU per catalog key in ``gpus``, index order. Side effects.
+
+    With ``state_file``, state is shared through that JSON file: an existing file is adopted (its GPUs must
+    match ``gpus``, or ``gpus`` may be empty to attach to whatever it describes); ``reset=True`` starts over.
+    ``seed`` makes GPU UUIDs differ between simulated nodes (default: the state file's absolute path, so
+    each node's file gives its own UUIDs). The latencies are slept in GI create and GI destroy calls.
+    Leaves NVML uninitialised: call ``nvmlInit()`` as with the real library.
+    """
+    global _SIM, _INIT_COUNT
+    path = Path(state_file) if state_file is not None else None
+    if path is not None and reset:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    if path is not None and not gpus and not path.exists():
+        raise ValueError(f"no GPUs given and no state file at {path} to attach to")
+    if seed is None:
+        seed = str(path.resolve()) if path is not None else ""
+    with _MODULE_LOCK:
+        _SIM = _Simulator(gpus, path, create_latency_s, destroy_latency_s, mig_enabled, seed)
+        _INIT_COUNT = 0
+
+
+def reset() -> None:
+    """Forget the configuration (the state file, if any, stays). Side effect on module state."""
+    global _SIM, _INIT_COUNT
+    with _MODULE_LOCK:
+        _SIM = None
+        _INIT_COUNT = 0
+
+
+def _find_mig(state: _State, mig_uuid: str) -> tuple[_Gpu, _GpuInstance, _ComputeInstance]:
+    for gpu in state.gpus:
+        for gi in gpu.gpu_instances:
+            for ci in gi.compute_instances:
+                if ci.uuid == mig_uuid:
+                    return gpu, gi, ci
+    raise KeyError(f"no simulated MIG device {mig_uuid}")
+
+
+def attach_process(mig_uuid: str, pid: int, used_memory_mib: int = 256) -> None:
+    """Pretend process ``pid`` runs on MIG device ``mig_uuid`` (KeyError if none). Side effect: state."""
+    sim = _sim()
+    with sim.mutate() as state:
+        gpu, gi, ci = _find_mig(state, mig_uuid)
+        if any(p.pid == pid for p in ci.processes):
+            return
+        ci.processes.append(_Process(pid, used_memory_mib * MIB))
+        sim.record(state, "attach-process", gpu, gi_id=gi.id, ci_id=ci.id, mig_uuid=mig_uuid, pid=pid)
+
+
+def detach_process(mig_uuid: str, pid: int) -> None:
+    """Pretend process ``pid`` on ``mig_uuid`` exited (no-op if it was not there). Side effect: state."""
+    sim = _sim()
+    with sim.mutate() as state:
+        gpu, gi, ci = _find_mig(state, mig_uuid)
+        before = len(ci.processes)
+        ci.processes = [p for p in ci.processes if p.pid != pid]
+        if len(ci.processes) != before:
+            sim.record(state, "detach-process", gpu, gi_id=gi.id, ci_id=ci.id, mig_uuid=mig_uuid, pid=pid)
+
+
+def set_gpu_lost(index: int, lost: bool = True) -> None:
+    """Make GPU ``index`` fall off the bus (every call on it raises NVMLError_GpuIsLost) or come back."""
+    sim = _sim()
+    with sim.mutate() as state:
+        gpu = state.gpus[index]
+        if gpu.lost != lost:
+            gpu.lost = lost
+            sim.record(state, "gpu-lost", gpu, value=int(lost))
+
+
+def history() -> list[SimEvent]:
+    """Every create/destroy/attach/detach/mode event so far, oldest first (a copy). Reads state."""
+    return list(_sim().state().history)
+
+
+def snapshot() -> dict[str, Any]:
+    """The whole simulated state as JSON-shaped data (for tests and debugging). Reads state."""
+    return _sim().state().to_json()
+
+
+# --- handles -------------------------------------------------------------------------------------------
+
+
+def _address(kind: int, gpu: int, gi: int = 0, ci: int = 0) -> int:
+    return _HANDLE_BASE | kind << 36 | gpu << 24 | gi << 12 | ci
+
+
+def _handle(ptr_type: Any, address: int) -> Any:
+    return ctypes.cast(ctypes.c_void_p(address), ptr_type)
+
+
+def _gpu_handle(index: int) -> Any:
+    return _handle(c_nvmlDevice_t, _address(_KIND_GPU, index))
+
+
+def _mig_handle(index: int, gi: int, ci: int) -> Any:
+    return _handle(c_nvmlDevice_t, _address(_KIND_MIG, index, gi, ci))
+
+
+def _gi_handle(index: int, gi: int) -> Any:
+    return _handle(c_nvmlGpuInstance_t, _address(_KIND_GI, index, gi))
+
+
+def _ci_handle(index: int, gi: int, ci: int) -> Any:
+    return _handle(c_nvmlComputeInstance_t, _address(_KIND_CI, index, gi, ci))
+
+
+def _decode(handle: Any) -> tuple[int, int, int, int]:
+    if handle is None:
+        raise _error(NVML_ERROR_INVALID_ARGUMENT)
+    try:
+        address = ctypes.cast(handle, ctypes.c_void_p).value
+    except (ctypes.ArgumentError, TypeError):
+        raise _error(NVML_ERROR_INVALID_ARGUMENT) from None
+    if address is None or address & ~((1 << 40) - 1) != _HANDLE_BASE:
+        raise _error(NVML_ERROR_INVALID_ARGUMENT)
+    return (address >> 36) & 0xF, (address >> 24) & 0xFFF, (address >> 12) & 0xFFF, address & 0xFFF
+
+
+@dataclass(frozen=True, slots=True)
+class _Resolved:
+    state: _State
+    gpu: _Gpu
+    model: GpuModel
+    gi: _GpuInstance | None = None
+    ci: _ComputeInstance | None = None
+
+
+def _gpu_of(state: _State, index: int) -> _Gpu:
+    if not 0 <= index < len(state.gpus):
+        raise _error(NVML_ERROR_INVALID_ARGUMENT)
+    gpu = state.gpus[index]
+    if gpu.lost:
+        raise _error(NVML_ERROR_GPU_IS_LOST)
+    return gpu
+
+
+def _find_gi(gpu: _Gpu, gi_id: int) -> _GpuInstance | None:
+    return next((g for g in gpu.gpu_instances if g.id == gi_id), None)
+
+
+def _find_ci(gi: _GpuInstance, ci_id: int) -> _ComputeInstance | None:
+    return next((c for c in gi.compute_instances if c.id == ci_id), None)
+
+
+def _resolve(state: _State, handle: Any, *kinds: int) -> _Resolved:
+    """What ``handle`` names in ``state``; InvalidArgument if it is stale or of another kind."""
+    kind, index, gi_id, ci_id = _decode(handle)
+    if kind not in kinds:
+        raise _error(NVML_ERROR_INVALID_ARGUMENT)
+    gpu = _gpu_of(state, index)
+    model = load_catalog().model(gpu.model)
+    if kind == _KIND_GPU:
+        return _Resolved(state, gpu, model)
+    gi = _find_gi(gpu, gi_id)
+    if gi is None:
+        raise _error(NVML_ERROR_INVALID_ARGUMENT)
+    if kind == _KIND_GI:
+        return _Resolved(state, gpu, model, gi)
+    ci = _find_ci(gi, ci_id)
+    if ci is None:
+        raise _error(NVML_ERROR_INVALID_ARGUMENT)
+    return _Resolved(state, gpu, model, gi, ci)
+
+
+def _read(handle: Any, *kinds: int) -> _Resolved:
+    return _resolve(_initialized().state(), handle, *kinds)
+
+
+def _require_mig(gpu: _Gpu) -> None:
+    if gpu.mig_current != NVML_DEVICE_MIG_ENABLE:
+        raise _error(NVML_ERROR_NOT_SUPPORTED)
+
+
+def _profile_by_id(model: GpuModel, profile_id: int) -> Profile:
+    try:
+        return model.profile_by_id(profile_id)
+    except KeyError:
+        raise _error(NVML_ERROR_INVALID_ARGUMENT) from None
+
+
+def _layout(model: GpuModel, gpu: _Gpu) -> list[PlacedInstance]:
+    return [PlacedInstance(gi.start, model.profile_by_id(gi.profile_id).name) for gi in gpu.gpu_instances]
+
+
+def _deref(ref: Any) -> Any:
+    """The ctypes object behind ``byref(x)``, ``pointer(x)`` or ``x`` itself."""
+    if ref is None:
+        raise _error(NVML_ERROR_INVALID_ARGUMENT)
+    inner = getattr(ref, "_obj", None)  # ctypes.byref(...) -> CArgObject
+    if inner is not None:
+        return inner
+    if isinstance(ref, ctypes._Pointer):
+        return ref.contents
+    return ref
+
+
+def _capacity(array_ref: Any) -> tuple[Any, int]:
+    """(indexable target, capacity) of an out-array passed as an array, byref(array) or pointer."""
+    target = getattr(array_ref, "_obj", array_ref)
+    if isinstance(target, ctypes.Array):
+        return target, len(target)
+    if isinstance(target, ctypes._Pointer):
+        return target, 1 << 30  # a bare pointer: the caller vouches for the size
+    raise _error(NVML_ERROR_INVALID_ARGUMENT)
+
+
+# --- library and device queries ------------------------------------------------------------------------
+
+
+def nvmlInit() -> None:
+    global _INIT_COUNT
+    sim = _sim()
+    sim.state()  # re-read the shared state file now
+    with _MODULE_LOCK:
+        _INIT_COUNT += 1
+
+
+def nvmlInitWithFlags(flags: int) -> None:
+    nvmlInit()
+
+
+def nvmlShutdown() -> None:
+    global _INIT_COUNT
+    _initialized()
+    with _MODULE_LOCK:
+        _INIT_COUNT = max(0, _INIT_COUNT - 1)
+
+
+def nvmlSystemGetDriverVersion() -> str:
+    _initialized()
+    return DRIVER_VERSION
+
+
+def nvmlDeviceGetCount() -> int:
+    return len(_initialized().state().gpus)
+
+
+def nvmlDeviceGetHandleByIndex(index: int) -> Any:
+    _gpu_of(_initialized().state(), index)
+    return _gpu_handle(index)
+
+
+def nvmlDeviceGetHandleByUUID(uuid_: str | bytes) -> Any:
+    text = uuid_.decode() if isinstance(uuid_, bytes) else str(uuid_)
+    state = _initialized().state()
+    for gpu in state.gpus:
+        if gpu.uuid == text:
+            return _gpu_handle(_gpu_of(state, gpu.index).index)
+        for gi in gpu.gpu_instances:
+            for ci in gi.compute_instances:
+                if ci.uuid == text:
+                    _gpu_of(state, gpu.index)
+                    return _mig_handle(gpu.index, gi.id, ci.id)
+    raise _error(NVML_ERROR_NOT_FOUND)
+
+
+def nvmlDeviceGetIndex(handle: Any) -> int:
+    return _read(handle, _KIND_GPU).gpu.index
+
+
+def nvmlDeviceGetMinorNumber(handle: Any) -> int:
+    return _read(handle, _KIND_GPU).gpu.index
+
+
+def nvmlDeviceGetName(handle: Any) -> str:
+    r = _read(handle, _KIND_GPU, _KIND_MIG)
+    if r.gi is None:
+        return r.model.product_name
+    return f"{r.model.product_name} MIG {r.model.profile_by_id(r.gi.profile_id).name}"
+
+
+def nvmlDeviceGetUUID(handle: Any) -> str:
+    r = _read(handle, _KIND_GPU, _KIND_MIG)
+    return r.gpu.uuid if r.ci is None else r.ci.uuid
+
+
+def nvmlDeviceGetSerial(handle: Any) -> str:
+    r = _read(handle, _KIND_GPU)
+    return f"{1320000000000 + r.gpu.index}"
+
+
+def nvmlDeviceGetPciInfo(handle: Any) -> Any:
+    r = _read(handle, _KIND_GPU)
+    info = nvmlPciInfo_t()
+    bus = 0x17 + 0x10 * r.gpu.index
+    info.domain = 0
+    info.bus = bus
+    info.device = 0
+    info.pciDeviceId = (r.model.pci_device_ids[0] << 16) | _VENDOR_NVIDIA
+    info.pciSubSystemId = (0x1450 << 16) | _VENDOR_NVIDIA
+    bus_id = f"00000000:{bus:02X}:00.0".encode()
+    info.busId = bus_id
+    info.busIdLegacy = bus_id
+    return info
+
+
+nvmlDeviceGetPciInfo_v3 = nvmlDeviceGetPciInfo
+
+
+def nvmlDeviceGetArchitecture(handle: Any) -> int:
+    return _arch(_read(handle, _KIND_GPU).model)[0]
+
+
+def nvmlDeviceGetCudaComputeCapability(handle: Any) -> tuple[int, int]:
+    return _arch(_read(handle, _KIND_GPU, _KIND_MIG).model)[1]
+
+
+def _used_bytes(gpu: _Gpu, gi: _GpuInstance | None = None) -> int:
+    gis = [gi] if gi is not None else gpu.gpu_instances
+    return sum(p.used_bytes for g in gis for c in g.compute_instances for p in c.processes)
+
+
+def nvmlDeviceGetMemoryInfo(handle: Any, version: int | None = None) -> Any:
+    r = _read(handle, _KIND_GPU, _KIND_MIG)
+    if r.gi is None:
+        total, used = r.model.memory_mib * MIB, _used_bytes(r.gpu)
+    else:
+        total, used = r.model.profile_by_id(r.gi.profile_id).memory_mib * MIB, _used_bytes(r.gpu, r.gi)
+    mem = c_nvmlMemory_v2_t() if version else c_nvmlMemory_t()
+    if version:
+        mem.version = version
+    mem.total, mem.used, mem.free = total, used, max(0, total - used)
+    return mem
+
+
+def nvmlDeviceGetAttributes(handle: Any) -> Any:
+    r = _read(handle, _KIND_GPU, _KIND_MIG)
+    attrs = c_nvmlDeviceAttributes()
+    if r.gi is None or r.ci is None:
+        whole = max(r.model.profiles, key=lambda p: (p.placement_size, p.multiprocessors))
+        p, gi_slices, ci_slices, sms = (
+            whole,
+            r.model.compute_slices,
+            r.model.compute_slices,
+            whole.multiprocessors,
+        )
+        mem = r.model.memory_mib
+    else:
+        p = r.model.profile_by_id(r.gi.profile_id)
+        gi_slices, ci_slices = p.compute_slices, _CI_SLICES[r.ci.profile_id]
+        sms = p.multiprocessors * ci_slices // p.compute_slices
+        mem = p.memory_mib
+    attrs.multiprocessorCount = sms
+    attrs.sharedCopyEngineCount = p.copy_engines
+    attrs.sharedDecoderCount = p.decoders
+    attrs.sharedEncoderCount = p.encoders
+    attrs.sharedJpegCount = p.jpegs
+    attrs.sharedOfaCount = p.ofas
+    attrs.gpuInstanceSliceCount = gi_slices
+    attrs.computeInstanceSliceCount = ci_slices
+    attrs.memorySizeMB = mem
+    return attrs
+
+
+nvmlDeviceGetAttributes_v2 = nvmlDeviceGetAttributes
+
+
+def nvmlDeviceGetMigMode(device: Any) -> list[int]:
+    r = _read(device, _KIND_GPU, _KIND_MIG)
+    if r.gi is not None:
+        raise _error(NVML_ERROR_NOT_SUPPORTED)
+    return [r.gpu.mig_current, r.gpu.mig_pending]
+
+
+def nvmlDeviceSetMigMode(device: Any, mode: int) -> int:
+    sim = _initialized()
+    if mode not in (NVML_DEVICE_MIG_DISABLE, NVML_DEVICE_MIG_ENABLE):
+        raise _error(NVML_ERROR_INVALID_ARGUMENT)
+    with sim.mutate() as state:
+        r = _resolve(state, device, _KIND_GPU)
+        if mode == NVML_DEVICE_MIG_DISABLE and r.gpu.gpu_instances:
+            raise _error(NVML_ERROR_IN_USE)
+        if r.gpu.mig_current != mode or r.gpu.mig_pending != mode:
+            r.gpu.mig_current = r.gpu.mig_pending = mode
+            sim.record(state, "set-mig-mode", r.gpu, value=mode)
+    return _SUCCESS  # activationStatus: takes effect without a reset here
+
+
+def nvmlDeviceIsMigDeviceHandle(device: Any) -> Any:
+    kind = _decode(device)[0]
+    _read(device, _KIND_GPU, _KIND_MIG)
+    return ctypes.c_uint(1 if kind == _KIND_MIG else 0)  # pynvml returns the c_uint itself
+
+
+def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(migDevice: Any) -> Any:
+    return _gpu_handle(_read(migDevice, _KIND_MIG).gpu.index)
+
+
+def nvmlDeviceGetGpuInstanceId(device: Any) -> int:
+    r = _read(device, _KIND_GPU, _KIND_MIG)
+    if r.gi is None:
+        raise _error(NVML_ERROR_INVALID_ARGUMENT)
+    return r.gi.id
+
+
+def nvmlDeviceGetComputeInstanceId(device: Any) -> int:
+    r = _read(device, _KIND_GPU, _KIND_MIG)
+    if r.ci is None:
+        raise _error(NVML_ERROR_INVALID_ARGUMENT)
+    return r.ci.id
+
+
+def nvmlDeviceGetMaxMigDeviceCount(device: Any) -> int:
+    r = _read(device, _KIND_GPU)
+    return r.model.compute_slices
+
+
+def _mig_devices(gpu: _Gpu) -> list[tuple[_GpuInstance, _ComputeInstance]]:
+    return [
+        (gi, ci)
+        for gi in sorted(gpu.gpu_instances, key=lambda g: g.id)
+        for ci in sorted(gi.compute_instances, key=lambda c: c.id)
+    ]
+
+
+def nvmlDeviceGetMigDeviceHandleByIndex(device: Any, index: int) -> Any:
+    r = _read(device, _KIND_GPU)
+    _require_mig(r.gpu)
+    if index < 0 or index >= r.model.compute_slices:
+        raise _error(NVML_ERROR_INVALID_ARGUMENT)
+    devices = _mig_devices(r.gpu)
+    if index >= len(devices):
+        raise _error(NVML_ERROR_NOT_FOUND)
+    gi, ci = devices[index]
+    return _mig_handle(r.gpu.index, gi.id, ci.id)
+
+
+def nvmlDeviceGetComputeRunningProcesses(handle: Any) -> list[Any]:
+    r = _read(handle, _KIND_GPU, _KIND_MIG)
+    if r.ci is not None:
+        assert r.gi is not None
+        owners = [(r.gi, r.ci)]
+    else:
+        owners = _mig_devices(r.gpu)
+    out = []
+    for gi, ci in owners:
+        for p in ci.processes:
+            info = c_nvmlProcessInfo_v3_t()
+            info.pid, info.usedGpuMemory = p.pid, p.used_bytes
+            info.gpuInstanceId, info.computeInstanceId = gi.id, ci.id
+            out.append(nvmlStructToFriendlyObject(info))
+    return out
+
+
+nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetComputeRunningProcesses
+
+
+# --- GPU instances -------------------------------------------------------------------------------------
+
+
+def _fill_gi_profile_info(info: Any, p: Profile, *, with_name: bool) -> Any:
+    info.id = p.profile_id
+    info.isP2pSupported = 0
+    info.sliceCount = p.compute_slices
+    info.instanceCount = p.max_instances
+    info.multiprocessorCount = p.multiprocessors
+    info.copyEngineCount = p.copy_engines
+    info.decoderCount = p.decoders
+    info.encoderCount = p.encoders
+    info.jpegCount = p.jpegs
+    info.ofaCount = p.ofas
+    info.memorySizeMB = p.memory_mib
+    if with_name:
+        info.name = f"MIG {p.name}".encode()
+    return info
+
+
+def nvmlDeviceGetGpuInstanceProfileInfo(device: Any, profile: int, version: int = 2) -> Any:
+    """By NVML enum. Version 2 (``...InfoV``) needs MIG enabled, as on the real driver."""
+    r = _read(device, _KIND_GPU)
+    if version not in (1, 2):
+        raise _error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+    if not 0 <= profile < NVML_GPU_INSTANCE_PROFILE_COUNT:
+        raise _error(NVML_ERROR_INVALID_ARGUMENT)
+    if version == 2:
+        _require_mig(r.gpu)
+    try:
+        p = r.model.profile_by_enum(profile)
+    except KeyError:
+        raise _error(NVML_ERROR_NOT_SUPPORTED) from None
+    if version == 2:
+        return _fill_gi_profile_info(c_nvmlGpuInstanceProfileInfo_v2_t(), p, with_name=True)
+    return _fill_gi_profile_info(c_nvmlGpuInstanceProfileInfo_t(), p, with_name=False)
+
+
+nvmlDeviceGetGpuInstanceProfileInfoV = nvmlDeviceGetGpuInstanceProfileInfo
+
+
+def nvmlDeviceGetGpuInstanceProfileInfoById(device: Any, profileId: int) -> Any:
+    r = _read(device, _KIND_GPU)
+    _require_mig(r.gpu)
+    p = _profile_by_id(r.model, profileId)
+    return _fill_gi_profile_info(c_nvmlGpuInstanceProfileInfo_v2_t(), p, with_name=True)
+
+
+nvmlDeviceGetGpuInstanceProfileInfoByIdV = nvmlDeviceGetGpuInstanceProfileInfoById
+
+
+def nvmlDeviceGetGpuInstancePossiblePlacements(
+    device: Any,
+    profileId: int,
+    placementsRef: Any,
+    countRef: Any,
+) -> int:
+    """All placements of the profile, whether or not MIG is enabled or they are free (nvml.h ``_v2``)."""
+    r = _read(device, _KIND_GPU)
+    p = _profile_by_id(r.model, profileId)
+    count = _deref(countRef)
+    if placementsRef is None:
+        count.value = len(p.placement_starts)
+        return _SUCCESS
+    target, capacity = _capacity(placementsRef)  # count is output only (nvml.h _v2)
+    if capacity < len(p.placement_starts):
+        count.value = len(p.placement_starts)
+        raise _error(NVML_ERROR_INSUFFICIENT_SIZE)
+    for i, start in enumerate(p.placement_starts):
+        target[i].start = start
+        target[i].size = p.placement_size
+    count.value = len(p.placement_starts)
+    return _SUCCESS
+
+
+def nvmlDeviceGetGpuInstanceRemainingCapacity(device: Any, profileId: int) -> int:
+    r = _read(device, _KIND_GPU)
+    _require_mig(r.gpu)
+    p = _profile_by_id(r.model, profileId)
+    return remaining_capacity(r.model, _layout(r.model, r.gpu), p.name)
+
+
+def _create_gi(device: Any, profile_id: int, start: int | None, size: int | None) -> Any:
+    sim = _initialized()
+    if sim.create_latency_s > 0:
+        time.sleep(sim.create_latency_s)
+    with sim.mutate() as state:
+        r = _resolve(state, device, _KIND_GPU)
+        _require_mig(r.gpu)
+        p = _profile_by_id(r.model, profile_id)
+        layout = _layout(r.model, r.gpu)
+        if start is None:
+            starts = free_starts(r.model, layout, p.name)
+            if not starts:
+                raise _error(NVML_ERROR_INSUFFICIENT_RESOURCES)
+            start = starts[0]
+        elif size != p.placement_size:
+            raise _error(NVML_ERROR_INVALID_ARGUMENT)
+        violation = check_layout(r.model, [*layout, PlacedInstance(start, p.name)])
+        if violation is not None:
+            if violation.rule in (RULE_UNKNOWN_PROFILE, RULE_OUT_OF_RANGE, RULE_DISALLOWED_START):
+                raise _error(NVML_ERROR_INVALID_ARGUMENT)
+            raise _error(NVML_ERROR_INSUFFICIENT_RESOURCES)  # overlap, instance cap, media engines
+        used = {g.id for g in r.gpu.gpu_instances}
+        gi_id = next(i for i in range(1, 4096) if i not in used)
+        r.gpu.gpu_instances.append(_GpuInstance(gi_id, p.profile_id, start, p.placement_size))
+        sim.record(
+            state, "create-gi", r.gpu,
+            gi_id=gi_id, profile=p.name, profile_id=p.profile_id, start=start, size=p.placement_size,
+        )  # fmt: skip
+        return _gi_handle(r.gpu.index, gi_id)
+
+
+def nvmlDeviceCreateGpuInstanceWithPlacement(device: Any, profileId: int, placement: Any) -> Any:
+    pl = _deref(placement)
+    return _create_gi(device, profileId, int(pl.start), int(pl.size))
+
+
+def nvmlDeviceCreateGpuInstance(device: Any, profileId: int) -> Any:
+    return _create_gi(device, profileId, None, None)
+
+
+def nvmlDeviceGetGpuInstances(device: Any, profileId: int, gpuInstancesRef: Any, countRef: Any) -> int:
+    r = _read(device, _KIND_GPU)
+    _require_mig(r.gpu)
+    _profile_by_id(r.model, profileId)
+    count = _deref(countRef)
+    target, capacity = _capacity(gpuInstancesRef)
+    found = sorted((g for g in r.gpu.gpu_instances if g.profile_id == profileId), key=lambda g: g.id)
+    if len(found) > capacity:
+        count.value = len(found)
+        raise _error(NVML_ERROR_INSUFFICIENT_SIZE)
+    for i, gi in enumerate(found):
+        target[i] = _gi_handle(r.gpu.index, gi.id)
+    count.value = len(found)
+    return _SUCCESS
+
+
+def nvmlDeviceGetGpuInstanceById(device: Any, gpuInstanceId: int) -> Any:
+    r = _read(device, _KIND_GPU)
+    _require_mig(r.gpu)
+    if _find_gi(r.gpu, gpuInstanceId) is None:
+        raise _error(NVML_ERROR_NOT_FOUND)
+    return _gi_handle(r.gpu.index, gpuInstanceId)
+
+
+def nvmlGpuInstanceGetInfo(gpuInstance: Any) -> Any:
+    r = _read(gpuInstance, _KIND_GI)
+    assert r.gi is not None
+    info = c_nvmlGpuInstanceInfo_t()
+    info.device = _gpu_handle(r.gpu.index)
+    info.id = r.gi.id
+    info.profileId = r.gi.profile_id
+    info.placement.start = r.gi.start
+    info.placement.size = r.gi.size
+    return info
+
+
+def nvmlGpuInstanceDestroy(gpuInstance: Any) -> int:
+    sim = _initialized()
+    if sim.destroy_latency_s > 0:
+        time.sleep(sim.destroy_latency_s)
+    with sim.mutate() as state:
+        r = _resolve(state, gpuInstance, _KIND_GI)
+        assert r.gi is not None
+        if r.gi.compute_instances:
+            raise _error(NVML_ERROR_IN_USE)  # CIs (and so any processes) still on it
+        r.gpu.gpu_instances.remove(r.gi)
+        p = r.model.profile_by_id(r.gi.profile_id)
+        sim.record(
+            state, "destroy-gi", r.gpu,
+            gi_id=r.gi.id, profile=p.name, profile_id=p.profile_id, start=r.gi.start, size=r.gi.size,
+        )  # fmt: skip
+    return _SUCCESS
+
+
+# --- compute instances ---------------------------------------------------------------------------------
+
+
+def _ci_enums(gi_profile: Profile) -> tuple[int, ...]:
+    """Compute-instance profiles a GI of this profile offers (the size-2 1g GIs use 1_SLICE_REV1)."""
+    if gi_profile.nvml_enum == NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2:
+        return (pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1,)
+    return _CI_ENUMS_BY_GI_SLICES.get(gi_profile.compute_slices, (0x0,))
+
+
+def _ci_profile_info(gi_profile: Profile, enum: int, version: int) -> Any:
+    slices = _CI_SLICES[enum]
+    info = c_nvmlComputeInstanceProfileInfo_v2_t() if version == 2 else c_nvmlComputeInstanceProfileInfo_t()
+    info.id = enum  # CI profile ids equal the enum values on every driver seen
+    info.sliceCount = slices
+    info.instanceCount = gi_profile.compute_slices // slices
+    info.multiprocessorCount = gi_profile.multiprocessors * slices // gi_profile.compute_slices
+    info.sharedCopyEngineCount = gi_profile.copy_engines
+    info.sharedDecoderCount = gi_profile.decoders
+    info.sharedEncoderCount = gi_profile.encoders
+    info.sharedJpegCount = gi_profile.jpegs
+    info.sharedOfaCount = gi_profile.ofas
+    if version == 2:
+        full = slices == gi_profile.compute_slices
+        info.name = (f"MIG {gi_profile.name}" if full else f"MIG {slices}c.{gi_profile.name}").encode()
+    return info
+
+
+def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+    device: Any,
+    profile: int,
+    engProfile: int,
+    version: int = 2,
+) -> Any:
+    r = _read(device, _KIND_GI)
+    assert r.gi is not None
+    if version not in (1, 2):
+        raise _error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+    if not 0 <= profile < NVML_COMPUTE_INSTANCE_PROFILE_COUNT:
+        raise _error(NVML_ERROR_INVALID_ARGUMENT)
+    if engProfile != NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED:
+        raise _error(NVML_ERROR_NOT_SUPPORTED)
+    gi_profile = r.model.profile_by_id(r.gi.profile_id)
+    if profile not in _ci_enums(gi_profile):
+        raise _error(NVML_ERROR_NOT_SUPPORTED)
+    return _ci_profile_info(gi_profile, profile, version)
+
+
+nvmlGpuInstanceGetComputeInstanceProfileInfoV = nvmlGpuInstanceGetComputeInstanceProfileInfo
+
+
+def _ci_free_starts(gi_profile: Profile, gi: _GpuInstance, slices: int) -> list[int]:
+    taken = 0
+    for ci in gi.compute_instances:
+        taken |= ((1 << ci.size) - 1) << ci.start
+    out = []
+    for start in range(0, gi_profile.compute_slices - slices + 1, slices):
+        if not taken & (((1 << slices) - 1) << start):
+            out.append(start)
+    return out
+
+
+def nvmlGpuInstanceGetComputeInstanceRemainingCapacity(gpuInstance: Any, profileId: int) -> int:
+    r = _read(gpuInstance, _KIND_GI)
+    assert r.gi is not None
+    gi_profile = r.model.profile_by_id(r.gi.profile_id)
+    if profileId not in _ci_enums(gi_profile):
+        raise _error(NVML_ERROR_INVALID_ARGUMENT)
+    return len(_ci_free_starts(gi_profile, r.gi, _CI_SLICES[profileId]))
+
+
+def nvmlGpuInstanceCreateComputeInstance(gpuInstance: Any, profileId: int) -> Any:
+    sim = _initialized()
+    with sim.mutate() as state:
+        r = _resolve(state, gpuInstance, _KIND_GI)
+        gi = r.gi
+        assert gi is not None
+        gi_profile = r.model.profile_by_id(gi.profile_id)
+        if profileId not in _ci_enums(gi_profile):
+            raise _error(NVML_ERROR_INVALID_ARGUMENT)
+        slices = _CI_SLICES[profileId]
+        starts = _ci_free_starts(gi_profile, gi, slices)
+        if not starts:
+            raise _error(NVML_ERROR_INSUFFICIENT_RESOURCES)
+        used = {c.id for c in gi.compute_instances}
+        ci_id = next(i for i in range(4096) if i not in used)
+        mig_uuid = "MIG-" + str(uuid.uuid5(_NAMESPACE, f"{r.gpu.uuid}/mig/{state.serial + 1}"))
+        gi.compute_instances.append(_ComputeInstance(ci_id, profileId, starts[0], slices, mig_uuid))
+        sim.record(
+            state, "create-ci", r.gpu,
+            gi_id=gi.id, ci_id=ci_id, profile=gi_profile.name, profile_id=gi_profile.profile_id,
+            start=gi.start, size=gi.size, mig_uuid=mig_uuid,
+        )  # fmt: skip
+        return _ci_handle(r.gpu.index, gi.id, ci_id)
+
+
+def nvmlGpuInstanceGetComputeInstances(
+    gpuInstance: Any,
+    profileId: int,
+    computeInstancesRef: Any,
+    countRef: Any,
+) -> int:
+    r = _read(gpuInstance, _KIND_GI)
+    gi = r.gi
+    assert gi is not None
+    if profileId not in _ci_enums(r.model.profile_by_id(gi.profile_id)):
+        raise _error(NVML_ERROR_INVALID_ARGUMENT)
+    count = _deref(countRef)
+    target, capacity = _capacity(computeInstancesRef)
+    found = sorted((c for c in gi.compute_instances if c.profile_id == profileId), key=lambda c: c.id)
+    if len(found) > capacity:
+        count.value = len(found)
+        raise _error(NVML_ERROR_INSUFFICIENT_SIZE)
+    for i, ci in enumerate(found):
+        target[i] = _ci_handle(r.gpu.index, gi.id, ci.id)
+    count.value = len(found)
+    return _SUCCESS
+
+
+def nvmlGpuInstanceGetComputeInstanceById(gpuInstance: Any, computeInstanceId: int) -> Any:
+    r = _read(gpuInstance, _KIND_GI)
+    assert r.gi is not None
+    if _find_ci(r.gi, computeInstanceId) is None:
+        raise _error(NVML_ERROR_NOT_FOUND)
+    return _ci_handle(r.gpu.index, r.gi.id, computeInstanceId)
+
+
+def nvmlComputeInstanceGetInfo(computeInstance: Any) -> Any:
+    r = _read(computeInstance, _KIND_CI)
+    assert r.gi is not None and r.ci is not None
+    info = c_nvmlComputeInstanceInfo_t()
+    info.device = _mig_handle(r.gpu.index, r.gi.id, r.ci.id)
+    info.gpuInstance = _gi_handle(r.gpu.index, r.gi.id)
+    info.id = r.ci.id
+    info.profileId = r.ci.profile_id
+    info.placement.start = r.ci.start
+    info.placement.size = r.ci.size
+    return info
+
+
+nvmlComputeInstanceGetInfo_v2 = nvmlComputeInstanceGetInfo
+
+
+def nvmlComputeInstanceDestroy(computeInstance: Any) -> int:
+    sim = _initialized()
+    with sim.mutate() as state:
+        r = _resolve(state, computeInstance, _KIND_CI)
+        gi, ci = r.gi, r.ci
+        assert gi is not None and ci is not None
+        if ci.processes:
+            raise _error(NVML_ERROR_IN_USE)
+        gi.compute_instances.remove(ci)
+        p = r.model.profile_by_id(gi.profile_id)
+        sim.record(
+            state, "destroy-ci", r.gpu,
+            gi_id=gi.id, ci_id=ci.id, profile=p.name, profile_id=p.profile_id,
+            start=gi.start, size=gi.size, mig_uuid=ci.uuid,
+        )  # fmt: skip
+    return _SUCCESS
