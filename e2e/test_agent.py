@@ -64,6 +64,10 @@ def install_crd(cp: ControlPlane) -> None:
     """Apply the GpuPartition CRD and wait until it is served (idempotent)."""
     cp.kubectl("apply", "-f", str(CRD))
     cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/gpupartitions.dynamig.io")
+    deadline = time.monotonic() + 30
+    while cp.kubectl("get", "gpupartitions", check=False).returncode != 0:  # storage may still initialise
+        assert time.monotonic() < deadline, "GpuPartition storage not ready"
+        time.sleep(0.2)
 
 
 async def ensure_device_class(api: client.ApiClient) -> None:

@@ -371,7 +371,7 @@ class NodeAgent:
             finished = True
 
         published = set(plan.publish)
-        message, ready, reason = self._readiness(plan, blocker, notes)
+        message, ready, reason = self._readiness(gpu.index, plan, blocker, notes)
         status = self._status(gpu, part, instances, claims, published, plan, phase, message)
         tnow = now_rfc3339()
         conds = status.conditions
@@ -401,20 +401,25 @@ class NodeAgent:
         return out
 
     @staticmethod
-    def _readiness(plan: GpuPlan, blocker: tuple[str, str] | None, notes: list[str]) -> tuple[str, bool, str]:
+    def _readiness(
+        index: int, plan: GpuPlan, blocker: tuple[str, str] | None, notes: list[str]
+    ) -> tuple[str, bool, str]:
         """(message, Ready status, reason) for the Ready condition. Pure."""
         if plan.violation is not None:
             return f"spec.layout rejected, GPU left as is: {plan.violation}", False, Reason.INVALID_LAYOUT
         if blocker is not None:
             return blocker[1], False, blocker[0]
         parts: list[str] = list(notes)
-        parts += [f"kept {w.placed.profile}@{w.placed.start}: {w.reason}" for w in plan.kept_busy]
+
+        def name(p: PlacedInstance) -> str:
+            return f"{device_name(index, p.profile, p.start)} ({p.profile}@{p.start})"
+
+        parts += [f"kept {name(w.placed)}: {w.reason}" for w in plan.kept_busy]
         if plan.draining:
-            parts += [f"draining {w.placed.profile}@{w.placed.start}: {w.reason}" for w in plan.draining]
+            parts += [f"draining {name(w.placed)}: {w.reason}" for w in plan.draining]
             return "; ".join(parts), False, Reason.DRAINING
         if plan.blocked:
-            parts += [f"waiting to create {w.placed.profile}@{w.placed.start}: {w.reason}" for w in
-                      plan.blocked]
+            parts += [f"waiting to create {name(w.placed)}: {w.reason}" for w in plan.blocked]
             reason = Reason.INSTANCE_BUSY if plan.kept_busy else Reason.RESHAPING
             return "; ".join(parts), False, reason
         if plan.kept_busy or notes:

@@ -61,7 +61,7 @@ class KubeApi:
         async for attempt in AsyncRetrying(
             retry=retry_if_exception(is_transient),
             stop=stop_after_attempt(self._attempts),
-            wait=wait_exponential_jitter(initial=0.1, max=self._max_wait),
+            wait=wait_exponential_jitter(multiplier=0.1, max=self._max_wait, jitter=0.1),
             before_sleep=before_sleep_log(log, logging.WARNING),
             reraise=True,
         ):
