@@ -1,0 +1,467 @@
+"""The kubelet DRA plugin end to end: a gRPC client plays the kubelet over real unix sockets.
+
+Real: etcd, kube-apiserver, kube-scheduler and kube-controller-manager (the scheduler allocates every claim
+used here from ResourceSlices, and binds the pods); the node agent (``NodeAgent``: adopts the MIG instances,
+creates the GpuPartition, publishes the node's ResourceSlices; ``AgentMigInstances`` behind the plugin); the
+plugin's gRPC servers on unix sockets, its API reads, CDI writer and checkpoint; the NVML code path
+(``NvmlDevices``) with the pynvml API.
+Simulated: the GPUs (``dynamig.backends.simnvml``, an A100-80GB with MIG enabled); the NVIDIA kernel
+driver's ``/dev`` nodes and ``/proc/driver/nvidia/capabilities`` files, written by ``SimulatedDriverFiles``
+into a temporary directory from what NVML reports; the kubelet (this test's gRPC client) and the Node
+(registered through the API; pods are bound but never run).
+
+Scenarios: registration (GetInfo, NotifyRegistrationStatus); prepare, repeat (v1 and v1beta1), restart the
+plugin and prepare again, unprepare (instance kept, marked free); one batch with a claim of another node, a
+missing claim, a claim with a stale UID and a good claim (one error per claim); a claim whose instance was
+destroyed (re-created at prepare); a claim whose placement is now taken (clear error); a restart that
+cleans up a claim deleted meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import pytest
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+from prometheus_client import CollectorRegistry
+
+from dynamig.agent.controller import AgentSettings, NodeAgent
+from dynamig.agent.devices_service import AgentMigInstances
+from dynamig.agent.kubeapi import KubeApi
+from dynamig.agent.metrics import AgentMetrics
+from dynamig.agent.nvml_device import GpuInfo, NvmlDevices
+from dynamig.agent.plugin import MigInstances, PluginServer, PluginSettings, serve_plugin
+from dynamig.agent.plugin import cdi as cdi_files
+from dynamig.agent.plugin.checkpoint import CheckpointStore
+from dynamig.agent.plugin.simfs import (
+    SimulatedDriverFiles,
+    SimulatedDriverInstances,
+    ci_cap_minor,
+    gi_cap_minor,
+)
+from dynamig.agent.plugin.stubs import Stubs, load_stubs
+from dynamig.devcluster import ControlPlane
+from dynamig.geometry.catalog import load_catalog
+from dynamig.geometry.model import PlacedInstance, device_name
+from dynamig.kube.devices import MigDevice
+from dynamig.kube.names import DEVICE_CLASS_NAME, MANAGED_NODE_LABEL
+from dynamig.kube.slices import build_resource_slices
+
+pytestmark = pytest.mark.controlplane
+
+DRIVER = "mig.dynamig.io"
+REPO = Path(__file__).resolve().parents[1]
+# The A100-80GB layout every test node starts with (adopted by the agent as the GpuPartition's spec).
+LAYOUT = (
+    PlacedInstance(0, "2g.20gb"),
+    PlacedInstance(2, "1g.10gb"),
+    PlacedInstance(3, "1g.10gb"),
+    PlacedInstance(4, "3g.40gb"),
+)
+T = TypeVar("T")
+
+
+async def eventually(probe: Callable[[], Awaitable[T | None]], what: str, within_s: float = 30.0) -> T:
+    """Await ``probe`` every 200 ms until it returns something other than None; fail after ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while True:
+        value = await probe()
+        if value is not None:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {within_s:.0f}s waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+# --- the kubelet's side -----------------------------------------------------------------------------------
+
+
+class Kubelet:
+    """What the kubelet does with a DRA plugin, over the same unix sockets and wire messages."""
+
+    def __init__(self, settings: PluginSettings, stubs: Stubs) -> None:
+        self.settings = settings
+        self.stubs = stubs
+
+    @contextlib.asynccontextmanager
+    async def _channel(self, socket: Path) -> AsyncIterator[grpc.aio.Channel]:
+        async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+            yield channel
+
+    async def register(self) -> Any:
+        """GetInfo on the registration socket, then NotifyRegistrationStatus(registered)."""
+        reg, reg_grpc = self.stubs.registration, self.stubs.registration_grpc
+        async with self._channel(self.settings.registration_socket) as ch:
+            stub = reg_grpc.RegistrationStub(ch)
+            info = await stub.GetInfo(reg.InfoRequest(), timeout=10)
+            await stub.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=True), timeout=10)
+        return info
+
+    async def prepare(self, *claims: tuple[str, str, str], version: str = "v1") -> dict[str, Any]:
+        """NodePrepareResources for (namespace, name, uid) claims; the per-claim answers by UID."""
+        pb = self.stubs.dra_v1 if version == "v1" else self.stubs.dra_v1beta1
+        grpc_mod = self.stubs.dra_v1_grpc if version == "v1" else self.stubs.dra_v1beta1_grpc
+        request = pb.NodePrepareResourcesRequest(
+            claims=[pb.Claim(namespace=ns, name=name, uid=uid) for ns, name, uid in claims]
+        )
+        async with self._channel(self.settings.dra_socket) as ch:
+            response = await grpc_mod.DRAPluginStub(ch).NodePrepareResources(request, timeout=30)
+        return dict(response.claims)
+
+    async def unprepare(self, *claims: tuple[str, str, str]) -> dict[str, str]:
+        pb, grpc_mod = self.stubs.dra_v1, self.stubs.dra_v1_grpc
+        request = pb.NodeUnprepareResourcesRequest(
+            claims=[pb.Claim(namespace=ns, name=name, uid=uid) for ns, name, uid in claims]
+        )
+        async with self._channel(self.settings.dra_socket) as ch:
+            response = await grpc_mod.DRAPluginStub(ch).NodeUnprepareResources(request, timeout=30)
+        return {uid: r.error for uid, r in response.claims.items()}
+
+
+def devices_of(answer: Any) -> list[tuple[list[str], str, str, list[str]]]:
+    return [
+        (list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids)) for d in answer.devices
+    ]
+
+
+# --- the node: simulated GPUs, the agent, the plugin -------------------------------------------------------
+
+
+@dataclass
+class Node:
+    name: str
+    root: Path
+    agent: NodeAgent
+    devices: NvmlDevices
+    files: SimulatedDriverFiles
+    instances: MigInstances
+    settings: PluginSettings
+    kubelet: Kubelet
+    server: PluginServer | None = None
+
+    @property
+    def gpu(self) -> GpuInfo:
+        return self.devices.gpu(0)
+
+    async def start_plugin(self, api: client.ApiClient) -> PluginServer:
+        self.server = await serve_plugin(self.settings, self.instances, api)
+        return self.server
+
+    async def stop_plugin(self) -> None:
+        if self.server is not None:
+            await self.server.stop()
+            self.server = None
+
+    def mig_uuid(self, placed: PlacedInstance) -> str | None:
+        for inst in self.devices.instances(self.gpu):
+            if inst.placed == placed:
+                return inst.mig_uuid
+        return None
+
+
+@pytest.fixture(scope="session")
+def crds(control_plane: ControlPlane) -> None:
+    control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    control_plane.kubectl(
+        "wait", "--for=condition=Established", "crd/gpupartitions.dynamig.io", "--timeout=60s"
+    )
+
+
+async def ensure_device_class(resource: client.ResourceV1Api) -> None:
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": DEVICE_CLASS_NAME},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+    }
+    try:
+        await resource.create_device_class(body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+@pytest.fixture
+async def node(
+    crds: None, kube_api: client.ApiClient, make_node: Callable[..., str]
+) -> AsyncIterator[Node]:
+    """A managed node with one simulated A100-80GB carrying ``LAYOUT``, its agent, and its plugin started."""
+    from dynamig.backends.nvml import load_nvml
+
+    await ensure_device_class(client.ResourceV1Api(kube_api))
+    # Short path: AF_UNIX socket paths are limited to 107 bytes.
+    root = Path(tempfile.mkdtemp(prefix="dmkp", dir="/tmp"))
+    name = make_node("kp", labels={MANAGED_NODE_LABEL: "true"})
+    nvml = load_nvml("simulated")
+    nvml.configure(gpus=["A100-80GB"], state_file=root / "nvml-state.json")
+    devices = NvmlDevices(nvml, load_catalog())
+    devices.init()
+    gpu = devices.gpu(0)
+    if not gpu.mig_enabled:  # as an administrator would, before handing the GPU to dynamig
+        nvml.nvmlDeviceSetMigMode(nvml.nvmlDeviceGetHandleByIndex(0), nvml.NVML_DEVICE_MIG_ENABLE)
+        gpu = devices.gpu(0)
+    assert gpu.mig_enabled
+    for placed in LAYOUT:
+        devices.create(gpu, placed)
+    agent = NodeAgent(
+        AgentSettings(node=name, settle_seconds=0.5), KubeApi(kube_api), devices,
+        AgentMetrics(CollectorRegistry(), name),
+    )
+    await agent.reconcile_once()  # adopts the instances, creates the GpuPartition, publishes the slice
+    files = SimulatedDriverFiles(devices, proc_root=root / "proc", dev_root=root / "dev")
+    files.sync()
+    settings = PluginSettings(
+        node_name=name,
+        kubelet_root=root / "kubelet",
+        cdi_root=root / "cdi",
+        dev_root=root / "dev",
+        proc_root=root / "proc",
+    )
+    n = Node(
+        name=name, root=root, agent=agent, devices=devices, files=files,
+        instances=SimulatedDriverInstances(AgentMigInstances(agent), files),
+        settings=settings, kubelet=Kubelet(settings, load_stubs()),
+    )
+    await n.start_plugin(kube_api)
+    try:
+        yield n
+    finally:
+        await n.stop_plugin()
+        await agent.uninstall()
+        devices.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def allocate(
+    kube_api: client.ApiClient, namespace: str, node: str, placed: PlacedInstance, name: str | None = None,
+) -> tuple[str, str, str]:
+    """A ResourceClaim for exactly the device at ``placed`` on GPU 0, allocated by the scheduler for a pod
+    pinned to ``node``. Returns (namespace, claim name, claim UID)."""
+    core, resource = client.CoreV1Api(kube_api), client.ResourceV1Api(kube_api)
+    claim_name = name or f"c-{uuid.uuid4().hex[:8]}"
+    attr = f'device.attributes["{DRIVER}"]'
+    selector = f'{attr}.profile == "{placed.profile}" && {attr}.placementStart == {placed.start}'
+    await resource.create_namespaced_resource_claim(namespace, {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": claim_name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": DEVICE_CLASS_NAME, "selectors": [{"cel": {"expression": selector}}],
+        }}]}},
+    })
+    await core.create_namespaced_pod(namespace, {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"p-{claim_name}"},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
+            "containers": [{
+                "name": "main", "image": "registry.invalid/cuda-sample:1",
+                "resources": {"claims": [{"name": "gpu"}]},
+            }],
+        },
+    })
+
+    async def allocated() -> client.ResourceV1ResourceClaim | None:
+        c = await resource.read_namespaced_resource_claim(claim_name, namespace)
+        return c if c.status and c.status.allocation else None
+
+    claim = await eventually(allocated, f"claim {claim_name} allocated by the scheduler")
+    [result] = claim.status.allocation.devices.results
+    expected = (DRIVER, node, device_name(0, placed.profile, placed.start))
+    assert (result.driver, result.pool, result.device) == expected
+    return namespace, claim_name, claim.metadata.uid
+
+
+def host_node_exists(node: Node, host_path: str) -> bool:
+    """The spec's host path is a (simulated) device node under the node's stand-in /dev."""
+    return host_path.startswith(f"{node.root / 'dev'}/") and Path(host_path).exists()
+
+
+def read_spec(node: Node, claim_uid: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(cdi_files.spec_path(node.settings.cdi_root, claim_uid).read_text())
+    return data
+
+
+# --- scenarios ---------------------------------------------------------------------------------------------
+
+
+async def test_registration_over_the_registry_socket(node: Node) -> None:
+    assert node.server is not None
+    info = await node.kubelet.register()
+    assert info.type == "DRAPlugin"
+    assert info.name == DRIVER
+    assert info.endpoint == str(node.root / "kubelet/plugins/mig.dynamig.io/dra.sock")
+    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    assert node.settings.registration_socket == node.root / "kubelet/plugins_registry/mig.dynamig.io-reg.sock"
+    await asyncio.wait_for(node.server.registered.wait(), 5)
+    assert node.server.registration_error == ""
+
+
+async def test_prepare_repeat_restart_unprepare(
+    node: Node, kube_api: client.ApiClient, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    placed = PlacedInstance(2, "1g.10gb")
+    dev = device_name(0, placed.profile, placed.start)
+    ref = await allocate(kube_api, namespace, node.name, placed)
+    uid = ref[2]
+    expected_id = f"k8s.mig.dynamig.io/claim={uid}-{dev}"
+
+    t0 = time.perf_counter()
+    answer = (await node.kubelet.prepare(ref))[uid]
+    first_prepare_s = time.perf_counter() - t0
+    assert answer.error == ""
+    assert devices_of(answer) == [(["gpu"], node.name, dev, [expected_id])]
+
+    # The CDI spec hands the container exactly this MIG instance.
+    spec = read_spec(node, uid)
+    assert spec["cdiVersion"] == "0.6.0" and spec["kind"] == "k8s.mig.dynamig.io/claim"
+    [cdi_dev] = spec["devices"]
+    assert f"k8s.mig.dynamig.io/claim={cdi_dev['name']}" == expected_id
+    mig = next(i for i in node.devices.instances(node.gpu) if i.placed == placed)
+    assert cdi_dev["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={mig.mig_uuid}"]
+    minor = node.gpu.minor
+    assert minor is not None and mig.ci_id is not None
+    nodes = cdi_dev["containerEdits"]["deviceNodes"]
+    assert [n["path"] for n in nodes] == [
+        f"/dev/nvidia{minor}", "/dev/nvidiactl", "/dev/nvidia-uvm",
+        f"/dev/nvidia-caps/nvidia-cap{gi_cap_minor(minor, mig.gi_id)}",
+        f"/dev/nvidia-caps/nvidia-cap{ci_cap_minor(minor, mig.gi_id, mig.ci_id)}",
+    ]
+    assert all(host_node_exists(node, n["hostPath"]) for n in nodes)
+    assert dev in node.agent.prepared
+
+    # Repeated, also through the v1beta1 service: the same answer.
+    t0 = time.perf_counter()
+    again = (await node.kubelet.prepare(ref))[uid]
+    repeat_prepare_s = time.perf_counter() - t0
+    assert devices_of(again) == devices_of(answer)
+    beta = (await node.kubelet.prepare(ref, version="v1beta1"))[uid]
+    assert beta.error == "" and devices_of(beta) == devices_of(answer)
+
+    # A restarted plugin (new process state, same checkpoint) gives the same answer.
+    await node.stop_plugin()
+    assert not node.settings.dra_socket.exists() and not node.settings.registration_socket.exists()
+    await node.start_plugin(kube_api)
+    assert set(CheckpointStore(node.settings.checkpoint_path).load()) == {uid}
+    restarted = (await node.kubelet.prepare(ref))[uid]
+    assert devices_of(restarted) == devices_of(answer)
+
+    # Unprepare: spec and checkpoint entry gone, the instance kept and no longer counted as prepared.
+    assert await node.kubelet.unprepare(ref) == {uid: ""}
+    assert not cdi_files.spec_path(node.settings.cdi_root, uid).exists()
+    assert CheckpointStore(node.settings.checkpoint_path).load() == {}
+    assert dev not in node.agent.prepared
+    assert node.mig_uuid(placed) == mig.mig_uuid, "unprepare must not destroy the instance"
+    assert await node.kubelet.unprepare(ref) == {uid: ""}, "unprepare is idempotent"
+    with capsys.disabled():
+        print(f"\nkubelet plugin: first prepare {first_prepare_s * 1000:.1f} ms, "
+              f"repeated prepare {repeat_prepare_s * 1000:.1f} ms")
+
+
+async def test_one_error_per_claim_in_a_batch(
+    node: Node, kube_api: client.ApiClient, namespace: str, make_node: Callable[..., str]
+) -> None:
+    resource = client.ResourceV1Api(kube_api)
+    # Another node publishes its own device; the scheduler allocates a claim there.
+    other = make_node("kp-other")
+    a100 = load_catalog().model("A100-80GB")
+    foreign = MigDevice(0, a100.profile("1g.10gb"), 0, a100.product_name, "GPU-other", "MIG-other")
+    (slice_body,) = build_resource_slices(other, 1, [foreign.to_api()])
+    await resource.create_resource_slice(slice_body)
+    try:
+        theirs = await allocate(kube_api, namespace, other, PlacedInstance(0, "1g.10gb"))
+        ours = await allocate(kube_api, namespace, node.name, PlacedInstance(0, "2g.20gb"))
+        missing = (namespace, "no-such-claim", str(uuid.uuid4()))
+        stale = (ours[0], ours[1], str(uuid.uuid4()))
+
+        answers = await node.kubelet.prepare(theirs, missing, stale, ours)
+        assert set(answers) == {theirs[2], missing[2], stale[2], ours[2]}
+        assert f"of another node's pool; this is node {node.name}" in answers[theirs[2]].error
+        assert f"{other}/gpu0-1g10gb-s0" in answers[theirs[2]].error
+        assert answers[missing[2]].error == f"ResourceClaim {namespace}/no-such-claim does not exist"
+        assert "deleted and re-created" in answers[stale[2]].error
+        assert answers[ours[2]].error == ""
+        assert [d[2] for d in devices_of(answers[ours[2]])] == ["gpu0-2g20gb-s0"]
+        # Failed claims leave nothing behind.
+        assert cdi_files.spec_claim_uids(node.settings.cdi_root) == {ours[2]}
+        assert set(CheckpointStore(node.settings.checkpoint_path).load()) == {ours[2]}
+    finally:
+        await resource.delete_resource_slice(slice_body["metadata"]["name"])
+
+
+async def test_destroyed_instance_is_recreated_and_taken_placement_is_refused(
+    node: Node, kube_api: client.ApiClient, namespace: str
+) -> None:
+    gpu = node.gpu
+    # 1. The allocated instance was destroyed after allocation: prepare re-creates it at its placement.
+    small = PlacedInstance(3, "1g.10gb")
+    ref = await allocate(kube_api, namespace, node.name, small)
+    old_uuid = node.mig_uuid(small)
+    assert node.devices.destroy(gpu, small) is True
+    node.files.sync()
+    assert node.mig_uuid(small) is None
+    answer = (await node.kubelet.prepare(ref))[ref[2]]
+    assert answer.error == ""
+    new = next(i for i in node.devices.instances(gpu) if i.placed == small)
+    assert new.mig_uuid and new.ci_id is not None
+    spec = read_spec(node, ref[2])
+    assert spec["devices"][0]["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={new.mig_uuid}"]
+    assert old_uuid is not None
+
+    # 2. The allocated placement is now held by another instance: a clear per-claim error, nothing created.
+    big = PlacedInstance(4, "3g.40gb")
+    ref_big = await allocate(kube_api, namespace, node.name, big)
+    assert node.devices.destroy(gpu, big) is True
+    intruder = node.devices.create(gpu, PlacedInstance(4, "2g.20gb"))
+    node.files.sync()
+    answer = (await node.kubelet.prepare(ref_big))[ref_big[2]]
+    assert "gpu0-3g40gb-s4" in answer.error
+    assert "memory slices 4-7 of GPU 0" in answer.error and "2g.20gb at slice 4" in answer.error
+    assert list(answer.devices) == []
+    assert node.mig_uuid(big) is None and node.mig_uuid(PlacedInstance(4, "2g.20gb")) == intruder.mig_uuid
+    assert not cdi_files.spec_path(node.settings.cdi_root, ref_big[2]).exists()
+    assert "gpu0-3g40gb-s4" not in node.agent.prepared
+
+
+async def test_restart_unprepares_claims_deleted_meanwhile(
+    node: Node, kube_api: client.ApiClient, namespace: str
+) -> None:
+    core, resource = client.CoreV1Api(kube_api), client.ResourceV1Api(kube_api)
+    placed = PlacedInstance(2, "1g.10gb")
+    ref = await allocate(kube_api, namespace, node.name, placed)
+    assert (await node.kubelet.prepare(ref))[ref[2]].error == ""
+    await node.stop_plugin()
+
+    # While the plugin is down the pod and its claim go away.
+    await core.delete_namespaced_pod(f"p-{ref[1]}", namespace, grace_period_seconds=0)
+    await resource.delete_namespaced_resource_claim(ref[1], namespace)
+
+    async def gone() -> bool | None:
+        try:
+            await resource.read_namespaced_resource_claim(ref[1], namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return True
+            raise
+        return None
+
+    await eventually(gone, "claim deleted")
+    await node.start_plugin(kube_api)
+    assert CheckpointStore(node.settings.checkpoint_path).load() == {}
+    assert not cdi_files.spec_path(node.settings.cdi_root, ref[2]).exists()
+    assert device_name(0, placed.profile, placed.start) not in node.agent.prepared
+    assert node.mig_uuid(placed) is not None, "the instance is kept"
