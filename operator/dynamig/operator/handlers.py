@@ -113,7 +113,6 @@ def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
     ks.peering.mandatory = not settings.standalone
     ks.watching.server_timeout = 60
     ks.watching.connect_timeout = 10
-    ks.scanning.disabled = True  # the resources are known; no need for cluster-wide discovery of CRDs
     return ks
 
 
@@ -161,7 +160,8 @@ async def run_operator(
                 settings=kopf_settings(settings),
                 clusterwide=True,
                 standalone=settings.standalone,
-                peering_name=settings.peering_name,
+                # Kopf makes peering mandatory whenever a name is passed, even when standalone.
+                peering_name=None if settings.standalone else settings.peering_name,
                 priority=settings.priority,
                 stop_flag=stop_flag,
                 ready_flag=ready_flag,

@@ -68,7 +68,7 @@ class KubeIO:
         async for attempt in AsyncRetrying(
             retry=retry_if_exception(is_transient),
             stop=stop_after_attempt(self._attempts),
-            wait=wait_exponential_jitter(initial=0.1, max=3.0),
+            wait=wait_exponential_jitter(multiplier=0.1, max=3.0),
             reraise=True,
         ):
             with attempt:

@@ -427,6 +427,7 @@ class Reconciler:
             conds = set_condition(
                 conds, "Reshaping", False, "Stable", "no GpuPartition is being reshaped", gen, stamp
             )
+        old_demand: dict[str, Any] = dict(old.get("pendingDemand") or {})
         status: dict[str, Any] = {
             "observedGeneration": gen,
             "matchedGpus": len(mine),
@@ -434,8 +435,9 @@ class Reconciler:
             "lostGpus": [{"gpu": g, "governedBy": p} for g, p in sorted(lost.items())],
             "pendingDemand": {
                 "total": len(decision.verdicts),
-                "byProfile": decision.pending_by_profile(),
-                "byReason": decision.pending_by_reason(),
+                # a merge patch keeps map keys it does not name: null removes the ones that went away
+                "byProfile": _replacing(old_demand.get("byProfile"), decision.pending_by_profile()),
+                "byReason": _replacing(old_demand.get("byReason"), decision.pending_by_reason()),
             },
             "plannedLayouts": [
                 {"gpu": w.gpu, "layout": layout_summary(w.layout), "reason": w.reason}
@@ -474,6 +476,13 @@ class Reconciler:
     async def _event_gpu(self, gpu: str, kind: str, reason: str, message: str) -> None:
         ref = {"apiVersion": GROUP_VERSION, "kind": GPU_PARTITION_KIND, "name": gpu}
         await self.kube.post_event(ref, kind, reason, message, self.settings.events_namespace)
+
+
+def _replacing(old: Mapping[str, Any] | None, new: Mapping[str, int]) -> dict[str, int | None]:
+    """``new`` plus ``None`` for each key of ``old`` it lacks (a merge patch that replaces the map). Pure."""
+    out: dict[str, int | None] = {k: None for k in old or {} if k not in new}
+    out.update(new)
+    return out
 
 
 def _differs(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:

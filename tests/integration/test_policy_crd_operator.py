@@ -1,0 +1,374 @@
+"""The operator against the real control plane, with the node agent's part played by the test.
+
+Real: etcd, kube-apiserver (both CRDs with their schemas and CEL rules), kube-scheduler (it marks the pods
+Unschedulable because no device is published) and kube-controller-manager; the operator runs in-process
+through Kopf (standalone, no peering) exactly as ``dynamig operator`` runs it, with the real planner and CEL.
+Simulated: there is no node agent and no GPU here. The test creates the GpuPartitions and writes their
+``status`` the way the agent reports it (an A100-80GB cut 2 x 3g.40gb, all instances free), so what is checked
+is the operator's side of the contract: demand found, ``spec.layout`` written within the budget, "why
+pending?" Events and policy status, completion noticed from ``observedGeneration``, invalid and overlapping
+policies reported. The full loop with the agent and simulated NVML is ``e2e/test_operator.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from dynamig.devcluster import ControlPlane
+from dynamig.operator.handlers import run_operator
+from dynamig.operator.metrics import OperatorMetrics
+from dynamig.operator.settings import OperatorSettings
+
+T = TypeVar("T")
+REPO = Path(__file__).resolve().parents[2]
+DRIVER = "mig.dynamig.io"
+PROFILE = f'device.attributes["{DRIVER}"].profile'
+GROUP, VERSION = "dynamig.io", "v1alpha1"
+
+
+async def eventually(probe: Callable[[], Awaitable[T | None]], what: str, within_s: float = 30.0) -> T:
+    deadline = time.monotonic() + within_s
+    while True:
+        value = await probe()
+        if value is not None:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {within_s:.0f}s waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+@pytest.fixture
+def crds(control_plane: ControlPlane) -> ControlPlane:
+    for crd in ("gpupartitions", "gpupartitionpolicies"):
+        control_plane.kubectl("apply", "-f", str(REPO / "crds" / f"{crd}.yaml"))
+        control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd}.dynamig.io")
+    return control_plane
+
+
+@contextlib.asynccontextmanager
+async def operator_running(cp: ControlPlane, metrics: OperatorMetrics) -> AsyncIterator[None]:
+    settings = OperatorSettings(kubeconfig=cp.kubeconfig_path, standalone=True, resync_seconds=2.0)
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(run_operator(settings, stop, ready, metrics=metrics), name="operator")
+    await asyncio.wait_for(ready.wait(), timeout=30)
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=30)
+
+
+class Cluster:
+    def __init__(self, api: client.ApiClient) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+        self.resource = client.ResourceV1Api(api)
+
+    async def ensure_device_class(self) -> None:
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": DRIVER},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+        }
+        with contextlib.suppress(ApiException):
+            await self.resource.create_device_class(body)
+
+    async def gpu(self, node: str, index: int, layout: list[tuple[str, int]]) -> str:
+        """Create a GpuPartition and report it like the agent: instances exist and are free."""
+        name = f"{node}-gpu{index}"
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "GpuPartition",
+            "metadata": {
+                "name": name,
+                "labels": {"dynamig.io/node": node, "dynamig.io/gpu-index": str(index)},
+            },
+            "spec": {"layout": [{"profile": p, "start": s} for p, s in layout]},
+        }
+        obj = await self.custom.create_cluster_custom_object(GROUP, VERSION, "gpupartitions", body)
+        await self.report(name, node, index, layout, int(obj["metadata"]["generation"]))
+        return name
+
+    async def report(self, name: str, node: str, index: int, layout: list[tuple[str, int]], gen: int) -> None:
+        status = {
+            "node": node,
+            "gpuIndex": index,
+            "uuid": f"GPU-{uuid.uuid4()}",
+            "product": "NVIDIA A100-SXM4-80GB",
+            "model": "A100-80GB",
+            "migMode": "Enabled",
+            "phase": "Stable",
+            "observedGeneration": gen,
+            "instances": [
+                {
+                    "profile": p,
+                    "start": s,
+                    "deviceName": f"gpu{index}-{p.replace('.', '')}-s{s}",
+                    "state": "free",
+                }
+                for p, s in layout
+            ],
+        }
+        await self.custom.patch_cluster_custom_object_status(
+            GROUP,
+            VERSION,
+            "gpupartitions",
+            name,
+            {"status": status},
+            _content_type="application/merge-patch+json",
+        )
+
+    async def partition(self, name: str) -> dict[str, Any]:
+        obj: dict[str, Any] = await self.custom.get_cluster_custom_object(
+            GROUP, VERSION, "gpupartitions", name
+        )
+        return obj
+
+    async def policy(self, name: str) -> dict[str, Any]:
+        obj: dict[str, Any] = await self.custom.get_cluster_custom_object(
+            GROUP, VERSION, "gpupartitionpolicies", name
+        )
+        return obj
+
+    async def create_policy(self, name: str, spec: dict[str, Any]) -> None:
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "GpuPartitionPolicy",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+        await self.custom.create_cluster_custom_object(GROUP, VERSION, "gpupartitionpolicies", body)
+
+    async def delete_policy(self, name: str) -> None:
+        with contextlib.suppress(ApiException):
+            await self.custom.delete_cluster_custom_object(GROUP, VERSION, "gpupartitionpolicies", name)
+
+        async def gone() -> bool | None:
+            try:
+                await self.policy(name)
+            except ApiException as exc:
+                return True if exc.status == 404 else None
+            return None
+
+        await eventually(gone, f"policy {name} deleted")
+
+    async def inference_pod(self, ns: str, name: str, node: str) -> None:
+        alts = [
+            {
+                "name": "small",
+                "deviceClassName": DRIVER,
+                "selectors": [{"cel": {"expression": f'{PROFILE} == "1g.10gb"'}}],
+            },
+            {
+                "name": "medium",
+                "deviceClassName": DRIVER,
+                "selectors": [{"cel": {"expression": f'{PROFILE} == "2g.20gb"'}}],
+            },
+        ]
+        claim = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": alts}]}},
+        }
+        await self.custom.create_namespaced_custom_object(
+            "resource.k8s.io", "v1", ns, "resourceclaims", claim
+        )
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.invalid/infer:1",
+                        "resources": {"claims": [{"name": "gpu"}]},
+                    }
+                ],
+            },
+        }
+        await self.core.create_namespaced_pod(ns, pod)
+
+    async def events(self, ns: str, name: str) -> list[dict[str, Any]]:
+        resp = await self.core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}")
+        return [
+            {"reason": e.reason, "message": e.message, "type": e.type, "kind": e.involved_object.kind}
+            for e in resp.items
+        ]
+
+
+async def test_operator_turns_pending_claims_into_layouts_and_explains(
+    crds: ControlPlane, kube_api: client.ApiClient, namespace: str, make_node: Callable[..., str]
+) -> None:
+    k = Cluster(kube_api)
+    await k.ensure_device_class()
+    pool = uuid.uuid4().hex[:8]
+    node = make_node("op", labels={"dynamig.io/managed": "true", "test-pool": pool})
+    baseline = [("3g.40gb", 0), ("3g.40gb", 4)]
+    gpu0 = await k.gpu(node, 0, baseline)
+    gpu1 = await k.gpu(node, 1, baseline)
+    policy, late, bad = f"op-{pool}", f"op-late-{pool}", f"op-bad-{pool}"
+    metrics = OperatorMetrics()
+    spec = {
+        "nodeSelector": {"matchLabels": {"test-pool": pool}},
+        "gpuProducts": ["A100-80GB"],
+        "mode": "Dynamic",
+        "baseline": {"A100-80GB": [{"profile": p, "start": s} for p, s in baseline]},
+        "batchWindowSeconds": 1,
+        "cooldownSeconds": 5,
+        "disruptionBudget": {"maxGpusReshaping": 1},
+    }
+    async with operator_running(crds, metrics):
+        try:
+            for i in range(3):
+                await k.inference_pod(namespace, f"infer-{i}", node)
+
+            async def unschedulable() -> bool | None:
+                pods = (await k.core.list_namespaced_pod(namespace)).items
+                flags = [
+                    any(
+                        c.type == "PodScheduled" and c.reason == "Unschedulable"
+                        for c in p.status.conditions or []
+                    )
+                    for p in pods
+                ]
+                return True if len(flags) == 3 and all(flags) else None
+
+            # The scheduler has found no device for any of them before the policy exists: one round sees all.
+            await eventually(unschedulable, "three Unschedulable pods")
+            await k.create_policy(policy, spec)
+
+            # 1. One GPU (the budget) gets a new spec.layout with 1g.10gb instances for the three claims.
+            async def written() -> tuple[str, dict[str, Any]] | None:
+                for name in (gpu0, gpu1):
+                    p = await k.partition(name)
+                    profiles = [e["profile"] for e in p["spec"].get("layout", [])]
+                    if "1g.10gb" in profiles:
+                        return name, p
+                return None
+
+            target, part = await eventually(written, "a layout with 1g.10gb written")
+            other = gpu1 if target == gpu0 else gpu0
+            assert [e["profile"] for e in (await k.partition(other))["spec"]["layout"]] == [
+                "3g.40gb",
+                "3g.40gb",
+            ]
+            new_layout = [(e["profile"], e["start"]) for e in part["spec"]["layout"]]
+            assert sum(1 for p, _ in new_layout if p == "1g.10gb") >= 3
+            assert "dynamig.io/layout-written-at" in part["metadata"]["annotations"]
+
+            # 2. "Why pending?": Events on each claim and its pod, and sums in the policy status.
+            def told(name: str) -> Callable[[], Awaitable[list[dict[str, Any]] | None]]:
+                async def probe() -> list[dict[str, Any]] | None:
+                    evs = [e for e in await k.events(namespace, name) if e["reason"] == "ReshapeScheduled"]
+                    kinds = {e["kind"] for e in evs}
+                    return evs if {"ResourceClaim", "Pod"} <= kinds else None
+
+                return probe
+
+            for i in range(3):
+                evs = await eventually(told(f"infer-{i}"), f"ReshapeScheduled on infer-{i} and its pod")
+                assert target in evs[0]["message"] and "3g.40gb@0,3g.40gb@4" in evs[0]["message"]
+
+            async def status_sums() -> dict[str, Any] | None:
+                st = (await k.policy(policy)).get("status") or {}
+                pd = st.get("pendingDemand") or {}
+                return st if pd.get("total") == 3 and pd.get("byProfile") == {"1g.10gb": 3} else None
+
+            st = await eventually(status_sums, "pending demand in policy status")
+            assert st["matchedGpus"] == 2 and sorted(st["gpus"]) == sorted([gpu0, gpu1])
+            assert st["lastReshape"]["gpus"] == [target]
+            conds = {c["type"]: c for c in st["conditions"]}
+            assert conds["Valid"]["status"] == "True" and conds["Overlapping"]["status"] == "False"
+
+            # 3. The "agent" reports the new layout: the operator notices completion; claims now wait for
+            #    the scheduler on free instances that exist.
+            index = 0 if target == gpu0 else 1
+            await k.report(target, node, index, new_layout, int(part["metadata"]["generation"]))
+
+            async def completed() -> list[dict[str, Any]] | None:
+                evs = [e for e in await k.events("default", policy) if e["reason"] == "ReshapeCompleted"]
+                return evs or None
+
+            (done,) = await eventually(completed, "ReshapeCompleted on the policy")
+            assert target in done["message"]
+
+            async def waiting() -> dict[str, Any] | None:
+                st = (await k.policy(policy)).get("status") or {}
+                by_reason = (st.get("pendingDemand") or {}).get("byReason")
+                return st if by_reason == {"WaitingForScheduler": 3} else None
+
+            await eventually(waiting, "claims waiting for the scheduler")
+            gpu_events = {e["reason"] for e in await k.events("default", target)}
+            assert {"LayoutChanged", "ReshapeCompleted"} <= gpu_events
+
+            # 4. A later policy selecting the same GPUs loses them, and says so.
+            await k.create_policy(late, {**spec, "mode": "Static"})
+
+            async def lost() -> dict[str, Any] | None:
+                st = (await k.policy(late)).get("status") or {}
+                return st if st.get("lostGpus") else None
+
+            st = await eventually(lost, "lost GPUs in the later policy's status")
+            assert {g["gpu"]: g["governedBy"] for g in st["lostGpus"]} == {gpu0: policy, gpu1: policy}
+            assert st["matchedGpus"] == 0
+            assert {c["type"]: c["status"] for c in st["conditions"]}["Overlapping"] == "True"
+
+            # 5. A baseline the model cannot hold passes the API server but the operator refuses it.
+            await k.create_policy(
+                bad,
+                {
+                    "nodeSelector": {"matchLabels": {"test-pool": "nothing"}},
+                    "baseline": {"A100-80GB": [{"profile": "3g.40gb", "start": 2}]},
+                },
+            )
+
+            async def invalid() -> dict[str, Any] | None:
+                st = (await k.policy(bad)).get("status") or {}
+                valid = {c["type"]: c for c in st.get("conditions") or []}.get("Valid")
+                return valid if valid and valid["status"] == "False" else None
+
+            cond = await eventually(invalid, "Valid=False on the invalid policy")
+            assert cond["reason"] == "InvalidSpec" and "spec.baseline[A100-80GB]" in cond["message"]
+            warn = [e for e in await k.events("default", bad) if e["reason"] == "InvalidSpec"]
+            assert warn and warn[0]["type"] == "Warning" and "cannot start at slice 2" in warn[0]["message"]
+
+            # 6. Metrics: planner time and written layouts were recorded.
+            assert (
+                metrics.registry.get_sample_value(
+                    "dynamig_operator_reshapes_total", {"policy": policy, "result": "written"}
+                )
+                == 1
+            )
+            assert (
+                metrics.registry.get_sample_value(
+                    "dynamig_operator_reshapes_total", {"policy": policy, "result": "completed"}
+                )
+                == 1
+            )
+            assert (
+                metrics.registry.get_sample_value(
+                    "dynamig_operator_plan_duration_seconds_count", {"policy": policy}
+                )
+                or 0
+            ) >= 2
+        finally:
+            for name in (policy, late, bad):
+                await k.delete_policy(name)
+            for name in (gpu0, gpu1):
+                with contextlib.suppress(ApiException):
+                    await k.custom.delete_cluster_custom_object(GROUP, VERSION, "gpupartitions", name)
