@@ -44,7 +44,7 @@ from dynamig.agent.metrics import AgentMetrics
 from dynamig.agent.nvml_device import GpuInfo, NvmlDevices
 from dynamig.agent.plugin import MigInstances, PluginServer, PluginSettings, serve_plugin
 from dynamig.agent.plugin import cdi as cdi_files
-from dynamig.agent.plugin.checkpoint import CheckpointStore
+from dynamig.agent.plugin.checkpoint import CheckpointError, CheckpointStore
 from dynamig.agent.plugin.simfs import (
     SimulatedDriverFiles,
     SimulatedDriverInstances,
@@ -249,16 +249,28 @@ async def allocate(
 ) -> tuple[str, str, str]:
     """A ResourceClaim for exactly the device at ``placed`` on GPU 0, allocated by the scheduler for a pod
     pinned to ``node``. Returns (namespace, claim name, claim UID)."""
-    core, resource = client.CoreV1Api(kube_api), client.ResourceV1Api(kube_api)
-    claim_name = name or f"c-{uuid.uuid4().hex[:8]}"
     attr = f'device.attributes["{DRIVER}"]'
     selector = f'{attr}.profile == "{placed.profile}" && {attr}.placementStart == {placed.start}'
+    ref, devices = await allocate_selector(kube_api, namespace, node, selector, name=name)
+    assert devices == [device_name(0, placed.profile, placed.start)]
+    return ref
+
+
+async def allocate_selector(
+    kube_api: client.ApiClient, namespace: str, node: str, selector: str, *, count: int = 1,
+    name: str | None = None,
+) -> tuple[tuple[str, str, str], list[str]]:
+    """A ResourceClaim for ``count`` devices matching the CEL ``selector``, allocated by the scheduler for a
+    pod pinned to ``node``. Returns ((namespace, claim name, claim UID), allocated device names)."""
+    core, resource = client.CoreV1Api(kube_api), client.ResourceV1Api(kube_api)
+    claim_name = name or f"c-{uuid.uuid4().hex[:8]}"
     await resource.create_namespaced_resource_claim(namespace, {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": claim_name},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
             "deviceClassName": DEVICE_CLASS_NAME, "selectors": [{"cel": {"expression": selector}}],
+            "allocationMode": "ExactCount", "count": count,
         }}]}},
     })
     await core.create_namespaced_pod(namespace, {
@@ -280,10 +292,9 @@ async def allocate(
         return c if c.status and c.status.allocation else None
 
     claim = await eventually(allocated, f"claim {claim_name} allocated by the scheduler")
-    [result] = claim.status.allocation.devices.results
-    expected = (DRIVER, node, device_name(0, placed.profile, placed.start))
-    assert (result.driver, result.pool, result.device) == expected
-    return namespace, claim_name, claim.metadata.uid
+    results = claim.status.allocation.devices.results
+    assert {(r.driver, r.pool) for r in results} == {(DRIVER, node)}
+    return (namespace, claim_name, claim.metadata.uid), [r.device for r in results]
 
 
 def host_node_exists(node: Node, host_path: str) -> bool:
@@ -351,6 +362,12 @@ async def test_prepare_repeat_restart_unprepare(
     assert devices_of(again) == devices_of(answer)
     beta = (await node.kubelet.prepare(ref, version="v1beta1"))[uid]
     assert beta.error == "" and devices_of(beta) == devices_of(answer)
+    # Concurrent calls for the same claim agree, and a spec file that vanished (tmpfs /var/run/cdi after a
+    # reboot of the runtime's view) is written again.
+    cdi_files.spec_path(node.settings.cdi_root, uid).unlink()
+    racing = await asyncio.gather(*(node.kubelet.prepare(ref) for _ in range(4)))
+    assert all(devices_of(r[uid]) == devices_of(answer) for r in racing)
+    assert read_spec(node, uid) == spec
 
     # A restarted plugin (new process state, same checkpoint) gives the same answer.
     await node.stop_plugin()
@@ -370,6 +387,36 @@ async def test_prepare_repeat_restart_unprepare(
     with capsys.disabled():
         print(f"\nkubelet plugin: first prepare {first_prepare_s * 1000:.1f} ms, "
               f"repeated prepare {repeat_prepare_s * 1000:.1f} ms")
+
+
+async def test_claim_with_two_devices(node: Node, kube_api: client.ApiClient, namespace: str) -> None:
+    """Two 1g.10gb instances for one request: both in the answer, each CDI device sees both UUIDs."""
+    selector = f'device.attributes["{DRIVER}"].profile == "1g.10gb"'
+    ref, names = await allocate_selector(kube_api, namespace, node.name, selector, count=2)
+    assert sorted(names) == ["gpu0-1g10gb-s2", "gpu0-1g10gb-s3"]
+    answer = (await node.kubelet.prepare(ref))[ref[2]]
+    assert answer.error == ""
+    assert sorted(d[2] for d in devices_of(answer)) == sorted(names)
+    assert all(d[0] == ["gpu"] for d in devices_of(answer))
+    uuids = sorted(u or "" for u in (node.mig_uuid(PlacedInstance(s, "1g.10gb")) for s in (2, 3)))
+    spec = read_spec(node, ref[2])
+    assert len(spec["devices"]) == 2
+    for cdi_dev in spec["devices"]:
+        [env] = cdi_dev["containerEdits"]["env"]
+        assert sorted(env.removeprefix("NVIDIA_VISIBLE_DEVICES=").split(",")) == uuids
+    assert await node.kubelet.unprepare(ref) == {ref[2]: ""}
+    assert not {"gpu0-1g10gb-s2", "gpu0-1g10gb-s3"} & node.agent.prepared
+
+
+async def test_corrupt_checkpoint_stops_the_plugin_from_starting(
+    node: Node, kube_api: client.ApiClient
+) -> None:
+    await node.stop_plugin()
+    path = node.settings.checkpoint_path
+    path.write_bytes(b'{"version": "mig.dynamig.io/checkpoint/v1", "checksum": "sha256:0", "data": {}}')
+    with pytest.raises(CheckpointError, match="checksum does not match"):
+        await node.start_plugin(kube_api)
+    assert not node.settings.dra_socket.exists() and not node.settings.registration_socket.exists()
 
 
 async def test_one_error_per_claim_in_a_batch(
