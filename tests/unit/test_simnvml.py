@@ -18,9 +18,14 @@ from typing import Any
 
 import pynvml
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dynamig.backends import simnvml as nv
 from dynamig.backends.nvml import load_nvml
+from dynamig.geometry.catalog import load_catalog
+from dynamig.geometry.layout import check_layout, remaining_capacity
+from dynamig.geometry.model import PlacedInstance
 
 
 @pytest.fixture(autouse=True)
@@ -392,3 +397,73 @@ def test_latency_is_applied(tmp_path: Path) -> None:
     gi = _create(h, 14, 0, 1)
     nv.nvmlGpuInstanceDestroy(gi)
     assert time.monotonic() - t0 >= 0.1
+
+
+@pytest.mark.parametrize("key", load_catalog().keys())
+def test_every_catalog_model_answers_profile_queries(key: str) -> None:
+    model = load_catalog().model(key)
+    nv.configure([key])
+    nv.nvmlInit()
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    offered = {}
+    for enum in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+        try:
+            info = nv.nvmlDeviceGetGpuInstanceProfileInfo(h, enum)
+        except pynvml.NVMLError_NotSupported:
+            continue
+        offered[enum] = info
+    assert set(offered) == {p.nvml_enum for p in model.profiles}
+    for p in model.profiles:
+        info = offered[p.nvml_enum]
+        got = (info.id, info.sliceCount, info.instanceCount, info.memorySizeMB, info.multiprocessorCount)
+        assert got == (p.profile_id, p.compute_slices, p.max_instances, p.memory_mib, p.multiprocessors)
+        # Every profile can be created at every one of its placements on an empty GPU, with a full CI.
+        for start in p.placement_starts:
+            gi = _create(h, p.profile_id, start, p.placement_size)
+            ci = _full_ci(gi)
+            assert nv.nvmlDeviceGetAttributes(
+                nv.nvmlComputeInstanceGetInfo(ci).device
+            ).multiprocessorCount == (p.multiprocessors)
+            nv.nvmlComputeInstanceDestroy(ci)
+            nv.nvmlGpuInstanceDestroy(gi)
+
+
+_OPS = st.lists(st.tuples(st.booleans(), st.integers(0, 50), st.integers(0, 11)), min_size=1, max_size=25)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["A100-40GB", "A30-24GB", "RTXPRO6000-96GB"]), _OPS)
+def test_random_create_destroy_agrees_with_the_geometry_rules(
+    key: str, ops: list[tuple[bool, int, int]]
+) -> None:
+    """NVML accepts a GI exactly when check_layout accepts the resulting layout, and says why not."""
+    model = load_catalog().model(key)
+    nv.configure([key])
+    nv.nvmlInit()
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    live: list[tuple[Any, PlacedInstance]] = []
+    for create, pick, start in ops:
+        if create or not live:
+            p = model.profiles[pick % len(model.profiles)]
+            want = [*(inst for _, inst in live), PlacedInstance(start, p.name)]
+            violation = check_layout(model, want)
+            try:
+                gi = _create(h, p.profile_id, start, p.placement_size)
+            except pynvml.NVMLError as exc:
+                assert violation is not None, exc
+                expected = (
+                    pynvml.NVMLError_InvalidArgument
+                    if violation.rule in ("disallowed-start", "out-of-range")
+                    else pynvml.NVMLError_InsufficientResources
+                )
+                assert isinstance(exc, expected), (violation, exc)
+            else:
+                assert violation is None
+                live.append((gi, PlacedInstance(start, p.name)))
+        else:
+            gi, _ = live.pop(pick % len(live))
+            nv.nvmlGpuInstanceDestroy(gi)
+        for profile in model.profiles:
+            assert nv.nvmlDeviceGetGpuInstanceRemainingCapacity(h, profile.profile_id) == remaining_capacity(
+                model, [inst for _, inst in live], profile.name
+            )
