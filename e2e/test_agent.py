@@ -424,7 +424,40 @@ async def test_agent_refuses_gpus_of_another_mig_owner(
         await asyncio.sleep(1.0)
         assert (await api.published(node)) == {}
         (sl,) = await api.slices(node)
-        assert sl["spec"]["devices"] == []
+        assert not sl["spec"].get("devices")
+
+    # Another driver (the NVIDIA DRA driver) publishes MIG devices of GPU 1 on this node: GPU 1 is refused,
+    # GPU 0 is managed.
+    node = make_node("shared", labels={"dynamig.io/managed": "true"})
+    gpu1_uuid = NvmlDevices(sim_nvml, load_catalog()).gpus()[1].uuid
+    foreign_slice = {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-gpu.nvidia.com"},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": node, "pool": {"name": node, "generation": 1,
+                                                                          "resourceSliceCount": 1},
+                 "devices": [{"name": "gpu-1-mig-1g10gb-0", "attributes": {
+                     "type": {"string": "mig"}, "parentUUID": {"string": gpu1_uuid}}}]},
+    }
+    await api.custom.create_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", foreign_slice)
+    try:
+        async with agent_in_process(kube_api, node, sim_nvml):
+            async def split() -> tuple[dict[str, Any], dict[str, Any]] | None:
+                p0, p1 = await api.partition(f"{node}-gpu0"), await api.partition(f"{node}-gpu1")
+                if p0 and p1 and stable_at(p0) and (p1.get("status") or {}).get("phase") == "Degraded":
+                    return p0, p1
+                return None
+
+            _, p1 = await eventually(split, "gpu0 managed, gpu1 refused")
+            managed = condition(p1, "Managed") or {}
+            assert managed["reason"] == "ForeignMigOwner" and "gpu.nvidia.com" in managed["message"]
+            gen = await api.set_layout(f"{node}-gpu0", "7g.80gb@0")
+            await eventually(lambda: _stable(api, f"{node}-gpu0", gen, ready=True), "gpu0 follows its layout")
+            await api.set_layout(f"{node}-gpu1", "7g.80gb@0")
+            await asyncio.sleep(1.0)
+            assert set(await api.published(node)) == {"gpu0-7g80gb-s0"}
+    finally:
+        await api.custom.delete_cluster_custom_object("resource.k8s.io", "v1", "resourceslices",
+                                                      foreign_slice["metadata"]["name"])
 
 
 async def _all_stable(api: Api, node: str, n: int) -> list[dict[str, Any]] | None:
@@ -526,6 +559,22 @@ async def test_agent_killed_mid_reshape_converges_after_restart(
     finally:
         kill(first)
 
+    # Restart; kill again while the new instances are being created (slow creation makes the window wide).
+    target_only = {(p, int(st)) for p, st in (i.split("@") for i in target.split(","))} - set(before)
+    slow = ("--settle-seconds", "0.3", "--sim-create-latency", "0.8", "--sim-destroy-latency", "0.25")
+    second = start_agent_process(crd, node, "H100-80GB:1", state, log, *slow)
+    try:
+        async def creating() -> list[tuple[str, int, str, bool]] | None:
+            now = await asyncio.to_thread(_read_nvml, state)
+            made = {(p, st) for p, st, _, _ in now} & target_only
+            return now if made and made != target_only else None
+
+        during_create = await eventually(creating, "first creations", within_s=60, every_s=0.05)
+        kill(second)
+        mid2_layout = ",".join(f"{p}@{s}" for p, s, _, _ in during_create)
+    finally:
+        kill(second)
+
     second = start_agent_process(crd, node, "H100-80GB:1", state, log, *flags)
     try:
         part = await eventually(lambda: _stable(api, name, gen, ready=True), "converged after restart",
@@ -546,7 +595,7 @@ async def test_agent_killed_mid_reshape_converges_after_restart(
             u for _, _, u, _ in after}
         second.send_signal(signal.SIGTERM)
         assert second.wait(timeout=30) == 0
-        print(f"\nkilled mid-reshape at {mid_layout}; converged {converged_s:.2f}s after the kill "
-              f"({total_s:.2f}s after the new layout)")
+        print(f"\nkilled while destroying at {mid_layout}, then while creating at {mid2_layout}; converged "
+              f"{converged_s:.2f}s after the first kill ({total_s:.2f}s after the new layout)")
     finally:
         kill(second)
