@@ -86,7 +86,11 @@ class MigDriver:
                     continue
                 if claim is None or claim.uid != uid:
                     log.info("claim %s (%s) no longer exists; unpreparing it", ref, uid)
-                    await self._unprepare_locked(ref)
+                    try:
+                        await self._unprepare_locked(ref)
+                    except Exception:
+                        # Kept in the checkpoint: the next start (or the kubelet) tries again.
+                        log.exception("unpreparing vanished claim %s (%s) failed; keeping it", ref, uid)
             for uid in cdi.spec_claim_uids(self._settings.cdi_root) - set(self._prepared):
                 log.info("removing CDI spec of unknown claim %s", uid)
                 cdi.remove_spec(self._settings.cdi_root, uid)
