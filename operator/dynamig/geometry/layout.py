@@ -55,24 +55,20 @@ class _ProfileTable:
 
 @dataclass(frozen=True, slots=True)
 class _ModelTable:
-    model: GpuModel
     by_name: dict[str, _ProfileTable]
 
 
-_TABLES: dict[int, _ModelTable] = {}
-
-
 def _table(model: GpuModel) -> _ModelTable:
-    """Precomputed masks for ``model`` (memoized by identity; catalog models live for the process)."""
-    cached = _TABLES.get(id(model))
-    if cached is not None and cached.model is model:
+    """Precomputed masks for ``model``, built on first use and kept on the model."""
+    cached = model._derived.get("layout")
+    if isinstance(cached, _ModelTable):
         return cached
     by_name = {
         p.name: _ProfileTable(p, i, {s: p.mask(s) for s in p.placement_starts}, p.placement_starts)
         for i, p in enumerate(model.profiles)
     }
-    table = _ModelTable(model, by_name)
-    _TABLES[id(model)] = table
+    table = _ModelTable(by_name)
+    model._derived["layout"] = table
     return table
 
 

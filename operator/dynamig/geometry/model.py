@@ -68,9 +68,13 @@ class GpuModel:
     sources: tuple[str, ...] = ()  # reference source keys for the model as a whole
     notes: tuple[str, ...] = ()  # driver requirements and caveats from the reference
     _by_name: dict[str, Profile] = field(init=False, repr=False, compare=False, hash=False)
+    # Tables other geometry modules derive from this model once (e.g. placement bit masks); lives and dies
+    # with the model, so models built on the fly (dataclasses.replace) do not accumulate in a global cache.
+    _derived: dict[str, object] = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_name", {p.name: p for p in self.profiles})
+        object.__setattr__(self, "_derived", {})
 
     def profile(self, name: str) -> Profile:
         """The profile called ``name``; KeyError naming the model if it has none."""
