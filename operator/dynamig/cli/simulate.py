@@ -44,6 +44,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--alibaba-sample", action="store_true", help="use the trace sample shipped with dynamig")
     p.add_argument("--protocols", default="paper,replay", help="Alibaba protocols: paper, replay or both")
+    p.add_argument(
+        "--replay-node-stride",
+        type=int,
+        default=0,
+        help="also replay on every K-th node only (the full openb cluster never runs short of GPUs)",
+    )
     p.add_argument("--seeds", type=int, default=10, help="seeds for the paper protocol (default 10)")
     p.add_argument(
         "--paper-batch",
@@ -155,6 +161,18 @@ def run(args: argparse.Namespace) -> int:
                 t0 = time.perf_counter()
                 reports.append(run_trace(trace, cfg, dyn, policies, progress=say))
                 timings[trace.name] = time.perf_counter() - t0
+                if args.replay_node_stride > 1:
+                    small = alibaba.every_kth_node(spec, args.replay_node_stride)
+                    trace = alibaba.replay_trace(
+                        tasks,
+                        small,
+                        model,
+                        fallbacks=args.fallbacks,
+                        name=f"{label}-replay-{small.gpu_count}gpus",
+                    )
+                    t0 = time.perf_counter()
+                    reports.append(run_trace(trace, cfg, dyn, policies, progress=say))
+                    timings[trace.name] = time.perf_counter() - t0
             if "paper" in protocols:
                 t0 = time.perf_counter()
                 for seed in range(args.seeds):

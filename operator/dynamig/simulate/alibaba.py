@@ -112,6 +112,11 @@ def read_nodes(stream: IO[str], source: str, model: str) -> ClusterSpec:
     return ClusterSpec(tuple(nodes))
 
 
+def every_kth_node(cluster: ClusterSpec, k: int) -> ClusterSpec:
+    """Nodes 0, k, 2k, ... of ``cluster``: a smaller cluster with the same mix of node sizes. Pure."""
+    return ClusterSpec(cluster.nodes[:: max(1, k)])
+
+
 def task_job(task: Task, model: GpuModel, fallbacks: int, *, arrival: float, duration: float | None) -> Job:
     """The simulator job for a trace task under the stated mapping. Pure."""
     if task.num_gpu == 1 and task.gpu_milli < 1000:

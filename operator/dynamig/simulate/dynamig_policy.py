@@ -153,10 +153,19 @@ class DynamigAllocator(InstancePoolAllocator):
                     busy.append(gpu)
             else:
                 idle_nodes.setdefault(gpu.node_pos, []).append(gpu)
-        need = sum(c.count for c in claims) + sum(self.policy.warm_pool.values())
+        # idle GPUs in node order until the single devices and the warm pool are covered, plus, for each
+        # multi-device claim, one node with that many idle GPUs
+        need = sum(c.count for c in claims if c.count == 1) + sum(self.policy.warm_pool.values())
+        multi = sorted((c.count for c in claims if c.count > 1), reverse=True)
         idle: list[Gpu] = []
         for node in sorted(idle_nodes):
-            if len(idle) >= need:
-                break
-            idle.extend(idle_nodes[node])
+            gpus = idle_nodes[node]
+            fits = next((i for i, n in enumerate(multi) if n <= len(gpus)), None)
+            if fits is not None:
+                multi.pop(fits)
+            elif len(idle) >= need:
+                if not multi:
+                    break
+                continue
+            idle.extend(gpus)
         return sorted(busy + idle, key=lambda g: g.pos), cooling
