@@ -14,15 +14,20 @@ Scenarios: registration (GetInfo, NotifyRegistrationStatus); prepare, repeat (v1
 plugin and prepare again, unprepare (instance kept, marked free); one batch with a claim of another node, a
 missing claim, a claim with a stale UID and a good claim (one error per claim); a claim whose instance was
 destroyed (re-created at prepare); a claim whose placement is now taken (clear error); a restart that
-cleans up a claim deleted meanwhile.
+cleans up a claim deleted meanwhile; a two-device claim; a corrupt checkpoint; and the same calls made by a
+Go client built from k8s.io/kubelet's own generated stubs (wire compatibility without trusting our .proto
+copies; skipped only where no Go toolchain or module cache exists).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
+import os
 import shutil
+import subprocess
 import tempfile
 import time
 import uuid
@@ -512,3 +517,166 @@ async def test_restart_unprepares_claims_deleted_meanwhile(
     assert not cdi_files.spec_path(node.settings.cdi_root, ref[2]).exists()
     assert device_name(0, placed.profile, placed.start) not in node.agent.prepared
     assert node.mig_uuid(placed) is not None, "the instance is kept"
+
+# --- the kubelet's own Go stubs against the plugin ---------------------------------------------------------
+
+# A client built from k8s.io/kubelet's generated Go gRPC code (the code the kubelet itself links), so the
+# wire check does not depend on our .proto copies being right. Built once per source digest.
+GO_MOD = """module dynamig.io/kubelet-wire-client
+
+go 1.26.0
+
+require (
+	google.golang.org/grpc v1.79.3
+	k8s.io/kubelet v0.36.3
+)
+"""
+
+GO_CLIENT = """// Plays the kubelet with the kubelet's own generated gRPC stubs, over unix sockets.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
+	drav1beta1 "k8s.io/kubelet/pkg/apis/dra/v1beta1"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+)
+
+func dial(path string) *grpc.ClientConn {
+	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	return conn
+}
+
+func main() {
+	// usage: client info <reg.sock> | prepare|unprepare v1|v1beta1 <dra.sock> <namespace> <name> <uid>
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out any
+	var err error
+	switch os.Args[1] {
+	case "info":
+		conn := dial(os.Args[2])
+		defer conn.Close()
+		c := registerapi.NewRegistrationClient(conn)
+		out, err = c.GetInfo(ctx, &registerapi.InfoRequest{})
+		if err == nil {
+			_, err = c.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: true})
+		}
+	case "prepare", "unprepare":
+		conn := dial(os.Args[3])
+		defer conn.Close()
+		ns, name, uid := os.Args[4], os.Args[5], os.Args[6]
+		if os.Args[2] == "v1" {
+			c := drav1.NewDRAPluginClient(conn)
+			claims := []*drav1.Claim{{Namespace: ns, Name: name, Uid: uid}}
+			if os.Args[1] == "prepare" {
+				out, err = c.NodePrepareResources(ctx, &drav1.NodePrepareResourcesRequest{Claims: claims})
+			} else {
+				out, err = c.NodeUnprepareResources(ctx, &drav1.NodeUnprepareResourcesRequest{Claims: claims})
+			}
+		} else {
+			c := drav1beta1.NewDRAPluginClient(conn)
+			claims := []*drav1beta1.Claim{{Namespace: ns, Name: name, Uid: uid}}
+			if os.Args[1] == "prepare" {
+				req := &drav1beta1.NodePrepareResourcesRequest{Claims: claims}
+				out, err = c.NodePrepareResources(ctx, req)
+			} else {
+				req := &drav1beta1.NodeUnprepareResourcesRequest{Claims: claims}
+				out, err = c.NodeUnprepareResources(ctx, req)
+			}
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	b, _ := json.Marshal(out)
+	fmt.Println(string(b))
+}
+"""
+
+
+def go_wire_client() -> Path:
+    """Builds (or reuses) the Go client; skips when no Go toolchain or module cache can build it."""
+    go = shutil.which("go")
+    if go is None:
+        pytest.skip("no Go toolchain: the check against the kubelet's Go stubs needs one")
+    digest = hashlib.sha256((GO_MOD + GO_CLIENT).encode()).hexdigest()[:16]
+    out_dir = Path.home() / ".cache" / "dynamig" / "kubelet-wire-client" / digest
+    binary = out_dir / "client"
+    if binary.exists():
+        return binary
+    src = Path(tempfile.mkdtemp(prefix="dmwire"))
+    try:
+        (src / "go.mod").write_text(GO_MOD)
+        (src / "main.go").write_text(GO_CLIENT)
+        env = {
+            **os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod", "CGO_ENABLED": "0",
+            # Modules come from the local cache the control-plane build filled (already verified there).
+            "GOPROXY": "off", "GOSUMDB": "off",
+        }
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp_binary = out_dir / f".client.{os.getpid()}"
+        proc = subprocess.run(
+            [go, "build", "-trimpath", "-o", str(tmp_binary), "."], cwd=src, env=env,
+            capture_output=True, text=True, timeout=600, check=False,
+        )
+        if proc.returncode != 0:
+            if "module lookup disabled" in proc.stderr:
+                pytest.skip(f"k8s.io/kubelet Go modules are not in the module cache: {proc.stderr[-300:]}")
+            pytest.fail(f"building the Go kubelet client failed:\n{proc.stderr}")
+        tmp_binary.rename(binary)
+        return binary
+    finally:
+        shutil.rmtree(src, ignore_errors=True)
+
+
+async def run_go(binary: Path, *args: str) -> dict[str, Any]:
+    proc = await asyncio.create_subprocess_exec(
+        str(binary), *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    data: dict[str, Any] = json.loads(out)
+    return data
+
+
+async def test_the_kubelets_own_go_stubs_talk_to_the_plugin(
+    node: Node, kube_api: client.ApiClient, namespace: str
+) -> None:
+    binary = await asyncio.to_thread(go_wire_client)
+    info = await run_go(binary, "info", str(node.settings.registration_socket))
+    assert info == {
+        "type": "DRAPlugin",
+        "name": DRIVER,
+        "endpoint": str(node.settings.dra_socket),
+        "supported_versions": ["v1.DRAPlugin", "v1beta1.DRAPlugin"],
+    }
+    placed = PlacedInstance(2, "1g.10gb")
+    ns, name, uid = await allocate(kube_api, namespace, node.name, placed)
+    expected = {"claims": {uid: {"devices": [{
+        "request_names": ["gpu"],
+        "pool_name": node.name,
+        "device_name": "gpu0-1g10gb-s2",
+        "cdi_device_ids": [f"k8s.mig.dynamig.io/claim={uid}-gpu0-1g10gb-s2"],
+    }]}}}
+    for version in ("v1", "v1beta1"):
+        got = await run_go(binary, "prepare", version, str(node.settings.dra_socket), ns, name, uid)
+        assert got == expected, version
+    missing = str(uuid.uuid4())
+    got = await run_go(binary, "prepare", "v1", str(node.settings.dra_socket), ns, "gone", missing)
+    assert got == {"claims": {missing: {"error": f"ResourceClaim {ns}/gone does not exist"}}}
+    got = await run_go(binary, "unprepare", "v1", str(node.settings.dra_socket), ns, name, uid)
+    assert got == {"claims": {uid: {}}}
+    assert not cdi_files.spec_path(node.settings.cdi_root, uid).exists()
