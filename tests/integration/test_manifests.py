@@ -11,13 +11,15 @@ authorizer; the node identity of an agent is simulated by impersonating its serv
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import re
 import shutil
 import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -394,6 +396,7 @@ OPERATOR_ALLOWED = [
     ("create", "events", "-n", "default"),
     ("create", "events.events.k8s.io", "-n", "team-a"),
     ("patch", "clusterkopfpeerings.kopf.dev"),
+    ("watch", "customresourcedefinitions.apiextensions.k8s.io"),
 ]
 OPERATOR_DENIED = [
     ("create", "resourceslices.resource.k8s.io"),
@@ -409,7 +412,7 @@ OPERATOR_DENIED = [
     ("list", "secrets", "--all-namespaces"),
     ("patch", "nodes"),
     ("create", "leases.coordination.k8s.io", "-n", NS),
-    ("list", "customresourcedefinitions.apiextensions.k8s.io"),
+    ("create", "customresourcedefinitions.apiextensions.k8s.io"),
     ("create", "deviceclasses.resource.k8s.io"),
 ]
 AGENT_ALLOWED = [
@@ -742,3 +745,204 @@ def test_helm_upgrade_updates_the_crds_and_uninstall_keeps_them(
             )
         # Leave the CRDs exactly as the repository defines them for the rest of the session.
         cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+
+
+# ------------------------------------------------------------------------------------------------ components
+def _token_kubeconfig(cp: ControlPlane, token: str, path: Path) -> Path:
+    """The admin kubeconfig with its user replaced by a bearer token. Side effect: writes ``path``."""
+    config = yaml.safe_load(cp.kubeconfig_path.read_text())
+    config["users"] = [{"name": config["users"][0]["name"], "user": {"token": token}}]
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+def _wait_for(what: str, check: Callable[[], bool], proc: subprocess.Popen[str], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert proc.poll() is None, f"the process exited while waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+def _stop(proc: subprocess.Popen[str]) -> str:
+    proc.terminate()
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return out
+
+
+def test_agent_and_operator_run_with_exactly_the_rbac_the_manifests_grant(
+    installed: ControlPlane, make_node: Callable[..., str], tmp_path: Path
+) -> None:
+    """The real agent (simulated GPUs) and operator, each with its service account's own token.
+
+    The agent's token is bound to a pod assigned to its node, as the kubelet would mount it, so it carries
+    the node claim the admission policy checks.
+    """
+    cp = installed
+    node = make_node("rbac", labels={"dynamig.io/managed": "true"})
+    pod_name = f"agent-{node}"[:63]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": pod_name, "namespace": NS},
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": "dynamig-agent",
+            "containers": [{"name": "agent", "image": "registry.invalid/dynamig:test"}],
+        },
+    }
+    api = cp.rest()
+    created = api.request("POST", f"/api/v1/namespaces/{NS}/pods", pod)
+    policy = f"rbac-{node}"[:63]
+    agent = operator = None
+    try:
+        token = api.request(
+            "POST",
+            f"/api/v1/namespaces/{NS}/serviceaccounts/dynamig-agent/token",
+            {
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {
+                    "expirationSeconds": 3600,
+                    "boundObjectRef": {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "name": pod_name,
+                        "uid": created["metadata"]["uid"],
+                    },
+                },
+            },
+        )["status"]["token"]
+        agent_kc = _token_kubeconfig(cp, token, tmp_path / "agent.kubeconfig")
+
+        # The policy holds for the real token too: another node's slice is refused. (A policy takes effect
+        # a moment after it is created, hence the retries.)
+        deadline = time.monotonic() + 30
+        while True:
+            denied = subprocess.run(
+                [
+                    str(cp.binaries.kubectl),
+                    f"--kubeconfig={agent_kc}",
+                    "create",
+                    "--dry-run=server",
+                    "-f",
+                    "-",
+                ],
+                input=yaml.safe_dump(_slice("some-other-node", "x")),
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            if denied.returncode != 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert denied.returncode != 0
+        assert f"the dynamig agent on node {node} may not write ResourceSlices of node some-other-node" in (
+            denied.stderr
+        )
+
+        agent = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dynamig",
+                "agent",
+                f"--node={node}",
+                "--nvml=simulated",
+                "--simulate-gpus=A100-80GB:1",
+                f"--kubeconfig={agent_kc}",
+                "--metrics-port=-1",
+                "--interval=1",
+                "--settle-seconds=0.5",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+        )
+
+        def published() -> bool:
+            proc = cp.kubectl(
+                "get", "resourceslices", "--field-selector", f"spec.nodeName={node}", "-o", "name"
+            )
+            part = cp.kubectl(
+                "get", "gpupartition", f"{node}-gpu0", "-o", "jsonpath={.status.phase}", check=False
+            )
+            return bool(proc.stdout.strip()) and part.stdout.strip() == "Stable"
+
+        _wait_for("the agent to publish its GPU", published, agent)
+
+        cp.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=yaml.safe_dump(
+                {
+                    "apiVersion": "dynamig.io/v1alpha1",
+                    "kind": "GpuPartitionPolicy",
+                    "metadata": {"name": policy},
+                    "spec": {
+                        "mode": "DryRun",
+                        "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node}},
+                    },
+                }
+            ),
+        )
+        op_token = api.request(
+            "POST",
+            f"/api/v1/namespaces/{NS}/serviceaccounts/dynamig-operator/token",
+            {
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {"expirationSeconds": 3600},
+            },
+        )["status"]["token"]
+        op_kc = _token_kubeconfig(cp, op_token, tmp_path / "operator.kubeconfig")
+        operator = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dynamig",
+                "operator",
+                f"--kubeconfig={op_kc}",
+                "--peering=dynamig",
+                "--metrics-port=0",
+                "--resync-seconds=2",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+        )
+
+        def governed() -> bool:
+            proc = cp.kubectl("get", "gpp", policy, "-o", "jsonpath={.status.matchedGpus}", check=False)
+            return proc.stdout.strip() == "1"
+
+        _wait_for("the operator to report the policy's GPU", governed, operator)
+        peers = json.loads(cp.kubectl("get", "clusterkopfpeering", "dynamig", "-o", "json").stdout)
+        assert peers.get("status"), "the operator did not record itself in the peering object"
+    finally:
+        # The operator removes its finalizer from the policy, so delete the policy while it still runs.
+        cp.kubectl("delete", "gpp", policy, "--ignore-not-found", "--wait=false", check=False)
+        if operator is not None and operator.poll() is None:
+            with contextlib.suppress(AssertionError):
+                _wait_for(
+                    "the policy to go",
+                    lambda: cp.kubectl("get", "gpp", policy, check=False).returncode != 0,
+                    operator,
+                    timeout=20,
+                )
+        logs = {name: _stop(p) for name, p in (("agent", agent), ("operator", operator)) if p is not None}
+        cp.kubectl(
+            "patch", "gpp", policy, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False
+        )
+        cp.kubectl("delete", "pod", "-n", NS, pod_name, "--grace-period=0", "--force", check=False)
+    for name, log in logs.items():
+        assert "forbidden" not in log.lower(), f"{name} was refused something:\n{log[-4000:]}"
