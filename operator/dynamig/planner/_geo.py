@@ -10,7 +10,7 @@ catalog.
 from __future__ import annotations
 
 from dynamig.geometry.catalog import Catalog
-from dynamig.geometry.layout import check_layout, free_starts
+from dynamig.geometry.layout import check_layout, free_starts, remaining_capacity
 from dynamig.geometry.model import GpuModel, Layout, PlacedInstance
 
 
@@ -22,7 +22,7 @@ class GeoCache:
         self._models: dict[str, GpuModel] = {}
         self._free: dict[tuple[str, Layout, str], tuple[int, ...]] = {}
         self._valid: dict[tuple[str, Layout], bool] = {}
-        self._flex: dict[tuple[str, Layout, frozenset[str] | None], tuple[int, int]] = {}
+        self._flex: dict[tuple[str, Layout, frozenset[str] | None, bool], tuple[int, ...]] = {}
         self._used: dict[tuple[str, Layout], int] = {}
 
     def model(self, key: str) -> GpuModel:
@@ -63,25 +63,49 @@ class GeoCache:
             self._used[k] = got
         return got
 
-    def flex(self, model: GpuModel, layout: Layout, allowed: frozenset[str] | None) -> tuple[int, int]:
-        """How much room ``layout`` leaves: (largest placement size still creatable, creatable placements).
+    def flex(
+        self, model: GpuModel, layout: Layout, allowed: frozenset[str] | None, capacity: bool = False
+    ) -> tuple[int, ...]:
+        """How much room ``layout`` leaves, as a key where smaller is better (less fragmented).
 
-        Higher is better: a layout that can still take a large profile, or many placements, is less
-        fragmented.
+        Default: (free memory slices that no creatable placement covers any more, minus the largest
+        creatable placement size, minus the number of creatable (profile, start) pairs).
+
+        ``capacity``: for each creatable profile, largest placement first, minus how many more instances of
+        it still fit (NVML's remaining capacity), then minus the number of creatable (profile, start)
+        pairs. Comparing keys lexicographically prefers layouts that keep large free regions.
         """
-        k = (model.key, layout, allowed)
+        k = (model.key, layout, allowed, capacity)
         got = self._flex.get(k)
-        if got is None:
+        if got is None and not capacity:
             largest = 0
             count = 0
+            covered = 0
             for p in model.profiles:
                 if allowed is not None and p.name not in allowed:
                     continue
-                n = len(self.free_starts(model, layout, p.name))
-                if n:
-                    count += n
+                starts = self.free_starts(model, layout, p.name)
+                if starts:
+                    count += len(starts)
                     largest = max(largest, p.placement_size)
-            got = (largest, count)
+                    for s in starts:
+                        covered |= p.mask(s)
+            free = model.memory_slices - self.used_slices(model, layout)
+            got = (free - covered.bit_count(), -largest, -count)
+            self._flex[k] = got
+        elif got is None:
+            profiles = sorted(
+                (p for p in model.profiles if allowed is None or p.name in allowed),
+                key=lambda p: (-p.placement_size, -p.memory_mib, p.name),
+            )
+            key: list[int] = []
+            placements = 0
+            for p in profiles:
+                starts = self.free_starts(model, layout, p.name)
+                placements += len(starts)
+                key.append(-remaining_capacity(model, layout, p.name) if starts else 0)
+            key.append(-placements)
+            got = tuple(key)
             self._flex[k] = got
         return got
 

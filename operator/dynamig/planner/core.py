@@ -42,6 +42,8 @@ import heapq
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import combinations, zip_longest
+from math import comb
 from typing import NamedTuple
 
 from dynamig.geometry.catalog import Catalog, load_catalog
@@ -60,13 +62,20 @@ from dynamig.planner.model import (
 
 _USE = 0  # take an existing free instance
 _NEW = 1  # create an instance (possibly destroying free ones)
-_USE_COST = (0, 0, 0, 0, 0, 0)
+_USE_COST: tuple[int, ...] = (0, 0, 0)
+_MISSING = object()
 
-# Work units (claims + GPUs) times passes allowed per round; keeps a 1,000-node round to about two passes.
-_PASS_WORK_BUDGET = 30_000
+# Work units (claims + GPUs) times passes allowed per round: a 1,000-node round with 5,000 claims gets one
+# pass, a 64-node round about twenty, a tiny round every pass variant and the improvement steps.
+_PASS_WORK_BUDGET = 20_000
+# A multi-device claim on any node tries the nodes of the cheapest GPUs first, at most this many.
+_MAX_NODES_TRIED = 64
 _SHUFFLED_PASSES = 8
 # Above this many nodes a node-restricted claim is placed through the heaps instead of visiting each node.
 _DIRECT_NODE_LIMIT = 16
+
+_Entry = tuple[tuple[int, ...], int, int, bool]
+"""Heap entry: (cost or a lower bound of it, GPU order, GPU version when pushed, cost is exact)."""
 
 Sig = tuple[str, Layout, Layout, bool]
 """What a GPU's options depend on: model key, pinned instances, free unassigned instances, touched."""
@@ -83,6 +92,7 @@ class _Option(NamedTuple):
     destroyed: tuple[PlacedInstance, ...]
     pinned: Layout  # pinned instances after taking this option
     free: Layout  # free unassigned instances after taking this option
+    after: int  # interned signature of the GPU after taking this option
 
 
 def fmt_instance(inst: PlacedInstance) -> str:
@@ -153,7 +163,7 @@ class _Gpu:
     """One GPU's planning state inside a pass (mutable; copied per pass)."""
 
     __slots__ = ("assigned", "busy", "changed", "current", "events", "free", "model", "node", "order",
-                 "pinned", "state", "version")
+                 "pinned", "sid", "state", "version")
 
     def __init__(self, order: int, state: GpuState, model: GpuModel) -> None:
         self.order = order
@@ -166,6 +176,7 @@ class _Gpu:
         self.free: Layout = normalize_layout([i.placed for i in state.instances if not i.busy])
         self.changed = False
         self.version = 0
+        self.sid = -1  # interned signature, set by the context
         self.assigned: list[tuple[PlacedInstance, str]] = []
         self.events: list[tuple[str, PlacedInstance, str]] = []  # (removed|added, instance, purpose)
 
@@ -173,9 +184,9 @@ class _Gpu:
         g = _Gpu.__new__(_Gpu)
         g.order, g.state, g.node, g.model = self.order, self.state, self.node, self.model
         g.current, g.busy, g.pinned, g.free = self.current, self.busy, self.pinned, self.free
-        g.changed, g.version = self.changed, 0
-        g.assigned = list(self.assigned)
-        g.events = list(self.events)
+        g.changed, g.version, g.sid = self.changed, 0, self.sid
+        g.assigned = []  # the base GPUs never carry assignments or events
+        g.events = []
         return g
 
     def sig(self) -> Sig:
@@ -214,44 +225,159 @@ class _Context:
         for p in demanded:
             sizes = [m.profile(p).placement_size / m.memory_slices for m in self.models if m.has_profile(p)]
             self.size[p] = min(sizes) if sizes else 1.0
-        self._opt: dict[tuple[Sig, str, bool], _Option | None] = {}
-        self._use: dict[tuple[Sig, str], _Option | None] = {}
+        self._opt: dict[tuple[int, str, bool, bool, bool], _Option | None] = {}
+        self._new: dict[tuple[int, str, bool], list[_Option]] = {}
+        self._use: dict[tuple[int, str], _Option | None] = {}
+        self._lb: dict[tuple[int, str, bool], tuple[tuple[int, ...], bool] | None] = {}
+        self.initial_heaps: dict[
+            tuple[frozenset[int] | None, bool, bool], dict[tuple[str, str], list[_Entry]]
+        ] = {}
+        # Signatures are interned to small ints: hashing nested layout tuples on every lookup is slow.
+        self._sid: dict[Sig, int] = {}
+        self.sigs: list[Sig] = []
+        self.pin_mask: list[int] = []  # memory slices held by pinned instances, per signature
+        self.full_mask: list[int] = []  # memory slices held by any instance, per signature
+        self.masks: dict[tuple[str, str], tuple[int, ...]] = {
+            (m.key, p.name): tuple(p.mask(st) for st in p.placement_starts)
+            for m in self.models
+            for p in m.profiles
+        }
+        for g in self.base:
+            g.sid = self.intern(g.sig())
 
-    def use_option(self, sig: Sig, pname: str) -> _Option | None:
-        """Take an existing free instance of ``pname`` on a GPU with signature ``sig``, if there is one."""
-        k = (sig, pname)
+    def intern(self, sig: Sig) -> int:
+        sid = self._sid.get(sig)
+        if sid is None:
+            sid = len(self.sigs)
+            self._sid[sig] = sid
+            self.sigs.append(sig)
+            model = self.geo.model(sig[0])
+            pin = 0
+            for inst in sig[1]:
+                pin |= model.profile(inst.profile).mask(inst.start)
+            full = pin
+            for inst in sig[2]:
+                full |= model.profile(inst.profile).mask(inst.start)
+            self.pin_mask.append(pin)
+            self.full_mask.append(full)
+        return sid
+
+    def use_option(self, sid: int, pname: str) -> _Option | None:
+        """Take an existing free instance of ``pname`` on a GPU with signature ``sid``, if there is one."""
+        k = (sid, pname)
         if k in self._use:
             return self._use[k]
+        sig = self.sigs[sid]
         opt = None
         for inst in sig[2]:
             if inst.profile == pname:
                 pinned, free = with_instance(sig[1], inst), without(sig[2], (inst,))
-                opt = _Option(_USE_COST, _USE, inst, (), pinned, free)
+                after = self.intern((sig[0], pinned, free, sig[3]))
+                opt = _Option(_USE_COST, _USE, inst, (), pinned, free, after)
                 break
         self._use[k] = opt
         return opt
 
-    def option(self, sig: Sig, pname: str, may_touch: bool) -> _Option | None:
-        """Cheapest way to get one ``pname`` device on a GPU with signature ``sig``; None if impossible."""
-        may_touch = may_touch or sig[3]
-        k = (sig, pname, may_touch)
-        if k in self._opt:
-            return self._opt[k]
-        opt = self.use_option(sig, pname)
-        if opt is None and may_touch:
-            opt = self._new_option(sig, pname)
+    def option(
+        self, sid: int, pname: str, may_touch: bool, repack: bool = False, capacity: bool = False
+    ) -> _Option | None:
+        """Cheapest way to get one ``pname`` device on a GPU with signature ``sig``; None if impossible.
+
+        Default costs put existing free instances first, then fewest destroyed, fewest GPUs touched, packing
+        and fragmentation. ``repack`` costs rank every option, existing instances included, by how much
+        room the pinned instances leave for later claims (a pass variant for tight rounds). ``capacity``
+        selects the fragmentation measure (see ``GeoCache.flex``).
+        """
+        k = (sid, pname, may_touch, repack, capacity)
+        got = self._opt.get(k, _MISSING)
+        if got is not _MISSING:
+            return got  # type: ignore[return-value]
+        sig = self.sigs[sid]
+        may = may_touch or sig[3]
+        use = self.use_option(sid, pname)
+        opt: _Option | None
+        if not repack:
+            opt = use if use is not None or not may else self.new_option(sid, pname, capacity)
+        else:
+            model = self.geo.model(sig[0])
+            options = [use] if use is not None else []
+            if may:
+                options += self._new_options(sid, pname, capacity)
+            opt = None
+            for o in options:
+                cost = (*self.geo.flex(model, o.pinned, self.allowed, capacity), *o.cost)
+                if opt is None or cost < opt.cost:
+                    opt = o._replace(cost=cost)
         self._opt[k] = opt
         return opt
 
-    def _new_option(self, sig: Sig, pname: str) -> _Option | None:
-        mkey, pinned, free, changed = sig
+    def lower_bound(
+        self, sid: int, pname: str, may_touch: bool, repack: bool, capacity: bool
+    ) -> tuple[tuple[int, ...], bool] | None:
+        """A cheap lower bound of ``option(...).cost`` and whether it is exact; None if no option exists.
+
+        Computing the exact cost of a new instance (every start, fragmentation of each result) is the
+        expensive part of planning, and most GPUs are never the best choice, so heaps start from bounds
+        and only entries that reach the top get their exact cost.
+        """
+        if repack:
+            opt = self.option(sid, pname, may_touch, repack, capacity)
+            return None if opt is None else (opt.cost, True)
+        k = (sid, pname, may_touch)  # the bound does not depend on the fragmentation measure
+        got = self._lb.get(k, _MISSING)
+        if got is not _MISSING:
+            return got  # type: ignore[return-value]
+        result: tuple[tuple[int, ...], bool] | None
+        mkey, _, _, changed = self.sigs[sid]
         model = self.geo.model(mkey)
+        use = self.use_option(sid, pname)
+        if use is not None:
+            result = (use.cost, True)
+        elif (
+            not (may_touch or changed)
+            or not model.has_profile(pname)
+            or (self.allowed is not None and pname not in self.allowed)
+        ):
+            result = None
+        else:
+            # Overlap only (bit masks): instance caps and media rules can only make the exact cost
+            # dearer, so this stays a lower bound; the exact option applies every rule.
+            touch = 0 if (changed or self.spread) else 1
+            masks = self.masks[(mkey, pname)]
+            full = self.full_mask[sid]
+            if any(not (m & full) for m in masks):
+                used = full.bit_count() + model.profile(pname).placement_size
+                result = ((0, touch, 1, used if self.spread else -used), False)
+            elif any(not (m & self.pin_mask[sid]) for m in masks):
+                result = ((1,), False)
+            else:
+                result = None
+        self._lb[k] = result
+        return result
+
+    def new_option(self, sid: int, pname: str, capacity: bool = False) -> _Option | None:
+        """Cheapest new ``pname`` instance (default costs) on a GPU with signature ``sid``, or None."""
+        best: _Option | None = None
+        for o in self._new_options(sid, pname, capacity):
+            if best is None or o.cost < best.cost:
+                best = o
+        return best
+
+    def _new_options(self, sid: int, pname: str, capacity: bool) -> list[_Option]:
+        """Every start where a new ``pname`` instance can go, destroying free instances as needed."""
+        k = (sid, pname, capacity)
+        got = self._new.get(k)
+        if got is not None:
+            return got
+        mkey, pinned, free, changed = self.sigs[sid]
+        model = self.geo.model(mkey)
+        out: list[_Option] = []
         if not model.has_profile(pname) or (self.allowed is not None and pname not in self.allowed):
-            return None
+            self._new[k] = out
+            return out
         geo = self.geo
         size = model.profile(pname).placement_size
         touch = 0 if (changed or self.spread) else 1
-        best: _Option | None = None
         for s in geo.free_starts(model, pinned, pname):
             inst = PlacedInstance(s, pname)
             new_pinned = with_instance(pinned, inst)
@@ -271,19 +397,22 @@ class _Context:
                 else:
                     destroyed.append(f)  # e.g. a second +me instance would break the per-GPU cap
             used = geo.used_slices(model, layout)
-            largest, placements = geo.flex(model, layout, self.allowed)
             fit = used if self.spread else -used
-            cost = (len(destroyed), touch, 1, fit, -largest, -placements)
-            if best is None or cost < best.cost:
-                best = _Option(cost, _NEW, inst, tuple(destroyed), new_pinned, tuple(kept))
-        return best
+            cost = (len(destroyed), touch, 1, fit, *geo.flex(model, layout, self.allowed, capacity))
+            after = self.intern((mkey, new_pinned, tuple(kept), True))
+            out.append(_Option(cost, _NEW, inst, tuple(destroyed), new_pinned, tuple(kept), after))
+        self._new[k] = out
+        return out
 
 
 @dataclass(frozen=True, slots=True)
 class _PassConfig:
-    order: str  # "large" | "small" | "constrained" | "shuffle<N>"
+    order: str  # "large" | "small" | "need" | "constrained" | "shuffle<N>"
     use_first: bool  # try existing free instances of every alternative before creating anything
     small_alternatives: bool = False  # try alternatives smallest first (rank still counts as given)
+    touchable: frozenset[int] | None = None  # only these GPUs (by order) may change; None: any
+    repack: bool = False  # rank options by the room left for later claims (see _Context.option)
+    capacity: bool = False  # measure fragmentation by remaining capacity per profile (GeoCache.flex)
 
 
 def _pass_configs() -> list[_PassConfig]:
@@ -294,60 +423,117 @@ def _pass_configs() -> list[_PassConfig]:
         _PassConfig("constrained", use_first=False),
         _PassConfig("small", use_first=True, small_alternatives=True),
         _PassConfig("large", use_first=False, small_alternatives=True),
+        _PassConfig("need", use_first=False, small_alternatives=True),
+        _PassConfig("need", use_first=True, small_alternatives=True),
+        _PassConfig("need", use_first=False, small_alternatives=True, repack=True),
+        _PassConfig("large", use_first=False, repack=True),
+        _PassConfig("large", use_first=False, capacity=True),
+        _PassConfig("need", use_first=False, small_alternatives=True, capacity=True),
+        _PassConfig("need", use_first=False, small_alternatives=True, repack=True, capacity=True),
+        _PassConfig("constrained", use_first=False, capacity=True),
     ]
-    configs += [_PassConfig(f"shuffle{i}", use_first=i % 2 == 1) for i in range(_SHUFFLED_PASSES)]
+    configs += [
+        _PassConfig(f"shuffle{i}", use_first=False, small_alternatives=i % 2 == 1, capacity=i % 4 >= 2)
+        for i in range(_SHUFFLED_PASSES)
+    ]
     return configs
+
+
+def _budget_configs(ctx: _Context, limit: int) -> list[_PassConfig]:
+    """With a small disruption budget, which GPUs get it matters most: one pass per choice of GPUs to
+    change (an exact search over that choice), for clusters small enough to afford it."""
+    budget = ctx.budget
+    n = len(ctx.base)
+    if budget is None or budget <= 0 or budget >= n or comb(n, budget) > limit:
+        return []
+    out = []
+    for subset in combinations(range(n), budget):
+        for order in ("large", "need"):
+            out.append(_PassConfig(order, use_first=False, small_alternatives=order == "need",
+                                   touchable=frozenset(subset)))
+    return out
 
 
 class _Pass:
     """One greedy placement of all claims over a fresh copy of the GPUs."""
 
-    def __init__(self, ctx: _Context) -> None:
+    def __init__(self, ctx: _Context, cfg: _PassConfig) -> None:
         self.ctx = ctx
+        self.touchable = cfg.touchable
+        self.repack = cfg.repack
+        self.capacity = cfg.capacity
         self.gpus = [g.copy() for g in ctx.base]
         self.touched = 0
         self.exhausted = ctx.budget is not None and ctx.budget <= 0
         self.failed: set[tuple[str, int, frozenset[str] | None, bool]] = set()
         self.placed: dict[str, tuple[int, list[tuple[int, PlacedInstance]]]] = {}  # claim -> (rank, devices)
         self.destroyed = 0
-        self.heaps: dict[tuple[str, str], list[tuple[tuple[int, ...], int, int]]] = {}
+        self.heaps: dict[tuple[str, str], list[_Entry]] = {}
         self._build_heaps()
 
     # -- budget and heaps -------------------------------------------------------------------------------
-    def may_touch(self) -> bool:
-        return not self.exhausted
+    def may_touch(self, order: int) -> bool:
+        """May GPU ``order`` change (if it has not already)?"""
+        return not self.exhausted and (self.touchable is None or order in self.touchable)
 
     def _build_heaps(self) -> None:
         ctx = self.ctx
-        heaps: dict[tuple[str, str], list[tuple[tuple[int, ...], int, int]]] = {
+        fresh = all(g.version == 0 for g in self.gpus) and not self.exhausted
+        key = (self.touchable, self.repack, self.capacity)
+        if fresh and key in ctx.initial_heaps:  # passes start from the same GPUs: share the work
+            self.heaps = {k: list(h) for k, h in ctx.initial_heaps[key].items()}
+            return
+        heaps: dict[tuple[str, str], list[_Entry]] = {
             (m.key, p): [] for m in ctx.models for p in ctx.demanded[m.key]
         }
-        may = self.may_touch()
+        bounds: dict[tuple[int, str, bool], tuple[tuple[int, ...], bool] | None] = {}
         for g in self.gpus:
-            sig = g.sig()
+            may = self.may_touch(g.order)
             for p in ctx.demanded[g.model.key]:
-                opt = ctx.option(sig, p, may)
-                if opt is not None:
-                    heaps[(g.model.key, p)].append((opt.cost, g.order, g.version))
+                bk = (g.sid, p, may)
+                if bk in bounds:
+                    lb = bounds[bk]
+                else:
+                    lb = bounds[bk] = ctx.lower_bound(g.sid, p, may, self.repack, self.capacity)
+                if lb is not None:
+                    heaps[(g.model.key, p)].append((lb[0], g.order, g.version, lb[1]))
         for h in heaps.values():
             heapq.heapify(h)
         self.heaps = heaps
+        if fresh:
+            ctx.initial_heaps[key] = {k: list(h) for k, h in heaps.items()}
 
     def _refresh(self, g: _Gpu) -> None:
         g.version += 1
-        sig = g.sig()
-        may = self.may_touch()
+        may = self.may_touch(g.order)
         for p in self.ctx.demanded[g.model.key]:
-            opt = self.ctx.option(sig, p, may)
-            if opt is not None:
-                heapq.heappush(self.heaps[(g.model.key, p)], (opt.cost, g.order, g.version))
+            lb = self.ctx.lower_bound(g.sid, p, may, self.repack, self.capacity)
+            if lb is not None:
+                heapq.heappush(self.heaps[(g.model.key, p)], (lb[0], g.order, g.version, lb[1]))
 
-    def _top(self, heap: list[tuple[tuple[int, ...], int, int]]) -> tuple[tuple[int, ...], int, int] | None:
+    def _current(self, heap: list[_Entry]) -> _Entry | None:
+        """The cheapest entry that is not stale (its cost may be a lower bound)."""
         while heap:
             entry = heap[0]
             if entry[2] == self.gpus[entry[1]].version:
                 return entry
             heapq.heappop(heap)
+        return None
+
+    def _top(self, heap: list[_Entry], pname: str) -> _Entry | None:
+        """The cheapest current entry, with its exact cost (stale entries dropped, bounds resolved)."""
+        while heap:
+            entry = heap[0]
+            g = self.gpus[entry[1]]
+            if entry[2] != g.version:
+                heapq.heappop(heap)
+                continue
+            if entry[3]:
+                return entry
+            heapq.heappop(heap)
+            opt = self.ctx.option(g.sid, pname, self.may_touch(g.order), self.repack, self.capacity)
+            if opt is not None:
+                heapq.heappush(heap, (opt.cost, g.order, g.version, True))
         return None
 
     # -- placing a claim ----------------------------------------------------------------------------------
@@ -376,15 +562,15 @@ class _Pass:
         return True
 
     def _best_single(self, pname: str, use_only: bool) -> list[tuple[int, _Option]] | None:
-        best: tuple[tuple[int, ...], int, int] | None = None
+        best: _Entry | None = None
         for mkey in self.ctx.models_with[pname]:
-            top = self._top(self.heaps[(mkey, pname)])
+            top = self._top(self.heaps[(mkey, pname)], pname)
             if top is not None and (best is None or top[:2] < best[:2]):
                 best = top
         if best is None or (use_only and best[0] != _USE_COST):
             return None
         g = self.gpus[best[1]]
-        opt = self.ctx.option(g.sig(), pname, self.may_touch())
+        opt = self.ctx.option(g.sid, pname, self.may_touch(g.order), self.repack, self.capacity)
         assert opt is not None and opt.cost == best[0]
         return [(g.order, opt)]
 
@@ -392,30 +578,45 @@ class _Pass:
                   use_only: bool) -> list[tuple[int, _Option]] | None:
         """Cheapest way to get ``count`` devices on these GPUs (one node), without changing anything."""
         ctx = self.ctx
-        sigs = {o: self.gpus[o].sig() for o in orders}
+        sids = {o: self.gpus[o].sid for o in orders}
         touched = self.touched
         budget = ctx.budget
         steps: list[tuple[int, _Option]] = []
         for _ in range(count):
             best: tuple[tuple[int, ...], int, _Option] | None = None
             may = budget is None or touched < budget
-            for o in orders:
-                opt = ctx.use_option(sigs[o], pname) if use_only else ctx.option(sigs[o], pname, may)
-                if opt is not None and (best is None or (opt.cost, o) < best[:2]):
-                    best = (opt.cost, o, opt)
+            if use_only:
+                for o in orders:
+                    opt = ctx.use_option(sids[o], pname)
+                    if opt is not None and (best is None or (opt.cost, o) < best[:2]):
+                        best = (opt.cost, o, opt)
+            else:
+                # Exact costs only for GPUs whose lower bound could still beat the best found.
+                bounds = []
+                for o in orders:
+                    may_o = may and (self.touchable is None or o in self.touchable)
+                    lb = ctx.lower_bound(sids[o], pname, may_o, self.repack, self.capacity)
+                    if lb is not None:
+                        bounds.append((lb[0], o, may_o))
+                bounds.sort()
+                for lb_cost, o, may_o in bounds:
+                    if best is not None and (lb_cost, o) >= best[:2]:
+                        break
+                    opt = ctx.option(sids[o], pname, may_o, self.repack, self.capacity)
+                    if opt is not None and (best is None or (opt.cost, o) < best[:2]):
+                        best = (opt.cost, o, opt)
             if best is None:
                 return None
             _, o, opt = best
-            s = sigs[o]
-            if opt.kind == _NEW and not s[3]:
+            if opt.kind == _NEW and not ctx.sigs[sids[o]][3]:
                 touched += 1
-            sigs[o] = (s[0], opt.pinned, opt.free, s[3] or opt.kind == _NEW)
+            sids[o] = opt.after
             steps.append((o, opt))
         return steps
 
     @staticmethod
     def _total(steps: list[tuple[int, _Option]]) -> tuple[int, ...]:
-        return tuple(sum(c) for c in zip(*(opt.cost for _, opt in steps), strict=True))
+        return tuple(sum(c) for c in zip_longest(*(opt.cost for _, opt in steps), fillvalue=0))
 
     def _best_on_listed_nodes(self, claim: ClaimDemand, pname: str,
                               use_only: bool) -> list[tuple[int, _Option]] | None:
@@ -436,14 +637,14 @@ class _Pass:
                             use_only: bool) -> list[tuple[int, _Option]] | None:
         """Visit nodes in order of their cheapest GPU for ``pname``; take the first that fits the claim."""
         heaps = [self.heaps[(m, pname)] for m in self.ctx.models_with[pname]]
-        popped: list[tuple[list[tuple[tuple[int, ...], int, int]], tuple[tuple[int, ...], int, int]]] = []
+        popped: list[tuple[list[_Entry], _Entry]] = []
         tried: set[str] = set()
         result: list[tuple[int, _Option]] | None = None
         while True:
             best_heap = None
-            best_top: tuple[tuple[int, ...], int, int] | None = None
+            best_top: _Entry | None = None
             for h in heaps:
-                top = self._top(h)
+                top = self._current(h)  # bounds are good enough to order the nodes to try
                 if top is not None and (best_top is None or top[:2] < best_top[:2]):
                     best_top, best_heap = top, h
             if best_top is None or best_heap is None or (use_only and best_top[0] != _USE_COST):
@@ -454,6 +655,8 @@ class _Pass:
             if node in tried or (claim.nodes is not None and node not in claim.nodes):
                 continue
             tried.add(node)
+            if len(tried) > _MAX_NODES_TRIED:
+                break
             result = self._simulate(self.ctx.nodes[node], pname, claim.count, use_only)
             if result is not None:
                 break
@@ -470,7 +673,7 @@ class _Pass:
                 g.events.append(("removed", d, f"for claim {claim}"))
             self.destroyed += len(opt.destroyed)
             g.events.append(("added", opt.inst, f"for claim {claim}"))
-        g.pinned, g.free = opt.pinned, opt.free
+        g.pinned, g.free, g.sid = opt.pinned, opt.free, opt.after
         g.assigned.append((opt.inst, claim))
         if not self.exhausted and self.ctx.budget is not None and self.touched >= self.ctx.budget:
             self.exhausted = True
@@ -506,7 +709,12 @@ def _order_claims(claims: Sequence[ClaimDemand], ctx: _Context, how: str) -> lis
     def nodes_n(c: ClaimDemand) -> int:
         return len(c.nodes) if c.nodes is not None else len(ctx.nodes) + 1
 
+    def need(c: ClaimDemand) -> float:
+        return c.count * min(ctx.size.get(p, 1.0) for p in c.alternatives)
+
     by_name = sorted(claims, key=lambda c: c.name)
+    if how == "need":
+        return sorted(by_name, key=lambda c: (need(c), c.nodes is None))
     if how == "large":
         return sorted(by_name, key=lambda c: (c.nodes is None, -csize(c), len(c.alternatives)))
     if how == "small":
@@ -542,6 +750,7 @@ def _return_to_baseline(p: _Pass, baseline: Mapping[str, Layout]) -> None:
             if inst not in g.free:
                 g.events.append(("added", inst, "return to baseline"))
         g.free = target
+        g.sid = p.ctx.intern(g.sig())
 
 
 def _fill_warm_pool(p: _Pass, warm_pool: Mapping[str, int]) -> None:
@@ -551,15 +760,14 @@ def _fill_warm_pool(p: _Pass, warm_pool: Mapping[str, int]) -> None:
         have = sum(1 for g in p.gpus for i in g.free if i.profile == pname)
         while have < want:
             best: tuple[tuple[int, ...], int, _Option] | None = None
-            seen: dict[Sig, _Option | None] = {}
+            seen: dict[int, _Option | None] = {}
             for g in p.gpus:
                 if not g.model.has_profile(pname):
                     continue
-                sig = g.sig()
-                if sig not in seen:
-                    opt = ctx._new_option(sig, pname) if (g.changed or not p.exhausted) else None
-                    seen[sig] = opt if opt is not None and not opt.destroyed else None
-                found = seen[sig]
+                if g.sid not in seen:
+                    opt = ctx.new_option(g.sid, pname) if (g.changed or not p.exhausted) else None
+                    seen[g.sid] = opt if opt is not None and not opt.destroyed else None
+                found = seen[g.sid]
                 if found is not None and (best is None or (found.cost, g.order) < best[:2]):
                     best = (found.cost, g.order, found)
             if best is None:
@@ -573,6 +781,7 @@ def _fill_warm_pool(p: _Pass, warm_pool: Mapping[str, int]) -> None:
                     p.exhausted = True
             g.events.append(("added", opt.inst, f"warm pool {pname}"))
             g.free = with_instance(g.free, opt.inst)
+            g.sid = ctx.intern(g.sig())
             have += 1
 
 
@@ -593,6 +802,7 @@ def _take_leftover_free(p: _Pass, claims: Sequence[ClaimDemand]) -> None:
                         g.free = without(g.free, (inst,))
                         g.pinned = with_instance(g.pinned, inst)
                         g.assigned.append((inst, claim.name))
+                        g.sid = p.ctx.intern(g.sig())
                     p.placed[claim.name] = (rank, found[: claim.count])
                     done = True
                     break
@@ -652,21 +862,42 @@ def plan(
     validate_inputs(gpus, claims, policy, geo)
     ctx = _Context(gpus, claims, policy, geo)
     n = len(claims)
+    max_passes = max(1, _PASS_WORK_BUDGET // max(1, n + len(ctx.base)))
     configs = _pass_configs()
-    max_passes = max(1, min(len(configs), _PASS_WORK_BUDGET // max(1, n + len(ctx.base))))
+    configs += _budget_configs(ctx, max_passes - len(configs))
+    configs = configs[:max_passes]
     best: _Pass | None = None
-    best_score: tuple[int, ...] | None = None
+    best_score: tuple[int, ...] = ()
+    best_run: tuple[_PassConfig, list[ClaimDemand]] | None = None
     ordered: dict[str, list[ClaimDemand]] = {}
-    for cfg in configs[:max_passes]:
+    passes = 0
+    for cfg in configs:
         if cfg.order not in ordered:
             ordered[cfg.order] = _order_claims(claims, ctx, cfg.order)
-        p = _Pass(ctx)
+        p = _Pass(ctx, cfg)
         p.run(ordered[cfg.order], cfg)
+        passes += 1
         score = p.score()
-        if best_score is None or score > best_score:
-            best, best_score = p, score
+        if best is None or score > best_score:
+            best, best_score, best_run = p, score, (cfg, ordered[cfg.order])
         if best_score[0] == n and best_score[1] == n and best_score[3] == 0:
             break  # every claim got its first choice without destroying anything
+    # Bounded improvement: an unsatisfied claim moved to the front of the winning order, while it helps.
+    improved = True
+    while improved and best is not None and best_run is not None and best_score[0] < n:
+        improved = False
+        cfg, order = best_run
+        for claim in [c for c in order if c.name not in best.placed]:
+            if passes >= max_passes:
+                break
+            trial_order = [claim, *(c for c in order if c is not claim)]
+            p = _Pass(ctx, cfg)
+            p.run(trial_order, cfg)
+            passes += 1
+            if p.score() > best_score:
+                best, best_score, best_run = p, p.score(), (cfg, trial_order)
+                improved = True
+                break
     assert best is not None
     _return_to_baseline(best, policy.baseline)
     _fill_warm_pool(best, policy.warm_pool)
