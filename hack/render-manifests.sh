@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Renders the plain manifests for `kubectl apply -k` from the Helm chart, so both install paths come from
-# one source. Also copies the repository's crds/ (the one source of truth for the CRDs) into the chart.
+# one source. Also copies the repository's crds/ and dashboards/ (their one source) into the chart.
 #   usage: hack/render-manifests.sh           -> syncs the chart's CRDs and writes manifests/deploy/
 #          hack/render-manifests.sh --check   -> exits 1 (and shows a diff) when either is out of date
 set -euo pipefail
@@ -17,9 +17,10 @@ helm="$("$root/hack/build-helm.sh")"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 
-# 1. The chart's copy of the CRDs (helm cannot read files outside the chart directory).
-mkdir -p "$out/chart-crds"
+# 1. The chart's copies of the CRDs and the dashboard (helm cannot read files outside the chart directory).
+mkdir -p "$out/chart-crds" "$out/chart-dashboards"
 cp "$root"/crds/*.yaml "$out/chart-crds/"
+cp "$root"/dashboards/*.json "$out/chart-dashboards/"
 
 # 2. Plain manifests: CRDs in their own kustomization (apply them first, then everything else).
 mkdir -p "$out/deploy/crds"
@@ -28,6 +29,7 @@ render() {
   local tmpchart="$out/chart"
   rm -rf "$tmpchart"; cp -r "$chart" "$tmpchart"
   rm -rf "$tmpchart/files/crds"; mkdir -p "$tmpchart/files/crds"; cp "$out"/chart-crds/*.yaml "$tmpchart/files/crds/"
+  rm -rf "$tmpchart/files/dashboards"; cp -r "$out/chart-dashboards" "$tmpchart/files/dashboards"
   "$helm" lint --quiet --strict "$tmpchart" --namespace "$namespace" >&2
   "$helm" template "$release" "$tmpchart" --namespace "$namespace" \
     --set namespace.create=true "$@"
@@ -67,10 +69,12 @@ YAML
 if $check; then
   rc=0
   diff -ru "$chart/files/crds" "$out/chart-crds" || rc=1
+  diff -ru "$chart/files/dashboards" "$out/chart-dashboards" || rc=1
   diff -ru "$deploy" "$out/deploy" || rc=1
   if [ $rc -ne 0 ]; then echo "manifests are out of date: run hack/render-manifests.sh" >&2; fi
   exit $rc
 fi
 rm -rf "$chart/files/crds"; mkdir -p "$chart/files/crds"; cp "$out"/chart-crds/*.yaml "$chart/files/crds/"
+rm -rf "$chart/files/dashboards"; cp -r "$out/chart-dashboards" "$chart/files/dashboards"
 rm -rf "$deploy"; cp -r "$out/deploy" "$deploy"
 echo "rendered $deploy" >&2

@@ -227,9 +227,15 @@ def test_values_switch_what_is_rendered(helm: str) -> None:
             "agent.nvml.mode=hostDriverRoot",
             "image.digest=sha256:" + "a" * 64,
             "operator.priorityClassName=system-cluster-critical",
+            "metrics.grafanaDashboard.enabled=true",
         ).stdout
     )
     assert len([o for o in rich if o["kind"] == "ServiceMonitor"]) == 2
+    dashboard = find(rich, "ConfigMap")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["dynamig.json"]) == json.loads(
+        (ROOT / "dashboards" / "dynamig.json").read_text()
+    )
     rule = find(rich, "PrometheusRule")
     alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
     assert len(alerts) >= 5, "the PrometheusRule has too few alerts"
