@@ -952,3 +952,31 @@ def test_agent_and_operator_run_with_exactly_the_rbac_the_manifests_grant(
         cp.kubectl("delete", "pod", "-n", NS, pod_name, "--grace-period=0", "--force", check=False)
     for name, log in logs.items():
         assert "forbidden" not in log.lower(), f"{name} was refused something:\n{log[-4000:]}"
+
+
+def test_workload_arguments_parse_with_the_real_cli(helm: str) -> None:
+    """The chart passes only arguments `dynamig operator` and `dynamig agent` accept (no flag drift)."""
+    from dynamig.cli import build_parser
+
+    parser = build_parser()
+    for sets in ((), ("logging.format=json", "logging.level=debug", "features.kubeletPlugin=false")):
+        objs = docs(render(helm, *sets).stdout)
+        for kind, command in (("Deployment", "operator"), ("DaemonSet", "agent")):
+            args = find(objs, kind)["spec"]["template"]["spec"]["containers"][0]["args"]
+            assert args[0] == command
+            argv = [a.replace("$(NODE_NAME)", "gpu-node-1") for a in args]
+            try:
+                parsed = parser.parse_args(argv)
+            except SystemExit as exc:  # argparse exits on an unknown flag
+                raise AssertionError(f"{kind} args rejected by `dynamig {command}`: {argv}") from exc
+            assert parsed.command == command
+            assert parsed.log_level.upper() in ("DEBUG", "INFO")
+    agent = parser.parse_args(
+        [
+            a.replace("$(NODE_NAME)", "n")
+            for a in find(docs(render(helm, "features.kubeletPlugin=false").stdout), "DaemonSet")["spec"][
+                "template"
+            ]["spec"]["containers"][0]["args"]
+        ]
+    )
+    assert agent.kubelet_plugin is False and agent.nvml == "real" and agent.node == "n"
