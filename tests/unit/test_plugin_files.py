@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
 from pathlib import Path
 
@@ -190,6 +191,47 @@ def test_missing_device_nodes(tmp_path: Path) -> None:
     nodes = cdi.device_nodes(instance(), cdi.CapabilityMinors(3, 4))
     missing = cdi.missing_device_nodes(tmp_path, nodes)
     assert missing == [tmp_path / "nvidia-uvm", tmp_path / "nvidia-caps/nvidia-cap4"]
+
+
+PROC_DEVICES = """Character devices:
+  1 mem
+  4 /dev/vc/0
+195 nvidia-frontend
+195 nvidia
+234 nvidia-caps
+510 nvidia-uvm
+
+Block devices:
+  7 loop
+234 nvidia-caps-imex-channels
+"""
+
+
+def test_parse_char_major() -> None:
+    assert cdi.parse_char_major(PROC_DEVICES, "nvidia-caps") == 234
+    assert cdi.parse_char_major(PROC_DEVICES, "nvidia-uvm") == 510
+    assert cdi.parse_char_major(PROC_DEVICES, "loop") is None  # a block device
+    assert cdi.parse_char_major("", "nvidia-caps") is None
+
+
+def test_missing_capability_nodes_are_created_as_char_devices(tmp_path: Path) -> None:
+    proc, dev = tmp_path / "proc", tmp_path / "dev"
+    proc.mkdir()
+    minors = cdi.CapabilityMinors(gi_access=129, ci_access=130)
+    # Without the driver's major in /proc/devices nothing is guessed.
+    assert cdi.create_capability_nodes(dev, proc, minors) == []
+    (proc / "devices").write_text(PROC_DEVICES)
+    (dev / "nvidia-caps").mkdir(parents=True)
+    (dev / "nvidia-caps" / "nvidia-cap129").touch()  # already there: left alone
+    try:
+        created = cdi.create_capability_nodes(dev, proc, minors)
+    except PermissionError:
+        pytest.skip("creating device nodes needs CAP_MKNOD, which this environment lacks")
+    assert created == [dev / "nvidia-caps" / "nvidia-cap130"]
+    st = created[0].stat()
+    assert stat.S_ISCHR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o444
+    assert (os.major(st.st_rdev), os.minor(st.st_rdev)) == (234, 130)
+    assert cdi.create_capability_nodes(dev, proc, minors) == []
 
 
 # --- checkpoint ----------------------------------------------------------------------------------------

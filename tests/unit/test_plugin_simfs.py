@@ -45,6 +45,9 @@ def test_minor_numbering_is_unique_per_gpu_gi_and_ci() -> None:
     assert len(minors) == len(set(minors))
     assert min(minors) == 3  # 1 and 2 are the driver's config and monitor capabilities
     assert (gi_cap_minor(0, 1), ci_cap_minor(0, 1, 0)) == (12, 13)
+    # Entries of the driver's mig-minors table as NVIDIA's MIG user guide prints them.
+    assert ci_cap_minor(0, 0, 2) == 6
+    assert ci_cap_minor(31, 14, 7) == 4322
 
 
 def test_sync_mirrors_nvml_and_the_plugin_reads_it(devices: NvmlDevices, tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -113,6 +114,49 @@ def device_nodes(instance: PreparedInstance, minors: CapabilityMinors) -> tuple[
 def missing_device_nodes(dev_root: Path, nodes: Iterable[str]) -> list[Path]:
     """Those of ``nodes`` that do not exist under ``dev_root``. Side effect: stats files."""
     return [dev_root / n for n in nodes if not (dev_root / n).exists()]
+
+
+def parse_char_major(proc_devices: str, name: str) -> int | None:
+    """Major number of character device ``name`` in ``/proc/devices`` content, else None. Pure."""
+    in_char = False
+    for line in proc_devices.splitlines():
+        if line.strip().endswith(":"):
+            in_char = line.strip() == "Character devices:"
+            continue
+        parts = line.split()
+        if in_char and len(parts) == 2 and parts[1] == name and parts[0].isdigit():
+            return int(parts[0])
+    return None
+
+
+def create_capability_nodes(dev_root: Path, proc_root: Path, minors: CapabilityMinors) -> list[Path]:
+    """Creates missing ``nvidia-caps/nvidia-cap<N>`` nodes (mode 0444, as ``nvidia-modprobe`` makes them)
+    for the driver's ``nvidia-caps`` character device major. Returns the nodes created. Side effect: mknod.
+
+    The driver creates a capability's procfs entry when the instance appears, but its ``/dev`` node only when
+    something asks for it; on a node where nothing did, the container would get a dangling device.
+    """
+    wanted = [dev_root / "nvidia-caps" / f"nvidia-cap{m}" for m in (minors.gi_access, minors.ci_access)]
+    missing = [p for p in wanted if not p.exists()]
+    if not missing:
+        return []
+    try:
+        major = parse_char_major((proc_root / "devices").read_text(), "nvidia-caps")
+    except OSError:
+        major = None
+    if major is None:
+        return []
+    created: list[Path] = []
+    for path in missing:
+        minor = int(path.name.removeprefix("nvidia-cap"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mknod(path, 0o444 | stat.S_IFCHR, os.makedev(major, minor))
+        except FileExistsError:
+            continue
+        os.chmod(path, 0o444)  # mknod's mode is filtered by the umask
+        created.append(path)
+    return created
 
 
 def cdi_device_name(claim_uid: str, device_name: str) -> str:

@@ -177,9 +177,15 @@ class MigDriver:
             uuids_by_request.setdefault(d.base_request, []).append(i.mig_uuid)
         cdi_devices: list[cdi.CdiDevice] = []
         prepared: list[PreparedDevice] = []
+        s = self._settings
         for d, inst in pairs:
-            minors = cdi.read_capability_minors(self._settings.proc_root, inst)
-            missing = cdi.missing_device_nodes(self._settings.dev_root, cdi.device_nodes(inst, minors))
+            minors = cdi.read_capability_minors(s.proc_root, inst)
+            try:
+                for node in cdi.create_capability_nodes(s.dev_root, s.proc_root, minors):
+                    log.info("created capability device node %s for %s", node, d.device)
+            except OSError as exc:
+                raise InstanceError(f"device {d.device}: cannot create its nvidia-caps node: {exc}") from exc
+            missing = cdi.missing_device_nodes(s.dev_root, cdi.device_nodes(inst, minors))
             if missing:
                 raise InstanceError(
                     f"device {d.device} ({inst.mig_uuid}): device node(s) missing on the node: "

@@ -7,9 +7,10 @@ With the simulated NVML (``dynamig.backends.simnvml``) nothing creates ``/dev/nv
 of every GI and CI with their ``DeviceFileMinor``. :class:`SimulatedDriverInstances` wraps a ``MigInstances``
 and refreshes those files after each ``ensure``, as the driver does when NVML creates an instance.
 
-Capability minors follow the layout of the driver's ``/proc/driver/nvidia-caps/mig-minors`` table (minors 1
-and 2 for config and monitor, then per GPU 15 GIs of 9 minors: the GI's own, then CIs 0-7). The plugin does
-not depend on that numbering: it reads whatever the files say.
+Capability minors follow the driver's ``/proc/driver/nvidia-caps/mig-minors`` table (minors 1 and 2 for
+config and monitor, then per GPU minor 15 GIs of 9 minors: the GI's own, then CIs 0-7; NVIDIA's MIG guide
+lists ``gpu31/gi14/ci7/access 4322`` as the last). The plugin does not depend on that numbering: it reads
+whatever the files say.
 
 Use it only with the simulated NVML: against real GPUs the driver owns these files.
 """
