@@ -26,6 +26,7 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from dynamig.agent.controller import AgentSettings, NodeAgent
 from dynamig.agent.kubeapi import KubeApi
@@ -179,6 +180,15 @@ class Api:
         await self.core.delete_namespaced_pod(pod, namespace, grace_period_seconds=0)
         await self.custom.delete_namespaced_custom_object(
             "resource.k8s.io", "v1", namespace, "resourceclaims", claim)
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    """The value of the series ``name{labels}`` in Prometheus text output, or None."""
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return float(s.value)
+    return None
 
 
 def layout_of(part: dict[str, Any]) -> str:
@@ -392,9 +402,9 @@ async def test_agent_publishes_reshapes_free_instances_and_keeps_allocated_ones(
         text = generate_latest(agent.metrics.registry).decode()
         assert 'dynamig_build_info{version="' in text
         assert 'GPU_I_PROFILE="7g.80gb"' in text and f'hostname="{node}"' in text and 'UUID="GPU-' in text
-        labels = f'hostname="{node}",operation="destroy",result="success"'
-        destroyed = f"dynamig_reshape_operations_total{{{labels}}}"
-        assert destroyed in text
+        ops = "dynamig_reshape_operations_total"
+        assert (sample(text, ops, hostname=node, operation="destroy", result="success") or 0) == 8
+        assert (sample(text, ops, hostname=node, operation="create", result="success") or 0) == 11
         assert "dynamig_reshape_duration_seconds_count" in text
 
         # 10. Uninstall: slices and GpuPartitions go, MIG stays as it is.
@@ -599,3 +609,57 @@ async def test_agent_killed_mid_reshape_converges_after_restart(
               f"{converged_s:.2f}s after the first kill ({total_s:.2f}s after the new layout)")
     finally:
         kill(second)
+
+
+async def test_agent_keeps_instances_with_processes_and_degrades_lost_gpus(
+    crd: ControlPlane, kube_api: client.ApiClient, make_node: Callable[..., str], sim_nvml: ModuleType,
+) -> None:
+    api = Api(kube_api)
+    node = make_node("nvmlfacts", labels={"dynamig.io/managed": "true"})
+    gpu0, gpu1 = f"{node}-gpu0", f"{node}-gpu1"
+    async with agent_in_process(kube_api, node, sim_nvml, settle_s=0.2) as agent:
+        await eventually(lambda: _all_stable(api, node, 2), "two Stable GpuPartitions")
+        gen = await api.set_layout(gpu0, "3g.40gb@0,3g.40gb@4")
+        part = await eventually(lambda: _stable(api, gpu0, gen, ready=True), "gpu0 at 2x3g.40gb")
+        busy = next(i for i in part["status"]["instances"] if i["start"] == 4)
+
+        # A process runs on 3g.40gb@4 (no claim names it): a layout without it keeps it, and says why.
+        sim_nvml.attach_process(busy["migUUID"], 4242)
+        gen = await api.set_layout(gpu0, "7g.80gb@0")
+
+        async def kept_for_process() -> dict[str, Any] | None:
+            p = await api.partition(gpu0)
+            if not stable_at(p, gen) or p is None or layout_of(p) != "3g.40gb@4":
+                return None
+            return p
+
+        p = await eventually(kept_for_process, "instance with a process kept, the other destroyed")
+        (inst,) = p["status"]["instances"]
+        assert inst["state"] == "in-use" and inst["migUUID"] == busy["migUUID"]
+        assert "process" in (condition(p, "Ready") or {})["message"]
+        assert layout(agent, 0) == "3g.40gb@4"
+        # The process exits: the reshape completes.
+        sim_nvml.detach_process(busy["migUUID"], 4242)
+        p = await eventually(lambda: _stable(api, gpu0, gen, ready=True), "gpu0 at 7g.80gb")
+        assert layout_of(p) == "7g.80gb@0"
+
+        # GPU 1 falls off the bus: Degraded, its devices unpublished; back again: Stable.
+        gen1 = await api.set_layout(gpu1, "1g.10gb@0")
+        await eventually(lambda: _stable(api, gpu1, gen1, ready=True), "gpu1 at 1g.10gb@0")
+        sim_nvml.set_gpu_lost(1)
+
+        async def lost() -> dict[str, Any] | None:
+            p = await api.partition(gpu1)
+            return p if p and p["status"].get("phase") == "Degraded" else None
+
+        p = await eventually(lost, "gpu1 Degraded")
+        healthy = condition(p, "Healthy") or {}
+        assert healthy["status"] == "False" and healthy["reason"] == "GpuLost"
+        assert set(await api.published(node)) == {"gpu0-7g80gb-s0"}
+        assert (await api.partition(gpu0) or {})["status"]["phase"] == "Stable"
+        sim_nvml.set_gpu_lost(1, False)
+        await eventually(lambda: _stable(api, gpu1, gen1, ready=True), "gpu1 back")
+        assert set(await api.published(node)) == {"gpu0-7g80gb-s0", "gpu1-1g10gb-s0"}
+        text = generate_latest(agent.metrics.registry).decode()
+        errors = "dynamig_nvml_errors_total"
+        assert sample(text, errors, hostname=node, operation="discover", error="GpuIsLost")

@@ -163,9 +163,10 @@ class NodeAgent:
         node_owner = node_mig_owner(labels)
 
         gpus: list[GpuInfo] = []
+        unreadable: dict[int, str] = {}
         lost_reason = ""
         try:
-            gpus = await asyncio.to_thread(self.devices.gpus)
+            gpus, unreadable = await asyncio.to_thread(self.devices.discover)
         except self.devices.error_type as exc:
             self.metrics.nvml_error("discover", self.devices.error_name(exc))
             lost_reason = f"NVML discovery failed: {exc}"
@@ -198,6 +199,11 @@ class NodeAgent:
                 owner = f"driver {foreign[gpu.uuid]} publishes MIG devices of this GPU"
             outcomes.append(await self._reconcile_gpu(gpu, part, instances, claims, owner))
 
+        for index, error in unreadable.items():
+            self.metrics.nvml_error("discover", error.split(":", 1)[0])
+            part = parts.get(gpu_partition_name(node, index))
+            if part is not None:
+                outcomes.append(self._lost(part, f"NVML cannot read GPU {index}: {error}"))
         seen = {o.name for o in outcomes}
         for name, part in parts.items():
             if name not in seen:

@@ -56,7 +56,7 @@ class AgentMigInstances:
     async def _resolve(self, name: str) -> tuple[GpuInfo, PlacedInstance]:
         devices = self.agent.devices
         try:
-            gpus = await asyncio.to_thread(devices.gpus)
+            gpus, _ = await asyncio.to_thread(devices.discover)
         except devices.error_type as exc:
             raise InstanceError(f"{name}: NVML cannot list GPUs: {exc}") from exc
         for gpu in gpus:

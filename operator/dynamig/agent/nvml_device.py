@@ -127,12 +127,24 @@ class NvmlDevices:
     # --- discovery -----------------------------------------------------------------------------------
 
     def gpus(self) -> list[GpuInfo]:
-        """Every GPU NVML reports, with MIG mode and its refined model. Reads only."""
+        """Every GPU NVML reports, with MIG mode and its refined model. Reads only; raises on any error."""
         with self._lock:
-            out = []
+            return [self._gpu(index) for index in range(self.nvml.nvmlDeviceGetCount())]
+
+    def discover(self) -> tuple[list[GpuInfo], dict[int, str]]:
+        """The GPUs NVML can read, and ``index -> error`` for those it cannot (e.g. fallen off the bus).
+
+        Reads only. An error listing the GPUs at all is raised.
+        """
+        with self._lock:
+            found: list[GpuInfo] = []
+            failed: dict[int, str] = {}
             for index in range(self.nvml.nvmlDeviceGetCount()):
-                out.append(self._gpu(index))
-            return out
+                try:
+                    found.append(self._gpu(index))
+                except self.nvml.NVMLError as exc:
+                    failed[index] = f"{_error_name(exc)}: {exc}"
+            return found, failed
 
     def gpu(self, index: int) -> GpuInfo:
         with self._lock:
