@@ -980,3 +980,41 @@ def test_workload_arguments_parse_with_the_real_cli(helm: str) -> None:
         ]
     )
     assert agent.kubelet_plugin is False and agent.nvml == "real" and agent.node == "n"
+
+
+# ------------------------------------------------------------------------------------------------ examples
+@pytest.mark.parametrize(
+    ("template", "model", "expected"),
+    [
+        ("claimtemplate-inference.yaml", "A100-80GB", [{"1g.10gb"}, {"2g.20gb"}]),
+        ("claimtemplate-inference.yaml", "H100-80GB", [{"1g.10gb"}, {"2g.20gb"}]),
+        ("claimtemplate-training.yaml", "A100-80GB", [{"3g.40gb"}, {"3g.40gb", "4g.40gb", "7g.80gb"}]),
+        ("claimtemplate-training.yaml", "H100-80GB", [{"3g.40gb"}, {"3g.40gb", "4g.40gb", "7g.80gb"}]),
+    ],
+)
+def test_example_claims_accept_the_profiles_their_comments_promise(
+    template: str, model: str, expected: list[set[str]]
+) -> None:
+    """Each firstAvailable alternative, evaluated with the same CEL code and device builder the operator
+    uses against every profile of the model, accepts exactly the profiles the example says."""
+    from dynamig.geometry.catalog import load_catalog
+    from dynamig.kube.cel import device_view, evaluate_selector
+    from dynamig.kube.devices import MigDevice
+
+    gpu = load_catalog().model(model)
+    deviceclass = find(deploy_objects(), "DeviceClass")["spec"]["selectors"][0]["cel"]["expression"]
+    doc = yaml.safe_load((EXAMPLES / template).read_text())
+    alternatives = doc["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"]
+    accepted = []
+    for alt in alternatives:
+        assert alt["deviceClassName"] == "mig.dynamig.io"
+        exprs = [deviceclass] + [s["cel"]["expression"] for s in alt["selectors"]]
+        ok = set()
+        for profile in gpu.profiles:
+            view = device_view(MigDevice(0, profile, profile.placement_starts[0], gpu.product_name, "GPU-x"))
+            results = [evaluate_selector(e, view) for e in exprs]
+            assert not [r.error for r in results if r.error], results
+            if all(r.matched for r in results):
+                ok.add(profile.name)
+        accepted.append(ok)
+    assert accepted == expected
