@@ -1,0 +1,512 @@
+"""The operator end to end: the morning burst, a training job, a Static policy, the drift back to baseline.
+
+Real: etcd, kube-apiserver, kube-scheduler (the only allocator: DRA allocation against the agent's
+ResourceSlices, ``firstAvailable`` fallbacks included) and kube-controller-manager (claims generated from
+ResourceClaimTemplates, and removed with their pods), built from the Kubernetes sources; the operator
+exactly as ``dynamig operator --standalone`` runs it (Kopf, CEL, planner) and the node agent's whole code
+path (NVML calls, reconcile, ResourceSlice publisher, GpuPartition status), both as tasks of the test's
+event loop.
+Simulated: the two A100-80GB GPUs (``dynamig.backends.simnvml`` under the agent's NVML calls; its event
+history is the ground truth for "no allocated instance was ever destroyed") and the node (a Node object
+without kubelet: pods are bound, never run). Agent settle periods and the policy's cooldown are shortened.
+
+Scenario, as a newcomer would run it:
+1. Morning: the GPUs are cut 2 x 3g.40gb each; a Dynamic policy governs them. Seven inference pods, each
+   asking ``1g.10gb`` with fallback ``2g.20gb``, arrive at once: all seven get allocated with no human
+   action, and no instance that was allocated at any moment is destroyed. The time from the burst to the
+   last allocation is printed.
+2. A training pod asking ``3g.40gb`` fits into what is free, reshaping only free instances.
+3. The policy is switched to Static and the same burst arrives again: it stays pending, and the policy status
+   (and every claim's Events) say why.
+4. The policy is Dynamic again and the inference pods are deleted: after the cooldown the GPU they used
+   returns to the baseline layout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any, TypeVar
+
+import pytest
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+from prometheus_client import CollectorRegistry
+
+from dynamig.agent.controller import AgentSettings, NodeAgent
+from dynamig.agent.kubeapi import KubeApi
+from dynamig.agent.metrics import AgentMetrics
+from dynamig.agent.nvml_device import NvmlDevices
+from dynamig.devcluster import ControlPlane
+from dynamig.geometry.catalog import load_catalog
+from dynamig.geometry.model import device_name
+from dynamig.operator.handlers import run_operator
+from dynamig.operator.metrics import OperatorMetrics
+from dynamig.operator.settings import OperatorSettings
+
+pytestmark = pytest.mark.controlplane
+
+T = TypeVar("T")
+REPO = Path(__file__).resolve().parent.parent
+DRIVER = "mig.dynamig.io"
+PROFILE = f'device.attributes["{DRIVER}"].profile'
+GROUP, VERSION = "dynamig.io", "v1alpha1"
+BASELINE = [("3g.40gb", 0), ("3g.40gb", 4)]
+COOLDOWN_S = 8
+
+
+async def eventually(probe: Callable[[], Awaitable[T | None]], what: str, within_s: float = 60.0) -> T:
+    deadline = time.monotonic() + within_s
+    while True:
+        value = await probe()
+        if value is not None:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {within_s:.0f}s waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+def layout_text(layout: list[tuple[str, int]] | list[dict[str, Any]]) -> str:
+    items = sorted((e["start"], e["profile"]) if isinstance(e, dict) else (e[1], e[0]) for e in layout)
+    return ",".join(f"{p}@{s}" for s, p in items)
+
+
+# --------------------------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture
+def crds(control_plane: ControlPlane) -> ControlPlane:
+    for crd in ("gpupartitions", "gpupartitionpolicies"):
+        control_plane.kubectl("apply", "-f", str(REPO / "crds" / f"{crd}.yaml"))
+        control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd}.dynamig.io")
+    return control_plane
+
+
+@pytest.fixture
+def sim_nvml() -> Iterator[ModuleType]:
+    from dynamig.backends.nvml import load_nvml
+
+    module: ModuleType = load_nvml("simulated")
+    module.configure(gpus=["A100-80GB", "A100-80GB"], state_file=None)
+    yield module
+    module.configure(gpus=[], state_file=None)
+
+
+@contextlib.asynccontextmanager
+async def agent_running(api: client.ApiClient, node: str, nvml: ModuleType) -> AsyncIterator[None]:
+    devices = NvmlDevices(nvml, load_catalog())
+    devices.init()
+    settings = AgentSettings(node=node, settle_seconds=0.3, interval_seconds=0.5, reshape_poll_seconds=0.1)
+    agent = NodeAgent(settings, KubeApi(api), devices, AgentMetrics(CollectorRegistry(), node))
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop), name=f"agent-{node}")
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=30)
+
+
+@contextlib.asynccontextmanager
+async def operator_running(cp: ControlPlane, metrics: OperatorMetrics) -> AsyncIterator[None]:
+    settings = OperatorSettings(kubeconfig=cp.kubeconfig_path, standalone=True, resync_seconds=2.0)
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(run_operator(settings, stop, ready, metrics=metrics), name="operator")
+    await asyncio.wait_for(ready.wait(), timeout=30)
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=30)
+
+
+class Cluster:
+    """Dict-level API shortcuts for the scenario."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+        self.resource = client.ResourceV1Api(api)
+        self.ns = namespace
+
+    async def ensure_device_class(self) -> None:
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": DRIVER},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+        }
+        with contextlib.suppress(ApiException):
+            await self.resource.create_device_class(body)
+
+    async def partition(self, name: str) -> dict[str, Any]:
+        obj: dict[str, Any] = await self.custom.get_cluster_custom_object(
+            GROUP, VERSION, "gpupartitions", name
+        )
+        return obj
+
+    async def set_layout(self, name: str, layout: list[tuple[str, int]]) -> int:
+        obj = await self.custom.patch_cluster_custom_object(
+            GROUP, VERSION, "gpupartitions", name,
+            {"spec": {"layout": [{"profile": p, "start": s} for p, s in layout]}},
+            _content_type="application/merge-patch+json",
+        )  # fmt: skip
+        return int(obj["metadata"]["generation"])
+
+    async def stable(self, name: str, layout: str | None = None) -> dict[str, Any] | None:
+        """The GpuPartition once its agent reported the current generation Stable (and ``layout``)."""
+        try:
+            part = await self.partition(name)
+        except ApiException:
+            return None
+        st = part.get("status") or {}
+        if st.get("phase") != "Stable" or st.get("observedGeneration") != part["metadata"]["generation"]:
+            return None
+        if layout is not None and layout_text(st.get("instances") or []) != layout:
+            return None
+        return part
+
+    async def policy(self, name: str) -> dict[str, Any]:
+        obj: dict[str, Any] = await self.custom.get_cluster_custom_object(
+            GROUP, VERSION, "gpupartitionpolicies", name
+        )
+        return obj
+
+    async def create_policy(self, name: str, spec: dict[str, Any]) -> None:
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "GpuPartitionPolicy",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+        await self.custom.create_cluster_custom_object(GROUP, VERSION, "gpupartitionpolicies", body)
+
+    async def set_mode(self, name: str, mode: str) -> None:
+        await self.custom.patch_cluster_custom_object(
+            GROUP, VERSION, "gpupartitionpolicies", name, {"spec": {"mode": mode}},
+            _content_type="application/merge-patch+json",
+        )  # fmt: skip
+
+    async def delete_policy(self, name: str) -> None:
+        with contextlib.suppress(ApiException):
+            await self.custom.delete_cluster_custom_object(GROUP, VERSION, "gpupartitionpolicies", name)
+
+        async def gone() -> bool | None:
+            try:
+                await self.policy(name)
+            except ApiException as exc:
+                return True if exc.status == 404 else None
+            return None
+
+        await eventually(gone, f"policy {name} deleted", within_s=30)
+
+    async def claim_template(self, name: str, alternatives: list[str]) -> None:
+        alts = [
+            {
+                "name": f"c{i}",
+                "deviceClassName": DRIVER,
+                "selectors": [{"cel": {"expression": f'{PROFILE} == "{p}"'}}],
+            }
+            for i, p in enumerate(alternatives)
+        ]
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": alts}]}}},
+        }
+        await self.custom.create_namespaced_custom_object(
+            "resource.k8s.io", "v1", self.ns, "resourceclaimtemplates", body
+        )
+
+    async def pod(self, name: str, template: str, pool: str) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "labels": {"app": name.rsplit("-", 1)[0]}},
+            "spec": {
+                "nodeSelector": {"test-pool": pool},
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.invalid/app:1",
+                        "resources": {"claims": [{"name": "gpu"}]},
+                    }
+                ],
+            },
+        }
+        await self.core.create_namespaced_pod(self.ns, body)
+
+    async def delete_pods(self, names: list[str]) -> None:
+        for n in names:
+            with contextlib.suppress(ApiException):
+                await self.core.delete_namespaced_pod(n, self.ns, grace_period_seconds=0)
+
+    async def claims(self) -> list[dict[str, Any]]:
+        res = await self.custom.list_namespaced_custom_object(
+            "resource.k8s.io", "v1", self.ns, "resourceclaims"
+        )
+        return list(res["items"])
+
+    async def claim_of(self, pod: str) -> dict[str, Any] | None:
+        for c in await self.claims():
+            owners = c["metadata"].get("ownerReferences") or []
+            if any(o.get("kind") == "Pod" and o.get("name") == pod for o in owners):
+                return c
+        return None
+
+    async def events(self, name: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        resp = await self.core.list_namespaced_event(
+            namespace or self.ns, field_selector=f"involvedObject.name={name}"
+        )
+        return [
+            {"reason": e.reason, "message": e.message, "type": e.type, "kind": e.involved_object.kind}
+            for e in resp.items
+        ]
+
+
+def allocated_device(claim: dict[str, Any] | None) -> str | None:
+    alloc = ((claim or {}).get("status") or {}).get("allocation")
+    if not alloc:
+        return None
+    results = alloc["devices"]["results"]
+    return str(results[0]["device"]) if results else None
+
+
+class AllocationWatch:
+    """Polls the namespace's claims every 50 ms and keeps, per device, when it was seen allocated."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.seen: dict[str, list[float]] = {}  # device -> [first, last] time seen allocated
+        self.first_allocated: dict[str, float] = {}  # claim name -> first time seen allocated
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            now = time.time()
+            for c in await self.cluster.claims():
+                dev = allocated_device(c)
+                if dev is None:
+                    continue
+                span = self.seen.setdefault(dev, [now, now])
+                span[1] = now
+                self.first_allocated.setdefault(c["metadata"]["name"], now)
+            await asyncio.sleep(0.05)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="allocation-watch")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def destroyed_while_allocated(self, history: list[Any]) -> list[str]:
+        """Destroy events (GI or CI) of a device that was allocated at that moment (50 ms margin)."""
+        bad = []
+        for ev in history:
+            if ev.kind not in ("destroy-gi", "destroy-ci") or ev.profile is None or ev.start is None:
+                continue
+            name = device_name(ev.gpu_index, ev.profile, ev.start)
+            span = self.seen.get(name)
+            if span is not None and span[0] - 0.05 <= ev.timestamp <= span[1] + 0.05:
+                bad.append(
+                    f"{name} destroyed at {ev.timestamp:.2f} while allocated {span[0]:.2f}-{span[1]:.2f}"
+                )
+        return bad
+
+
+# --------------------------------------------------------------------------------------------- the scenario
+
+
+async def test_morning_burst_training_static_and_return_to_baseline(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim_nvml: ModuleType,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    k = Cluster(kube_api, namespace)
+    await k.ensure_device_class()
+    pool = uuid.uuid4().hex[:8]
+    node = make_node("morning", labels={"dynamig.io/managed": "true", "test-pool": pool})
+    gpu0, gpu1 = f"{node}-gpu0", f"{node}-gpu1"
+    policy = f"morning-{pool}"
+    metrics = OperatorMetrics()
+    figures: dict[str, float] = {}
+    watch = AllocationWatch(k)
+    await k.claim_template("inference", ["1g.10gb", "2g.20gb"])
+    await k.claim_template("training", ["3g.40gb"])
+
+    async with agent_running(kube_api, node, sim_nvml):
+        # The 8 AM pre-slice, by hand, before any policy: 2 x 3g.40gb on each GPU.
+        await eventually(lambda: k.stable(gpu0), "the agent's GpuPartition for gpu0", within_s=60)
+        await eventually(lambda: k.stable(gpu1), "the agent's GpuPartition for gpu1", within_s=60)
+        for name in (gpu0, gpu1):
+            await k.set_layout(name, BASELINE)
+        for name in (gpu0, gpu1):
+            await eventually(
+                functools.partial(k.stable, name, layout_text(BASELINE)), f"{name} at 2 x 3g.40gb"
+            )
+        history_start = len(sim_nvml.history())
+
+        async with operator_running(crds, metrics):
+            try:
+                await k.create_policy(
+                    policy,
+                    {
+                        "nodeSelector": {"matchLabels": {"test-pool": pool}},
+                        "gpuProducts": ["A100-80GB"],
+                        "mode": "Dynamic",
+                        "allowedProfiles": ["1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"],
+                        "baseline": {"A100-80GB": [{"profile": p, "start": s} for p, s in BASELINE]},
+                        "batchWindowSeconds": 1,
+                        "cooldownSeconds": COOLDOWN_S,
+                        "disruptionBudget": {"maxGpusReshaping": 2},
+                    },
+                )
+
+                async def governs() -> bool | None:
+                    st = (await k.policy(policy)).get("status") or {}
+                    return True if st.get("matchedGpus") == 2 else None
+
+                await eventually(governs, "the policy to govern both GPUs", within_s=30)
+                watch.start()
+
+                # ---- 1. the morning burst -------------------------------------------------------------
+                inference = [f"infer-{i}" for i in range(7)]
+                burst_at = time.time()
+                for name in inference:
+                    await k.pod(name, "inference", pool)
+
+                async def all_allocated() -> dict[str, str] | None:
+                    devices = {p: allocated_device(await k.claim_of(p)) for p in inference}
+                    return {p: d for p, d in devices.items() if d} if all(devices.values()) else None
+
+                devices = await eventually(
+                    all_allocated, "all seven inference claims allocated", within_s=120
+                )
+                last = max(watch.first_allocated.values())
+                figures["burst_to_last_allocation_s"] = last - burst_at
+                figures["burst_to_first_allocation_s"] = min(watch.first_allocated.values()) - burst_at
+                assert len(set(devices.values())) == 7
+                profiles = sorted(d.split("-")[1] for d in devices.values())
+                assert set(profiles) <= {"1g10gb", "2g20gb"}, profiles
+                burst_history = sim_nvml.history()[history_start:]
+                assert any(ev.kind == "destroy-gi" for ev in burst_history)  # free 3g.40gb were re-cut
+                bad = watch.destroyed_while_allocated(burst_history)
+                assert bad == [], bad
+                # Every pending claim was told why, with a CamelCase reason, on the claim and its pod.
+                for pod in inference:
+                    claim = await k.claim_of(pod)
+                    assert claim is not None
+                    reasons = {e["reason"] for e in await k.events(claim["metadata"]["name"])}
+                    pod_reasons = {e["reason"] for e in await k.events(pod)}
+                    assert reasons & {"ReshapeScheduled", "ReshapeInProgress", "WaitingForScheduler"}, reasons
+                    assert pod_reasons & {"ReshapeScheduled", "ReshapeInProgress", "WaitingForScheduler"}, (
+                        pod_reasons
+                    )
+
+                # ---- 2. a training pod: 3g.40gb, only free instances may change ----------------------
+                train_at = time.time()
+                await k.pod("train-0", "training", pool)
+
+                async def training_allocated() -> str | None:
+                    return allocated_device(await k.claim_of("train-0"))
+
+                train_dev = await eventually(training_allocated, "the training claim allocated", within_s=90)
+                train_claim = await k.claim_of("train-0")
+                assert train_claim is not None
+                figures["training_to_allocation_s"] = (
+                    watch.first_allocated.get(train_claim["metadata"]["name"], time.time()) - train_at
+                )
+                assert "-3g40gb-" in train_dev
+                for pod, dev in devices.items():  # the inference pods kept their devices
+                    assert allocated_device(await k.claim_of(pod)) == dev
+                bad = watch.destroyed_while_allocated(sim_nvml.history()[history_start:])
+                assert bad == [], bad
+
+                # ---- 3. the same burst under a Static policy stays pending, and says why -------------
+                await k.set_mode(policy, "Static")
+                gens = {g: (await k.partition(g))["metadata"]["generation"] for g in (gpu0, gpu1)}
+                static = [f"static-{i}" for i in range(7)]
+                for name in static:
+                    await k.pod(name, "inference", pool)
+
+                async def disabled() -> dict[str, Any] | None:
+                    st = (await k.policy(policy)).get("status") or {}
+                    by_reason = (st.get("pendingDemand") or {}).get("byReason") or {}
+                    return st if by_reason.get("ReshapeDisabled") == 7 else None
+
+                st = await eventually(disabled, "the policy status to explain the Static burst", within_s=60)
+                assert st["pendingDemand"]["byProfile"] == {"1g.10gb": 7}
+                await asyncio.sleep(3)  # give a wrongly-acting operator time to misbehave
+                for pod in static:
+                    claim = await k.claim_of(pod)
+                    assert allocated_device(claim) is None
+                assert {g: (await k.partition(g))["metadata"]["generation"] for g in (gpu0, gpu1)} == gens
+                claim = await k.claim_of(static[0])
+                assert claim is not None
+                told = [
+                    e for e in await k.events(claim["metadata"]["name"]) if e["reason"] == "ReshapeDisabled"
+                ]
+                assert told and "Static" in told[0]["message"], told
+                await k.delete_pods(static)
+
+                # ---- 4. Dynamic again; inference pods leave; their GPU returns to the baseline -------
+                async def static_gone() -> bool | None:
+                    return True if all([await k.claim_of(p) is None for p in static]) else None
+
+                await eventually(static_gone, "the Static burst's claims removed", within_s=60)
+                await k.set_mode(policy, "Dynamic")
+                release_at = time.time()
+                await k.delete_pods(inference)
+                inference_gpus = {f"{node}-gpu{d.split('-')[0][3:]}" for d in devices.values()}
+                train_gpu = f"{node}-gpu{train_dev.split('-')[0][3:]}"
+                drifting = sorted(inference_gpus - {train_gpu})
+                assert drifting, (inference_gpus, train_gpu)
+                for name in drifting:
+                    await eventually(
+                        functools.partial(k.stable, name, layout_text(BASELINE)),
+                        f"{name} back at the baseline",
+                        within_s=COOLDOWN_S + 60,
+                    )
+                figures["release_to_baseline_s"] = time.time() - release_at
+                assert figures["release_to_baseline_s"] >= COOLDOWN_S
+                assert allocated_device(await k.claim_of("train-0")) == train_dev
+                bad = watch.destroyed_while_allocated(sim_nvml.history()[history_start:])
+                assert bad == [], bad
+                completed = metrics.registry.get_sample_value(
+                    "dynamig_operator_reshapes_total", {"policy": policy, "result": "completed"}
+                )
+                figures["layouts_completed"] = completed or 0
+                latency_count = metrics.registry.get_sample_value(
+                    "dynamig_operator_claim_pending_to_allocated_seconds_count"
+                )
+                # the seven burst claims waited for a reshape; the training claim fit a free 3g.40gb at once
+                assert (latency_count or 0) >= 7
+                figures["pending_to_allocated_sum_s"] = (
+                    metrics.registry.get_sample_value(
+                        "dynamig_operator_claim_pending_to_allocated_seconds_sum"
+                    )
+                    or 0.0
+                )
+            finally:
+                await watch.stop()
+                await k.delete_pods(
+                    [f"infer-{i}" for i in range(7)] + [f"static-{i}" for i in range(7)] + ["train-0"]
+                )
+                await k.delete_policy(policy)
+
+    with capsys.disabled():
+        print("\n[operator e2e] " + ", ".join(f"{k}={v:.2f}" for k, v in figures.items()))
