@@ -248,3 +248,17 @@ def test_overlapping_policies_oldest_wins() -> None:
     assert own.governed_by("zeta") == ("node-a-gpu0", "node-a-gpu1")
     assert own.lost["alpha"] == {"node-a-gpu0": "zeta", "node-a-gpu1": "zeta"}
     assert own.lost["beta"] == {}
+
+
+def test_warm_pool_is_topped_up_on_a_busy_gpu_without_waiting_for_idle() -> None:
+    gpu = partition(0, [("3g.40gb", 0, "allocated")])
+    decision, _ = run(policy(warmPool={"1g.10gb": 2}, baseline={}), [gpu], (), idle={})
+    (w,) = decision.writes
+    assert sum(1 for i in w.layout if i.profile == "1g.10gb") == 2
+    assert PlacedInstance(0, "3g.40gb") in w.layout
+    recent, _ = run(
+        policy(warmPool={"1g.10gb": 2}, baseline={}),
+        [partition(0, [("3g.40gb", 0, "allocated")], written="2027-01-15T07:59:50Z")],
+        (),
+    )
+    assert recent.writes == () and "cooldown 60s" in recent.held["node-a-gpu0"]

@@ -9,8 +9,9 @@ policy's mode, cooldown and disruption budget on top of it:
 - ``Static``: nothing is written; claims that no free instance can serve are ``ReshapeDisabled``.
 - ``DryRun``: the planned layouts are reported (status ``plannedLayouts`` and ``WouldReshape``), not written.
 - ``Dynamic``: a changed GPU is written when it is not in flight, the disruption budget (GPUs in flight plus
-  GPUs written this round) allows, and its cooldown is over. A change that serves no claim (return to the
-  baseline, warm-pool top-up) waits until the GPU has been idle for the cooldown.
+  GPUs written this round) allows, and its cooldown (since the operator last wrote its layout) is over;
+  that holds for changes that serve claims and for warm-pool top-ups. A return to the baseline waits until
+  the GPU has had no allocated instance for the cooldown.
 """
 
 from __future__ import annotations
@@ -274,14 +275,15 @@ def decide_round(inp: RoundInput) -> RoundDecision:
         if spec.mode == Mode.DRY_RUN:
             held[w.gpu] = f"policy {policy.name} is DryRun"
             continue
-        if w.claims and g.last_written is not None and inp.now - g.last_written < cooldown:
+        warm_only = not w.claims and "warm pool" in w.reason and "baseline" not in w.reason
+        if (w.claims or warm_only) and g.last_written is not None and inp.now - g.last_written < cooldown:
             left = cooldown - (inp.now - g.last_written)
             held[w.gpu] = (
                 f"{w.gpu} was reshaped {_fmt_secs(inp.now - g.last_written)} ago; cooldown {cooldown}s "
                 f"({_fmt_secs(left)} left)"
             )
             continue
-        if not w.claims:
+        if not w.claims and not warm_only:
             idle_for = inp.now - inp.idle_since.get(w.gpu, inp.now)
             if g.busy or idle_for < cooldown:
                 held[w.gpu] = f"{w.gpu} idle for {_fmt_secs(idle_for)}, returns to baseline after {cooldown}s"

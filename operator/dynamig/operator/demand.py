@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from dynamig.geometry.model import GpuModel, Profile
@@ -236,13 +237,24 @@ def match_sub_request(
     dclass = device_classes.get(sub.device_class)
     if dclass is None:
         return ProfileMatch(sub, {}, (f"DeviceClass {sub.device_class!r} does not exist",))
-    selectors = dclass.selectors + sub.selectors
-    accepts: dict[str, tuple[str, ...]] = {}
+    products = tuple(sorted((product_names or {}).items()))
+    accepts, errors = _accepting_profiles(dclass.selectors + sub.selectors, tuple(models), products)
+    return ProfileMatch(sub, dict(accepts), errors)
+
+
+@lru_cache(maxsize=4096)
+def _accepting_profiles(
+    selectors: tuple[str, ...], models: tuple[GpuModel, ...], products: tuple[tuple[str, str], ...]
+) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], tuple[str, ...]]:
+    """(model key -> accepted profiles, errors) for a list of selectors. Pure; cached because claims made
+    from one template share their selectors and celpy evaluation is not cheap."""
+    product_of = dict(products)
+    accepts: list[tuple[str, tuple[str, ...]]] = []
     errors: list[str] = []
     for model in models:
-        ok: list[Profile] = []
+        ok: list[str] = []
         for profile in sorted(model.profiles, key=_size_key):
-            view = _candidate_device(model, profile, (product_names or {}).get(model.key))
+            view = _candidate_device(model, profile, product_of.get(model.key))
             matched = True
             for expr in selectors:
                 result = evaluate_selector(expr, view)
@@ -252,19 +264,24 @@ def match_sub_request(
                     matched = False
                     break
             if matched:
-                ok.append(profile)
-        accepts[model.key] = tuple(p.name for p in ok)
-    return ProfileMatch(sub, accepts, tuple(errors))
+                ok.append(profile.name)
+        accepts.append((model.key, tuple(ok)))
+    return tuple(accepts), tuple(errors)
 
 
 def class_targets_driver(dclass: DeviceClass | None, models: Sequence[GpuModel]) -> bool:
     """Whether a DeviceClass's selectors select devices of driver ``mig.dynamig.io`` at all. Pure."""
     if dclass is None:
         return False
+    return _targets_driver(dclass.selectors, tuple(models))
+
+
+@lru_cache(maxsize=256)
+def _targets_driver(selectors: tuple[str, ...], models: tuple[GpuModel, ...]) -> bool:
     for model in models:
         for profile in model.profiles:
             view = _candidate_device(model, profile, None)
-            if all(evaluate_selector(e, view).matched for e in dclass.selectors):
+            if all(evaluate_selector(e, view).matched for e in selectors):
                 return True
     return False
 
