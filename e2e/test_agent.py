@@ -528,6 +528,15 @@ def _read_nvml(state: Path) -> list[tuple[str, int, str, bool]]:
         devices.shutdown()
 
 
+def _history(state: Path) -> list[Any]:
+    """The simulated NVML's event history from the state file."""
+    from dynamig.backends.nvml import load_nvml
+
+    module: ModuleType = load_nvml("simulated")
+    module.configure(gpus=["H100-80GB"], state_file=state)
+    return list(module.history())
+
+
 async def test_agent_killed_mid_reshape_converges_after_restart(
     crd: ControlPlane, kube_api: client.ApiClient, namespace: str, make_node: Callable[..., str],
     tmp_path: Path,
@@ -598,6 +607,13 @@ async def test_agent_killed_mid_reshape_converges_after_restart(
         # Nothing orphaned: NVML holds exactly the target, every GI has its CI; status and slices agree.
         assert ",".join(f"{p}@{s}" for p, s, _, _ in after) == target
         assert all(has_ci for *_, has_ci in after)
+        # The simulated NVML's history agrees: the held instance's GI was created once and never destroyed.
+        events = await asyncio.to_thread(_history, state)
+        held_gi = [e for e in events if e.kind == "create-gi" and e.profile == "1g.10gb" and e.start == start]
+        assert len(held_gi) == 1
+        gi_id, created = held_gi[0].gi_id, held_gi[0].seq
+        assert not [e for e in events
+                    if e.kind in ("destroy-gi", "destroy-ci") and e.gi_id == gi_id and e.seq > created]
         assert layout_of(part) == target
         published = await api.published(node)
         assert set(published) == {i["deviceName"] for i in part["status"]["instances"]}
@@ -605,6 +621,11 @@ async def test_agent_killed_mid_reshape_converges_after_restart(
             u for _, _, u, _ in after}
         second.send_signal(signal.SIGTERM)
         assert second.wait(timeout=30) == 0
+        # Uninstall: slices and GpuPartitions go; the MIG layout stays.
+        remover = start_agent_process(crd, node, "H100-80GB:1", state, log, "--uninstall")
+        assert remover.wait(timeout=60) == 0
+        assert await api.slices(node) == [] and await api.partitions(node) == []
+        assert await asyncio.to_thread(_read_nvml, state) == after
         print(f"\nkilled while destroying at {mid_layout}, then while creating at {mid2_layout}; converged "
               f"{converged_s:.2f}s after the first kill ({total_s:.2f}s after the new layout)")
     finally:

@@ -130,11 +130,17 @@ async def run_agent(options: AgentOptions) -> int:
             http_server = started[0] if isinstance(started, tuple) else None
             port = http_server.server_port if http_server is not None else options.metrics_port
             log.info("metrics on http://%s:%d/metrics", options.metrics_address, port)
-        instances = AgentMigInstances(agent)
+        instances: Any = AgentMigInstances(agent)
         if options.plugin is not None:
             from dynamig.agent.plugin import PluginSettings, serve_plugin
 
             p = options.plugin
+            if options.nvml == "simulated":
+                # No kernel driver makes /dev and /proc entries for simulated GPUs: write stand-ins.
+                from dynamig.agent.plugin.simfs import SimulatedDriverFiles, SimulatedDriverInstances
+
+                files = SimulatedDriverFiles(devices, proc_root=p.proc_root, dev_root=p.dev_root)
+                instances = SimulatedDriverInstances(instances, files)
             plugin_settings = PluginSettings(
                 node_name=settings.node,
                 kubelet_root=p.kubelet_root,
