@@ -162,8 +162,21 @@ def violation_line(violation: LayoutViolation) -> str:
 class _Gpu:
     """One GPU's planning state inside a pass (mutable; copied per pass)."""
 
-    __slots__ = ("assigned", "busy", "changed", "current", "events", "free", "model", "node", "order",
-                 "pinned", "sid", "state", "version")
+    __slots__ = (
+        "assigned",
+        "busy",
+        "changed",
+        "current",
+        "events",
+        "free",
+        "model",
+        "node",
+        "order",
+        "pinned",
+        "sid",
+        "state",
+        "version",
+    )
 
     def __init__(self, order: int, state: GpuState, model: GpuModel) -> None:
         self.order = order
@@ -199,8 +212,9 @@ class _Gpu:
 class _Context:
     """What every pass shares: sorted GPUs, indexes, the option cache. Built once per ``plan`` call."""
 
-    def __init__(self, gpus: Sequence[GpuState], claims: Sequence[ClaimDemand], policy: Policy,
-                 geo: GeoCache) -> None:
+    def __init__(
+        self, gpus: Sequence[GpuState], claims: Sequence[ClaimDemand], policy: Policy, geo: GeoCache
+    ) -> None:
         self.geo = geo
         self.policy = policy
         self.allowed = policy.allowed_profiles
@@ -449,8 +463,11 @@ def _budget_configs(ctx: _Context, limit: int) -> list[_PassConfig]:
     out = []
     for subset in combinations(range(n), budget):
         for order in ("large", "need"):
-            out.append(_PassConfig(order, use_first=False, small_alternatives=order == "need",
-                                   touchable=frozenset(subset)))
+            out.append(
+                _PassConfig(
+                    order, use_first=False, small_alternatives=order == "need", touchable=frozenset(subset)
+                )
+            )
     return out
 
 
@@ -574,8 +591,9 @@ class _Pass:
         assert opt is not None and opt.cost == best[0]
         return [(g.order, opt)]
 
-    def _simulate(self, orders: Sequence[int], pname: str, count: int,
-                  use_only: bool) -> list[tuple[int, _Option]] | None:
+    def _simulate(
+        self, orders: Sequence[int], pname: str, count: int, use_only: bool
+    ) -> list[tuple[int, _Option]] | None:
         """Cheapest way to get ``count`` devices on these GPUs (one node), without changing anything."""
         ctx = self.ctx
         sids = {o: self.gpus[o].sid for o in orders}
@@ -618,8 +636,9 @@ class _Pass:
     def _total(steps: list[tuple[int, _Option]]) -> tuple[int, ...]:
         return tuple(sum(c) for c in zip_longest(*(opt.cost for _, opt in steps), fillvalue=0))
 
-    def _best_on_listed_nodes(self, claim: ClaimDemand, pname: str,
-                              use_only: bool) -> list[tuple[int, _Option]] | None:
+    def _best_on_listed_nodes(
+        self, claim: ClaimDemand, pname: str, use_only: bool
+    ) -> list[tuple[int, _Option]] | None:
         assert claim.nodes is not None
         best: tuple[tuple[int, ...], str, list[tuple[int, _Option]]] | None = None
         for node in sorted(claim.nodes):
@@ -633,8 +652,9 @@ class _Pass:
                     best = (total, node, steps)
         return None if best is None else best[2]
 
-    def _first_node_by_heap(self, claim: ClaimDemand, pname: str,
-                            use_only: bool) -> list[tuple[int, _Option]] | None:
+    def _first_node_by_heap(
+        self, claim: ClaimDemand, pname: str, use_only: bool
+    ) -> list[tuple[int, _Option]] | None:
         """Visit nodes in order of their cheapest GPU for ``pname``; take the first that fits the claim."""
         heaps = [self.heaps[(m, pname)] for m in self.ctx.models_with[pname]]
         popped: list[tuple[list[_Entry], _Entry]] = []
@@ -835,8 +855,9 @@ def _result(p: _Pass, claims: Sequence[ClaimDemand]) -> PlanResult:
     for g in p.gpus:
         layout = g.layout()
         changed = layout != g.current
-        gpu_plans.append(GpuPlan(g.node, g.state.index, g.model.key, layout, changed,
-                                 _reason(g.events) if changed else ""))
+        gpu_plans.append(
+            GpuPlan(g.node, g.state.index, g.model.key, layout, changed, _reason(g.events) if changed else "")
+        )
     assignments = []
     for name in sorted(p.placed):
         for order, inst in p.placed[name][1]:

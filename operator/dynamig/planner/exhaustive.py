@@ -71,9 +71,12 @@ class _Search:
         # Least capacity (fraction of a GPU) each claim needs; for each k the needs of claims k.. sorted.
         need = []
         for c in claims:
-            sizes = [m.profile(p).placement_size / m.memory_slices
-                     for p in c.alternatives for m in {g.model.key: g.model for g in gpus}.values()
-                     if m.has_profile(p)]
+            sizes = [
+                m.profile(p).placement_size / m.memory_slices
+                for p in c.alternatives
+                for m in {g.model.key: g.model for g in gpus}.values()
+                if m.has_profile(p)
+            ]
             need.append(c.count * min(sizes) if sizes else float("inf"))
         self.needs = [sorted(need[k:]) for k in range(len(claims) + 1)]
 
@@ -103,8 +106,9 @@ class _Search:
         self._fit[k] = result
         return result
 
-    def _place(self, g: _Gpu, items: list[str], layout: Layout, done: list[PlacedInstance],
-               last_start: int) -> list[PlacedInstance] | None:
+    def _place(
+        self, g: _Gpu, items: list[str], layout: Layout, done: list[PlacedInstance], last_start: int
+    ) -> list[PlacedInstance] | None:
         if len(done) == len(items):
             return done
         p = items[len(done)]
@@ -157,8 +161,14 @@ class _Search:
             n += 1
         return n
 
-    def search(self, k: int, state: tuple[Demand, ...], sat: int, firsts: int,
-               choices: list[tuple[int, str, tuple[int, ...]] | None]) -> None:
+    def search(
+        self,
+        k: int,
+        state: tuple[Demand, ...],
+        sat: int,
+        firsts: int,
+        choices: list[tuple[int, str, tuple[int, ...]] | None],
+    ) -> None:
         """Depth-first branch and bound over claims ``k..``; records the best (satisfied, first choices)."""
         if (sat, firsts) > self.best:
             self.best = (sat, firsts)
@@ -229,8 +239,16 @@ class _Search:
                     trial = with_instance(layout, f)
                     if f not in layout and self.geo.is_valid(g.model, trial):
                         layout = trial
-            plans.append(GpuPlan(g.node, g.index, g.model.key, layout, layout != g.current,
-                                 "exhaustive search" if layout != g.current else ""))
+            plans.append(
+                GpuPlan(
+                    g.node,
+                    g.index,
+                    g.model.key,
+                    layout,
+                    layout != g.current,
+                    "exhaustive search" if layout != g.current else "",
+                )
+            )
         assignments.sort(key=lambda a: (a.claim, a.node, a.index, a.start))
         result = PlanResult(tuple(plans), tuple(assignments), tuple(unsatisfied))
         return ExhaustiveResult(self.best[0], self.best[1], result)
@@ -251,6 +269,7 @@ def best_plan(
     geo = GeoCache(catalog if catalog is not None else load_catalog())
     validate_inputs(gpus, claims, policy, geo)
     states = sorted(gpus, key=lambda s: (s.node, s.index))
-    search = _Search([_Gpu(s, geo.model(s.model)) for s in states],
-                     sorted(claims, key=lambda c: c.name), policy, geo)
+    search = _Search(
+        [_Gpu(s, geo.model(s.model)) for s in states], sorted(claims, key=lambda c: c.name), policy, geo
+    )
     return search.build()

@@ -48,8 +48,14 @@ def random_instances(
     return tuple(CurrentInstance(i.profile, i.start, rng.random() < busy) for i in normalize_layout(layout))
 
 
-def random_claims(rng: random.Random, n: int, profiles: Sequence[str], nodes: Sequence[str],
-                  prefix: str = "c", restrict: float = 0.2) -> tuple[ClaimDemand, ...]:
+def random_claims(
+    rng: random.Random,
+    n: int,
+    profiles: Sequence[str],
+    nodes: Sequence[str],
+    prefix: str = "c",
+    restrict: float = 0.2,
+) -> tuple[ClaimDemand, ...]:
     claims = []
     for i in range(n):
         k = rng.choice((1, 1, 1, 2, 3)) if len(profiles) > 1 else 1

@@ -1,0 +1,109 @@
+"""``dynamig plan -f scenario.yaml [-o json|table]``: what dynamig would do, offline.
+
+Reads a scenario (GPUs with their current instances, pending claims, policy; format in
+``dynamig.planner.scenario``), runs the planner and prints the target layouts, the assignments and the
+unsatisfied claims. An invalid scenario exits with status 2 and one line on stderr naming the GPU, the
+instance and the rule it breaks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+from dynamig.geometry.catalog import load_catalog
+from dynamig.planner import PlanResult, plan
+from dynamig.planner.scenario import ScenarioError, parse_scenario
+
+EXIT_INVALID = 2
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "plan",
+        help="plan MIG layouts for a scenario file, offline",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    parser.add_argument("-f", "--file", required=True, help="scenario YAML or JSON ('-' for stdin)")
+    parser.add_argument("-o", "--output", choices=("json", "table"), default="table")
+    parser.set_defaults(func=run)
+
+
+def result_to_json(result: PlanResult) -> dict[str, Any]:
+    """The plan as plain data (the ``-o json`` shape). Pure."""
+    return {
+        "gpus": [
+            {
+                "node": g.node,
+                "index": g.index,
+                "model": g.model,
+                "layout": [{"profile": i.profile, "start": i.start} for i in g.layout],
+                "changed": g.changed,
+                "reason": g.reason,
+            }
+            for g in result.gpus
+        ],
+        "assignments": [
+            {"claim": a.claim, "node": a.node, "index": a.index, "profile": a.profile, "start": a.start}
+            for a in result.assignments
+        ],
+        "unsatisfied": list(result.unsatisfied),
+    }
+
+
+def result_to_table(result: PlanResult) -> str:
+    """The plan as aligned text for a terminal. Pure."""
+    rows = [("GPU", "MODEL", "LAYOUT", "CHANGED", "REASON")]
+    for g in result.gpus:
+        layout = " ".join(f"{i.profile}@{i.start}" for i in g.layout) or "-"
+        rows.append(
+            (f"{g.node}-gpu{g.index}", g.model, layout, "yes" if g.changed else "no", g.reason or "-")
+        )
+    lines = _align(rows)
+    lines.append("")
+    arows = [("CLAIM", "GPU", "DEVICE")]
+    arows += [(a.claim, f"{a.node}-gpu{a.index}", f"{a.profile}@{a.start}") for a in result.assignments]
+    lines += _align(arows) if result.assignments else ["no assignments"]
+    lines.append("")
+    lines.append("unsatisfied: " + (", ".join(result.unsatisfied) if result.unsatisfied else "none"))
+    return "\n".join(lines)
+
+
+def _align(rows: Sequence[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Read the scenario file, plan, print. Side effects: reads a file or stdin, writes stdout/stderr."""
+    try:
+        if args.file == "-":
+            text = sys.stdin.read()
+        else:
+            with open(args.file, encoding="utf-8") as fh:
+                text = fh.read()
+    except OSError as exc:
+        print(f"{args.file}: cannot read: {exc.strerror}", file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        print(f"{args.file}: not valid YAML: {' '.join(str(exc).split())}", file=sys.stderr)
+        return EXIT_INVALID
+    catalog = load_catalog()
+    try:
+        scenario = parse_scenario(document, catalog)
+    except ScenarioError as exc:
+        print(f"{args.file}: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    result = plan(scenario.gpus, scenario.claims, scenario.policy, catalog)
+    if args.output == "json":
+        print(json.dumps(result_to_json(result), indent=2))
+    else:
+        print(result_to_table(result))
+    return 0
