@@ -214,12 +214,12 @@ def stable_at(part: dict[str, Any] | None, generation: int | None = None) -> boo
 
 @contextlib.asynccontextmanager
 async def agent_in_process(
-    api: client.ApiClient, node: str, nvml: ModuleType, settle_s: float = 0.3
+    api: client.ApiClient, node: str, nvml: ModuleType, settle_s: float = 0.3, interval_s: float = 0.5
 ) -> AsyncIterator[NodeAgent]:
     """An agent running as a task of this event loop (short settle period and intervals)."""
     devices = NvmlDevices(nvml, load_catalog())
     devices.init()
-    settings = AgentSettings(node=node, settle_seconds=settle_s, interval_seconds=0.5,
+    settings = AgentSettings(node=node, settle_seconds=settle_s, interval_seconds=interval_s,
                              reshape_poll_seconds=0.1)
     agent = NodeAgent(settings, KubeApi(api), devices, AgentMetrics(CollectorRegistry(), node))
     stop = asyncio.Event()
@@ -283,7 +283,8 @@ async def test_agent_publishes_reshapes_free_instances_and_keeps_allocated_ones(
     await ensure_device_class(kube_api)
     node = make_node("agent", labels={"dynamig.io/managed": "true"})
     gpu0, gpu1 = f"{node}-gpu0", f"{node}-gpu1"
-    async with agent_in_process(kube_api, node, sim_nvml, settle_s=0.3) as agent:
+    # A long poll interval: changes must reach the agent through its watches.
+    async with agent_in_process(kube_api, node, sim_nvml, settle_s=0.3, interval_s=600) as agent:
         t0 = time.monotonic()
         # 1. Discovery: one GpuPartition per GPU, adopted empty layout, Stable; an empty pool is published.
         parts = await eventually(lambda: _all_stable(api, node, 2), "two Stable GpuPartitions")
@@ -393,7 +394,6 @@ async def test_agent_publishes_reshapes_free_instances_and_keeps_allocated_ones(
         (sl,) = await api.slices(node)
         await api.custom.delete_cluster_custom_object("resource.k8s.io", "v1", "resourceslices",
                                                       sl["metadata"]["name"])
-        agent.wake()
         old_gen = sl["spec"]["pool"]["generation"]
         back = await eventually(lambda: _slice_back(api, node, old_gen), "slice recreated")
         assert "gpu0-7g80gb-s0" in {d["name"] for d in back["spec"]["devices"]}

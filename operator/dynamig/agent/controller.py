@@ -65,6 +65,8 @@ class AgentSettings:
     settle_seconds: float = 5.0  # an instance out of the slice and unallocated this long may be destroyed
     interval_seconds: float = 10.0  # time between rounds when every GPU is Stable
     reshape_poll_seconds: float = 0.5  # time between rounds while a GPU reshapes
+    min_round_gap_seconds: float = 0.05  # rounds woken by watch events are at least this far apart
+    watch: bool = True  # watch GpuPartitions and ResourceClaims to start rounds on changes
 
 
 @dataclass(slots=True)
@@ -125,8 +127,31 @@ class NodeAgent:
         self._wake.set()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Reconcile until ``stop`` is set. Errors end the round, not the loop."""
+        """Reconcile until ``stop`` is set. Errors end the round, not the loop.
+
+        With ``settings.watch`` a change of this node's GpuPartitions or of any ResourceClaim starts a round
+        at once; otherwise rounds only follow the poll intervals.
+        """
+        watchers: list[asyncio.Task[None]] = []
+        if self.settings.watch:
+            from dynamig.agent.watch import watch_tasks
+
+            watchers = [asyncio.create_task(c, name=f"agent-watch-{i}")
+                        for i, c in enumerate(watch_tasks(self.api, self.settings.node, self.wake, stop))]
+        try:
+            await self._loop(stop)
+        finally:
+            for t in watchers:
+                t.cancel()
+            await asyncio.gather(*watchers, return_exceptions=True)
+
+    async def _loop(self, stop: asyncio.Event) -> None:
+        last = 0.0
         while not stop.is_set():
+            # Bursts of watch events make at most one round per min_round_gap_seconds.
+            await asyncio.sleep(max(0.0, self.settings.min_round_gap_seconds - (self.clock() - last)))
+            last = self.clock()
+            self._wake.clear()  # a wake during the round below starts the next one at once
             busy = True
             try:
                 busy = await self.reconcile_once()
@@ -134,7 +159,6 @@ class NodeAgent:
                 self.metrics.reconcile_errors.labels(self.settings.node).inc()
                 log.exception("reconcile round failed; retrying")
             delay = self.settings.reshape_poll_seconds if busy else self.settings.interval_seconds
-            self._wake.clear()
             waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
             try:
                 await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
