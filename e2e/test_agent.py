@@ -469,6 +469,29 @@ async def test_agent_refuses_gpus_of_another_mig_owner(
         await api.custom.delete_cluster_custom_object("resource.k8s.io", "v1", "resourceslices",
                                                       foreign_slice["metadata"]["name"])
 
+    # MIG disabled (an A100 as it often ships): reported as such, never enabled, nothing published. When the
+    # node opts out, the agent withdraws its slices.
+    sim_nvml.configure(gpus=["A100-40GB"], state_file=None, mig_enabled=False)
+    node = make_node("migoff", labels={"dynamig.io/managed": "true"})
+    async with agent_in_process(kube_api, node, sim_nvml):
+        async def mig_off() -> dict[str, Any] | None:
+            p = await api.partition(f"{node}-gpu0")
+            return p if p and (p.get("status") or {}).get("phase") == "Degraded" else None
+
+        p = await eventually(mig_off, "MIG-disabled GPU reported")
+        assert p["status"]["migMode"] == "Disabled" and p["status"]["product"].startswith("NVIDIA A100")
+        assert (condition(p, "Managed") or {})["reason"] == "MigDisabled"
+        await api.set_layout(f"{node}-gpu0", "7g.40gb@0")
+        await asyncio.sleep(1.0)
+        assert await api.published(node) == {}
+        assert NvmlDevices(sim_nvml, load_catalog()).gpus()[0].mig_current == 0
+        crd.register_node(node, labels={"dynamig.io/managed": "false"})
+        await eventually(lambda: _no_slices(api, node), "slices withdrawn after opting out")
+
+
+async def _no_slices(api: Api, node: str) -> bool | None:
+    return True if not await api.slices(node) else None
+
 
 async def _all_stable(api: Api, node: str, n: int) -> list[dict[str, Any]] | None:
     parts = await api.partitions(node)

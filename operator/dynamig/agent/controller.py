@@ -180,6 +180,9 @@ class NodeAgent:
             if self._managed_logged is not False:
                 log.warning("node %s does not exist or lacks dynamig.io/managed=true; not managing it", node)
             self._managed_logged = False
+            if meta is not None and await self.publisher.remove():
+                # Opted out: offer nothing to the scheduler; MIG and GpuPartitions stay as they are.
+                log.warning("node %s opted out: its mig.dynamig.io ResourceSlices were withdrawn", node)
             return False
         self._managed_logged = True
         self._node_owner = node_owner_reference(node, meta[1])

@@ -1,5 +1,5 @@
-"""Wake the reconcile loop on changes: watches of the node's GpuPartitions and ResourceSlices, and of
-ResourceClaims (allocations decide what is busy).
+"""Wake the reconcile loop on changes: watches of the Node (its labels), its GpuPartitions and ResourceSlices,
+and of ResourceClaims (allocations decide what is busy).
 
 The loop also polls (``AgentSettings.interval_seconds``), so a watch that breaks only delays a round; each
 watch restarts after an error with a short backoff. Side effects: API watch connections.
@@ -58,7 +58,11 @@ def watch_tasks(
         return w.stream(api.custom.list_cluster_custom_object, RESOURCE_GROUP, RESOURCE_VERSION,
                         "resourceslices", field_selector=f"spec.nodeName={node}", timeout_seconds=300)
 
+    def nodes(w: watch.Watch) -> Any:
+        return w.stream(api.core.list_node, field_selector=f"metadata.name={node}", timeout_seconds=300)
+
     return [
+        _watch_forever("node", nodes, wake, stop),
         _watch_forever("gpupartitions", partitions, wake, stop),
         _watch_forever("resourceclaims", claims, wake, stop),
         _watch_forever("resourceslices", slices, wake, stop),
