@@ -8,13 +8,21 @@ Simulated: there is no node agent and no GPU here. The test creates the GpuParti
 is the operator's side of the contract: demand found, ``spec.layout`` written within the budget, "why
 pending?" Events and policy status, completion noticed from ``observedGeneration``, invalid and overlapping
 policies reported. The full loop with the agent and simulated NVML is ``e2e/test_operator.py``.
+
+Peering: two ``python -m dynamig operator`` processes share a ClusterKopfPeering (Kopf's real peering through
+the API server); each one's Prometheus endpoint tells how many planning rounds it ran.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
+import signal
+import subprocess
+import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -23,6 +31,7 @@ from typing import Any, TypeVar
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
+from prometheus_client.parser import text_string_to_metric_families
 
 from dynamig.devcluster import ControlPlane
 from dynamig.operator.handlers import run_operator
@@ -56,8 +65,12 @@ def crds(control_plane: ControlPlane) -> ControlPlane:
 
 
 @contextlib.asynccontextmanager
-async def operator_running(cp: ControlPlane, metrics: OperatorMetrics) -> AsyncIterator[None]:
-    settings = OperatorSettings(kubeconfig=cp.kubeconfig_path, standalone=True, resync_seconds=2.0)
+async def operator_running(
+    cp: ControlPlane, metrics: OperatorMetrics, settings: OperatorSettings | None = None
+) -> AsyncIterator[None]:
+    settings = settings or OperatorSettings(
+        kubeconfig=cp.kubeconfig_path, standalone=True, resync_seconds=2.0
+    )
     stop, ready = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(run_operator(settings, stop, ready, metrics=metrics), name="operator")
     await asyncio.wait_for(ready.wait(), timeout=30)
@@ -372,3 +385,99 @@ async def test_operator_turns_pending_claims_into_layouts_and_explains(
             for name in (gpu0, gpu1):
                 with contextlib.suppress(ApiException):
                     await k.custom.delete_cluster_custom_object(GROUP, VERSION, "gpupartitions", name)
+
+
+class Replica:
+    """``python -m dynamig operator`` as a child process with peering, its /metrics read over HTTP."""
+
+    def __init__(self, cp: ControlPlane, name: str, peering: str, priority: int, log: Path) -> None:
+        argv = [
+            sys.executable, "-m", "dynamig", "operator", "--kubeconfig", str(cp.kubeconfig_path),
+            "--peering", peering, "--priority", str(priority), "--metrics-port", "0", "--metrics-host",
+            "127.0.0.1", "--resync-seconds", "1",
+        ]  # fmt: skip
+        self.name, self.log = name, log
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+        self.port = 0
+
+    def _port(self) -> int:
+        if not self.port:
+            found = re.search(
+                r"metrics on http://127\.0\.0\.1:(\d+)/metrics", self.log.read_text(errors="replace")
+            )
+            self.port = int(found.group(1)) if found else 0
+        return self.port
+
+    def rounds(self, policy: str) -> float:
+        """Planning rounds this replica ran for ``policy`` (from its /metrics)."""
+        port = self._port()
+        if not port:
+            return 0.0
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                text = resp.read().decode()
+        except OSError:
+            return 0.0
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if (
+                    sample.name == "dynamig_operator_plan_duration_seconds_count"
+                    and sample.labels.get("policy") == policy
+                ):
+                    return float(sample.value)
+        return 0.0
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+async def test_with_peering_only_the_highest_priority_replica_acts(
+    crds: ControlPlane, kube_api: client.ApiClient, make_node: Callable[..., str], tmp_path: Path
+) -> None:
+    k = Cluster(kube_api)
+    crds.kubectl("apply", "-f", str(REPO / "manifests" / "helm" / "dynamig" / "crds" / "kopf-peerings.yaml"))
+    crds.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/clusterkopfpeerings.kopf.dev")
+    pool = uuid.uuid4().hex[:8]
+    peering = f"peers-{pool}"
+    await k.custom.create_cluster_custom_object(
+        "kopf.dev", "v1", "clusterkopfpeerings",
+        {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": peering}},
+    )  # fmt: skip
+    node = make_node("peer", labels={"test-pool": pool})
+    gpu = await k.gpu(node, 0, [("3g.40gb", 0), ("3g.40gb", 4)])
+    policy = f"peer-{pool}"
+    low = Replica(crds, "low", peering, 10, tmp_path / "low.log")
+    high = Replica(crds, "high", peering, 20, tmp_path / "high.log")
+    try:
+        await k.create_policy(policy, {"nodeSelector": {"matchLabels": {"test-pool": pool}}})
+
+        async def high_acts() -> bool | None:
+            return True if high.rounds(policy) >= 3 else None
+
+        await eventually(high_acts, "rounds by the high-priority replica", within_s=60)
+        assert low.rounds(policy) == 0, "the low-priority replica acted while a higher one was alive"
+
+        # The high-priority replica exits cleanly (it leaves the peering object): the other one takes over.
+        high.stop()
+
+        async def low_acts() -> bool | None:
+            return True if low.rounds(policy) >= 1 else None
+
+        await eventually(low_acts, "rounds by the remaining replica after the other left", within_s=60)
+        await k.delete_policy(policy)  # the acting replica releases Kopf's finalizer
+    finally:
+        high.stop()
+        low.stop()
+        for group, version, plural, name in (
+            (GROUP, VERSION, "gpupartitions", gpu),
+            ("kopf.dev", "v1", "clusterkopfpeerings", peering),
+        ):
+            with contextlib.suppress(ApiException):
+                await k.custom.delete_cluster_custom_object(group, version, plural, name)

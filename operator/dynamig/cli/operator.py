@@ -2,8 +2,10 @@
 
 Peering: by default replicas coordinate through the cluster-wide ``ClusterKopfPeering`` object named by
 ``--peering`` (default ``dynamig``; its CRD ships with Kopf and must be installed), so that only the replica
-with the highest ``--priority`` acts. ``--standalone`` skips peering: use it for a single replica, tests and
-demos.
+with the highest ``--priority`` acts. Kopf pauses *every* replica when two of them share a priority, so a
+replica started without ``--priority`` picks a random one: exactly one of several identical replicas acts,
+and another takes over when it stops (at once on a clean exit, after Kopf's peer lifetime on a crash).
+``--standalone`` skips peering: use it for a single replica, tests and demos.
 """
 
 from __future__ import annotations
@@ -22,7 +24,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="kubeconfig path (default: $KUBECONFIG, else in-cluster service account)",
     )
     parser.add_argument("--peering", default="dynamig", help="ClusterKopfPeering name shared by the replicas")
-    parser.add_argument("--priority", type=int, default=0, help="peering priority; the highest acts")
+    parser.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="peering priority; the highest acts (default: random, distinct per replica)",
+    )
     parser.add_argument("--standalone", action="store_true", help="no peering: act as the only replica")
     parser.add_argument(
         "--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port"
@@ -40,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     """Build settings from the flags (and $KUBECONFIG), then run until SIGINT/SIGTERM."""
     import asyncio
     import logging
+    import random
     import signal
 
     from dynamig.operator.handlers import run_operator
@@ -52,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         kubeconfig=kubeconfig,
         standalone=args.standalone,
         peering_name=args.peering,
-        priority=args.priority,
+        priority=args.priority if args.priority is not None else random.SystemRandom().randint(1, 2**31 - 1),
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         resync_seconds=args.resync_seconds,

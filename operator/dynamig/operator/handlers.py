@@ -163,6 +163,7 @@ async def run_operator(
                 # Kopf makes peering mandatory whenever a name is passed, even when standalone.
                 peering_name=None if settings.standalone else settings.peering_name,
                 priority=settings.priority,
+                identity=settings.peer_id,
                 stop_flag=stop_flag,
                 ready_flag=ready_flag,
             )

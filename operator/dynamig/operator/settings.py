@@ -15,6 +15,7 @@ class OperatorSettings:
     - ``standalone``: act without Kopf peering (a single replica; tests and demos). Otherwise replicas
       coordinate through the cluster-wide ``ClusterKopfPeering`` object named ``peering_name``: only the
       replica with the highest ``priority`` acts, the others stay paused until it goes away.
+    - ``peer_id``: this replica's name in the peering object (default: Kopf's, from host name and pid).
     - ``metrics_port``: port of the Prometheus ``/metrics`` endpoint on ``metrics_host``; None: no endpoint
       (the metrics still exist in the registry); 0: any free port.
     - ``resync_seconds``: how often each policy replans even when no watch event arrived.
@@ -26,6 +27,7 @@ class OperatorSettings:
     standalone: bool = False
     peering_name: str = "dynamig"
     priority: int = 0
+    peer_id: str | None = None
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     resync_seconds: float = 30.0
