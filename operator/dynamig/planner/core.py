@@ -21,10 +21,14 @@ How a round is planned
    Busy and assigned instances are pinned: no option ever removes or moves them, and every layout an
    option produces passes the geometry check (overlap, allowed starts, instance caps, media-engine rules).
 
-2. Several passes run with different claim orders (large first, small first, most constrained first,
-   seeded shuffles) and with "use existing free instances before anything else" on or off; the best pass
-   by the objective (claims satisfied, then first choices, then free instances destroyed and GPUs touched)
-   wins. How many passes run is bounded by the size of the input, so a 1,000-node round stays fast.
+2. Several passes run with different claim orders (large first, small first, least capacity needed first,
+   most constrained first, seeded shuffles), with "use existing free instances before anything else" on or
+   off, alternatives tried smallest first, fragmentation measured two ways, options ranked by the room the
+   pinned instances leave ("repack"), and, under a small disruption budget, one pass per choice of GPUs
+   allowed to change. The best pass by the objective (claims satisfied, then first choices, then free
+   instances destroyed and GPUs touched) wins; a bounded local search then moves unsatisfied claims to the
+   front or lets a satisfied claim try another alternative first, keeping moves that improve the score.
+   How many passes run is bounded by the size of the input: a 1,000-node round with 5,000 claims gets one.
 
 3. On the winning pass: idle GPUs (no busy instance, nothing assigned) return to the policy baseline, the
    warm pool is topped up in free slices only, and any claim still unsatisfied takes free instances that now
@@ -704,12 +708,18 @@ class _Pass:
             self._refresh(g)
 
     # -- whole pass -----------------------------------------------------------------------------------------
-    def run(self, claims: Sequence[ClaimDemand], cfg: _PassConfig) -> None:
+    def run(
+        self, claims: Sequence[ClaimDemand], cfg: _PassConfig, first: Mapping[str, int] | None = None
+    ) -> None:
+        """Place ``claims`` in this order; ``first`` names claims whose alternative of that rank is tried
+        before the others (an improvement move)."""
         size = self.ctx.size
         for claim in claims:
             alts = list(enumerate(claim.alternatives))
             if cfg.small_alternatives:
                 alts.sort(key=lambda ra: (size.get(ra[1], 1.0), ra[0]))
+            if first and claim.name in first:
+                alts.sort(key=lambda ra: ra[0] != first[claim.name])
             if cfg.use_first and any(self.place(claim, r, p, use_only=True) for r, p in alts):
                 continue
             for r, p in alts:
@@ -807,27 +817,30 @@ def _fill_warm_pool(p: _Pass, warm_pool: Mapping[str, int]) -> None:
 
 def _take_leftover_free(p: _Pass, claims: Sequence[ClaimDemand]) -> None:
     """A claim still unsatisfied takes free instances that exist now (e.g. made by the baseline)."""
-    for claim in claims:
-        if claim.name in p.placed:
-            continue
+    pending = [c for c in claims if c.name not in p.placed]
+    if not pending:
+        return
+    # Free unassigned instances per (node, profile), so a large cluster is not scanned once per claim.
+    where: dict[tuple[str, str], list[tuple[int, PlacedInstance]]] = {}
+    for g in p.gpus:
+        for inst in g.free:
+            where.setdefault((g.node, inst.profile), []).append((g.order, inst))
+    for claim in pending:
         for rank, pname in enumerate(claim.alternatives):
             nodes = sorted(claim.nodes) if claim.nodes is not None else sorted(p.ctx.nodes)
-            done = False
-            for node in nodes:
-                orders = p.ctx.nodes.get(node, [])
-                found = [(o, i) for o in orders for i in p.gpus[o].free if i.profile == pname]
-                if len(found) >= claim.count:
-                    for o, inst in found[: claim.count]:
-                        g = p.gpus[o]
-                        g.free = without(g.free, (inst,))
-                        g.pinned = with_instance(g.pinned, inst)
-                        g.assigned.append((inst, claim.name))
-                        g.sid = p.ctx.intern(g.sig())
-                    p.placed[claim.name] = (rank, found[: claim.count])
-                    done = True
-                    break
-            if done:
-                break
+            node = next((n for n in nodes if len(where.get((n, pname), ())) >= claim.count), None)
+            if node is None:
+                continue
+            found = where[(node, pname)][: claim.count]
+            del where[(node, pname)][: claim.count]
+            for o, inst in found:
+                g = p.gpus[o]
+                g.free = without(g.free, (inst,))
+                g.pinned = with_instance(g.pinned, inst)
+                g.assigned.append((inst, claim.name))
+                g.sid = p.ctx.intern(g.sig())
+            p.placed[claim.name] = (rank, found)
+            break
 
 
 def _reason(events: list[tuple[str, PlacedInstance, str]]) -> str:
@@ -903,20 +916,31 @@ def plan(
             best, best_score, best_run = p, score, (cfg, ordered[cfg.order])
         if best_score[0] == n and best_score[1] == n and best_score[3] == 0:
             break  # every claim got its first choice without destroying anything
-    # Bounded improvement: an unsatisfied claim moved to the front of the winning order, while it helps.
+    # Bounded improvement (local search on the winning pass): move an unsatisfied claim to the front, or
+    # make a satisfied claim try another of its alternatives first; keep a move when the score improves.
+    first: dict[str, int] = {}
     improved = True
     while improved and best is not None and best_run is not None and best_score[0] < n:
         improved = False
         cfg, order = best_run
-        for claim in [c for c in order if c.name not in best.placed]:
+        moves: list[tuple[list[ClaimDemand], dict[str, int]]] = []
+        for claim in order:
+            if claim.name not in best.placed:
+                moves.append(([claim, *(c for c in order if c is not claim)], first))
+        for claim in order:
+            placed = best.placed.get(claim.name)
+            if placed is not None:
+                for rank in range(len(claim.alternatives)):
+                    if rank != placed[0]:
+                        moves.append((order, {**first, claim.name: rank}))
+        for trial_order, trial_first in moves:
             if passes >= max_passes:
                 break
-            trial_order = [claim, *(c for c in order if c is not claim)]
             p = _Pass(ctx, cfg)
-            p.run(trial_order, cfg)
+            p.run(trial_order, cfg, trial_first)
             passes += 1
             if p.score() > best_score:
-                best, best_score, best_run = p, p.score(), (cfg, trial_order)
+                best, best_score, best_run, first = p, p.score(), (cfg, trial_order), trial_first
                 improved = True
                 break
     assert best is not None
