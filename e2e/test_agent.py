@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -440,7 +442,7 @@ async def test_agent_refuses_gpus_of_another_mig_owner(
     # GPU 0 is managed.
     node = make_node("shared", labels={"dynamig.io/managed": "true"})
     gpu1_uuid = NvmlDevices(sim_nvml, load_catalog()).gpus()[1].uuid
-    foreign_slice = {
+    foreign_slice: dict[str, Any] = {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
         "metadata": {"name": f"{node}-gpu.nvidia.com"},
         "spec": {"driver": "gpu.nvidia.com", "nodeName": node, "pool": {"name": node, "generation": 1,
@@ -551,6 +553,11 @@ def _read_nvml(state: Path) -> list[tuple[str, int, str, bool]]:
         devices.shutdown()
 
 
+def _http_get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return str(resp.read().decode())
+
+
 def _history(state: Path) -> list[Any]:
     """The simulated NVML's event history from the state file."""
     from dynamig.backends.nvml import load_nvml
@@ -617,11 +624,18 @@ async def test_agent_killed_mid_reshape_converges_after_restart(
     finally:
         kill(second)
 
-    second = start_agent_process(crd, node, "H100-80GB:1", state, log, *flags)
+    metrics = ("--metrics-port", "0", "--metrics-address", "127.0.0.1")
+    second = start_agent_process(crd, node, "H100-80GB:1", state, log, *flags, *metrics)
     try:
         part = await eventually(lambda: _stable(api, name, gen, ready=True), "converged after restart",
                                 within_s=90)
         converged_s = time.monotonic() - killed_at
+        # The restarted process serves its metrics (port chosen by the OS, read from its log).
+        port = int(re.findall(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", log.read_text())[-1])
+        text = await asyncio.to_thread(_http_get, f"http://127.0.0.1:{port}/metrics")
+        assert sample(text, "dynamig_build_info") == 1.0
+        assert sample(text, "dynamig_mig_instance_info", hostname=node, GPU_I_PROFILE="1g.10gb",
+                      mig_uuid=held_uuid, state="allocated") == 1.0
         total_s = time.monotonic() - t_reshape
         after = await asyncio.to_thread(_read_nvml, state)
         # Nothing lost: the allocated instance is the same one (same MIG UUID), the claim still names it.

@@ -1,4 +1,5 @@
-"""The agent's pure parts: reshape plan, ResourceSlice builder, ownership rules, GpuPartition model.
+"""The agent's pure parts: reshape plan, ResourceSlice builder, ownership rules, GpuPartition model, which API
+errors are retried, which devices claims hold.
 
 Everything here is plain values: the H100-80GB and A100-40GB geometry from the real catalog, no NVML, no API.
 The reshape-protocol invariants are also checked with hypothesis over valid layouts of the catalog model.
@@ -6,10 +7,15 @@ The reshape-protocol invariants are also checked with hypothesis over valid layo
 
 from __future__ import annotations
 
+from typing import Any
+
+import aiohttp
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kubernetes_asyncio.client.exceptions import ApiException
 
+from dynamig.agent.kubeapi import allocated_devices, is_transient
 from dynamig.agent.main import parse_simulated_gpus
 from dynamig.agent.ownership import foreign_mig_owners, node_is_managed, node_mig_owner
 from dynamig.agent.reconcile import Observed, plan_gpu
@@ -187,3 +193,28 @@ def test_parse_simulated_gpus() -> None:
     assert parse_simulated_gpus("A30-24GB") == ("A30-24GB",)
     with pytest.raises(ValueError):
         parse_simulated_gpus("H100-80GB:x")
+
+
+def test_transient_api_errors_are_the_retryable_ones() -> None:
+    assert is_transient(ApiException(status=503)) and is_transient(ApiException(status=429))
+    assert is_transient(aiohttp.ClientConnectionError()) and is_transient(TimeoutError())
+    assert not is_transient(ApiException(status=404)) and not is_transient(ApiException(status=409))
+    assert not is_transient(ApiException(status=422)) and not is_transient(ValueError("x"))
+
+
+def test_allocated_devices_keeps_only_this_driver_and_pool() -> None:
+    def claim(ns: str, name: str, *results: tuple[str, str, str]) -> dict[str, Any]:
+        rows = [{"request": "gpu", "driver": d, "pool": p, "device": dev} for d, p, dev in results]
+        return {"metadata": {"namespace": ns, "name": name},
+                "status": {"allocation": {"devices": {"results": rows}}}}
+
+    mine = "mig.dynamig.io"
+
+    claims = [
+        claim("a", "one", (mine, "n1", "gpu0-1g10gb-s0")),
+        claim("b", "two", (mine, "n2", "gpu0-1g10gb-s0"), ("gpu.nvidia.com", "n1", "gpu-0")),
+        claim("c", "three", (mine, "n1", "gpu1-7g80gb-s0"), (mine, "n1", "gpu0-1g10gb-s0")),
+        {"metadata": {"namespace": "d", "name": "pending"}, "status": {}},
+    ]
+    assert allocated_devices(claims, "mig.dynamig.io", "n1") == {
+        "gpu0-1g10gb-s0": ["a/one", "c/three"], "gpu1-7g80gb-s0": ["c/three"]}
