@@ -576,7 +576,7 @@ async def test_agent_killed_mid_reshape_converges_after_restart(
     node = make_node("restart", labels={"dynamig.io/managed": "true"})
     name = f"{node}-gpu0"
     state, log = tmp_path / "simnvml.json", tmp_path / "agent.log"
-    flags = ("--settle-seconds", "0.3", "--sim-create-latency", "0.25", "--sim-destroy-latency", "0.25")
+    flags = ("--settle-seconds", "0.3", "--sim-create-latency", "0.25", "--sim-destroy-latency", "0.4")
     first = start_agent_process(crd, node, "H100-80GB:1", state, log, *flags)
     try:
         await eventually(lambda: api.partition(name), "GpuPartition of the agent process", within_s=60)

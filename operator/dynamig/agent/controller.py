@@ -65,7 +65,7 @@ class AgentSettings:
     settle_seconds: float = 5.0  # an instance out of the slice and unallocated this long may be destroyed
     interval_seconds: float = 10.0  # time between rounds when every GPU is Stable
     reshape_poll_seconds: float = 0.5  # time between rounds while a GPU reshapes
-    min_round_gap_seconds: float = 0.05  # rounds woken by watch events are at least this far apart
+    min_round_gap_seconds: float = 0.2  # rounds woken by watch events are at least this far apart
     watch: bool = True  # watch GpuPartitions and ResourceClaims to start rounds on changes
 
 
