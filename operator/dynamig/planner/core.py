@@ -866,7 +866,8 @@ def _reason(events: list[tuple[str, PlacedInstance, str]]) -> str:
 def _result(p: _Pass, claims: Sequence[ClaimDemand]) -> PlanResult:
     gpu_plans = []
     for g in p.gpus:
-        layout = g.layout()
+        # A GPU never marked changed still has exactly its current instances (assignments move none).
+        layout = g.layout() if g.changed else g.current
         changed = layout != g.current
         gpu_plans.append(
             GpuPlan(g.node, g.state.index, g.model.key, layout, changed, _reason(g.events) if changed else "")
