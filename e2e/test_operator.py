@@ -495,6 +495,14 @@ async def test_morning_burst_training_static_and_return_to_baseline(
                 )
                 # the seven burst claims waited for a reshape; the training claim fit a free 3g.40gb at once
                 assert (latency_count or 0) >= 7
+                plans = metrics.registry.get_sample_value(
+                    "dynamig_operator_plan_duration_seconds_count", {"policy": policy}
+                )
+                plan_s = metrics.registry.get_sample_value(
+                    "dynamig_operator_plan_duration_seconds_sum", {"policy": policy}
+                )
+                figures["planning_rounds"] = plans or 0
+                figures["plan_mean_ms"] = 1000 * (plan_s or 0) / max(1, plans or 0)
                 figures["pending_to_allocated_sum_s"] = (
                     metrics.registry.get_sample_value(
                         "dynamig_operator_claim_pending_to_allocated_seconds_sum"

@@ -176,18 +176,16 @@ class Cluster:
 
         await eventually(gone, f"policy {name} deleted")
 
-    async def inference_pod(self, ns: str, name: str, node: str) -> None:
+    async def inference_pod(
+        self, ns: str, name: str, node: str, profiles: tuple[str, ...] = ("1g.10gb", "2g.20gb")
+    ) -> None:
         alts = [
             {
-                "name": "small",
+                "name": f"c{i}",
                 "deviceClassName": DRIVER,
-                "selectors": [{"cel": {"expression": f'{PROFILE} == "1g.10gb"'}}],
-            },
-            {
-                "name": "medium",
-                "deviceClassName": DRIVER,
-                "selectors": [{"cel": {"expression": f'{PROFILE} == "2g.20gb"'}}],
-            },
+                "selectors": [{"cel": {"expression": f'{PROFILE} == "{p}"'}}],
+            }
+            for i, p in enumerate(profiles)
         ]
         claim = {
             "apiVersion": "resource.k8s.io/v1",
@@ -360,7 +358,19 @@ async def test_operator_turns_pending_claims_into_layouts_and_explains(
             warn = [e for e in await k.events("default", bad) if e["reason"] == "InvalidSpec"]
             assert warn and warn[0]["type"] == "Warning" and "cannot start at slice 2" in warn[0]["message"]
 
-            # 6. Metrics: planner time and written layouts were recorded.
+            # 6. A claim no profile can ever satisfy gets a Warning Event that says why.
+            await k.inference_pod(namespace, "impossible", node, profiles=("9g.1tb",))
+
+            async def no_match() -> list[dict[str, Any]] | None:
+                evs = [
+                    e for e in await k.events(namespace, "impossible") if e["reason"] == "NoMatchingProfile"
+                ]
+                return evs or None
+
+            (nm, *_) = await eventually(no_match, "NoMatchingProfile on the impossible claim")
+            assert nm["type"] == "Warning" and "no MIG profile" in nm["message"], nm
+
+            # 7. Metrics: planner time and written layouts were recorded.
             assert (
                 metrics.registry.get_sample_value(
                     "dynamig_operator_reshapes_total", {"policy": policy, "result": "written"}
