@@ -14,7 +14,7 @@ from dynamig.geometry.model import PlacedInstance
 from dynamig.kube.policy import check_spec_against_catalog, parse_policy, resolve_ownership
 from dynamig.operator.decide import Reason, RoundDecision, RoundInput, decide_round
 from dynamig.operator.demand import PendingClaim, extract_demand, parse_device_classes
-from dynamig.operator.inventory import GpuView, parse_inventory
+from dynamig.operator.inventory import GpuView, allocated_devices, parse_inventory
 
 CATALOG = load_catalog()
 NOW = 1_800_000_000.0
@@ -262,3 +262,18 @@ def test_warm_pool_is_topped_up_on_a_busy_gpu_without_waiting_for_idle() -> None
         (),
     )
     assert recent.writes == () and "cooldown 60s" in recent.held["node-a-gpu0"]
+
+
+def test_an_instance_a_claim_allocation_names_is_busy_before_the_agent_says_so() -> None:
+    claims = [
+        {"metadata": {"name": "c"}, "status": {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "mig.dynamig.io", "pool": "node-a", "device": "gpu0-3g40gb-s0"},
+            {"request": "x", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu0-3g40gb-s4"},
+        ]}}}},
+    ]  # fmt: skip
+    taken = allocated_devices(claims, "mig.dynamig.io")
+    assert taken == {"node-a": frozenset({"gpu0-3g40gb-s0"})}
+    (g,) = parse_inventory([baseline_gpu(0)], CATALOG, taken)
+    assert g.busy == frozenset({PlacedInstance(0, "3g.40gb")})
+    decision = decide_round(RoundInput(parse_policy(policy()), (), (g,), burst(3), NOW, {}, CATALOG))
+    assert all(PlacedInstance(0, "3g.40gb") in w.layout for w in decision.planned)

@@ -1,10 +1,12 @@
 """The GPUs a policy governs, read from GpuPartition objects, in the shape the planner takes. Pure.
 
 An instance is busy (never removed or moved by the planner) when the agent reports it ``allocated`` or
-``in-use``. A GPU whose agent has not yet reported the current ``spec.layout`` (``observedGeneration`` behind
-``generation``, or phase ``Reshaping``) is *in flight*: all of its instances are treated as busy and the
-operator writes nothing to it until the agent has caught up. GPUs that are ``Degraded``, have MIG off, are
-owned by another MIG manager or are of a model the catalog lacks are not planned at all.
+``in-use``, or when a ResourceClaim allocation already names its device (the scheduler may have allocated
+it a moment before the agent noticed). A GPU whose agent has not yet reported the current ``spec.layout``
+(``observedGeneration`` behind ``generation``, or phase ``Reshaping``) is *in flight*: the operator writes
+nothing to it until the agent has caught up, and plans it as the layout it is becoming. GPUs that are
+``Degraded``, have MIG off, are owned by another MIG manager or are of a model the catalog lacks are not
+planned at all.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 from dynamig import API_GROUP
 from dynamig.geometry.catalog import Catalog
-from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, normalize_layout
+from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, device_name, normalize_layout
 from dynamig.kube.gpupartition import (
     ConditionType,
     GpuPartition,
@@ -89,7 +91,9 @@ class GpuView:
         return GpuIdentity(self.name, self.node, node_labels, self.model)
 
 
-def _gpu_view(gp: GpuPartition, raw: Mapping[str, Any], catalog: Catalog) -> GpuView:
+def _gpu_view(
+    gp: GpuPartition, raw: Mapping[str, Any], catalog: Catalog, allocated: Mapping[str, frozenset[str]]
+) -> GpuView:
     st = gp.status
     labels = gp.metadata.labels
     node = st.node or labels.get(NODE_LABEL, "")
@@ -99,8 +103,13 @@ def _gpu_view(gp: GpuPartition, raw: Mapping[str, Any], catalog: Catalog) -> Gpu
         model = catalog.model(st.model)
     elif st.product:
         model = catalog.for_product(st.product)
+    # Busy: the agent says so, or a claim allocation already names the device (the agent may not know yet).
+    taken = allocated.get(node, frozenset())
     busy = frozenset(
-        i.placed() for i in st.instances if i.state in (InstanceState.ALLOCATED, InstanceState.IN_USE)
+        i.placed()
+        for i in st.instances
+        if i.state in (InstanceState.ALLOCATED, InstanceState.IN_USE)
+        or device_name(index, i.profile, i.start) in taken
     )
     claims_on = {i.placed(): tuple(i.claims) for i in st.instances if i.claims}
     in_flight = (
@@ -147,7 +156,23 @@ def _gpu_view(gp: GpuPartition, raw: Mapping[str, Any], catalog: Catalog) -> Gpu
     )
 
 
-def parse_inventory(objs: Iterable[Mapping[str, Any]], catalog: Catalog) -> tuple[GpuView, ...]:
-    """GpuViews from raw GpuPartition dicts, sorted by (node, index). Pure."""
-    views = [_gpu_view(parse_gpu_partition(dict(o)), o, catalog) for o in objs]
+def allocated_devices(claims: Iterable[Mapping[str, Any]], driver: str) -> dict[str, frozenset[str]]:
+    """Node (pool) -> names of ``driver``'s devices that some ResourceClaim allocation names. Pure."""
+    out: dict[str, set[str]] = {}
+    for claim in claims:
+        alloc = (claim.get("status") or {}).get("allocation") or {}
+        for result in (alloc.get("devices") or {}).get("results") or []:
+            if result.get("driver") == driver:
+                out.setdefault(str(result.get("pool", "")), set()).add(str(result.get("device", "")))
+    return {k: frozenset(v) for k, v in out.items()}
+
+
+def parse_inventory(
+    objs: Iterable[Mapping[str, Any]],
+    catalog: Catalog,
+    allocated: Mapping[str, frozenset[str]] | None = None,
+) -> tuple[GpuView, ...]:
+    """GpuViews from raw GpuPartition dicts, sorted by (node, index). ``allocated``: node -> device names
+    that claim allocations name (see :func:`allocated_devices`). Pure."""
+    views = [_gpu_view(parse_gpu_partition(dict(o)), o, catalog, allocated or {}) for o in objs]
     return tuple(sorted(views, key=lambda v: (v.node, v.index, v.name)))

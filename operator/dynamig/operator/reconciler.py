@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
+from dynamig import DRIVER_NAME
 from dynamig.geometry.catalog import Catalog
 from dynamig.kube.gpupartition import Condition, layout_summary, set_condition
 from dynamig.kube.names import GPU_PARTITION_KIND, GROUP_VERSION, POLICY_KIND
@@ -36,7 +37,7 @@ from dynamig.kube.policy import (
 )
 from dynamig.operator.decide import ClaimVerdict, LayoutWrite, Reason, RoundDecision, RoundInput, decide_round
 from dynamig.operator.demand import PendingClaim, extract_demand, parse_device_classes
-from dynamig.operator.inventory import LAYOUT_WRITTEN_ANNOTATION, GpuView, parse_inventory
+from dynamig.operator.inventory import LAYOUT_WRITTEN_ANNOTATION, GpuView, allocated_devices, parse_inventory
 from dynamig.operator.kubeio import KubeIO, Snapshot, now_rfc3339
 from dynamig.operator.metrics import OperatorMetrics
 from dynamig.operator.settings import OperatorSettings
@@ -110,7 +111,7 @@ def parse_world(snap: Snapshot, catalog: Catalog) -> World:
             policies.append(parse_policy(raw))
         except ValidationError as exc:
             log.warning("skipping malformed policy %s: %s", raw.get("metadata", {}).get("name"), exc)
-    gpus = parse_inventory(snap.partitions, catalog)
+    gpus = parse_inventory(snap.partitions, catalog, allocated_devices(snap.claims, DRIVER_NAME))
     node_labels = {
         str(n["metadata"]["name"]): dict(n["metadata"].get("labels") or {})
         for n in snap.nodes
