@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations, zip_longest
 from math import comb
@@ -882,6 +882,25 @@ def _result(p: _Pass, claims: Sequence[ClaimDemand]) -> PlanResult:
     return PlanResult(tuple(gpu_plans), tuple(assignments), unsatisfied)
 
 
+def _moves(
+    order: list[ClaimDemand], best: _Pass, first: dict[str, int]
+) -> Iterator[tuple[list[ClaimDemand], dict[str, int]]]:
+    """Local-search moves from the winning pass, generated lazily (the caller stops at its pass budget):
+    an unsatisfied claim moved to the front; a satisfied claim trying another alternative first; both."""
+    fronts = [[c, *(o for o in order if o is not c)] for c in order if c.name not in best.placed]
+    yield from ((f, first) for f in fronts)
+    swaps = [
+        (claim.name, rank)
+        for claim in order
+        if (placed := best.placed.get(claim.name)) is not None
+        for rank in range(len(claim.alternatives))
+        if rank != placed[0]
+    ]
+    yield from ((order, {**first, name: rank}) for name, rank in swaps)
+    for f in fronts:
+        yield from ((f, {**first, name: rank}) for name, rank in swaps)
+
+
 def plan(
     gpus: Sequence[GpuState],
     claims: Sequence[ClaimDemand],
@@ -921,20 +940,12 @@ def plan(
     # make a satisfied claim try another of its alternatives first; keep a move when the score improves.
     first: dict[str, int] = {}
     improved = True
-    while improved and best is not None and best_run is not None and best_score[0] < n:
+    while (
+        improved and best is not None and best_run is not None and best_score[0] < n and passes < max_passes
+    ):
         improved = False
         cfg, order = best_run
-        moves: list[tuple[list[ClaimDemand], dict[str, int]]] = []
-        for claim in order:
-            if claim.name not in best.placed:
-                moves.append(([claim, *(c for c in order if c is not claim)], first))
-        for claim in order:
-            placed = best.placed.get(claim.name)
-            if placed is not None:
-                for rank in range(len(claim.alternatives)):
-                    if rank != placed[0]:
-                        moves.append((order, {**first, claim.name: rank}))
-        for trial_order, trial_first in moves:
+        for trial_order, trial_first in _moves(order, best, first):
             if passes >= max_passes:
                 break
             p = _Pass(ctx, cfg)
