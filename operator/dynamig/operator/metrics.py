@@ -30,7 +30,7 @@ class OperatorMetrics:
         )
         self.reshapes = Counter(
             "dynamig_operator_reshapes_total",
-            "GpuPartition layouts written (result=written|failed|completed)",
+            "GpuPartition layouts written and their outcome (result=written|completed|blocked|failed)",
             ["policy", "result"],
             registry=r,
         )

@@ -276,10 +276,15 @@ class Reconciler:
             _, generation, started = entry
             if g.failure and (g.observed_generation or 0) >= generation:
                 self._memory.awaiting.pop(g.name)
-                self.metrics.reshapes.labels(policy=policy.name, result="failed").inc()
+                # A busy instance the new layout needed (a claim won the race) blocks; anything else failed.
+                blocked = g.failure.startswith("InstanceBusy")
+                reason = "ReshapeBlocked" if blocked else "ReshapeFailed"
+                self.metrics.reshapes.labels(
+                    policy=policy.name, result="blocked" if blocked else "failed"
+                ).inc()
                 msg = f"{g.name}: the agent could not apply {layout_summary(g.desired)}: {g.failure}"
-                await self._event_policy(policy, "Warning", "ReshapeFailed", msg)
-                await self._event_gpu(g.name, "Warning", "ReshapeFailed", msg)
+                await self._event_policy(policy, "Warning", reason, msg)
+                await self._event_gpu(g.name, "Warning", reason, msg)
             elif not g.in_flight and (g.observed_generation or 0) >= generation:
                 self._memory.awaiting.pop(g.name)
                 self.metrics.reshapes.labels(policy=policy.name, result="completed").inc()
