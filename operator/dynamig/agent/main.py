@@ -87,6 +87,7 @@ def load_nvml_module(options: AgentOptions) -> ModuleType:
             state_file=sim.state_file,
             create_latency_s=sim.create_latency_s,
             destroy_latency_s=sim.destroy_latency_s,
+            seed=options.settings.node,  # GPU UUIDs differ between simulated nodes
         )
     return module
 
