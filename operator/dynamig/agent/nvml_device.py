@@ -390,10 +390,5 @@ class NvmlDevices:
 
 
 def _ctype(nv: ModuleType, name: str) -> Any:
-    """A ctypes structure type from the NVML module (falls back to pynvml's own definition)."""
-    found = getattr(nv, name, None)
-    if found is None:
-        import pynvml  # the structure layouts are plain ctypes; no library load happens here
-
-        found = getattr(pynvml, name)
-    return found
+    """A ctypes structure type of the NVML module (``pynvml`` and ``simnvml`` both export them)."""
+    return getattr(nv, name)
