@@ -241,7 +241,7 @@ class NvmlDevices:
         count = ctypes.c_uint(0)
         try:
             nv.nvmlDeviceGetGpuInstances(h, profile.profile_id, arr, ctypes.byref(count))
-        except nv.NVMLError_NotFound:
+        except (nv.NVMLError_NotFound, nv.NVMLError_NotSupported):
             return []
         return [arr[i] for i in range(count.value)]
 
