@@ -1,0 +1,246 @@
+"""Dict-level shortcuts over the Kubernetes API for scenarios (the demo and the operator e2e test).
+
+Side effects: every method talks to the API server it was given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from dynamig.kube.names import DEVICE_CLASS_NAME, GPU_PARTITION_PLURAL, GROUP, POLICY_PLURAL, VERSION
+
+T = TypeVar("T")
+PROFILE_ATTRIBUTE = f'device.attributes["{DEVICE_CLASS_NAME}"].profile'
+
+
+async def eventually(probe: Callable[[], Awaitable[T | None]], what: str, within_s: float = 60.0) -> T:
+    """Poll ``probe`` every 0.1 s until it returns a value; TimeoutError naming ``what`` after the wait."""
+    deadline = time.monotonic() + within_s
+    while True:
+        value = await probe()
+        if value is not None:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {within_s:.0f}s waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+def layout_text(layout: list[tuple[str, int]] | list[dict[str, Any]]) -> str:
+    """``3g.40gb@0,3g.40gb@4`` for a layout given as (profile, start) pairs or API dicts. Pure."""
+    items = sorted((e["start"], e["profile"]) if isinstance(e, dict) else (e[1], e[0]) for e in layout)
+    return ",".join(f"{p}@{s}" for s, p in items)
+
+
+def allocated_device(claim: dict[str, Any] | None) -> str | None:
+    """The first device a claim's allocation names, or None while unallocated. Pure."""
+    alloc = ((claim or {}).get("status") or {}).get("allocation")
+    if not alloc:
+        return None
+    results = alloc["devices"]["results"]
+    return str(results[0]["device"]) if results else None
+
+
+class ScenarioApi:
+    """The handful of API calls a scenario makes, in one namespace."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+        self.resource = client.ResourceV1Api(api)
+        self.ns = namespace
+
+    async def ensure_device_class(self) -> None:
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": DEVICE_CLASS_NAME},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DEVICE_CLASS_NAME}"'}}]},
+        }
+        try:
+            await self.resource.create_device_class(body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    async def partition(self, name: str) -> dict[str, Any]:
+        obj: dict[str, Any] = await self.custom.get_cluster_custom_object(
+            GROUP, VERSION, GPU_PARTITION_PLURAL, name
+        )
+        return obj
+
+    async def set_layout(self, name: str, layout: list[tuple[str, int]]) -> int:
+        obj = await self.custom.patch_cluster_custom_object(
+            GROUP, VERSION, GPU_PARTITION_PLURAL, name,
+            {"spec": {"layout": [{"profile": p, "start": s} for p, s in layout]}},
+            _content_type="application/merge-patch+json",
+        )  # fmt: skip
+        return int(obj["metadata"]["generation"])
+
+    async def stable(self, name: str, layout: str | None = None) -> dict[str, Any] | None:
+        """The GpuPartition once its agent reported the current generation Stable (and ``layout``)."""
+        try:
+            part = await self.partition(name)
+        except ApiException:
+            return None
+        st = part.get("status") or {}
+        if st.get("phase") != "Stable" or st.get("observedGeneration") != part["metadata"]["generation"]:
+            return None
+        if layout is not None and layout_text(st.get("instances") or []) != layout:
+            return None
+        return part
+
+    async def policy(self, name: str) -> dict[str, Any]:
+        obj: dict[str, Any] = await self.custom.get_cluster_custom_object(GROUP, VERSION, POLICY_PLURAL, name)
+        return obj
+
+    async def create_policy(self, name: str, spec: dict[str, Any]) -> None:
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "GpuPartitionPolicy",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+        await self.custom.create_cluster_custom_object(GROUP, VERSION, POLICY_PLURAL, body)
+
+    async def set_mode(self, name: str, mode: str) -> None:
+        await self.custom.patch_cluster_custom_object(
+            GROUP, VERSION, POLICY_PLURAL, name, {"spec": {"mode": mode}},
+            _content_type="application/merge-patch+json",
+        )  # fmt: skip
+
+    async def delete_policy(self, name: str) -> None:
+        with contextlib.suppress(ApiException):
+            await self.custom.delete_cluster_custom_object(GROUP, VERSION, POLICY_PLURAL, name)
+
+        async def gone() -> bool | None:
+            try:
+                await self.policy(name)
+            except ApiException as exc:
+                return True if exc.status == 404 else None
+            return None
+
+        await eventually(gone, f"policy {name} deleted", within_s=30)
+
+    async def claim_template(self, name: str, alternatives: list[str]) -> None:
+        """A ResourceClaimTemplate asking one device: the first of ``alternatives`` available."""
+        alts = [
+            {
+                "name": f"c{i}",
+                "deviceClassName": DEVICE_CLASS_NAME,
+                "selectors": [{"cel": {"expression": f'{PROFILE_ATTRIBUTE} == "{p}"'}}],
+            }
+            for i, p in enumerate(alternatives)
+        ]
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": alts}]}}},
+        }
+        await self.custom.create_namespaced_custom_object(
+            "resource.k8s.io", "v1", self.ns, "resourceclaimtemplates", body
+        )
+
+    async def pod(self, name: str, template: str, node_selector: dict[str, str]) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "labels": {"app": name.rsplit("-", 1)[0]}},
+            "spec": {
+                "nodeSelector": node_selector,
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "example.invalid/app:1",
+                        "resources": {"claims": [{"name": "gpu"}]},
+                    }
+                ],
+            },
+        }
+        await self.core.create_namespaced_pod(self.ns, body)
+
+    async def delete_pods(self, names: list[str]) -> None:
+        """Delete at once: no kubelet runs to finish a graceful deletion."""
+        for n in names:
+            with contextlib.suppress(ApiException):
+                await self.core.delete_namespaced_pod(n, self.ns, grace_period_seconds=0)
+
+    async def claims(self) -> list[dict[str, Any]]:
+        res = await self.custom.list_namespaced_custom_object(
+            "resource.k8s.io", "v1", self.ns, "resourceclaims"
+        )
+        return list(res["items"])
+
+    async def claim_of(self, pod: str) -> dict[str, Any] | None:
+        for c in await self.claims():
+            owners = c["metadata"].get("ownerReferences") or []
+            if any(o.get("kind") == "Pod" and o.get("name") == pod for o in owners):
+                return c
+        return None
+
+    async def events(self, name: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        resp = await self.core.list_namespaced_event(
+            namespace or self.ns, field_selector=f"involvedObject.name={name}"
+        )
+        return [
+            {"reason": e.reason, "message": e.message, "type": e.type, "kind": e.involved_object.kind}
+            for e in resp.items
+        ]
+
+
+class AllocationWatch:
+    """Polls the namespace's claims every 50 ms and keeps, per device, when it was seen allocated.
+
+    Together with the simulated NVML's event history it answers "was an allocated instance ever destroyed?".
+    """
+
+    def __init__(self, scenario: ScenarioApi) -> None:
+        self.scenario = scenario
+        self.seen: dict[str, list[float]] = {}  # device -> [first, last] time seen allocated
+        self.first_allocated: dict[str, float] = {}  # claim name -> first time seen allocated
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            now = time.time()
+            for c in await self.scenario.claims():
+                dev = allocated_device(c)
+                if dev is None:
+                    continue
+                span = self.seen.setdefault(dev, [now, now])
+                span[1] = now
+                self.first_allocated.setdefault(c["metadata"]["name"], now)
+            await asyncio.sleep(0.05)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="allocation-watch")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def destroyed_while_allocated(self, history: list[Any]) -> list[str]:
+        """Destroy events (GI or CI) of a device that was allocated at that moment (50 ms margin)."""
+        from dynamig.geometry.model import device_name
+
+        bad = []
+        for ev in history:
+            if ev.kind not in ("destroy-gi", "destroy-ci") or ev.profile is None or ev.start is None:
+                continue
+            name = device_name(ev.gpu_index, ev.profile, ev.start)
+            span = self.seen.get(name)
+            if span is not None and span[0] - 0.05 <= ev.timestamp <= span[1] + 0.05:
+                bad.append(
+                    f"{name} destroyed at {ev.timestamp:.2f} while allocated {span[0]:.2f}-{span[1]:.2f}"
+                )
+        return bad

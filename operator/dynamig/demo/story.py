@@ -1,0 +1,297 @@
+"""``dynamig demo``: the morning-burst story on a local control plane with simulated GPUs.
+
+Side effects: builds (first run only) and starts etcd, kube-apiserver, kube-scheduler and
+kube-controller-manager on 127.0.0.1, runs one node agent (over the simulated NVML) and the operator in this
+process, creates pods, and tears everything down when it ends or is interrupted.
+
+The story, as a platform engineer lives it:
+1. 8 AM: an admin pre-cuts each of a node's two A100-80GB GPUs into 2 x 3g.40gb.
+2. A burst of small inference pods arrives, each asking ``1g.10gb`` with fallback ``2g.20gb``. Under a
+   ``Dynamic`` policy dynamig re-cuts the free 3g.40gb instances and the scheduler books every pod.
+3. A training pod asking ``3g.40gb`` fits into what is still free.
+4. The inference pods finish; after the cooldown the idle GPU returns to the baseline layout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from dynamig.demo.cluster import AllocationWatch, ScenarioApi, allocated_device, eventually, layout_text
+from dynamig.kube.names import MANAGED_NODE_LABEL, gpu_partition_name
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "demo"
+NODE = "gpu-node-a"
+POOL_LABEL = "dynamig.io/demo-pool"
+POLICY = "morning"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DemoOptions:
+    gpus: tuple[str, ...] = ("A100-80GB", "A100-80GB")
+    baseline: tuple[tuple[str, int], ...] = (("3g.40gb", 0), ("3g.40gb", 4))
+    inference_pods: int = 7
+    inference_profiles: tuple[str, ...] = ("1g.10gb", "2g.20gb")
+    training_profile: str = "3g.40gb"
+    cooldown_s: int = 10
+    step_timeout_s: float = 180.0
+    return_to_baseline: bool = True
+    log_file: Path | None = None
+
+
+class Reporter:
+    """Prints the story: step headings, tables and timings."""
+
+    def __init__(self, write: Callable[[str], None]) -> None:
+        self.write = write
+        self.timings: list[tuple[str, float]] = []
+        self._t0 = time.monotonic()
+
+    def step(self, text: str) -> None:
+        self.write(f"\n==> {text}")
+
+    def info(self, text: str) -> None:
+        self.write(f"    {text}")
+
+    def timed(self, label: str, seconds: float) -> None:
+        self.timings.append((label, seconds))
+        self.info(f"{label}: {seconds:.1f}s")
+
+    def table(self, header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+        widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+        for row in (header, *rows):
+            self.info("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+
+
+async def _layouts(api: ScenarioApi, gpu_count: int) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for i in range(gpu_count):
+        part = await api.partition(gpu_partition_name(NODE, i))
+        st = part.get("status") or {}
+        instances = st.get("instances") or []
+        used = sum(1 for x in instances if x.get("state") in ("allocated", "in-use"))
+        rows.append((
+            part["metadata"]["name"],
+            st.get("product", "?"),
+            layout_text(instances) or "(no instances)",
+            f"{used}/{len(instances)}",
+            st.get("phase", "?"),
+        ))  # fmt: skip
+    return rows
+
+
+async def _show_layouts(api: ScenarioApi, report: Reporter, gpu_count: int) -> None:
+    report.table(
+        ("GPU", "PRODUCT", "LAYOUT (profile@start)", "IN USE", "PHASE"), await _layouts(api, gpu_count)
+    )
+
+
+@contextlib.asynccontextmanager
+async def _agent(api_client: Any, nvml: ModuleType) -> AsyncIterator[None]:
+    from prometheus_client import CollectorRegistry
+
+    from dynamig.agent.controller import AgentSettings, NodeAgent
+    from dynamig.agent.kubeapi import KubeApi
+    from dynamig.agent.metrics import AgentMetrics
+    from dynamig.agent.nvml_device import NvmlDevices
+    from dynamig.geometry.catalog import load_catalog
+
+    devices = NvmlDevices(nvml, load_catalog())
+    devices.init()
+    settings = AgentSettings(node=NODE, settle_seconds=0.5, interval_seconds=1.0, reshape_poll_seconds=0.2)
+    agent = NodeAgent(settings, KubeApi(api_client), devices, AgentMetrics(CollectorRegistry(), NODE))
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop), name=f"agent-{NODE}")
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=30)
+        devices.shutdown()
+
+
+@contextlib.asynccontextmanager
+async def _operator(kubeconfig: Path) -> AsyncIterator[None]:
+    from dynamig.operator.handlers import run_operator
+    from dynamig.operator.settings import OperatorSettings
+
+    settings = OperatorSettings(kubeconfig=kubeconfig, standalone=True, resync_seconds=2.0)
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(run_operator(settings, stop, ready), name="operator")
+    await asyncio.wait_for(ready.wait(), timeout=60)
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=30)
+
+
+def _crd_paths() -> list[Path]:
+    from dynamig.devcluster.binaries import find_repo_root
+
+    root = find_repo_root()
+    if root is None:
+        raise RuntimeError(
+            "dynamig demo runs from a source checkout (it applies crds/ and builds the control plane)"
+        )
+    return sorted((root / "crds").glob("*.yaml"))
+
+
+async def run_demo(options: DemoOptions, write: Callable[[str], None]) -> int:
+    """Run the whole story; 0 when every step happened as told, 1 otherwise. Leaves nothing running."""
+    from dynamig.backends.nvml import load_nvml
+    from dynamig.devcluster import ControlPlane
+
+    report = Reporter(write)
+    report.step("Local control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager)")
+    started = time.monotonic()
+    cp = ControlPlane(progress=lambda msg: report.info(msg))
+    await asyncio.to_thread(cp.start)
+    nvml: ModuleType = load_nvml("simulated")
+    nvml.configure(gpus=list(options.gpus), state_file=None)
+    try:
+        report.timed("control plane ready", time.monotonic() - started)
+        for crd in _crd_paths():
+            cp.kubectl("apply", "-f", str(crd))
+        cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+        cp.kubectl("create", "namespace", NAMESPACE)
+        await cp.aregister_node(NODE, labels={MANAGED_NODE_LABEL: "true", POOL_LABEL: "morning"})
+        report.info(
+            f"node {NODE} registered with {len(options.gpus)} simulated GPU(s): {', '.join(options.gpus)}"
+        )
+        async with cp.api_client() as api_client:
+            return await _story(options, report, cp, api_client, nvml)
+    finally:
+        nvml.configure(gpus=[], state_file=None)
+        await asyncio.to_thread(cp.stop)
+        write("\nEverything stopped; nothing is left running.")
+
+
+async def _story(options: DemoOptions, report: Reporter, cp: Any, api_client: Any, nvml: ModuleType) -> int:
+    api = ScenarioApi(api_client, NAMESPACE)
+    await api.ensure_device_class()
+    await api.claim_template("inference", list(options.inference_profiles))
+    await api.claim_template("training", [options.training_profile])
+    gpus = [gpu_partition_name(NODE, i) for i in range(len(options.gpus))]
+    baseline = list(options.baseline)
+    within = options.step_timeout_s
+    selector = {POOL_LABEL: "morning"}
+    watch = AllocationWatch(api)
+
+    async with _agent(api_client, nvml):
+        report.step("8 AM: the admin pre-cuts every GPU as " + layout_text(baseline))
+        t = time.monotonic()
+        for name in gpus:
+            await eventually(functools.partial(api.stable, name), f"the agent's GpuPartition {name}", within)
+        for name in gpus:
+            await api.set_layout(name, baseline)
+        for name in gpus:
+            await eventually(
+                functools.partial(api.stable, name, layout_text(baseline)), f"{name} pre-cut", within
+            )
+        report.timed("agent applied the layout through NVML", time.monotonic() - t)
+        await _show_layouts(api, report, len(gpus))
+        history_start = len(nvml.history())
+
+        async with _operator(cp.kubeconfig_path):
+            report.step(f"GpuPartitionPolicy {POLICY!r}: Dynamic, baseline {layout_text(baseline)}")
+            await api.create_policy(POLICY, {
+                "nodeSelector": {"matchLabels": selector},
+                "mode": "Dynamic",
+                "baseline": {options.gpus[0]: [{"profile": p, "start": s} for p, s in baseline]},
+                "batchWindowSeconds": 1,
+                "cooldownSeconds": options.cooldown_s,
+                "disruptionBudget": {"maxGpusReshaping": len(gpus)},
+            })  # fmt: skip
+
+            async def governs() -> bool | None:
+                st = (await api.policy(POLICY)).get("status") or {}
+                return True if st.get("matchedGpus") == len(gpus) else None
+
+            await eventually(governs, "the policy to govern the GPUs", within)
+            watch.start()
+            try:
+                ok = await _burst_training_release(options, report, api, nvml, watch, gpus, history_start)
+            finally:
+                await watch.stop()
+    return 0 if ok else 1
+
+
+async def _burst_training_release(
+    options: DemoOptions,
+    report: Reporter,
+    api: ScenarioApi,
+    nvml: ModuleType,
+    watch: AllocationWatch,
+    gpus: list[str],
+    history_start: int,
+) -> bool:
+    within = options.step_timeout_s
+    selector = {POOL_LABEL: "morning"}
+    inference = [f"infer-{i}" for i in range(options.inference_pods)]
+    alternatives = " then ".join(options.inference_profiles)
+    report.step(f"9 AM burst: {len(inference)} inference pods, each asking {alternatives}")
+    burst_at = time.time()
+    for name in inference:
+        await api.pod(name, "inference", selector)
+
+    async def all_allocated() -> dict[str, str] | None:
+        devices = {p: allocated_device(await api.claim_of(p)) for p in inference}
+        return {p: d for p, d in devices.items() if d} if all(devices.values()) else None
+
+    devices = await eventually(all_allocated, "every inference pod allocated", within)
+    report.timed("burst to last allocation", max(watch.first_allocated.values()) - burst_at)
+    report.table(("POD", "DEVICE (MIG slice)"), sorted(devices.items()))
+    await _show_layouts(api, report, len(gpus))
+
+    report.step(f"10 AM: a training pod asking {options.training_profile}")
+    train_at = time.time()
+    await api.pod("train-0", "training", selector)
+
+    async def training_allocated() -> str | None:
+        return allocated_device(await api.claim_of("train-0"))
+
+    train_dev = await eventually(training_allocated, "the training pod allocated", within)
+    report.timed("training pod to allocation", time.time() - train_at)
+    report.info(f"train-0 -> {train_dev}")
+    await _show_layouts(api, report, len(gpus))
+
+    if options.return_to_baseline:
+        report.step(
+            f"Noon: the inference pods finish; idle GPUs return to baseline after {options.cooldown_s}s"
+        )
+        release_at = time.time()
+        await api.delete_pods(inference)
+        train_gpu = gpu_partition_name(NODE, int(train_dev.split("-")[0][3:]))
+        for name in [g for g in gpus if g != train_gpu]:
+            await eventually(
+                functools.partial(api.stable, name, layout_text(list(options.baseline))),
+                f"{name} back at the baseline",
+                within + options.cooldown_s,
+            )
+        report.timed("release to baseline", time.time() - release_at)
+        await _show_layouts(api, report, len(gpus))
+        await api.delete_pods(["train-0"])
+
+    history = nvml.history()[history_start:]
+    created = sum(1 for ev in history if ev.kind == "create-gi")
+    destroyed = sum(1 for ev in history if ev.kind == "destroy-gi")
+    bad = watch.destroyed_while_allocated(history)
+    report.step("Summary")
+    report.info(
+        f"MIG instances created {created}, destroyed {destroyed} (all of them free at the time)"
+        if not bad
+        else f"ALLOCATED INSTANCES DESTROYED: {bad}"
+    )
+    report.table(("STEP", "SECONDS"), [(label, f"{s:.1f}") for label, s in report.timings])
+    return not bad
