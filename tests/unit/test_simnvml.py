@@ -467,3 +467,24 @@ def test_random_create_destroy_agrees_with_the_geometry_rules(
             assert nv.nvmlDeviceGetGpuInstanceRemainingCapacity(h, profile.profile_id) == remaining_capacity(
                 model, [inst for _, inst in live], profile.name
             )
+
+
+def test_pci_bus_ids_stay_valid_and_distinct_on_large_simulated_nodes() -> None:
+    """More GPUs than one PCI domain's buses fit: every GPU still gets a distinct, well-formed bus id."""
+    import re
+
+    from dynamig.backends import simnvml
+
+    simnvml.configure(gpus=["H100-80GB"] * 20, state_file=None, reset=True)
+    simnvml.nvmlInit()
+    try:
+        ids = []
+        for i in range(20):
+            info = simnvml.nvmlDeviceGetPciInfo(simnvml.nvmlDeviceGetHandleByIndex(i))
+            bus_id = info.busId.decode() if isinstance(info.busId, bytes) else info.busId
+            assert re.fullmatch(r"[0-9A-F]{8}:[0-9A-F]{2}:00\.0", bus_id), bus_id
+            ids.append(bus_id)
+        assert len(set(ids)) == 20
+    finally:
+        simnvml.nvmlShutdown()
+        simnvml.configure(gpus=[], state_file=None, reset=True)

@@ -691,13 +691,15 @@ def nvmlDeviceGetSerial(handle: Any) -> str:
 def nvmlDeviceGetPciInfo(handle: Any) -> Any:
     r = _read(handle, _KIND_GPU)
     info = nvmlPciInfo_t()
-    bus = 0x17 + 0x10 * r.gpu.index
-    info.domain = 0
+    # Eight-GPU boards spread over buses 0x17..0xE7; larger simulated nodes continue in further PCI domains.
+    domain, slot = divmod(r.gpu.index, 14)
+    bus = 0x17 + 0x10 * slot
+    info.domain = domain
     info.bus = bus
     info.device = 0
     info.pciDeviceId = (r.model.pci_device_ids[0] << 16) | _VENDOR_NVIDIA
     info.pciSubSystemId = (0x1450 << 16) | _VENDOR_NVIDIA
-    bus_id = f"00000000:{bus:02X}:00.0".encode()
+    bus_id = f"{domain:08X}:{bus:02X}:00.0".encode()
     info.busId = bus_id
     info.busIdLegacy = bus_id
     return info
