@@ -29,52 +29,31 @@ import contextlib
 import functools
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
 from dynamig.agent.controller import AgentSettings, NodeAgent
 from dynamig.agent.kubeapi import KubeApi
 from dynamig.agent.metrics import AgentMetrics
 from dynamig.agent.nvml_device import NvmlDevices
+from dynamig.demo.cluster import AllocationWatch, ScenarioApi, allocated_device, eventually, layout_text
 from dynamig.devcluster import ControlPlane
 from dynamig.geometry.catalog import load_catalog
-from dynamig.geometry.model import device_name
 from dynamig.operator.handlers import run_operator
 from dynamig.operator.metrics import OperatorMetrics
 from dynamig.operator.settings import OperatorSettings
 
 pytestmark = pytest.mark.controlplane
 
-T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
-DRIVER = "mig.dynamig.io"
-PROFILE = f'device.attributes["{DRIVER}"].profile'
-GROUP, VERSION = "dynamig.io", "v1alpha1"
 BASELINE = [("3g.40gb", 0), ("3g.40gb", 4)]
 COOLDOWN_S = 8
-
-
-async def eventually(probe: Callable[[], Awaitable[T | None]], what: str, within_s: float = 60.0) -> T:
-    deadline = time.monotonic() + within_s
-    while True:
-        value = await probe()
-        if value is not None:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {within_s:.0f}s waiting for {what}")
-        await asyncio.sleep(0.1)
-
-
-def layout_text(layout: list[tuple[str, int]] | list[dict[str, Any]]) -> str:
-    items = sorted((e["start"], e["profile"]) if isinstance(e, dict) else (e[1], e[0]) for e in layout)
-    return ",".join(f"{p}@{s}" for s, p in items)
 
 
 # --------------------------------------------------------------------------------------------- fixtures
@@ -126,205 +105,6 @@ async def operator_running(cp: ControlPlane, metrics: OperatorMetrics) -> AsyncI
         await asyncio.wait_for(task, timeout=30)
 
 
-class Cluster:
-    """Dict-level API shortcuts for the scenario."""
-
-    def __init__(self, api: client.ApiClient, namespace: str) -> None:
-        self.custom = client.CustomObjectsApi(api)
-        self.core = client.CoreV1Api(api)
-        self.resource = client.ResourceV1Api(api)
-        self.ns = namespace
-
-    async def ensure_device_class(self) -> None:
-        body = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": DRIVER},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-        }
-        with contextlib.suppress(ApiException):
-            await self.resource.create_device_class(body)
-
-    async def partition(self, name: str) -> dict[str, Any]:
-        obj: dict[str, Any] = await self.custom.get_cluster_custom_object(
-            GROUP, VERSION, "gpupartitions", name
-        )
-        return obj
-
-    async def set_layout(self, name: str, layout: list[tuple[str, int]]) -> int:
-        obj = await self.custom.patch_cluster_custom_object(
-            GROUP, VERSION, "gpupartitions", name,
-            {"spec": {"layout": [{"profile": p, "start": s} for p, s in layout]}},
-            _content_type="application/merge-patch+json",
-        )  # fmt: skip
-        return int(obj["metadata"]["generation"])
-
-    async def stable(self, name: str, layout: str | None = None) -> dict[str, Any] | None:
-        """The GpuPartition once its agent reported the current generation Stable (and ``layout``)."""
-        try:
-            part = await self.partition(name)
-        except ApiException:
-            return None
-        st = part.get("status") or {}
-        if st.get("phase") != "Stable" or st.get("observedGeneration") != part["metadata"]["generation"]:
-            return None
-        if layout is not None and layout_text(st.get("instances") or []) != layout:
-            return None
-        return part
-
-    async def policy(self, name: str) -> dict[str, Any]:
-        obj: dict[str, Any] = await self.custom.get_cluster_custom_object(
-            GROUP, VERSION, "gpupartitionpolicies", name
-        )
-        return obj
-
-    async def create_policy(self, name: str, spec: dict[str, Any]) -> None:
-        body = {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "GpuPartitionPolicy",
-            "metadata": {"name": name},
-            "spec": spec,
-        }
-        await self.custom.create_cluster_custom_object(GROUP, VERSION, "gpupartitionpolicies", body)
-
-    async def set_mode(self, name: str, mode: str) -> None:
-        await self.custom.patch_cluster_custom_object(
-            GROUP, VERSION, "gpupartitionpolicies", name, {"spec": {"mode": mode}},
-            _content_type="application/merge-patch+json",
-        )  # fmt: skip
-
-    async def delete_policy(self, name: str) -> None:
-        with contextlib.suppress(ApiException):
-            await self.custom.delete_cluster_custom_object(GROUP, VERSION, "gpupartitionpolicies", name)
-
-        async def gone() -> bool | None:
-            try:
-                await self.policy(name)
-            except ApiException as exc:
-                return True if exc.status == 404 else None
-            return None
-
-        await eventually(gone, f"policy {name} deleted", within_s=30)
-
-    async def claim_template(self, name: str, alternatives: list[str]) -> None:
-        alts = [
-            {
-                "name": f"c{i}",
-                "deviceClassName": DRIVER,
-                "selectors": [{"cel": {"expression": f'{PROFILE} == "{p}"'}}],
-            }
-            for i, p in enumerate(alternatives)
-        ]
-        body = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name},
-            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": alts}]}}},
-        }
-        await self.custom.create_namespaced_custom_object(
-            "resource.k8s.io", "v1", self.ns, "resourceclaimtemplates", body
-        )
-
-    async def pod(self, name: str, template: str, pool: str) -> None:
-        body = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "labels": {"app": name.rsplit("-", 1)[0]}},
-            "spec": {
-                "nodeSelector": {"test-pool": pool},
-                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "registry.invalid/app:1",
-                        "resources": {"claims": [{"name": "gpu"}]},
-                    }
-                ],
-            },
-        }
-        await self.core.create_namespaced_pod(self.ns, body)
-
-    async def delete_pods(self, names: list[str]) -> None:
-        for n in names:
-            with contextlib.suppress(ApiException):
-                await self.core.delete_namespaced_pod(n, self.ns, grace_period_seconds=0)
-
-    async def claims(self) -> list[dict[str, Any]]:
-        res = await self.custom.list_namespaced_custom_object(
-            "resource.k8s.io", "v1", self.ns, "resourceclaims"
-        )
-        return list(res["items"])
-
-    async def claim_of(self, pod: str) -> dict[str, Any] | None:
-        for c in await self.claims():
-            owners = c["metadata"].get("ownerReferences") or []
-            if any(o.get("kind") == "Pod" and o.get("name") == pod for o in owners):
-                return c
-        return None
-
-    async def events(self, name: str, namespace: str | None = None) -> list[dict[str, Any]]:
-        resp = await self.core.list_namespaced_event(
-            namespace or self.ns, field_selector=f"involvedObject.name={name}"
-        )
-        return [
-            {"reason": e.reason, "message": e.message, "type": e.type, "kind": e.involved_object.kind}
-            for e in resp.items
-        ]
-
-
-def allocated_device(claim: dict[str, Any] | None) -> str | None:
-    alloc = ((claim or {}).get("status") or {}).get("allocation")
-    if not alloc:
-        return None
-    results = alloc["devices"]["results"]
-    return str(results[0]["device"]) if results else None
-
-
-class AllocationWatch:
-    """Polls the namespace's claims every 50 ms and keeps, per device, when it was seen allocated."""
-
-    def __init__(self, cluster: Cluster) -> None:
-        self.cluster = cluster
-        self.seen: dict[str, list[float]] = {}  # device -> [first, last] time seen allocated
-        self.first_allocated: dict[str, float] = {}  # claim name -> first time seen allocated
-        self._task: asyncio.Task[None] | None = None
-
-    async def _run(self) -> None:
-        while True:
-            now = time.time()
-            for c in await self.cluster.claims():
-                dev = allocated_device(c)
-                if dev is None:
-                    continue
-                span = self.seen.setdefault(dev, [now, now])
-                span[1] = now
-                self.first_allocated.setdefault(c["metadata"]["name"], now)
-            await asyncio.sleep(0.05)
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="allocation-watch")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    def destroyed_while_allocated(self, history: list[Any]) -> list[str]:
-        """Destroy events (GI or CI) of a device that was allocated at that moment (50 ms margin)."""
-        bad = []
-        for ev in history:
-            if ev.kind not in ("destroy-gi", "destroy-ci") or ev.profile is None or ev.start is None:
-                continue
-            name = device_name(ev.gpu_index, ev.profile, ev.start)
-            span = self.seen.get(name)
-            if span is not None and span[0] - 0.05 <= ev.timestamp <= span[1] + 0.05:
-                bad.append(
-                    f"{name} destroyed at {ev.timestamp:.2f} while allocated {span[0]:.2f}-{span[1]:.2f}"
-                )
-        return bad
-
-
 # --------------------------------------------------------------------------------------------- the scenario
 
 
@@ -336,7 +116,7 @@ async def test_morning_burst_training_static_and_return_to_baseline(
     sim_nvml: ModuleType,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    k = Cluster(kube_api, namespace)
+    k = ScenarioApi(kube_api, namespace)
     await k.ensure_device_class()
     pool = uuid.uuid4().hex[:8]
     node = make_node("morning", labels={"dynamig.io/managed": "true", "test-pool": pool})
@@ -387,7 +167,7 @@ async def test_morning_burst_training_static_and_return_to_baseline(
                 inference = [f"infer-{i}" for i in range(7)]
                 burst_at = time.time()
                 for name in inference:
-                    await k.pod(name, "inference", pool)
+                    await k.pod(name, "inference", {"test-pool": pool})
 
                 async def all_allocated() -> dict[str, str] | None:
                     devices = {p: allocated_device(await k.claim_of(p)) for p in inference}
@@ -419,7 +199,7 @@ async def test_morning_burst_training_static_and_return_to_baseline(
 
                 # ---- 2. a training pod: 3g.40gb, only free instances may change ----------------------
                 train_at = time.time()
-                await k.pod("train-0", "training", pool)
+                await k.pod("train-0", "training", {"test-pool": pool})
 
                 async def training_allocated() -> str | None:
                     return allocated_device(await k.claim_of("train-0"))
@@ -441,7 +221,7 @@ async def test_morning_burst_training_static_and_return_to_baseline(
                 gens = {g: (await k.partition(g))["metadata"]["generation"] for g in (gpu0, gpu1)}
                 static = [f"static-{i}" for i in range(7)]
                 for name in static:
-                    await k.pod(name, "inference", pool)
+                    await k.pod(name, "inference", {"test-pool": pool})
 
                 async def disabled() -> dict[str, Any] | None:
                     st = (await k.policy(policy)).get("status") or {}
