@@ -69,11 +69,9 @@ def run(args: argparse.Namespace) -> int:
         parse_simulated_gpus,
         run_agent,
     )
+    from dynamig.cli._logging import configure_logging
 
-    fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    if args.log_format == "json":
-        fmt = '{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}'
-    logging.basicConfig(level=args.log_level.upper(), format=fmt)
+    configure_logging(args.log_level, args.log_format)
     if not args.node:
         logging.error("--node (or $NODE_NAME) is required")
         return 2

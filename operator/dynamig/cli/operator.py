@@ -40,16 +40,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--events-namespace", default="default", help="namespace for Events about cluster-scoped objects"
     )
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text")
+    parser.add_argument(
+        "--liveness",
+        default=None,
+        metavar="URL",
+        help="serve Kopf's liveness probe at this URL, e.g. http://0.0.0.0:8080/healthz",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Build settings from the flags (and $KUBECONFIG), then run until SIGINT/SIGTERM."""
     import asyncio
-    import logging
     import random
     import signal
 
+    from dynamig.cli._logging import configure_logging
     from dynamig.operator.handlers import run_operator
     from dynamig.operator.settings import OperatorSettings
 
@@ -66,8 +73,9 @@ def run(args: argparse.Namespace) -> int:
         resync_seconds=args.resync_seconds,
         events_namespace=args.events_namespace,
         log_level=args.log_level,
+        liveness_endpoint=args.liveness,
     )
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level, args.log_format)
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -166,6 +166,7 @@ async def run_operator(
                 identity=settings.peer_id,
                 stop_flag=stop_flag,
                 ready_flag=ready_flag,
+                liveness_endpoint=settings.liveness_endpoint,
             )
     finally:
         if server is not None:

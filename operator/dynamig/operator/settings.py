@@ -20,6 +20,7 @@ class OperatorSettings:
       (the metrics still exist in the registry); 0: any free port.
     - ``resync_seconds``: how often each policy replans even when no watch event arrived.
     - ``event_repeat_seconds``: a pending claim whose verdict did not change gets its Event again after this.
+    - ``liveness_endpoint``: where Kopf serves its liveness probe (None: not served).
     - ``events_namespace``: namespace of Events about cluster-scoped objects (policies, GpuPartitions).
     """
 
@@ -34,3 +35,4 @@ class OperatorSettings:
     event_repeat_seconds: float = 300.0
     events_namespace: str = "default"
     log_level: str = "INFO"
+    liveness_endpoint: str | None = None  # e.g. "http://0.0.0.0:8080/healthz": Kopf's probe of its own loop
