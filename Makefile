@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PROTO_DIR := operator/dynamig/agent/plugin/proto
 GEN_DIR := operator/dynamig/agent/plugin/_generated
 
-.PHONY: setup demo test lint typecheck imports unit controlplane proto bench clean
+.PHONY: setup demo test lint typecheck imports controlplane helm proto bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,6 +19,9 @@ proto: $(STAMP)
 
 controlplane:
 	@bash hack/build-control-plane.sh >/dev/null
+
+helm:
+	@bash hack/build-helm.sh >/dev/null
 
 setup: $(STAMP) proto controlplane
 
@@ -35,7 +38,7 @@ typecheck: $(STAMP) proto
 imports: $(STAMP)
 	$(BIN)/lint-imports
 
-test: setup lint typecheck imports
+test: setup helm lint typecheck imports
 	$(BIN)/pytest -q -p no:cacheprovider
 
 bench: setup
