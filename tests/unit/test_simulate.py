@@ -329,3 +329,17 @@ def test_command_rejects_an_unknown_trace(tmp_path: Path, capsys: pytest.Capture
 
     assert main(["simulate", "--traces", "no-such-trace", "--out", str(tmp_path), "--quiet"]) == 2
     assert "no built-in trace 'no-such-trace'" in capsys.readouterr().err
+
+
+def test_simulator_imports_nothing_from_kubernetes_nvml_or_asyncio() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, dynamig.simulate.runner, dynamig.simulate.report, dynamig.cli.simulate\n"
+        "bad = [m for m in ('kubernetes_asyncio', 'kopf', 'asyncio', 'pynvml', 'grpc', 'matplotlib') "
+        "if m in sys.modules]\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

@@ -224,10 +224,16 @@ def write_plots(out: Path, reports: Sequence[TraceReport], paper: Sequence[Paper
             color="lightgrey",
             edgecolor="black",
         )
-        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(reports))], [rep.trace.name for rep in reports])
+        ax.set_xticks(
+            [x + 0.4 - width / 2 for x in range(len(reports))],
+            [rep.trace.name for rep in reports],
+            rotation=15,
+            ha="right",
+            fontsize=8,
+        )
         ax.set_ylabel("demand served (% of offered slice-hours)")
-        ax.set_ylim(0, 105)
-        ax.legend(fontsize=7, ncol=3, loc="lower right")
+        ax.set_ylim(0, 125)
+        ax.legend(fontsize=7, ncol=5, loc="upper center")
         ax.set_title("Demand served per policy and trace")
         fig.tight_layout()
         path = out / "served.png"
@@ -241,15 +247,16 @@ def write_plots(out: Path, reports: Sequence[TraceReport], paper: Sequence[Paper
             show = [
                 r
                 for r in rep.results
-                if r.policy in ("dynamig", "first-fit", "whole-gpu") or (best and r.policy == best.policy)
+                if r.policy in ("dynamig", "first-fit", "pool (no placement rules)")
+                or (best and r.policy == best.policy)
             ]
             for r in show:
                 ax.plot([t for t, _ in r.timeline], [100 * b for _, b in r.timeline], label=r.policy, lw=1.2)
             ax.set_xlabel("hours")
             ax.set_ylabel("slices held (%)")
-            ax.set_ylim(0, 105)
+            ax.set_ylim(0, 118)
             ax.set_title(f"{rep.trace.name}: compute slices held by running jobs")
-            ax.legend(fontsize=8, loc="lower right")
+            ax.legend(fontsize=8, ncol=4, loc="upper left")
             fig.tight_layout()
             path = out / f"timeline-{rep.trace.name}.png"
             fig.savefig(path, dpi=110)
@@ -269,8 +276,8 @@ def write_plots(out: Path, reports: Sequence[TraceReport], paper: Sequence[Paper
         ax.axhline(95.23, color="black", ls="--", lw=0.8, label="FGD (paper, no MIG) @100%")
         ax.set_xticks([i + 0.2 for i in range(len(names))], names, rotation=20, ha="right", fontsize=8)
         ax.set_ylabel("GPU allocation rate (%)")
-        ax.set_ylim(0, 105)
-        ax.legend(fontsize=8, loc="lower right")
+        ax.set_ylim(0, 118)
+        ax.legend(fontsize=8, ncol=3, loc="upper left")
         ax.set_title("Alibaba openb, paper protocol (sampled tasks, no departures), mean ± sd over seeds")
         fig.tight_layout()
         path = out / "paper-allocation.png"
