@@ -12,9 +12,8 @@ ResourceClaimTemplate with ``firstAvailable``, as DESIGN.md shows.
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -22,6 +21,7 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from dynamig.devcluster import eventually
 from dynamig.geometry.catalog import load_catalog
 from dynamig.kube.devices import MigDevice
 from dynamig.kube.names import DEVICE_CLASS_NAME
@@ -31,18 +31,6 @@ pytestmark = pytest.mark.controlplane
 
 DRIVER = "mig.dynamig.io"
 T = TypeVar("T")
-
-
-async def eventually(probe: Callable[[], Awaitable[T | None]], what: str, within_s: float = 30.0) -> T:
-    """Await ``probe`` every 200 ms until it returns something other than None; fail after ``within_s``."""
-    deadline = time.monotonic() + within_s
-    while True:
-        value = await probe()
-        if value is not None:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {within_s:.0f}s waiting for {what}")
-        await asyncio.sleep(0.2)
 
 
 def choice(name: str, profile: str) -> dict[str, Any]:
@@ -73,11 +61,13 @@ def pod(name: str, node: str, template: str) -> dict[str, Any]:
             # Pinned to this test's node: the session's cluster is shared with other tests.
             "nodeSelector": {"kubernetes.io/hostname": node},
             "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-            "containers": [{
-                "name": "main",
-                "image": "registry.invalid/cuda-sample:1",
-                "resources": {"claims": [{"name": "gpu"}], "requests": {"cpu": "100m", "memory": "64Mi"}},
-            }],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.invalid/cuda-sample:1",
+                    "resources": {"claims": [{"name": "gpu"}], "requests": {"cpu": "100m", "memory": "64Mi"}},
+                }
+            ],
         },
     }
 
@@ -142,7 +132,8 @@ class Cluster:
         for status in p.status.resource_claim_statuses or []:
             if status.name == "gpu" and status.resource_claim_name:
                 claim: client.V1ResourceClaim = await self.resource.read_namespaced_resource_claim(
-                    status.resource_claim_name, self.namespace)
+                    status.resource_claim_name, self.namespace
+                )
                 return claim
         return None
 
@@ -187,7 +178,9 @@ class Cluster:
 
 
 async def test_first_available_first_choice_fallback_exhaustion_and_release(
-    kube_api: client.ApiClient, namespace: str, mig_node: MigNode,
+    kube_api: client.ApiClient,
+    namespace: str,
+    mig_node: MigNode,
 ) -> None:
     started = time.monotonic()
     cluster = Cluster(kube_api, namespace)
@@ -213,7 +206,9 @@ async def test_first_available_first_choice_fallback_exhaustion_and_release(
 
 
 async def test_claim_no_published_device_satisfies_is_unschedulable(
-    kube_api: client.ApiClient, namespace: str, mig_node: MigNode,
+    kube_api: client.ApiClient,
+    namespace: str,
+    mig_node: MigNode,
 ) -> None:
     cluster = Cluster(kube_api, namespace)
     # A whole-GPU profile the node does not publish, and a 1g.10gb with more memory than any 1g.10gb has.

@@ -31,7 +31,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -57,7 +57,7 @@ from dynamig.agent.plugin.simfs import (
     gi_cap_minor,
 )
 from dynamig.agent.plugin.stubs import Stubs, load_stubs
-from dynamig.devcluster import ControlPlane
+from dynamig.devcluster import ControlPlane, eventually
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.model import PlacedInstance, device_name
 from dynamig.kube.devices import MigDevice
@@ -76,18 +76,6 @@ LAYOUT = (
     PlacedInstance(4, "3g.40gb"),
 )
 T = TypeVar("T")
-
-
-async def eventually(probe: Callable[[], Awaitable[T | None]], what: str, within_s: float = 30.0) -> T:
-    """Await ``probe`` every 200 ms until it returns something other than None; fail after ``within_s``."""
-    deadline = time.monotonic() + within_s
-    while True:
-        value = await probe()
-        if value is not None:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {within_s:.0f}s waiting for {what}")
-        await asyncio.sleep(0.2)
 
 
 # --- the kubelet's side -----------------------------------------------------------------------------------
@@ -199,9 +187,7 @@ async def ensure_device_class(resource: client.ResourceV1Api) -> None:
 
 
 @pytest.fixture
-async def node(
-    crds: None, kube_api: client.ApiClient, make_node: Callable[..., str]
-) -> AsyncIterator[Node]:
+async def node(crds: None, kube_api: client.ApiClient, make_node: Callable[..., str]) -> AsyncIterator[Node]:
     """A managed node with one simulated A100-80GB carrying ``LAYOUT``, its agent, and its plugin started."""
     from dynamig.backends.nvml import load_nvml
 
@@ -221,7 +207,9 @@ async def node(
     for placed in LAYOUT:
         devices.create(gpu, placed)
     agent = NodeAgent(
-        AgentSettings(node=name, settle_seconds=0.5), KubeApi(kube_api), devices,
+        AgentSettings(node=name, settle_seconds=0.5),
+        KubeApi(kube_api),
+        devices,
         AgentMetrics(CollectorRegistry(), name),
     )
     await agent.reconcile_once()  # adopts the instances, creates the GpuPartition, publishes the slice
@@ -235,9 +223,14 @@ async def node(
         proc_root=root / "proc",
     )
     n = Node(
-        name=name, root=root, agent=agent, devices=devices, files=files,
+        name=name,
+        root=root,
+        agent=agent,
+        devices=devices,
+        files=files,
         instances=SimulatedDriverInstances(AgentMigInstances(agent), files),
-        settings=settings, kubelet=Kubelet(settings, load_stubs()),
+        settings=settings,
+        kubelet=Kubelet(settings, load_stubs()),
     )
     await n.start_plugin(kube_api)
     try:
@@ -250,7 +243,11 @@ async def node(
 
 
 async def allocate(
-    kube_api: client.ApiClient, namespace: str, node: str, placed: PlacedInstance, name: str | None = None,
+    kube_api: client.ApiClient,
+    namespace: str,
+    node: str,
+    placed: PlacedInstance,
+    name: str | None = None,
 ) -> tuple[str, str, str]:
     """A ResourceClaim for exactly the device at ``placed`` on GPU 0, allocated by the scheduler for a pod
     pinned to ``node``. Returns (namespace, claim name, claim UID)."""
@@ -262,35 +259,60 @@ async def allocate(
 
 
 async def allocate_selector(
-    kube_api: client.ApiClient, namespace: str, node: str, selector: str, *, count: int = 1,
+    kube_api: client.ApiClient,
+    namespace: str,
+    node: str,
+    selector: str,
+    *,
+    count: int = 1,
     name: str | None = None,
 ) -> tuple[tuple[str, str, str], list[str]]:
     """A ResourceClaim for ``count`` devices matching the CEL ``selector``, allocated by the scheduler for a
     pod pinned to ``node``. Returns ((namespace, claim name, claim UID), allocated device names)."""
     core, resource = client.CoreV1Api(kube_api), client.ResourceV1Api(kube_api)
     claim_name = name or f"c-{uuid.uuid4().hex[:8]}"
-    await resource.create_namespaced_resource_claim(namespace, {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": claim_name},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": DEVICE_CLASS_NAME, "selectors": [{"cel": {"expression": selector}}],
-            "allocationMode": "ExactCount", "count": count,
-        }}]}},
-    })
-    await core.create_namespaced_pod(namespace, {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": f"p-{claim_name}"},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
-            "containers": [{
-                "name": "main", "image": "registry.invalid/cuda-sample:1",
-                "resources": {"claims": [{"name": "gpu"}]},
-            }],
+    await resource.create_namespaced_resource_claim(
+        namespace,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": claim_name},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {
+                                "deviceClassName": DEVICE_CLASS_NAME,
+                                "selectors": [{"cel": {"expression": selector}}],
+                                "allocationMode": "ExactCount",
+                                "count": count,
+                            },
+                        }
+                    ]
+                }
+            },
         },
-    })
+    )
+    await core.create_namespaced_pod(
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"p-{claim_name}"},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.invalid/cuda-sample:1",
+                        "resources": {"claims": [{"name": "gpu"}]},
+                    }
+                ],
+            },
+        },
+    )
 
     async def allocated() -> client.ResourceV1ResourceClaim | None:
         c = await resource.read_namespaced_resource_claim(claim_name, namespace)
@@ -353,7 +375,9 @@ async def test_prepare_repeat_restart_unprepare(
     assert minor is not None and mig.ci_id is not None
     nodes = cdi_dev["containerEdits"]["deviceNodes"]
     assert [n["path"] for n in nodes] == [
-        f"/dev/nvidia{minor}", "/dev/nvidiactl", "/dev/nvidia-uvm",
+        f"/dev/nvidia{minor}",
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
         f"/dev/nvidia-caps/nvidia-cap{gi_cap_minor(minor, mig.gi_id)}",
         f"/dev/nvidia-caps/nvidia-cap{ci_cap_minor(minor, mig.gi_id, mig.ci_id)}",
     ]
@@ -390,8 +414,10 @@ async def test_prepare_repeat_restart_unprepare(
     assert node.mig_uuid(placed) == mig.mig_uuid, "unprepare must not destroy the instance"
     assert await node.kubelet.unprepare(ref) == {uid: ""}, "unprepare is idempotent"
     with capsys.disabled():
-        print(f"\nkubelet plugin: first prepare {first_prepare_s * 1000:.1f} ms, "
-              f"repeated prepare {repeat_prepare_s * 1000:.1f} ms")
+        print(
+            f"\nkubelet plugin: first prepare {first_prepare_s * 1000:.1f} ms, "
+            f"repeated prepare {repeat_prepare_s * 1000:.1f} ms"
+        )
 
 
 async def test_claim_with_two_devices(node: Node, kube_api: client.ApiClient, namespace: str) -> None:
@@ -518,6 +544,7 @@ async def test_restart_unprepares_claims_deleted_meanwhile(
     assert device_name(0, placed.profile, placed.start) not in node.agent.prepared
     assert node.mig_uuid(placed) is not None, "the instance is kept"
 
+
 # --- the kubelet's own Go stubs against the plugin ---------------------------------------------------------
 
 # A client built from k8s.io/kubelet's generated Go gRPC code (the code the kubelet itself links), so the
@@ -622,15 +649,24 @@ def go_wire_client() -> Path:
         (src / "go.mod").write_text(GO_MOD)
         (src / "main.go").write_text(GO_CLIENT)
         env = {
-            **os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod", "CGO_ENABLED": "0",
+            **os.environ,
+            "GOTOOLCHAIN": "local",
+            "GOFLAGS": "-mod=mod",
+            "CGO_ENABLED": "0",
             # Modules come from the local cache the control-plane build filled (already verified there).
-            "GOPROXY": "off", "GOSUMDB": "off",
+            "GOPROXY": "off",
+            "GOSUMDB": "off",
         }
         out_dir.mkdir(parents=True, exist_ok=True)
         tmp_binary = out_dir / f".client.{os.getpid()}"
         proc = subprocess.run(
-            [go, "build", "-trimpath", "-o", str(tmp_binary), "."], cwd=src, env=env,
-            capture_output=True, text=True, timeout=600, check=False,
+            [go, "build", "-trimpath", "-o", str(tmp_binary), "."],
+            cwd=src,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
         )
         if proc.returncode != 0:
             if "module lookup disabled" in proc.stderr:
@@ -665,12 +701,20 @@ async def test_the_kubelets_own_go_stubs_talk_to_the_plugin(
     }
     placed = PlacedInstance(2, "1g.10gb")
     ns, name, uid = await allocate(kube_api, namespace, node.name, placed)
-    expected = {"claims": {uid: {"devices": [{
-        "request_names": ["gpu"],
-        "pool_name": node.name,
-        "device_name": "gpu0-1g10gb-s2",
-        "cdi_device_ids": [f"k8s.mig.dynamig.io/claim={uid}-gpu0-1g10gb-s2"],
-    }]}}}
+    expected = {
+        "claims": {
+            uid: {
+                "devices": [
+                    {
+                        "request_names": ["gpu"],
+                        "pool_name": node.name,
+                        "device_name": "gpu0-1g10gb-s2",
+                        "cdi_device_ids": [f"k8s.mig.dynamig.io/claim={uid}-gpu0-1g10gb-s2"],
+                    }
+                ]
+            }
+        }
+    }
     for version in ("v1", "v1beta1"):
         got = await run_go(binary, "prepare", version, str(node.settings.dra_socket), ns, name, uid)
         assert got == expected, version

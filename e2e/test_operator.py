@@ -25,29 +25,21 @@ Scenario, as a newcomer would run it:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
-from prometheus_client import CollectorRegistry
 
-from dynamig.agent.controller import AgentSettings, NodeAgent
-from dynamig.agent.kubeapi import KubeApi
-from dynamig.agent.metrics import AgentMetrics
-from dynamig.agent.nvml_device import NvmlDevices
-from dynamig.demo.cluster import AllocationWatch, ScenarioApi, allocated_device, eventually, layout_text
-from dynamig.devcluster import ControlPlane
-from dynamig.geometry.catalog import load_catalog
-from dynamig.operator.handlers import run_operator
+from dynamig.demo.cluster import AllocationWatch, ScenarioApi, allocated_device, layout_text
+from dynamig.demo.inprocess import agent_running, operator_running
+from dynamig.devcluster import ControlPlane, eventually
 from dynamig.operator.metrics import OperatorMetrics
-from dynamig.operator.settings import OperatorSettings
 
 pytestmark = pytest.mark.controlplane
 
@@ -60,14 +52,6 @@ COOLDOWN_S = 8
 
 
 @pytest.fixture
-def crds(control_plane: ControlPlane) -> ControlPlane:
-    for crd in ("gpupartitions", "gpupartitionpolicies"):
-        control_plane.kubectl("apply", "-f", str(REPO / "crds" / f"{crd}.yaml"))
-        control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd}.dynamig.io")
-    return control_plane
-
-
-@pytest.fixture
 def sim_nvml() -> Iterator[ModuleType]:
     from dynamig.backends.nvml import load_nvml
 
@@ -75,34 +59,6 @@ def sim_nvml() -> Iterator[ModuleType]:
     module.configure(gpus=["A100-80GB", "A100-80GB"], state_file=None)
     yield module
     module.configure(gpus=[], state_file=None)
-
-
-@contextlib.asynccontextmanager
-async def agent_running(api: client.ApiClient, node: str, nvml: ModuleType) -> AsyncIterator[None]:
-    devices = NvmlDevices(nvml, load_catalog())
-    devices.init()
-    settings = AgentSettings(node=node, settle_seconds=0.3, interval_seconds=0.5, reshape_poll_seconds=0.1)
-    agent = NodeAgent(settings, KubeApi(api), devices, AgentMetrics(CollectorRegistry(), node))
-    stop = asyncio.Event()
-    task = asyncio.create_task(agent.run(stop), name=f"agent-{node}")
-    try:
-        yield
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, timeout=30)
-
-
-@contextlib.asynccontextmanager
-async def operator_running(cp: ControlPlane, metrics: OperatorMetrics) -> AsyncIterator[None]:
-    settings = OperatorSettings(kubeconfig=cp.kubeconfig_path, standalone=True, resync_seconds=2.0)
-    stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(run_operator(settings, stop, ready, metrics=metrics), name="operator")
-    await asyncio.wait_for(ready.wait(), timeout=30)
-    try:
-        yield
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, timeout=30)
 
 
 # --------------------------------------------------------------------------------------------- the scenario
@@ -140,7 +96,7 @@ async def test_morning_burst_training_static_and_return_to_baseline(
             )
         history_start = len(sim_nvml.history())
 
-        async with operator_running(crds, metrics):
+        async with operator_running(crds.kubeconfig_path, metrics):
             try:
                 await k.create_policy(
                     policy,

@@ -15,70 +15,30 @@ the API server); each one's Prometheus endpoint tells how many planning rounds i
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-from dynamig.devcluster import ControlPlane
-from dynamig.operator.handlers import run_operator
+from dynamig.demo.inprocess import operator_running
+from dynamig.devcluster import ControlPlane, eventually
 from dynamig.operator.metrics import OperatorMetrics
-from dynamig.operator.settings import OperatorSettings
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = "mig.dynamig.io"
 PROFILE = f'device.attributes["{DRIVER}"].profile'
 GROUP, VERSION = "dynamig.io", "v1alpha1"
-
-
-async def eventually(probe: Callable[[], Awaitable[T | None]], what: str, within_s: float = 30.0) -> T:
-    deadline = time.monotonic() + within_s
-    while True:
-        value = await probe()
-        if value is not None:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {within_s:.0f}s waiting for {what}")
-        await asyncio.sleep(0.2)
-
-
-@pytest.fixture
-def crds(control_plane: ControlPlane) -> ControlPlane:
-    for crd in ("gpupartitions", "gpupartitionpolicies"):
-        control_plane.kubectl("apply", "-f", str(REPO / "crds" / f"{crd}.yaml"))
-        control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd}.dynamig.io")
-    return control_plane
-
-
-@contextlib.asynccontextmanager
-async def operator_running(
-    cp: ControlPlane, metrics: OperatorMetrics, settings: OperatorSettings | None = None
-) -> AsyncIterator[None]:
-    settings = settings or OperatorSettings(
-        kubeconfig=cp.kubeconfig_path, standalone=True, resync_seconds=2.0
-    )
-    stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(run_operator(settings, stop, ready, metrics=metrics), name="operator")
-    await asyncio.wait_for(ready.wait(), timeout=30)
-    try:
-        yield
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, timeout=30)
 
 
 class Cluster:
@@ -243,7 +203,7 @@ async def test_operator_turns_pending_claims_into_layouts_and_explains(
         "cooldownSeconds": 5,
         "disruptionBudget": {"maxGpusReshaping": 1},
     }
-    async with operator_running(crds, metrics):
+    async with operator_running(crds.kubeconfig_path, metrics):
         try:
             for i in range(3):
                 await k.inference_pod(namespace, f"infer-{i}", node)
@@ -409,19 +369,19 @@ class Replica:
         self.name, self.log = name, log
         with log.open("ab") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
-        self.port = 0
+        self._metrics_port = 0
 
-    def _port(self) -> int:
-        if not self.port:
+    def port(self) -> int:
+        if not self._metrics_port:
             found = re.search(
                 r"metrics on http://127\.0\.0\.1:(\d+)/metrics", self.log.read_text(errors="replace")
             )
-            self.port = int(found.group(1)) if found else 0
-        return self.port
+            self._metrics_port = int(found.group(1)) if found else 0
+        return self._metrics_port
 
     def rounds(self, policy: str) -> float:
         """Planning rounds this replica ran for ``policy`` (from its /metrics)."""
-        port = self._port()
+        port = self.port()
         if not port:
             return 0.0
         try:
@@ -463,8 +423,10 @@ async def test_with_peering_only_the_highest_priority_replica_acts(
     node = make_node("peer", labels={"test-pool": pool})
     gpu = await k.gpu(node, 0, [("3g.40gb", 0), ("3g.40gb", 4)])
     policy = f"peer-{pool}"
-    low = Replica(crds, "low", peering, 10, tmp_path / "low.log")
+    # The high-priority replica is up and acting before the other starts: two replicas starting in the same
+    # instant may both act until each has seen the other in the peering object (Kopf's documented behaviour).
     high = Replica(crds, "high", peering, 20, tmp_path / "high.log")
+    low: Replica | None = None
     try:
         await k.create_policy(policy, {"nodeSelector": {"matchLabels": {"test-pool": pool}}})
 
@@ -472,19 +434,27 @@ async def test_with_peering_only_the_highest_priority_replica_acts(
             return True if high.rounds(policy) >= 3 else None
 
         await eventually(high_acts, "rounds by the high-priority replica", within_s=60)
+        low = Replica(crds, "low", peering, 10, tmp_path / "low.log")
+        started = high.rounds(policy)
+
+        async def low_serving_while_high_acts() -> bool | None:
+            return True if low is not None and low.port() and high.rounds(policy) >= started + 3 else None
+
+        await eventually(low_serving_while_high_acts, "the low replica up, the high one acting", within_s=60)
         assert low.rounds(policy) == 0, "the low-priority replica acted while a higher one was alive"
 
         # The high-priority replica exits cleanly (it leaves the peering object): the other one takes over.
         high.stop()
 
         async def low_acts() -> bool | None:
-            return True if low.rounds(policy) >= 1 else None
+            return True if low is not None and low.rounds(policy) >= 1 else None
 
         await eventually(low_acts, "rounds by the remaining replica after the other left", within_s=60)
         await k.delete_policy(policy)  # the acting replica releases Kopf's finalizer
     finally:
         high.stop()
-        low.stop()
+        if low is not None:
+            low.stop()
         for group, version, plural, name in (
             (GROUP, VERSION, "gpupartitions", gpu),
             ("kopf.dev", "v1", "clusterkopfpeerings", peering),

@@ -8,28 +8,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from dynamig.devcluster.waiting import eventually
 from dynamig.kube.names import DEVICE_CLASS_NAME, GPU_PARTITION_PLURAL, GROUP, POLICY_PLURAL, VERSION
 
-T = TypeVar("T")
 PROFILE_ATTRIBUTE = f'device.attributes["{DEVICE_CLASS_NAME}"].profile'
-
-
-async def eventually(probe: Callable[[], Awaitable[T | None]], what: str, within_s: float = 60.0) -> T:
-    """Poll ``probe`` every 0.1 s until it returns a value; TimeoutError naming ``what`` after the wait."""
-    deadline = time.monotonic() + within_s
-    while True:
-        value = await probe()
-        if value is not None:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {within_s:.0f}s waiting for {what}")
-        await asyncio.sleep(0.1)
 
 
 def layout_text(layout: list[tuple[str, int]] | list[dict[str, Any]]) -> str:

@@ -15,17 +15,18 @@ The story, as a platform engineer lives it:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from dynamig.demo.cluster import AllocationWatch, ScenarioApi, allocated_device, eventually, layout_text
+from dynamig.demo.cluster import AllocationWatch, ScenarioApi, allocated_device, layout_text
+from dynamig.demo.inprocess import agent_running, operator_running
+from dynamig.devcluster import eventually
 from dynamig.kube.names import MANAGED_NODE_LABEL, gpu_partition_name
 
 log = logging.getLogger(__name__)
@@ -96,46 +97,6 @@ async def _show_layouts(api: ScenarioApi, report: Reporter, gpu_count: int) -> N
     )
 
 
-@contextlib.asynccontextmanager
-async def _agent(api_client: Any, nvml: ModuleType) -> AsyncIterator[None]:
-    from prometheus_client import CollectorRegistry
-
-    from dynamig.agent.controller import AgentSettings, NodeAgent
-    from dynamig.agent.kubeapi import KubeApi
-    from dynamig.agent.metrics import AgentMetrics
-    from dynamig.agent.nvml_device import NvmlDevices
-    from dynamig.geometry.catalog import load_catalog
-
-    devices = NvmlDevices(nvml, load_catalog())
-    devices.init()
-    settings = AgentSettings(node=NODE, settle_seconds=0.5, interval_seconds=1.0, reshape_poll_seconds=0.2)
-    agent = NodeAgent(settings, KubeApi(api_client), devices, AgentMetrics(CollectorRegistry(), NODE))
-    stop = asyncio.Event()
-    task = asyncio.create_task(agent.run(stop), name=f"agent-{NODE}")
-    try:
-        yield
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, timeout=30)
-        devices.shutdown()
-
-
-@contextlib.asynccontextmanager
-async def _operator(kubeconfig: Path) -> AsyncIterator[None]:
-    from dynamig.operator.handlers import run_operator
-    from dynamig.operator.settings import OperatorSettings
-
-    settings = OperatorSettings(kubeconfig=kubeconfig, standalone=True, resync_seconds=2.0)
-    stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(run_operator(settings, stop, ready), name="operator")
-    await asyncio.wait_for(ready.wait(), timeout=60)
-    try:
-        yield
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, timeout=30)
-
-
 def _crd_paths() -> list[Path]:
     from dynamig.devcluster.binaries import find_repo_root
 
@@ -188,7 +149,7 @@ async def _story(options: DemoOptions, report: Reporter, cp: Any, api_client: An
     selector = {POOL_LABEL: "morning"}
     watch = AllocationWatch(api)
 
-    async with _agent(api_client, nvml):
+    async with agent_running(api_client, NODE, nvml):
         report.step("8 AM: the admin pre-cuts every GPU as " + layout_text(baseline))
         t = time.monotonic()
         for name in gpus:
@@ -203,7 +164,7 @@ async def _story(options: DemoOptions, report: Reporter, cp: Any, api_client: An
         await _show_layouts(api, report, len(gpus))
         history_start = len(nvml.history())
 
-        async with _operator(cp.kubeconfig_path):
+        async with operator_running(cp.kubeconfig_path):
             report.step(f"GpuPartitionPolicy {POLICY!r}: Dynamic, baseline {layout_text(baseline)}")
             await api.create_policy(POLICY, {
                 "nodeSelector": {"matchLabels": selector},

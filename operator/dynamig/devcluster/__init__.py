@@ -17,5 +17,13 @@ Binaries come from ``KUBEBUILDER_ASSETS``, else PATH, else ``hack/build-control-
 
 from dynamig.devcluster.binaries import Binaries, BinariesNotFoundError, find_binaries
 from dynamig.devcluster.controlplane import ControlPlane, ControlPlaneError
+from dynamig.devcluster.waiting import eventually
 
-__all__ = ["Binaries", "BinariesNotFoundError", "ControlPlane", "ControlPlaneError", "find_binaries"]
+__all__ = [
+    "Binaries",
+    "BinariesNotFoundError",
+    "ControlPlane",
+    "ControlPlaneError",
+    "eventually",
+    "find_binaries",
+]

@@ -8,6 +8,7 @@ Registered once from the repository's root ``conftest.py`` (``pytest_plugins = [
 - ``kube_api`` (session, async): an admin ``kubernetes_asyncio`` ApiClient for that control plane.
 - ``namespace`` (function): a fresh namespace with its ``default`` ServiceAccount; on teardown its pods are
   force-deleted (no kubelet would ever confirm a graceful delete) and the namespace is deleted.
+- ``crds`` (function): the control plane with the repository's ``crds/*.yaml`` applied and Established.
 - ``make_node`` (function): ``make_node(prefix="node", labels=None, allocatable=None) -> str`` registers a
   Ready node with a unique name; the nodes (and, through the garbage collector, slices they own) are deleted
   on teardown.
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient
 
 _CP_KEY = pytest.StashKey[ControlPlane]()
-_FIXTURES_NEEDING_CP = {"control_plane", "kube_api", "namespace", "make_node"}
+_FIXTURES_NEEDING_CP = {"control_plane", "kube_api", "namespace", "make_node", "crds"}
 
 MakeNode = Callable[..., str]
 
@@ -129,3 +130,16 @@ def make_node(control_plane: ControlPlane, request: pytest.FixtureRequest) -> It
             with contextlib.suppress(ApiError, OSError):
                 control_plane.delete_node(name)
 
+
+@pytest.fixture
+def crds(control_plane: ControlPlane) -> ControlPlane:
+    """Apply the repository's CRDs (idempotent) and wait until the API server serves them."""
+    from dynamig.devcluster.binaries import find_repo_root
+
+    root = find_repo_root()
+    if root is None:
+        pytest.fail("the crds fixture needs a dynamig source checkout")
+    for path in sorted((root / "crds").glob("*.yaml")):
+        control_plane.kubectl("apply", "-f", str(path))
+    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+    return control_plane
