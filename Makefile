@@ -29,7 +29,7 @@ demo: setup
 	$(BIN)/dynamig demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check operator tests e2e bench
+	$(BIN)/ruff check --no-cache operator tests e2e bench
 	$(BIN)/hadolint Dockerfile
 
 typecheck: $(STAMP) proto

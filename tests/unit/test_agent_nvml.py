@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
-from dynamig.backends.nvml import load_nvml
 from prometheus_client import CollectorRegistry
 
 from dynamig.agent.controller import AgentSettings, NodeAgent
@@ -20,6 +19,7 @@ from dynamig.agent.kubeapi import KubeApi
 from dynamig.agent.metrics import AgentMetrics
 from dynamig.agent.nvml_device import NvmlDevices
 from dynamig.agent.plugin.instances import PlacementTaken, UnknownDevice
+from dynamig.backends.nvml import load_nvml
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.layout import parse_layout
 from dynamig.geometry.model import PlacedInstance
