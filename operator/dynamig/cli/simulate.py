@@ -246,7 +246,8 @@ def _markdown(reports: list[TraceReport], paper: list[PaperRun]) -> str:
         parts.append(
             f"### {rep.trace.name}\n\n" + report.markdown_table(report.TRACE_HEADER, report.trace_rows(rep))
         )
-        parts.append("\n".join(f"- {g}" for g in report.goals(rep)))
+        lines = [*report.goals(rep), f"best-fit static layout: {report.static_summary(rep)}"]
+        parts.append("\n".join(f"- {g}" for g in lines))
     runs = paper
     if runs:
         parts.append(
