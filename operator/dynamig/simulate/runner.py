@@ -125,7 +125,10 @@ def run_trace(
             progress(f"{trace.name}: {label}")
         results.append(simulate(trace, make(), cfg))
     slices = {p.name: p.compute_slices for p in model.profiles}
-    bound = served_upper_bound(trace, slices, trace.cluster.gpu_count * model.compute_slices)
+    # first-fit starts a job one creation latency after placing it, possibly just before its patience ran out
+    bound = served_upper_bound(
+        trace, slices, trace.cluster.gpu_count * model.compute_slices, start_slack_s=cfg.reshape_latency_s
+    )
     return TraceReport(trace, results, bound, statics)
 
 
