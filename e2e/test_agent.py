@@ -7,11 +7,9 @@ shared through a state file with a restarted agent process) and the nodes (Node 
 bound, never run). Settle periods and poll intervals are shortened through the agent's flags.
 """
 
-
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 import signal
@@ -19,48 +17,30 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dynamig.agent.controller import AgentSettings, NodeAgent
-from dynamig.agent.kubeapi import KubeApi
-from dynamig.agent.metrics import AgentMetrics
 from dynamig.agent.nvml_device import NvmlDevices
-from dynamig.devcluster import ControlPlane
+from dynamig.demo.cluster import ensure_device_class
+from dynamig.demo.inprocess import agent_running
+from dynamig.devcluster import ControlPlane, eventually
 from dynamig.geometry.catalog import load_catalog
 from dynamig.kube.names import DEVICE_CLASS_NAME
 
 pytestmark = pytest.mark.controlplane
 
-T = TypeVar("T")
 DRIVER = "mig.dynamig.io"
 REPO = Path(__file__).resolve().parent.parent
 CRD = REPO / "crds" / "gpupartitions.yaml"
-
-
-async def eventually(probe: Callable[[], Awaitable[T | None]], what: str, within_s: float = 30.0,
-                     every_s: float = 0.1) -> T:
-    """Await ``probe`` until it returns something other than None; fail after ``within_s``."""
-    deadline = time.monotonic() + within_s
-    last: Any = None
-    while True:
-        try:
-            value = await probe()
-        except AssertionError as exc:  # probes may assert to explain what they saw
-            value, last = None, exc
-        if value is not None:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {within_s:.0f}s waiting for {what}" + (f": {last}" if last else ""))
-        await asyncio.sleep(every_s)
 
 
 def install_crd(cp: ControlPlane) -> None:
@@ -73,20 +53,6 @@ def install_crd(cp: ControlPlane) -> None:
         time.sleep(0.2)
 
 
-async def ensure_device_class(api: client.ApiClient) -> None:
-    body = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": DEVICE_CLASS_NAME},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-    }
-    try:
-        await client.ResourceV1Api(api).create_device_class(body)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-
-
 class Api:
     """Dict-level API shortcuts for the objects the scenarios look at."""
 
@@ -97,7 +63,8 @@ class Api:
     async def partition(self, name: str) -> dict[str, Any] | None:
         try:
             obj: dict[str, Any] = await self.custom.get_cluster_custom_object(
-                "dynamig.io", "v1alpha1", "gpupartitions", name)
+                "dynamig.io", "v1alpha1", "gpupartitions", name
+            )
             return obj
         except ApiException as exc:
             if exc.status == 404:
@@ -106,7 +73,8 @@ class Api:
 
     async def partitions(self, node: str) -> list[dict[str, Any]]:
         res = await self.custom.list_cluster_custom_object(
-            "dynamig.io", "v1alpha1", "gpupartitions", label_selector=f"dynamig.io/node={node}")
+            "dynamig.io", "v1alpha1", "gpupartitions", label_selector=f"dynamig.io/node={node}"
+        )
         return list(res["items"])
 
     async def set_layout(self, name: str, layout: str) -> int:
@@ -116,13 +84,19 @@ class Api:
             profile, start = part.split("@")
             items.append({"profile": profile, "start": int(start)})
         obj = await self.custom.patch_cluster_custom_object(
-            "dynamig.io", "v1alpha1", "gpupartitions", name, {"spec": {"layout": items}},
-            _content_type="application/merge-patch+json")
+            "dynamig.io",
+            "v1alpha1",
+            "gpupartitions",
+            name,
+            {"spec": {"layout": items}},
+            _content_type="application/merge-patch+json",
+        )
         return int(obj["metadata"]["generation"])
 
     async def slices(self, node: str) -> list[dict[str, Any]]:
         res = await self.custom.list_cluster_custom_object(
-            "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node}")
+            "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node}"
+        )
         return [s for s in res["items"] if s["spec"]["driver"] == DRIVER]
 
     async def published(self, node: str) -> dict[str, dict[str, Any]]:
@@ -131,26 +105,42 @@ class Api:
         if not slices:
             return {}
         top = max(s["spec"]["pool"]["generation"] for s in slices)
-        return {d["name"]: d for s in slices if s["spec"]["pool"]["generation"] == top
-                for d in s["spec"].get("devices") or []}
+        return {
+            d["name"]: d
+            for s in slices
+            if s["spec"]["pool"]["generation"] == top
+            for d in s["spec"].get("devices") or []
+        }
 
     async def create_claim(self, namespace: str, name: str, profile: str) -> None:
         expr = f'device.attributes["{DRIVER}"].profile == "{profile}"'
         body = {
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
             "metadata": {"name": name},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": DEVICE_CLASS_NAME,
-                "selectors": [{"cel": {"expression": expr}}],
-            }}]}},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {
+                                "deviceClassName": DEVICE_CLASS_NAME,
+                                "selectors": [{"cel": {"expression": expr}}],
+                            },
+                        }
+                    ]
+                }
+            },
         }
         await self.custom.create_namespaced_custom_object(
-            "resource.k8s.io", "v1", namespace, "resourceclaims", body)
+            "resource.k8s.io", "v1", namespace, "resourceclaims", body
+        )
 
     async def claim(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             obj: dict[str, Any] = await self.custom.get_namespaced_custom_object(
-                "resource.k8s.io", "v1", namespace, "resourceclaims", name)
+                "resource.k8s.io", "v1", namespace, "resourceclaims", name
+            )
             return obj
         except ApiException as exc:
             if exc.status == 404:
@@ -167,12 +157,19 @@ class Api:
 
     async def create_pod(self, namespace: str, name: str, node: str, claim: str) -> None:
         body = {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
             "spec": {
                 "nodeSelector": {"kubernetes.io/hostname": node},
                 "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
-                "containers": [{"name": "main", "image": "registry.invalid/cuda-sample:1",
-                                "resources": {"claims": [{"name": "gpu"}]}}],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.invalid/cuda-sample:1",
+                        "resources": {"claims": [{"name": "gpu"}]},
+                    }
+                ],
             },
         }
         await self.core.create_namespaced_pod(namespace, body)
@@ -181,7 +178,8 @@ class Api:
         """Delete the pod and the claim (the claim's finalizer goes once the pod is gone)."""
         await self.core.delete_namespaced_pod(pod, namespace, grace_period_seconds=0)
         await self.custom.delete_namespaced_custom_object(
-            "resource.k8s.io", "v1", namespace, "resourceclaims", claim)
+            "resource.k8s.io", "v1", namespace, "resourceclaims", claim
+        )
 
 
 def sample(text: str, name: str, **labels: str) -> float | None:
@@ -214,31 +212,22 @@ def stable_at(part: dict[str, Any] | None, generation: int | None = None) -> boo
     return st.get("phase") == "Stable" and st.get("observedGeneration") == gen
 
 
-@contextlib.asynccontextmanager
-async def agent_in_process(
-    api: client.ApiClient, node: str, nvml: ModuleType, settle_s: float = 0.3, interval_s: float = 0.5
-) -> AsyncIterator[NodeAgent]:
-    """An agent running as a task of this event loop (short settle period and intervals)."""
-    devices = NvmlDevices(nvml, load_catalog())
-    devices.init()
-    settings = AgentSettings(node=node, settle_seconds=settle_s, interval_seconds=interval_s,
-                             reshape_poll_seconds=0.1)
-    agent = NodeAgent(settings, KubeApi(api), devices, AgentMetrics(CollectorRegistry(), node))
-    stop = asyncio.Event()
-    task = asyncio.create_task(agent.run(stop), name=f"agent-{node}")
-    try:
-        yield agent
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, timeout=30)
+def agent_settings(node: str, settle_s: float = 0.3, interval_s: float = 0.5) -> AgentSettings:
+    """Short settle period and intervals for an agent running as a task of this event loop. Pure."""
+    return AgentSettings(
+        node=node, settle_seconds=settle_s, interval_seconds=interval_s, reshape_poll_seconds=0.1
+    )
 
 
-def start_agent_process(cp: ControlPlane, node: str, gpus: str, state: Path, log: Path, *extra: str
-                        ) -> subprocess.Popen[bytes]:
+def start_agent_process(
+    cp: ControlPlane, node: str, gpus: str, state: Path, log: Path, *extra: str
+) -> subprocess.Popen[bytes]:
     """``python -m dynamig agent`` with simulated NVML sharing ``state``; output to ``log``."""
-    argv = [sys.executable, "-m", "dynamig", "agent", "--node", node, "--nvml", "simulated",
-            "--simulate-gpus", gpus, "--state", str(state), "--kubeconfig", str(cp.kubeconfig_path),
-            "--metrics-port", "-1", "--interval", "0.5", "--reshape-poll", "0.1", *extra]
+    argv = [
+        sys.executable, "-m", "dynamig", "agent", "--node", node, "--nvml", "simulated",
+        "--simulate-gpus", gpus, "--state", str(state), "--kubeconfig", str(cp.kubeconfig_path),
+        "--metrics-port", "-1", "--interval", "0.5", "--reshape-poll", "0.1", *extra,
+    ]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with log.open("ab") as out:
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
@@ -277,16 +266,21 @@ def _reshaped_keeping(start: int) -> str:
 
 
 async def test_agent_publishes_reshapes_free_instances_and_keeps_allocated_ones(
-    crd: ControlPlane, kube_api: client.ApiClient, namespace: str, make_node: Callable[..., str],
+    crd: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
     sim_nvml: ModuleType,
 ) -> None:
     timings: dict[str, float] = {}
     api = Api(kube_api)
-    await ensure_device_class(kube_api)
+    await ensure_device_class(client.ResourceV1Api(kube_api))
     node = make_node("agent", labels={"dynamig.io/managed": "true"})
     gpu0, gpu1 = f"{node}-gpu0", f"{node}-gpu1"
     # A long poll interval: changes must reach the agent through its watches.
-    async with agent_in_process(kube_api, node, sim_nvml, settle_s=0.3, interval_s=600) as agent:
+    async with agent_running(
+        kube_api, node, sim_nvml, agent_settings(node, settle_s=0.3, interval_s=600)
+    ) as agent:
         t0 = time.monotonic()
         # 1. Discovery: one GpuPartition per GPU, adopted empty layout, Stable; an empty pool is published.
         parts = await eventually(lambda: _all_stable(api, node, 2), "two Stable GpuPartitions")
@@ -314,8 +308,8 @@ async def test_agent_publishes_reshapes_free_instances_and_keeps_allocated_ones(
         assert slice0["spec"]["pool"]["name"] == node and slice0["spec"]["nodeName"] == node
         gen_before = slice0["spec"]["pool"]["generation"]
         st0 = (await api.partition(gpu0) or {})["status"]
-        assert st0["freeSlices"] == 7 and st0["totalSlices"] == 7 and condition(
-            await api.partition(gpu0) or {}, "Ready")["status"] == "True"  # type: ignore[index]
+        assert st0["freeSlices"] == 7 and st0["totalSlices"] == 7
+        assert (condition(await api.partition(gpu0) or {}, "Ready") or {})["status"] == "True"
 
         # 3. A claim for 1g.10gb is allocated by the scheduler; status says so.
         await api.create_claim(namespace, "small", "1g.10gb")
@@ -349,7 +343,9 @@ async def test_agent_publishes_reshapes_free_instances_and_keeps_allocated_ones(
         assert after[taken] == before["migUUID"]
         published = await api.published(node)
         expected_names = {i["deviceName"] for i in part["status"]["instances"]} | {
-            "gpu1-3g40gb-s0", "gpu1-3g40gb-s4"}
+            "gpu1-3g40gb-s0",
+            "gpu1-3g40gb-s4",
+        }
         assert set(published) == expected_names
         assert (await api.slices(node))[0]["spec"]["pool"]["generation"] > gen_before
         assert await api.allocated_device(namespace, "small") == taken
@@ -394,8 +390,9 @@ async def test_agent_publishes_reshapes_free_instances_and_keeps_allocated_ones(
 
         # 8. Someone deletes our slice: it is recreated at a higher generation.
         (sl,) = await api.slices(node)
-        await api.custom.delete_cluster_custom_object("resource.k8s.io", "v1", "resourceslices",
-                                                      sl["metadata"]["name"])
+        await api.custom.delete_cluster_custom_object(
+            "resource.k8s.io", "v1", "resourceslices", sl["metadata"]["name"]
+        )
         old_gen = sl["spec"]["pool"]["generation"]
         back = await eventually(lambda: _slice_back(api, node, old_gen), "slice recreated")
         assert "gpu0-7g80gb-s0" in {d["name"] for d in back["spec"]["devices"]}
@@ -418,11 +415,15 @@ async def test_agent_publishes_reshapes_free_instances_and_keeps_allocated_ones(
 
 
 async def test_agent_refuses_gpus_of_another_mig_owner(
-    crd: ControlPlane, kube_api: client.ApiClient, make_node: Callable[..., str], sim_nvml: ModuleType,
+    crd: ControlPlane,
+    kube_api: client.ApiClient,
+    make_node: Callable[..., str],
+    sim_nvml: ModuleType,
 ) -> None:
     api = Api(kube_api)
     node = make_node("foreign", labels={"dynamig.io/managed": "true", "nvidia.com/mig.config": "all-1g.10gb"})
-    async with agent_in_process(kube_api, node, sim_nvml):
+    async with agent_running(kube_api, node, sim_nvml, agent_settings(node)):
+
         async def degraded() -> list[dict[str, Any]] | None:
             parts = await api.partitions(node)
             ok = len(parts) == 2 and all((p.get("status") or {}).get("phase") == "Degraded" for p in parts)
@@ -441,18 +442,32 @@ async def test_agent_refuses_gpus_of_another_mig_owner(
     # Another driver (the NVIDIA DRA driver) publishes MIG devices of GPU 1 on this node: GPU 1 is refused,
     # GPU 0 is managed.
     node = make_node("shared", labels={"dynamig.io/managed": "true"})
-    gpu1_uuid = NvmlDevices(sim_nvml, load_catalog()).gpus()[1].uuid
+    reader = NvmlDevices(sim_nvml, load_catalog())
+    reader.init()  # an NVML session of its own: the first agent shut its own down
+    try:
+        gpu1_uuid = reader.gpus()[1].uuid
+    finally:
+        reader.shutdown()
     foreign_slice: dict[str, Any] = {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
         "metadata": {"name": f"{node}-gpu.nvidia.com"},
-        "spec": {"driver": "gpu.nvidia.com", "nodeName": node, "pool": {"name": node, "generation": 1,
-                                                                          "resourceSliceCount": 1},
-                 "devices": [{"name": "gpu-1-mig-1g10gb-0", "attributes": {
-                     "type": {"string": "mig"}, "parentUUID": {"string": gpu1_uuid}}}]},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {
+                    "name": "gpu-1-mig-1g10gb-0",
+                    "attributes": {"type": {"string": "mig"}, "parentUUID": {"string": gpu1_uuid}},
+                }
+            ],
+        },
     }
     await api.custom.create_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", foreign_slice)
     try:
-        async with agent_in_process(kube_api, node, sim_nvml):
+        async with agent_running(kube_api, node, sim_nvml, agent_settings(node)):
+
             async def split() -> tuple[dict[str, Any], dict[str, Any]] | None:
                 p0, p1 = await api.partition(f"{node}-gpu0"), await api.partition(f"{node}-gpu1")
                 if p0 and p1 and stable_at(p0) and (p1.get("status") or {}).get("phase") == "Degraded":
@@ -468,14 +483,16 @@ async def test_agent_refuses_gpus_of_another_mig_owner(
             await asyncio.sleep(1.0)
             assert set(await api.published(node)) == {"gpu0-7g80gb-s0"}
     finally:
-        await api.custom.delete_cluster_custom_object("resource.k8s.io", "v1", "resourceslices",
-                                                      foreign_slice["metadata"]["name"])
+        await api.custom.delete_cluster_custom_object(
+            "resource.k8s.io", "v1", "resourceslices", foreign_slice["metadata"]["name"]
+        )
 
     # MIG disabled (an A100 as it often ships): reported as such, never enabled, nothing published. When the
     # node opts out, the agent withdraws its slices.
     sim_nvml.configure(gpus=["A100-40GB"], state_file=None, mig_enabled=False)
     node = make_node("migoff", labels={"dynamig.io/managed": "true"})
-    async with agent_in_process(kube_api, node, sim_nvml):
+    async with agent_running(kube_api, node, sim_nvml, agent_settings(node)):
+
         async def mig_off() -> dict[str, Any] | None:
             p = await api.partition(f"{node}-gpu0")
             return p if p and (p.get("status") or {}).get("phase") == "Degraded" else None
@@ -568,11 +585,14 @@ def _history(state: Path) -> list[Any]:
 
 
 async def test_agent_killed_mid_reshape_converges_after_restart(
-    crd: ControlPlane, kube_api: client.ApiClient, namespace: str, make_node: Callable[..., str],
+    crd: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
     tmp_path: Path,
 ) -> None:
     api = Api(kube_api)
-    await ensure_device_class(kube_api)
+    await ensure_device_class(client.ResourceV1Api(kube_api))
     node = make_node("restart", labels={"dynamig.io/managed": "true"})
     name = f"{node}-gpu0"
     state, log = tmp_path / "simnvml.json", tmp_path / "agent.log"
@@ -613,6 +633,7 @@ async def test_agent_killed_mid_reshape_converges_after_restart(
     slow = ("--settle-seconds", "0.3", "--sim-create-latency", "0.8", "--sim-destroy-latency", "0.25")
     second = start_agent_process(crd, node, "H100-80GB:1", state, log, *slow)
     try:
+
         async def creating() -> list[tuple[str, int, str, bool]] | None:
             now = await asyncio.to_thread(_read_nvml, state)
             made = {(p, st) for p, st, _, _ in now} & target_only
@@ -627,15 +648,25 @@ async def test_agent_killed_mid_reshape_converges_after_restart(
     metrics = ("--metrics-port", "0", "--metrics-address", "127.0.0.1")
     second = start_agent_process(crd, node, "H100-80GB:1", state, log, *flags, *metrics)
     try:
-        part = await eventually(lambda: _stable(api, name, gen, ready=True), "converged after restart",
-                                within_s=90)
+        part = await eventually(
+            lambda: _stable(api, name, gen, ready=True), "converged after restart", within_s=90
+        )
         converged_s = time.monotonic() - killed_at
         # The restarted process serves its metrics (port chosen by the OS, read from its log).
         port = int(re.findall(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", log.read_text())[-1])
         text = await asyncio.to_thread(_http_get, f"http://127.0.0.1:{port}/metrics")
         assert sample(text, "dynamig_build_info") == 1.0
-        assert sample(text, "dynamig_mig_instance_info", hostname=node, GPU_I_PROFILE="1g.10gb",
-                      mig_uuid=held_uuid, state="allocated") == 1.0
+        assert (
+            sample(
+                text,
+                "dynamig_mig_instance_info",
+                hostname=node,
+                GPU_I_PROFILE="1g.10gb",
+                mig_uuid=held_uuid,
+                state="allocated",
+            )
+            == 1.0
+        )
         total_s = time.monotonic() - t_reshape
         after = await asyncio.to_thread(_read_nvml, state)
         # Nothing lost: the allocated instance is the same one (same MIG UUID), the claim still names it.
@@ -649,13 +680,17 @@ async def test_agent_killed_mid_reshape_converges_after_restart(
         held_gi = [e for e in events if e.kind == "create-gi" and e.profile == "1g.10gb" and e.start == start]
         assert len(held_gi) == 1
         gi_id, created = held_gi[0].gi_id, held_gi[0].seq
-        assert not [e for e in events
-                    if e.kind in ("destroy-gi", "destroy-ci") and e.gi_id == gi_id and e.seq > created]
+        assert not [
+            e
+            for e in events
+            if e.kind in ("destroy-gi", "destroy-ci") and e.gi_id == gi_id and e.seq > created
+        ]
         assert layout_of(part) == target
         published = await api.published(node)
         assert set(published) == {i["deviceName"] for i in part["status"]["instances"]}
         assert {d["attributes"]["mig.dynamig.io/uuid"]["string"] for d in published.values()} == {
-            u for _, _, u, _ in after}
+            u for _, _, u, _ in after
+        }
         second.send_signal(signal.SIGTERM)
         assert second.wait(timeout=30) == 0
         # Uninstall: slices and GpuPartitions go; the MIG layout stays.
@@ -663,19 +698,24 @@ async def test_agent_killed_mid_reshape_converges_after_restart(
         assert remover.wait(timeout=60) == 0
         assert await api.slices(node) == [] and await api.partitions(node) == []
         assert await asyncio.to_thread(_read_nvml, state) == after
-        print(f"\nkilled while destroying at {mid_layout}, then while creating at {mid2_layout}; converged "
-              f"{converged_s:.2f}s after the first kill ({total_s:.2f}s after the new layout)")
+        print(
+            f"\nkilled while destroying at {mid_layout}, then while creating at {mid2_layout}; converged "
+            f"{converged_s:.2f}s after the first kill ({total_s:.2f}s after the new layout)"
+        )
     finally:
         kill(second)
 
 
 async def test_agent_keeps_instances_with_processes_and_degrades_lost_gpus(
-    crd: ControlPlane, kube_api: client.ApiClient, make_node: Callable[..., str], sim_nvml: ModuleType,
+    crd: ControlPlane,
+    kube_api: client.ApiClient,
+    make_node: Callable[..., str],
+    sim_nvml: ModuleType,
 ) -> None:
     api = Api(kube_api)
     node = make_node("nvmlfacts", labels={"dynamig.io/managed": "true"})
     gpu0, gpu1 = f"{node}-gpu0", f"{node}-gpu1"
-    async with agent_in_process(kube_api, node, sim_nvml, settle_s=0.2) as agent:
+    async with agent_running(kube_api, node, sim_nvml, agent_settings(node, settle_s=0.2)) as agent:
         await eventually(lambda: _all_stable(api, node, 2), "two Stable GpuPartitions")
         gen = await api.set_layout(gpu0, "3g.40gb@0,3g.40gb@4")
         part = await eventually(lambda: _stable(api, gpu0, gen, ready=True), "gpu0 at 2x3g.40gb")

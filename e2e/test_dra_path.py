@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 
 import pytest
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 
+from dynamig.demo.cluster import ensure_device_class
 from dynamig.devcluster import eventually
 from dynamig.geometry.catalog import load_catalog
 from dynamig.kube.devices import MigDevice
@@ -70,20 +70,6 @@ def pod(name: str, node: str, template: str) -> dict[str, Any]:
             ],
         },
     }
-
-
-async def ensure_device_class(resource: client.ResourceV1Api) -> None:
-    body = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": DEVICE_CLASS_NAME},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-    }
-    try:
-        await resource.create_device_class(body)
-    except ApiException as exc:
-        if exc.status != 409:  # already there (another test or the manifests created it)
-            raise
 
 
 @dataclass(frozen=True)

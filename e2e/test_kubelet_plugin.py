@@ -57,6 +57,7 @@ from dynamig.agent.plugin.simfs import (
     gi_cap_minor,
 )
 from dynamig.agent.plugin.stubs import Stubs, load_stubs
+from dynamig.demo.cluster import ensure_device_class
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.model import PlacedInstance, device_name
@@ -170,20 +171,6 @@ def crds(control_plane: ControlPlane) -> None:
     control_plane.kubectl(
         "wait", "--for=condition=Established", "crd/gpupartitions.dynamig.io", "--timeout=60s"
     )
-
-
-async def ensure_device_class(resource: client.ResourceV1Api) -> None:
-    body = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": DEVICE_CLASS_NAME},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-    }
-    try:
-        await resource.create_device_class(body)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
 
 
 @pytest.fixture

@@ -24,38 +24,23 @@ import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
+from dynamig.demo.cluster import ScenarioApi, first_available
 from dynamig.demo.inprocess import operator_running
 from dynamig.devcluster import ControlPlane, eventually
+from dynamig.kube.names import GROUP, VERSION
 from dynamig.operator.metrics import OperatorMetrics
 
-T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
-DRIVER = "mig.dynamig.io"
-PROFILE = f'device.attributes["{DRIVER}"].profile'
-GROUP, VERSION = "dynamig.io", "v1alpha1"
 
 
-class Cluster:
-    def __init__(self, api: client.ApiClient) -> None:
-        self.custom = client.CustomObjectsApi(api)
-        self.core = client.CoreV1Api(api)
-        self.resource = client.ResourceV1Api(api)
-
-    async def ensure_device_class(self) -> None:
-        body = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": DRIVER},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-        }
-        with contextlib.suppress(ApiException):
-            await self.resource.create_device_class(body)
+class Cluster(ScenarioApi):
+    """The scenario API calls, plus the node agent's part (GPUs reported) and claims named by the test."""
 
     async def gpu(self, node: str, index: int, layout: list[tuple[str, int]]) -> str:
         """Create a GpuPartition and report it like the agent: instances exist and are free."""
@@ -102,51 +87,11 @@ class Cluster:
             _content_type="application/merge-patch+json",
         )
 
-    async def partition(self, name: str) -> dict[str, Any]:
-        obj: dict[str, Any] = await self.custom.get_cluster_custom_object(
-            GROUP, VERSION, "gpupartitions", name
-        )
-        return obj
-
-    async def policy(self, name: str) -> dict[str, Any]:
-        obj: dict[str, Any] = await self.custom.get_cluster_custom_object(
-            GROUP, VERSION, "gpupartitionpolicies", name
-        )
-        return obj
-
-    async def create_policy(self, name: str, spec: dict[str, Any]) -> None:
-        body = {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "GpuPartitionPolicy",
-            "metadata": {"name": name},
-            "spec": spec,
-        }
-        await self.custom.create_cluster_custom_object(GROUP, VERSION, "gpupartitionpolicies", body)
-
-    async def delete_policy(self, name: str) -> None:
-        with contextlib.suppress(ApiException):
-            await self.custom.delete_cluster_custom_object(GROUP, VERSION, "gpupartitionpolicies", name)
-
-        async def gone() -> bool | None:
-            try:
-                await self.policy(name)
-            except ApiException as exc:
-                return True if exc.status == 404 else None
-            return None
-
-        await eventually(gone, f"policy {name} deleted")
-
     async def inference_pod(
-        self, ns: str, name: str, node: str, profiles: tuple[str, ...] = ("1g.10gb", "2g.20gb")
+        self, name: str, node: str, profiles: tuple[str, ...] = ("1g.10gb", "2g.20gb")
     ) -> None:
-        alts = [
-            {
-                "name": f"c{i}",
-                "deviceClassName": DRIVER,
-                "selectors": [{"cel": {"expression": f'{PROFILE} == "{p}"'}}],
-            }
-            for i, p in enumerate(profiles)
-        ]
+        """A ResourceClaim asking the first available of ``profiles``, and a pod on ``node`` using it."""
+        alts = first_available(profiles)
         claim = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
@@ -154,7 +99,7 @@ class Cluster:
             "spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": alts}]}},
         }
         await self.custom.create_namespaced_custom_object(
-            "resource.k8s.io", "v1", ns, "resourceclaims", claim
+            "resource.k8s.io", "v1", self.ns, "resourceclaims", claim
         )
         pod = {
             "apiVersion": "v1",
@@ -172,20 +117,13 @@ class Cluster:
                 ],
             },
         }
-        await self.core.create_namespaced_pod(ns, pod)
-
-    async def events(self, ns: str, name: str) -> list[dict[str, Any]]:
-        resp = await self.core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}")
-        return [
-            {"reason": e.reason, "message": e.message, "type": e.type, "kind": e.involved_object.kind}
-            for e in resp.items
-        ]
+        await self.core.create_namespaced_pod(self.ns, pod)
 
 
 async def test_operator_turns_pending_claims_into_layouts_and_explains(
     crds: ControlPlane, kube_api: client.ApiClient, namespace: str, make_node: Callable[..., str]
 ) -> None:
-    k = Cluster(kube_api)
+    k = Cluster(kube_api, namespace)
     await k.ensure_device_class()
     pool = uuid.uuid4().hex[:8]
     node = make_node("op", labels={"dynamig.io/managed": "true", "test-pool": pool})
@@ -206,7 +144,7 @@ async def test_operator_turns_pending_claims_into_layouts_and_explains(
     async with operator_running(crds.kubeconfig_path, metrics):
         try:
             for i in range(3):
-                await k.inference_pod(namespace, f"infer-{i}", node)
+                await k.inference_pod(f"infer-{i}", node)
 
             async def unschedulable() -> bool | None:
                 pods = (await k.core.list_namespaced_pod(namespace)).items
@@ -245,7 +183,7 @@ async def test_operator_turns_pending_claims_into_layouts_and_explains(
             # 2. "Why pending?": Events on each claim and its pod, and sums in the policy status.
             def told(name: str) -> Callable[[], Awaitable[list[dict[str, Any]] | None]]:
                 async def probe() -> list[dict[str, Any]] | None:
-                    evs = [e for e in await k.events(namespace, name) if e["reason"] == "ReshapeScheduled"]
+                    evs = [e for e in await k.events(name) if e["reason"] == "ReshapeScheduled"]
                     kinds = {e["kind"] for e in evs}
                     return evs if {"ResourceClaim", "Pod"} <= kinds else None
 
@@ -272,7 +210,7 @@ async def test_operator_turns_pending_claims_into_layouts_and_explains(
             await k.report(target, node, index, new_layout, int(part["metadata"]["generation"]))
 
             async def completed() -> list[dict[str, Any]] | None:
-                evs = [e for e in await k.events("default", policy) if e["reason"] == "ReshapeCompleted"]
+                evs = [e for e in await k.events(policy, "default") if e["reason"] == "ReshapeCompleted"]
                 return evs or None
 
             (done,) = await eventually(completed, "ReshapeCompleted on the policy")
@@ -284,7 +222,7 @@ async def test_operator_turns_pending_claims_into_layouts_and_explains(
                 return st if by_reason == {"WaitingForScheduler": 3} else None
 
             await eventually(waiting, "claims waiting for the scheduler")
-            gpu_events = {e["reason"] for e in await k.events("default", target)}
+            gpu_events = {e["reason"] for e in await k.events(target, "default")}
             assert {"LayoutChanged", "ReshapeCompleted"} <= gpu_events
 
             # 4. A later policy selecting the same GPUs loses them, and says so.
@@ -315,16 +253,14 @@ async def test_operator_turns_pending_claims_into_layouts_and_explains(
 
             cond = await eventually(invalid, "Valid=False on the invalid policy")
             assert cond["reason"] == "InvalidSpec" and "spec.baseline[A100-80GB]" in cond["message"]
-            warn = [e for e in await k.events("default", bad) if e["reason"] == "InvalidSpec"]
+            warn = [e for e in await k.events(bad, "default") if e["reason"] == "InvalidSpec"]
             assert warn and warn[0]["type"] == "Warning" and "cannot start at slice 2" in warn[0]["message"]
 
             # 6. A claim no profile can ever satisfy gets a Warning Event that says why.
-            await k.inference_pod(namespace, "impossible", node, profiles=("9g.1tb",))
+            await k.inference_pod("impossible", node, profiles=("9g.1tb",))
 
             async def no_match() -> list[dict[str, Any]] | None:
-                evs = [
-                    e for e in await k.events(namespace, "impossible") if e["reason"] == "NoMatchingProfile"
-                ]
+                evs = [e for e in await k.events("impossible") if e["reason"] == "NoMatchingProfile"]
                 return evs or None
 
             (nm, *_) = await eventually(no_match, "NoMatchingProfile on the impossible claim")
@@ -411,7 +347,7 @@ class Replica:
 async def test_with_peering_only_the_highest_priority_replica_acts(
     crds: ControlPlane, kube_api: client.ApiClient, make_node: Callable[..., str], tmp_path: Path
 ) -> None:
-    k = Cluster(kube_api)
+    k = Cluster(kube_api, "default")  # no namespaced object here
     crds.kubectl("apply", "-f", str(REPO / "manifests" / "helm" / "dynamig" / "crds" / "kopf-peerings.yaml"))
     crds.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/clusterkopfpeerings.kopf.dev")
     pool = uuid.uuid4().hex[:8]

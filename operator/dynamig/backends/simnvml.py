@@ -35,8 +35,6 @@ import contextlib
 import ctypes
 import fcntl
 import json
-import os
-import tempfile
 import threading
 import time
 import types
@@ -85,6 +83,7 @@ from pynvml import (
     nvmlStructToFriendlyObject,
 )
 
+from dynamig.fileio import write_atomic
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.layout import (
     RULE_DISALLOWED_START,
@@ -245,26 +244,6 @@ class _State:
         return _State(gpus, [SimEvent(**e) for e in doc["history"]], int(doc["serial"]))
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    """temp file -> fsync -> rename -> fsync(dir): readers see the old or the new file, never a torn one."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 class _Simulator:
     """The simulated machine: its configuration and (cached) state. Methods do file I/O when persisted."""
 
@@ -339,7 +318,7 @@ class _Simulator:
     def _save(self) -> None:
         assert self.state_file is not None
         data = json.dumps(self._state.to_json(), indent=1, sort_keys=True).encode()
-        _write_atomically(self.state_file, data)
+        write_atomic(self.state_file, data, mode=0o600)  # only the user's own processes share the GPUs
         self._stamp = self._file_stamp()
 
     def state(self) -> _State:

@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from dynamig.devcluster.waiting import eventually
+from dynamig.kube.devices import device_class
 from dynamig.kube.names import DEVICE_CLASS_NAME, GPU_PARTITION_PLURAL, GROUP, POLICY_PLURAL, VERSION
 
 PROFILE_ATTRIBUTE = f'device.attributes["{DEVICE_CLASS_NAME}"].profile'
@@ -34,6 +36,30 @@ def allocated_device(claim: dict[str, Any] | None) -> str | None:
     return str(results[0]["device"]) if results else None
 
 
+def first_available(profiles: Sequence[str]) -> list[dict[str, Any]]:
+    """A device request's ``firstAvailable`` list: one sub-request ``c<i>`` per profile, in order. Pure."""
+    return [
+        {
+            "name": f"c{i}",
+            "deviceClassName": DEVICE_CLASS_NAME,
+            "selectors": [{"cel": {"expression": f'{PROFILE_ATTRIBUTE} == "{p}"'}}],
+        }
+        for i, p in enumerate(profiles)
+    ]
+
+
+async def ensure_device_class(resource: client.ResourceV1Api) -> None:
+    """Create the DeviceClass ``mig.dynamig.io`` unless it exists (409: another test or the chart made it).
+
+    Side effect: one create call to the API server.
+    """
+    try:
+        await resource.create_device_class(device_class())
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
 class ScenarioApi:
     """The handful of API calls a scenario makes, in one namespace."""
 
@@ -44,17 +70,7 @@ class ScenarioApi:
         self.ns = namespace
 
     async def ensure_device_class(self) -> None:
-        body = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": DEVICE_CLASS_NAME},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DEVICE_CLASS_NAME}"'}}]},
-        }
-        try:
-            await self.resource.create_device_class(body)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
+        await ensure_device_class(self.resource)
 
     async def partition(self, name: str) -> dict[str, Any]:
         obj: dict[str, Any] = await self.custom.get_cluster_custom_object(
@@ -117,14 +133,7 @@ class ScenarioApi:
 
     async def claim_template(self, name: str, alternatives: list[str]) -> None:
         """A ResourceClaimTemplate asking one device: the first of ``alternatives`` available."""
-        alts = [
-            {
-                "name": f"c{i}",
-                "deviceClassName": DEVICE_CLASS_NAME,
-                "selectors": [{"cel": {"expression": f'{PROFILE_ATTRIBUTE} == "{p}"'}}],
-            }
-            for i, p in enumerate(alternatives)
-        ]
+        alts = first_available(alternatives)
         body = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaimTemplate",

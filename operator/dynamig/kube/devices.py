@@ -1,4 +1,5 @@
-"""The DRA device a MIG instance is published as (resource.k8s.io/v1 ``Device``). Pure.
+"""The DRA device a MIG instance is published as (resource.k8s.io/v1 ``Device``), and the DeviceClass that
+selects this driver's devices. Pure.
 
 The agent publishes these in ResourceSlices; the operator builds the same device for a profile that does not
 exist yet and evaluates claim CEL selectors against it, so both sides must use this one builder.
@@ -9,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dynamig import DRIVER_NAME
 from dynamig.geometry.model import Profile, device_name
-from dynamig.kube.names import ATTRIBUTE_DOMAIN
+from dynamig.kube.names import ATTRIBUTE_DOMAIN, DEVICE_CLASS_NAME
 
 MIB = 1024 * 1024
 
@@ -62,3 +64,14 @@ class MigDevice:
             attrs[f"{ATTRIBUTE_DOMAIN}/{key}"] = typed
         capacity = {f"{ATTRIBUTE_DOMAIN}/{k}": {"value": str(v)} for k, v in self.capacity().items()}
         return {"name": self.name, "attributes": attrs, "capacity": capacity}
+
+
+def device_class() -> dict[str, Any]:
+    """The DeviceClass ``mig.dynamig.io``, selecting every device this driver publishes, as the
+    resource.k8s.io/v1 API takes it. Pure."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": DEVICE_CLASS_NAME},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]},
+    }

@@ -18,13 +18,13 @@ import json
 import os
 import re
 import stat
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dynamig.agent.plugin.instances import PreparedInstance
+from dynamig.fileio import write_atomic
 
 CDI_VERSION = "0.6.0"
 CDI_VENDOR = "k8s.mig.dynamig.io"
@@ -178,9 +178,7 @@ def build_spec(claim_uid: str, devices: Sequence[CdiDevice], dev_root: Path) -> 
     cdi_devices: list[dict[str, Any]] = []
     for dev in devices:
         inst = dev.instance
-        nodes = [
-            {"path": f"/dev/{n}", "hostPath": str(dev_root / n)} for n in device_nodes(inst, dev.minors)
-        ]
+        nodes = [{"path": f"/dev/{n}", "hostPath": str(dev_root / n)} for n in device_nodes(inst, dev.minors)]
         uuids = ",".join(dev.request_uuids or (inst.mig_uuid,))
         cdi_devices.append(
             {
@@ -213,27 +211,6 @@ def claim_uid_of_spec(path: Path) -> str | None:
         return None
     uid = name[len(SPEC_PREFIX) : -len(".json")]
     return uid if _CLAIM_UID_RE.match(uid) else None
-
-
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Writes ``data`` to ``path`` through temp file -> fsync -> rename -> fsync(dir). Side effect: file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def write_spec(cdi_root: Path, claim_uid: str, spec: dict[str, Any]) -> Path:

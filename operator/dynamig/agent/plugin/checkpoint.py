@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dynamig.agent.plugin.cdi import write_atomic
 from dynamig.agent.plugin.instances import PreparedInstance
+from dynamig.fileio import write_atomic
 
 CHECKPOINT_VERSION = "mig.dynamig.io/checkpoint/v1"
 
