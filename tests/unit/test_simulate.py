@@ -343,3 +343,10 @@ def test_simulator_imports_nothing_from_kubernetes_nvml_or_asyncio() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_command_rejects_an_unknown_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dynamig.cli import main
+
+    assert main(["simulate", "--policies", "first-fit,magic", "--out", str(tmp_path), "--quiet"]) == 2
+    assert "unknown magic" in capsys.readouterr().err

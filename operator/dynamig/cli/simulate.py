@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     from dynamig.geometry.catalog import load_catalog
     from dynamig.simulate import alibaba, report, synthetic
     from dynamig.simulate.engine import SimConfig
-    from dynamig.simulate.runner import DynamigSettings, run_paper_protocol, run_trace
+    from dynamig.simulate.runner import POLICIES, DynamigSettings, run_paper_protocol, run_trace
     from dynamig.simulate.trace import share_mapping_table
 
     def say(msg: str) -> None:
@@ -121,6 +121,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     policies = tuple(x.strip() for x in args.policies.split(",") if x.strip())
+    unknown = sorted(set(policies) - set(POLICIES))
+    if unknown or not policies:
+        print(
+            f"error: --policies: unknown {', '.join(unknown) or '(none given)'}; "
+            f"choose from {', '.join(POLICIES)}",
+            file=sys.stderr,
+        )
+        return 2
     protocols = {x.strip() for x in args.protocols.split(",") if x.strip()}
     args.out.mkdir(parents=True, exist_ok=True)
 
