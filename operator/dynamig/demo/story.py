@@ -15,6 +15,7 @@ The story, as a platform engineer lives it:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -91,7 +92,18 @@ async def _layouts(api: ScenarioApi, gpu_count: int) -> list[tuple[str, ...]]:
     return rows
 
 
-async def _show_layouts(api: ScenarioApi, report: Reporter, gpu_count: int) -> None:
+async def _show_layouts(
+    api: ScenarioApi, report: Reporter, gpu_count: int, in_use: int | None = None
+) -> None:
+    """Print every GPU's layout; with ``in_use``, first give the agent a moment to report that many
+    allocated instances (its status follows the scheduler's allocations by one reconcile round)."""
+
+    async def reported() -> list[tuple[str, ...]] | None:
+        rows = await _layouts(api, gpu_count)
+        return rows if sum(int(r[3].split("/")[0]) for r in rows) >= (in_use or 0) else None
+
+    with contextlib.suppress(TimeoutError):
+        await eventually(reported, f"{in_use} instances reported in use", within_s=10)
     report.table(
         ("GPU", "PRODUCT", "LAYOUT (profile@start)", "IN USE", "PHASE"), await _layouts(api, gpu_count)
     )
@@ -213,7 +225,7 @@ async def _burst_training_release(
     devices = await eventually(all_allocated, "every inference pod allocated", within)
     report.timed("burst to last allocation", max(watch.first_allocated.values()) - burst_at)
     report.table(("POD", "DEVICE (MIG slice)"), sorted(devices.items()))
-    await _show_layouts(api, report, len(gpus))
+    await _show_layouts(api, report, len(gpus), in_use=len(devices))
 
     report.step(f"10 AM: a training pod asking {options.training_profile}")
     train_at = time.time()
@@ -225,7 +237,7 @@ async def _burst_training_release(
     train_dev = await eventually(training_allocated, "the training pod allocated", within)
     report.timed("training pod to allocation", time.time() - train_at)
     report.info(f"train-0 -> {train_dev}")
-    await _show_layouts(api, report, len(gpus))
+    await _show_layouts(api, report, len(gpus), in_use=len(devices) + 1)
 
     if options.return_to_baseline:
         report.step(
