@@ -30,6 +30,7 @@ demo: setup
 
 lint: $(STAMP)
 	$(BIN)/ruff check --no-cache operator tests e2e bench
+	$(BIN)/ruff format --check --no-cache operator tests e2e bench
 	$(BIN)/hadolint Dockerfile
 
 typecheck: $(STAMP) proto

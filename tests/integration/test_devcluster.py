@@ -77,13 +77,16 @@ async def test_serves_resource_v1_and_enforces_rbac(kube_api: client.ApiClient) 
     auth = client.AuthorizationV1Api(kube_api)
 
     async def allowed(user: str, verb: str, resource: str, group: str = "") -> bool:
-        review = await auth.create_subject_access_review({
-            "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
-            "spec": {
-                "user": user,
-                "resourceAttributes": {"verb": verb, "resource": resource, "group": group},
-            },
-        })
+        review = await auth.create_subject_access_review(
+            {
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SubjectAccessReview",
+                "spec": {
+                    "user": user,
+                    "resourceAttributes": {"verb": verb, "resource": resource, "group": group},
+                },
+            }
+        )
         return bool(review.status.allowed)
 
     # The scheduler's bootstrap role lets it allocate claims, and RBAC (not AlwaysAllow) denies the rest.
@@ -94,7 +97,10 @@ async def test_serves_resource_v1_and_enforces_rbac(kube_api: client.ApiClient) 
 
 # ------------------------------------------------------------------------------------------ nodes
 async def test_registered_node_is_ready_untainted_and_schedulable(
-    control_plane: ControlPlane, kube_api: client.ApiClient, namespace: str, make_node: Callable[..., str],
+    control_plane: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
 ) -> None:
     core = client.CoreV1Api(kube_api)
     node_name = make_node("plain", labels={"example.com/pool": "a"}, allocatable={"cpu": "2"})
@@ -107,7 +113,9 @@ async def test_registered_node_is_ready_untainted_and_schedulable(
 
     def pod(name: str, cpu: str) -> dict[str, object]:
         return {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
             "spec": {
                 "nodeSelector": {"kubernetes.io/hostname": node_name},
                 "containers": [
@@ -150,9 +158,17 @@ async def test_controller_manager_runs_gc_namespace_and_serviceaccount_controlle
     await poll(default_sa)  # serviceaccount-controller
 
     owner = await core.create_namespaced_config_map(ns, {"metadata": {"name": "owner"}})
-    await core.create_namespaced_config_map(ns, {"metadata": {"name": "dependent", "ownerReferences": [
-        {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner.metadata.uid},
-    ]}})
+    await core.create_namespaced_config_map(
+        ns,
+        {
+            "metadata": {
+                "name": "dependent",
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner.metadata.uid},
+                ],
+            }
+        },
+    )
     await core.delete_namespaced_config_map("owner", ns)
 
     async def dependent_collected() -> bool:
@@ -170,7 +186,8 @@ async def test_controller_manager_runs_gc_namespace_and_serviceaccount_controlle
 
 
 def test_service_account_kubeconfig_has_only_granted_rights(
-    control_plane: ControlPlane, namespace: str,
+    control_plane: ControlPlane,
+    namespace: str,
 ) -> None:
     control_plane.kubectl("-n", namespace, "create", "serviceaccount", "robot")
     kubeconfig = control_plane.service_account_kubeconfig(namespace, "robot")
@@ -182,8 +199,15 @@ def test_service_account_kubeconfig_has_only_granted_rights(
         return proc.stdout.strip()
 
     assert can_i("list", "pods") == "no"
-    control_plane.kubectl("-n", namespace, "create", "rolebinding", "robot-view", "--clusterrole=view",
-                          f"--serviceaccount={namespace}:robot")
+    control_plane.kubectl(
+        "-n",
+        namespace,
+        "create",
+        "rolebinding",
+        "robot-view",
+        "--clusterrole=view",
+        f"--serviceaccount={namespace}:robot",
+    )
     assert can_i("list", "pods") == "yes"
     assert can_i("delete", "pods") == "no"
 
@@ -249,7 +273,7 @@ def test_owner_killed_with_sigkill_takes_components_down(control_plane: ControlP
         import json, sys, time
         from pathlib import Path
         from dynamig.devcluster import ControlPlane, find_binaries
-        cp = ControlPlane(work_dir=Path({str(tmp_path / 'cp')!r}),
+        cp = ControlPlane(work_dir=Path({str(tmp_path / "cp")!r}),
                           binaries=find_binaries({{"KUBEBUILDER_ASSETS": {assets!r}}}))
         cp.start()
         print(json.dumps(cp.pids), flush=True)
@@ -289,8 +313,9 @@ def test_dev_cluster_cli_up_env_down(control_plane: ControlPlane, tmp_path: Path
         assert exports[0] == f"export KUBECONFIG={kubeconfig}"
         assert exports[1].startswith(f"export PATH={control_plane.binaries.directory}:")
         kubectl = [str(control_plane.binaries.kubectl), f"--kubeconfig={kubeconfig}"]
-        got = subprocess.run([*kubectl, "get", "ns", "kube-system", "-o", "name"],
-                             capture_output=True, text=True, check=True)
+        got = subprocess.run(
+            [*kubectl, "get", "ns", "kube-system", "-o", "name"], capture_output=True, text=True, check=True
+        )
         assert got.stdout.strip() == "namespace/kube-system"
         state = json.loads((state_dir / "state.json").read_text())
         pids = [state["supervisor_pid"], *state["component_pids"].values()]

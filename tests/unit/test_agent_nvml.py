@@ -112,8 +112,9 @@ def _agent(devices: NvmlDevices) -> NodeAgent:
     from kubernetes_asyncio.client import ApiClient, Configuration
 
     conf = Configuration(host="http://127.0.0.1:9")  # never contacted: ensure() makes no API call
-    return NodeAgent(AgentSettings(node="n1"), KubeApi(ApiClient(conf)), devices,
-                     AgentMetrics(CollectorRegistry(), "n1"))
+    return NodeAgent(
+        AgentSettings(node="n1"), KubeApi(ApiClient(conf)), devices, AgentMetrics(CollectorRegistry(), "n1")
+    )
 
 
 async def test_ensure_creates_missing_instance_and_reports_ids(devices: NvmlDevices) -> None:

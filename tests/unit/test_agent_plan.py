@@ -70,8 +70,14 @@ def test_removal_waits_for_settle_period_then_destroys() -> None:
 
 def test_busy_instance_is_kept_and_blocks_what_overlaps_it() -> None:
     desired = parse_layout("7g.80gb@0")
-    plan = plan_gpu(H100, desired, obs("1g.10gb@0,1g.10gb@1", busy="1g.10gb@1"),
-                    {PlacedInstance(0, "1g.10gb"): 0.0, PlacedInstance(1, "1g.10gb"): 0.0}, 100.0, 1.0)
+    plan = plan_gpu(
+        H100,
+        desired,
+        obs("1g.10gb@0,1g.10gb@1", busy="1g.10gb@1"),
+        {PlacedInstance(0, "1g.10gb"): 0.0, PlacedInstance(1, "1g.10gb"): 0.0},
+        100.0,
+        1.0,
+    )
     assert plan.destroy == (PlacedInstance(0, "1g.10gb"),)
     assert [w.placed for w in plan.kept_busy] == [PlacedInstance(1, "1g.10gb")]
     assert "ns/c" in plan.kept_busy[0].reason
@@ -134,8 +140,11 @@ def test_plan_never_destroys_busy_and_never_overlaps(
 
 def test_slices_split_at_128_devices_and_carry_pool_metadata() -> None:
     profile = H100.profile("1g.10gb")
-    devices = [MigDevice(g, profile, s, "NVIDIA H100 80GB HBM3", f"GPU-{g}").to_api()
-               for g in range(40) for s in range(7)]  # 280 devices
+    devices = [
+        MigDevice(g, profile, s, "NVIDIA H100 80GB HBM3", f"GPU-{g}").to_api()
+        for g in range(40)
+        for s in range(7)
+    ]  # 280 devices
     slices = build_resource_slices("node-a", 7, devices)
     assert [len(s["spec"]["devices"]) for s in slices] == [MAX_DEVICES_PER_SLICE, MAX_DEVICES_PER_SLICE, 24]
     for s in slices:
@@ -155,18 +164,32 @@ def test_ownership_rules() -> None:
     assert not node_is_managed({"dynamig.io/managed": "false"}) and not node_is_managed({})
     assert node_mig_owner({"nvidia.com/mig.config": "all-1g.10gb"}) is not None
     assert node_mig_owner({}) is None
-    nvidia_slice = {"spec": {"driver": "gpu.nvidia.com", "devices": [
-        {"name": "gpu-0-mig-1", "attributes": {"type": {"string": "mig"}, "parentUUID": {"string": "GPU-A"}}},
-    ]}}
-    ours = {"spec": {"driver": "mig.dynamig.io", "devices": [
-        {"name": "gpu1-1g10gb-s0", "attributes": {"mig.dynamig.io/parentUUID": {"string": "GPU-B"}}},
-    ]}}
+    nvidia_slice = {
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "devices": [
+                {
+                    "name": "gpu-0-mig-1",
+                    "attributes": {"type": {"string": "mig"}, "parentUUID": {"string": "GPU-A"}},
+                },
+            ],
+        }
+    }
+    ours = {
+        "spec": {
+            "driver": "mig.dynamig.io",
+            "devices": [
+                {"name": "gpu1-1g10gb-s0", "attributes": {"mig.dynamig.io/parentUUID": {"string": "GPU-B"}}},
+            ],
+        }
+    }
     assert foreign_mig_owners([nvidia_slice, ours], ["GPU-A", "GPU-B"]) == {"GPU-A": "gpu.nvidia.com"}
 
 
 def test_gpu_partition_model_round_trip_and_conditions() -> None:
     obj = {
-        "apiVersion": "dynamig.io/v1alpha1", "kind": "GpuPartition",
+        "apiVersion": "dynamig.io/v1alpha1",
+        "kind": "GpuPartition",
         "metadata": {"name": "n-gpu0", "generation": 3},
         "spec": {"layout": [{"profile": "3g.40gb", "start": 4}, {"profile": "3g.40gb", "start": 0}]},
     }
@@ -205,8 +228,10 @@ def test_transient_api_errors_are_the_retryable_ones() -> None:
 def test_allocated_devices_keeps_only_this_driver_and_pool() -> None:
     def claim(ns: str, name: str, *results: tuple[str, str, str]) -> dict[str, Any]:
         rows = [{"request": "gpu", "driver": d, "pool": p, "device": dev} for d, p, dev in results]
-        return {"metadata": {"namespace": ns, "name": name},
-                "status": {"allocation": {"devices": {"results": rows}}}}
+        return {
+            "metadata": {"namespace": ns, "name": name},
+            "status": {"allocation": {"devices": {"results": rows}}},
+        }
 
     mine = "mig.dynamig.io"
 
@@ -217,4 +242,6 @@ def test_allocated_devices_keeps_only_this_driver_and_pool() -> None:
         {"metadata": {"namespace": "d", "name": "pending"}, "status": {}},
     ]
     assert allocated_devices(claims, "mig.dynamig.io", "n1") == {
-        "gpu0-1g10gb-s0": ["a/one", "c/three"], "gpu1-7g80gb-s0": ["c/three"]}
+        "gpu0-1g10gb-s0": ["a/one", "c/three"],
+        "gpu1-7g80gb-s0": ["c/three"],
+    }

@@ -41,8 +41,9 @@ def result(device: str, *, pool: str = "node-a", driver: str = DRIVER, request: 
 
 
 def test_parse_claim_and_accept_devices_of_this_node() -> None:
-    claim = parse_claim(claim_json([result("gpu0-1g10gb-s6", request="gpu/small"),
-                                    result("other", driver="gpu.example.com")]))
+    claim = parse_claim(
+        claim_json([result("gpu0-1g10gb-s6", request="gpu/small"), result("other", driver="gpu.example.com")])
+    )
     assert claim.allocated and claim.uid == UID
     [dev] = devices_for_node(REF, claim, driver="mig.dynamig.io", node="node-a")
     got = (dev.device, dev.pool, dev.request, dev.base_request)
@@ -102,10 +103,17 @@ def test_proto_fields_match_the_kubelet_wire_interface() -> None:
     v1, v1beta1, reg = loaded.dra_v1, loaded.dra_v1beta1, loaded.registration
     assert fields(v1, "Claim") == {"namespace": 1, "uid": 2, "name": 3}
     assert fields(v1, "Device") == {
-        "request_names": 1, "pool_name": 2, "device_name": 3, "cdi_device_ids": 4, "share_id": 5,
+        "request_names": 1,
+        "pool_name": 2,
+        "device_name": 3,
+        "cdi_device_ids": 4,
+        "share_id": 5,
     }
     assert fields(v1beta1, "Device") == {
-        "request_names": 1, "pool_name": 2, "device_name": 3, "cdi_device_ids": 4,
+        "request_names": 1,
+        "pool_name": 2,
+        "device_name": 3,
+        "cdi_device_ids": 4,
     }
     for mod in (v1, v1beta1):
         assert fields(mod, "NodePrepareResourceResponse") == {"devices": 1, "error": 2}
@@ -117,7 +125,8 @@ def test_proto_fields_match_the_kubelet_wire_interface() -> None:
     assert fields(reg, "PluginInfo") == {"type": 1, "name": 2, "endpoint": 3, "supported_versions": 4}
     assert fields(reg, "RegistrationStatus") == {"plugin_registered": 1, "error": 2}
     assert [m.name for m in reg.DESCRIPTOR.services_by_name["Registration"].methods] == [
-        "GetInfo", "NotifyRegistrationStatus",
+        "GetInfo",
+        "NotifyRegistrationStatus",
     ]
 
 

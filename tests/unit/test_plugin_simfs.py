@@ -62,8 +62,13 @@ def test_sync_mirrors_nvml_and_the_plugin_reads_it(devices: NvmlDevices, tmp_pat
     for inst in (a, b):
         assert inst.ci_id is not None
         prepared = PreparedInstance(
-            device_name="x", mig_uuid=inst.mig_uuid, parent_uuid=gpu.uuid, gpu_index=0, gpu_minor=gpu.minor,
-            gi_id=inst.gi_id, ci_id=inst.ci_id,
+            device_name="x",
+            mig_uuid=inst.mig_uuid,
+            parent_uuid=gpu.uuid,
+            gpu_index=0,
+            gpu_minor=gpu.minor,
+            gi_id=inst.gi_id,
+            ci_id=inst.ci_id,
         )
         minors = cdi.read_capability_minors(proc, prepared)
         assert minors == cdi.CapabilityMinors(

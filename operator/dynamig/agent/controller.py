@@ -136,8 +136,10 @@ class NodeAgent:
         if self.settings.watch:
             from dynamig.agent.watch import watch_tasks
 
-            watchers = [asyncio.create_task(c, name=f"agent-watch-{i}")
-                        for i, c in enumerate(watch_tasks(self.api, self.settings.node, self.wake, stop))]
+            watchers = [
+                asyncio.create_task(c, name=f"agent-watch-{i}")
+                for i, c in enumerate(watch_tasks(self.api, self.settings.node, self.wake, stop))
+            ]
         try:
             await self._loop(stop)
         finally:
@@ -341,8 +343,9 @@ class NodeAgent:
             for p in plan.destroy:
                 dev = device_name(gpu.index, p.profile, p.start)
                 if fresh_claims is None:  # re-check right before destroying: did a claim win the race?
-                    fresh_claims = allocated_devices(await self.api.list_claims(), self.settings.driver,
-                                                     self.settings.node)
+                    fresh_claims = allocated_devices(
+                        await self.api.list_claims(), self.settings.driver, self.settings.node
+                    )
                 holders = fresh_claims.get(dev, [])
                 if holders or dev in self.prepared:
                     why = ", ".join(holders) or "prepared by the kubelet"
@@ -426,8 +429,9 @@ class NodeAgent:
             update["last_reshape_time"] = tnow
         status = status.model_copy(update=update)
 
-        out = _GpuOutcome(name=part.name, status=status, busy=reshaping, instances=instances,
-                          published=published)
+        out = _GpuOutcome(
+            name=part.name, status=status, busy=reshaping, instances=instances, published=published
+        )
         for i in instances:
             if i.placed in published:
                 out.devices.append(self._device(gpu, i))

@@ -123,8 +123,12 @@ async def run_agent(options: AgentOptions) -> int:
         agent = NodeAgent(settings, api, devices, metrics)
         if options.uninstall:
             n_slices, n_parts = await agent.uninstall()
-            log.info("uninstalled from %s: %d ResourceSlice(s), %d GpuPartition(s) deleted; MIG left as is",
-                     settings.node, n_slices, n_parts)
+            log.info(
+                "uninstalled from %s: %d ResourceSlice(s), %d GpuPartition(s) deleted; MIG left as is",
+                settings.node,
+                n_slices,
+                n_parts,
+            )
             return 0
         if options.metrics_port is not None:
             started = start_http_server(options.metrics_port, addr=options.metrics_address, registry=registry)

@@ -59,16 +59,12 @@ class SlicePublisher:
         by_name = {s["metadata"]["name"]: s for s in current}
         top = max([self.generation, *(_generation(s) for s in current)])
         probe = build_resource_slices(self.node, top, devices, self.driver)
-        same = (
-            len(current) == len(probe)
-            and all(
-                p["metadata"]["name"] in by_name
-                and _digest(by_name[p["metadata"]["name"]]) == _digest(p)
-                and _generation(by_name[p["metadata"]["name"]]) == top
-                and int(by_name[p["metadata"]["name"]]["spec"]["pool"].get("resourceSliceCount", 0))
-                == len(probe)
-                for p in probe
-            )
+        same = len(current) == len(probe) and all(
+            p["metadata"]["name"] in by_name
+            and _digest(by_name[p["metadata"]["name"]]) == _digest(p)
+            and _generation(by_name[p["metadata"]["name"]]) == top
+            and int(by_name[p["metadata"]["name"]]["spec"]["pool"].get("resourceSliceCount", 0)) == len(probe)
+            for p in probe
         )
         if same:
             self.generation = top
@@ -99,7 +95,10 @@ class SlicePublisher:
         self.publishes += 1
         log.info(
             "published %d device(s) for node %s in %d slice(s), pool generation %d",
-            len(devices), self.node, len(wanted), generation,
+            len(devices),
+            self.node,
+            len(wanted),
+            generation,
         )
         return True
 

@@ -47,16 +47,33 @@ def watch_tasks(
     """Coroutines watching ``node``'s GpuPartitions and slices and all claims, calling ``wake`` on events."""
 
     def partitions(w: watch.Watch) -> Any:
-        return w.stream(api.custom.list_cluster_custom_object, GROUP, VERSION, GPU_PARTITION_PLURAL,
-                        label_selector=f"{NODE_LABEL}={node}", timeout_seconds=300)
+        return w.stream(
+            api.custom.list_cluster_custom_object,
+            GROUP,
+            VERSION,
+            GPU_PARTITION_PLURAL,
+            label_selector=f"{NODE_LABEL}={node}",
+            timeout_seconds=300,
+        )
 
     def claims(w: watch.Watch) -> Any:
-        return w.stream(api.custom.list_cluster_custom_object, RESOURCE_GROUP, RESOURCE_VERSION,
-                        "resourceclaims", timeout_seconds=300)
+        return w.stream(
+            api.custom.list_cluster_custom_object,
+            RESOURCE_GROUP,
+            RESOURCE_VERSION,
+            "resourceclaims",
+            timeout_seconds=300,
+        )
 
     def slices(w: watch.Watch) -> Any:
-        return w.stream(api.custom.list_cluster_custom_object, RESOURCE_GROUP, RESOURCE_VERSION,
-                        "resourceslices", field_selector=f"spec.nodeName={node}", timeout_seconds=300)
+        return w.stream(
+            api.custom.list_cluster_custom_object,
+            RESOURCE_GROUP,
+            RESOURCE_VERSION,
+            "resourceslices",
+            field_selector=f"spec.nodeName={node}",
+            timeout_seconds=300,
+        )
 
     def nodes(w: watch.Watch) -> Any:
         return w.stream(api.core.list_node, field_selector=f"metadata.name={node}", timeout_seconds=300)

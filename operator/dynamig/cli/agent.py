@@ -19,42 +19,94 @@ from pathlib import Path
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("agent", help="run the node agent (NVML reconcile, ResourceSlices, DRA plugin)")
-    p.add_argument("--node", default=os.environ.get("NODE_NAME"),
-                   help="name of the Node this agent manages (default $NODE_NAME)")
-    p.add_argument("--nvml", choices=("real", "simulated"), default="real",
-                   help="NVML library: the real one, or the simulated one (no GPU needed)")
-    p.add_argument("--simulate-gpus", default="H100-80GB:1",
-                   help="with --nvml simulated: GPUs as catalog-key:count, comma separated")
-    p.add_argument("--state", type=Path, default=None,
-                   help="with --nvml simulated: file holding the simulated GPUs' MIG state across restarts")
-    p.add_argument("--sim-create-latency", type=float, default=0.0,
-                   help="with --nvml simulated: seconds each GI/CI creation takes")
-    p.add_argument("--sim-destroy-latency", type=float, default=0.0,
-                   help="with --nvml simulated: seconds each GI/CI destruction takes")
-    p.add_argument("--kubeconfig", type=Path, default=None,
-                   help="kubeconfig file (default $KUBECONFIG, ~/.kube/config, then in-cluster)")
-    p.add_argument("--settle-seconds", type=float, default=5.0,
-                   help="how long an instance must be out of the ResourceSlice and unallocated before it "
-                        "may be destroyed")
-    p.add_argument("--interval", type=float, default=10.0,
-                   help="seconds between rounds when all GPUs are Stable")
+    p.add_argument(
+        "--node",
+        default=os.environ.get("NODE_NAME"),
+        help="name of the Node this agent manages (default $NODE_NAME)",
+    )
+    p.add_argument(
+        "--nvml",
+        choices=("real", "simulated"),
+        default="real",
+        help="NVML library: the real one, or the simulated one (no GPU needed)",
+    )
+    p.add_argument(
+        "--simulate-gpus",
+        default="H100-80GB:1",
+        help="with --nvml simulated: GPUs as catalog-key:count, comma separated",
+    )
+    p.add_argument(
+        "--state",
+        type=Path,
+        default=None,
+        help="with --nvml simulated: file holding the simulated GPUs' MIG state across restarts",
+    )
+    p.add_argument(
+        "--sim-create-latency",
+        type=float,
+        default=0.0,
+        help="with --nvml simulated: seconds each GI/CI creation takes",
+    )
+    p.add_argument(
+        "--sim-destroy-latency",
+        type=float,
+        default=0.0,
+        help="with --nvml simulated: seconds each GI/CI destruction takes",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=None,
+        help="kubeconfig file (default $KUBECONFIG, ~/.kube/config, then in-cluster)",
+    )
+    p.add_argument(
+        "--settle-seconds",
+        type=float,
+        default=5.0,
+        help="how long an instance must be out of the ResourceSlice and unallocated before it "
+        "may be destroyed",
+    )
+    p.add_argument(
+        "--interval", type=float, default=10.0, help="seconds between rounds when all GPUs are Stable"
+    )
     p.add_argument("--reshape-poll", type=float, default=0.5, help="seconds between rounds while reshaping")
-    p.add_argument("--metrics-port", type=int, default=9465,
-                   help="Prometheus metrics port (0: any free port, -1: no metrics server)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9465,
+        help="Prometheus metrics port (0: any free port, -1: no metrics server)",
+    )
     p.add_argument("--metrics-address", default="0.0.0.0", help="address the metrics server binds")
-    p.add_argument("--uninstall", action="store_true",
-                   help="delete this node's ResourceSlices and GpuPartitions and exit; MIG is left as is")
-    p.add_argument("--kubelet-plugin", action=argparse.BooleanOptionalAction, default=None,
-                   help="serve the kubelet DRA plugin (default: on with --nvml real, off with simulated)")
-    p.add_argument("--kubelet-root", "--kubelet-dir", dest="kubelet_root", type=Path,
-                   default=Path("/var/lib/kubelet"), help="the kubelet's root directory")
+    p.add_argument(
+        "--uninstall",
+        action="store_true",
+        help="delete this node's ResourceSlices and GpuPartitions and exit; MIG is left as is",
+    )
+    p.add_argument(
+        "--kubelet-plugin",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="serve the kubelet DRA plugin (default: on with --nvml real, off with simulated)",
+    )
+    p.add_argument(
+        "--kubelet-root",
+        "--kubelet-dir",
+        dest="kubelet_root",
+        type=Path,
+        default=Path("/var/lib/kubelet"),
+        help="the kubelet's root directory",
+    )
     p.add_argument("--cdi-root", type=Path, default=Path("/var/run/cdi"), help="where CDI specs are written")
     p.add_argument("--dev-root", type=Path, default=Path("/dev"), help="directory of the NVIDIA device nodes")
-    p.add_argument("--proc-root", type=Path, default=Path("/proc"),
-                   help="directory holding driver/nvidia/capabilities")
-    p.add_argument("--proc-driver-nvidia", type=Path, default=None,
-                   help="the driver/nvidia directory itself, e.g. /host/proc/driver/nvidia (overrides "
-                        "--proc-root)")
+    p.add_argument(
+        "--proc-root", type=Path, default=Path("/proc"), help="directory holding driver/nvidia/capabilities"
+    )
+    p.add_argument(
+        "--proc-driver-nvidia",
+        type=Path,
+        default=None,
+        help="the driver/nvidia directory itself, e.g. /host/proc/driver/nvidia (overrides --proc-root)",
+    )
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--log-format", choices=("text", "json"), default="text")
     p.set_defaults(func=run)
@@ -87,8 +139,12 @@ def run(args: argparse.Namespace) -> int:
     serve_plugin = args.kubelet_plugin if args.kubelet_plugin is not None else args.nvml == "real"
     if serve_plugin:
         proc_root = args.proc_driver_nvidia.parent.parent if args.proc_driver_nvidia else args.proc_root
-        plugin = PluginOptions(kubelet_root=args.kubelet_root, cdi_root=args.cdi_root, dev_root=args.dev_root,
-                               proc_root=proc_root)
+        plugin = PluginOptions(
+            kubelet_root=args.kubelet_root,
+            cdi_root=args.cdi_root,
+            dev_root=args.dev_root,
+            proc_root=proc_root,
+        )
     options = AgentOptions(
         settings=AgentSettings(
             node=args.node,

@@ -19,14 +19,24 @@ def _say(message: str) -> None:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("dev-cluster", help="run a local Kubernetes control plane (etcd, API server, "
-                            "scheduler, controller manager) in the background")
-    parser.add_argument("--state-dir", type=Path, default=None,
-                        help="where the cluster keeps its files (default ~/.cache/dynamig/dev-cluster)")
+    parser = sub.add_parser(
+        "dev-cluster",
+        help="run a local Kubernetes control plane (etcd, API server, "
+        "scheduler, controller manager) in the background",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="where the cluster keeps its files (default ~/.cache/dynamig/dev-cluster)",
+    )
     actions = parser.add_subparsers(dest="action", required=True)
     up = actions.add_parser("up", help="start the cluster (no-op when running) and print the kubeconfig path")
-    up.add_argument("--foreground", action="store_true",
-                    help="run in this process until interrupted instead of in the background")
+    up.add_argument(
+        "--foreground",
+        action="store_true",
+        help="run in this process until interrupted instead of in the background",
+    )
     actions.add_parser("down", help="stop the cluster and delete its files")
     actions.add_parser("env", help="print shell exports for KUBECONFIG and PATH (kubectl)")
     actions.add_parser("status", help="print whether the cluster runs, its server URL and log directory")
@@ -57,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
             return 1
         if args.action == "env":
             print(f"export KUBECONFIG={shlex.quote(state.kubeconfig)}")
-            print(f"export PATH={shlex.quote(state.bin_dir)}:\"$PATH\"")
+            print(f'export PATH={shlex.quote(state.bin_dir)}:"$PATH"')
         else:
             print(f"running: supervisor pid {state.supervisor_pid}, server {state.server_url}")
             print(f"kubeconfig: {state.kubeconfig}")

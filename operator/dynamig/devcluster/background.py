@@ -117,10 +117,21 @@ def up(state_dir: Path, say: Say, *, timeout: float = 120.0) -> ClusterState:
         log = state_dir / "supervisor.log"
         say("starting the control plane in the background")
         with open(log, "wb") as fh:
-            argv = [sys.executable, "-m", "dynamig", "dev-cluster", f"--state-dir={state_dir}",
-                    "up", "--foreground"]
+            argv = [
+                sys.executable,
+                "-m",
+                "dynamig",
+                "dev-cluster",
+                f"--state-dir={state_dir}",
+                "up",
+                "--foreground",
+            ]
             proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env=env,
                 start_new_session=True,
             )
         deadline = time.monotonic() + timeout
@@ -165,8 +176,12 @@ def run_foreground(state_dir: Path, say: Say) -> int:
     try:
         cp.start()
         ClusterState(
-            supervisor_pid=os.getpid(), server_url=cp.server_url, kubeconfig=str(cp.kubeconfig_path),
-            bin_dir=str(cp.binaries.directory), log_dir=str(cp.log_dir), component_pids=cp.pids,
+            supervisor_pid=os.getpid(),
+            server_url=cp.server_url,
+            kubeconfig=str(cp.kubeconfig_path),
+            bin_dir=str(cp.binaries.directory),
+            log_dir=str(cp.log_dir),
+            component_pids=cp.pids,
             start_seconds=round(cp.start_seconds or 0.0, 2),
         ).write(state_dir)
         say(f"kubeconfig: {cp.kubeconfig_path}")

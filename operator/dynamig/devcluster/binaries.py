@@ -110,7 +110,11 @@ def find_binaries(
         )
     say(f"running {BUILD_SCRIPT} (a no-op once built; the first build takes minutes)")
     proc = subprocess.run(
-        ["bash", str(root / BUILD_SCRIPT)], cwd=root, env=dict(env), stdout=subprocess.PIPE, text=True,
+        ["bash", str(root / BUILD_SCRIPT)],
+        cwd=root,
+        env=dict(env),
+        stdout=subprocess.PIPE,
+        text=True,
         check=False,
     )
     lines = proc.stdout.strip().splitlines()

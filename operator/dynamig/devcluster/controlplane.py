@@ -216,8 +216,9 @@ class ControlPlane:
 
     def _stop_components(self) -> None:
         comps = self._components
-        upper = [comps[n] for n in ("kube-controller-manager", "kube-scheduler", "kube-apiserver")
-                 if n in comps]
+        upper = [
+            comps[n] for n in ("kube-controller-manager", "kube-scheduler", "kube-apiserver") if n in comps
+        ]
         stop_all(upper, timeout=5.0)
         if "etcd" in comps:
             stop_all([comps["etcd"]], timeout=5.0)
@@ -226,21 +227,24 @@ class ControlPlane:
     def __enter__(self) -> ControlPlane:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     async def __aenter__(self) -> ControlPlane:
         return await asyncio.to_thread(self.start)
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await asyncio.to_thread(self.stop)
 
     # ----------------------------------------------------------------------------------------- start-up
     def _spawn(self, name: str, argv: list[str]) -> Component:
-        comp = Component.spawn(name, argv + self._extra.get(name, []), log_path=self.log_dir / f"{name}.log",
-                               cwd=self.work_dir)
+        comp = Component.spawn(
+            name, argv + self._extra.get(name, []), log_path=self.log_dir / f"{name}.log", cwd=self.work_dir
+        )
         self._components[name] = comp
         return comp
 
@@ -252,41 +256,53 @@ class ControlPlane:
         etcd_data = wd / "etcd"
         shutil.rmtree(etcd_data, ignore_errors=True)
         self._progress("starting etcd and kube-apiserver")
-        etcd = self._spawn("etcd", [
-            str(bins.etcd), "--name=dynamig", f"--data-dir={etcd_data}",
-            f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
-            f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
-            f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
-            f"--initial-cluster=dynamig=http://127.0.0.1:{peer_port}",
-            "--unsafe-no-fsync",  # throw-away data: skip fsync, a large start-up and latency win
-            # A single member elects itself after one election timeout: 200 ms instead of the default 1 s.
-            "--heartbeat-interval=20", "--election-timeout=200",
-            "--log-level=warn",
-        ])
+        etcd = self._spawn(
+            "etcd",
+            [
+                str(bins.etcd),
+                "--name=dynamig",
+                f"--data-dir={etcd_data}",
+                f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
+                f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+                f"--initial-cluster=dynamig=http://127.0.0.1:{peer_port}",
+                "--unsafe-no-fsync",  # throw-away data: skip fsync, a large start-up and latency win
+                # A single member elects itself after one election timeout: 200 ms instead of the default 1 s.
+                "--heartbeat-interval=20",
+                "--election-timeout=200",
+                "--log-level=warn",
+            ],
+        )
         # The API server retries etcd until it answers, so both start together and etcd's start is hidden.
         self._api_port = free_port()
-        apiserver = self._spawn("kube-apiserver", [
-            str(bins.kube_apiserver),
-            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self._api_port}",
-            f"--cert-dir={wd / 'pki'}",
-            f"--tls-cert-file={pki.apiserver.cert}", f"--tls-private-key-file={pki.apiserver.key}",
-            f"--client-ca-file={pki.ca.cert}",
-            f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
-            f"--service-account-key-file={pki.service_account_pub}",
-            f"--service-account-signing-key-file={pki.service_account_key}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--authorization-mode=Node,RBAC",
-            "--enable-admission-plugins=NodeRestriction",
-            "--disable-admission-plugins=TaintNodesByCondition",
-            "--runtime-config=resource.k8s.io/v1=true",
-            "--allow-privileged=true",
-            # The default reconciler publishes the advertise address as the endpoint of the `kubernetes`
-            # Service, and Endpoints reject loopback addresses: nothing in this cluster needs that endpoint.
-            "--endpoint-reconciler-type=none",
-            "--profiling=false",
-        ])
+        apiserver = self._spawn(
+            "kube-apiserver",
+            [
+                str(bins.kube_apiserver),
+                f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self._api_port}",
+                f"--cert-dir={wd / 'pki'}",
+                f"--tls-cert-file={pki.apiserver.cert}",
+                f"--tls-private-key-file={pki.apiserver.key}",
+                f"--client-ca-file={pki.ca.cert}",
+                f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+                f"--service-account-key-file={pki.service_account_pub}",
+                f"--service-account-signing-key-file={pki.service_account_key}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                "--disable-admission-plugins=TaintNodesByCondition",
+                "--runtime-config=resource.k8s.io/v1=true",
+                "--allow-privileged=true",
+                # The default reconciler publishes the advertise address as the endpoint of the `kubernetes`
+                # Service, and Endpoints reject loopback addresses: nothing here needs that endpoint.
+                "--endpoint-reconciler-type=none",
+                "--profiling=false",
+            ],
+        )
         admin = self.rest()
         self._wait(etcd, deadline, lambda: self._http_ok(etcd_port, "/health"))
         self._wait(apiserver, deadline, lambda: self._rest_ok(admin, "/readyz"))
@@ -294,27 +310,42 @@ class ControlPlane:
         self._write_kubeconfigs()
         sched_port, kcm_port = free_port(), free_port()
         sched_config = wd / "scheduler-config.yaml"
-        sched_config.write_text(yaml.safe_dump({
-            "apiVersion": "kubescheduler.config.k8s.io/v1",
-            "kind": "KubeSchedulerConfiguration",
-            "clientConnection": {"kubeconfig": str(wd / "scheduler.kubeconfig")},
-            "leaderElection": {"leaderElect": False},
-        }))
+        sched_config.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kubescheduler.config.k8s.io/v1",
+                    "kind": "KubeSchedulerConfiguration",
+                    "clientConnection": {"kubeconfig": str(wd / "scheduler.kubeconfig")},
+                    "leaderElection": {"leaderElect": False},
+                }
+            )
+        )
         self._progress("starting kube-scheduler and kube-controller-manager")
-        scheduler = self._spawn("kube-scheduler", [
-            str(bins.kube_scheduler), f"--config={sched_config}",
-            "--bind-address=127.0.0.1", f"--secure-port={sched_port}", "--v=2",
-        ])
-        kcm = self._spawn("kube-controller-manager", [
-            str(bins.kube_controller_manager),
-            f"--kubeconfig={wd / 'controller-manager.kubeconfig'}",
-            "--bind-address=127.0.0.1", f"--secure-port={kcm_port}", "--leader-elect=false",
-            f"--controllers={','.join(KUBE_CONTROLLERS)}",
-            # Each controller acts as its own service account, with its bootstrap RBAC role.
-            "--use-service-account-credentials=true",
-            f"--root-ca-file={pki.ca.cert}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-        ])
+        scheduler = self._spawn(
+            "kube-scheduler",
+            [
+                str(bins.kube_scheduler),
+                f"--config={sched_config}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={sched_port}",
+                "--v=2",
+            ],
+        )
+        kcm = self._spawn(
+            "kube-controller-manager",
+            [
+                str(bins.kube_controller_manager),
+                f"--kubeconfig={wd / 'controller-manager.kubeconfig'}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={kcm_port}",
+                "--leader-elect=false",
+                f"--controllers={','.join(KUBE_CONTROLLERS)}",
+                # Each controller acts as its own service account, with its bootstrap RBAC role.
+                "--use-service-account-credentials=true",
+                f"--root-ca-file={pki.ca.cert}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+            ],
+        )
         self._wait(scheduler, deadline, lambda: self._http_ok(sched_port, "/readyz", tls=True))
         self._wait(kcm, deadline, lambda: self._http_ok(kcm_port, "/healthz", tls=True))
 
@@ -343,7 +374,8 @@ class ControlPlane:
         try:
             if tls:
                 conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-                    "127.0.0.1", port, timeout=2, context=_insecure_context())
+                    "127.0.0.1", port, timeout=2, context=_insecure_context()
+                )
             else:
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
             try:
@@ -386,8 +418,9 @@ class ControlPlane:
         env["PATH"] = os.pathsep.join([str(self.binaries.directory), env.get("PATH", "")])
         return env
 
-    def kubectl(self, *args: str, check: bool = True, input: str | None = None,
-                timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self, *args: str, check: bool = True, input: str | None = None, timeout: float = 60.0
+    ) -> subprocess.CompletedProcess[str]:
         """Run kubectl against this cluster; text stdout/stderr captured. Raises on failure when ``check``."""
         cmd = [str(self.binaries.kubectl), f"--kubeconfig={self.kubeconfig_path}", *args]
         proc = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout, check=False)
@@ -414,17 +447,22 @@ class ControlPlane:
         async with ApiClient(configuration=self.client_configuration()) as api:
             yield api
 
-    def service_account_kubeconfig(self, namespace: str, name: str, *,
-                                   expiration_seconds: int = 3600) -> Path:
+    def service_account_kubeconfig(
+        self, namespace: str, name: str, *, expiration_seconds: int = 3600
+    ) -> Path:
         """A kubeconfig that acts as ServiceAccount ``namespace/name`` (token from the TokenRequest API).
 
         For running a component with exactly the RBAC its manifests grant. The ServiceAccount must exist.
         Side effects: requests a token and writes ``<work_dir>/sa-<namespace>-<name>.kubeconfig``.
         """
         status = self.rest().request(
-            "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-             "spec": {"expirationSeconds": expiration_seconds}},
+            "POST",
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+            {
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {"expirationSeconds": expiration_seconds},
+            },
         )["status"]
         user = f"system:serviceaccount:{namespace}:{name}"
         config = _kubeconfig(self.server_url, self.pki.ca, self.pki.admin, user)
@@ -456,42 +494,78 @@ class ControlPlane:
             **(labels or {}),
         }
         try:
-            node = api.request("POST", "/api/v1/nodes", {
-                "apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": node_labels},
-            })
+            node = api.request(
+                "POST",
+                "/api/v1/nodes",
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {"name": name, "labels": node_labels},
+                },
+            )
         except ApiError as exc:
             if exc.status != 409:
                 raise
-            node = api.request("PATCH", f"/api/v1/nodes/{name}", {"metadata": {"labels": node_labels}},
-                               content_type="application/merge-patch+json")
+            node = api.request(
+                "PATCH",
+                f"/api/v1/nodes/{name}",
+                {"metadata": {"labels": node_labels}},
+                content_type="application/merge-patch+json",
+            )
         taints = node.get("spec", {}).get("taints") or []
         kept = [t for t in taints if t.get("key") not in _NODE_CONDITION_TAINTS]
         if kept != taints:
-            api.request("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": kept or None}},
-                        content_type="application/merge-patch+json")
+            api.request(
+                "PATCH",
+                f"/api/v1/nodes/{name}",
+                {"spec": {"taints": kept or None}},
+                content_type="application/merge-patch+json",
+            )
         resources = {**DEFAULT_ALLOCATABLE, **(allocatable or {})}
         now = _now()
 
         def condition(kind: str, status: str, reason: str) -> dict[str, str]:
-            return {"type": kind, "status": status, "reason": reason,
-                    "message": "registered by dynamig devcluster",
-                    "lastHeartbeatTime": now, "lastTransitionTime": now}
+            return {
+                "type": kind,
+                "status": status,
+                "reason": reason,
+                "message": "registered by dynamig devcluster",
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": now,
+            }
 
-        return api.request("PATCH", f"/api/v1/nodes/{name}/status", {"status": {
-            "capacity": resources,
-            "allocatable": resources,
-            "conditions": [
-                condition("Ready", "True", "KubeletReady"),
-                condition("MemoryPressure", "False", "KubeletHasSufficientMemory"),
-                condition("DiskPressure", "False", "KubeletHasNoDiskPressure"),
-                condition("PIDPressure", "False", "KubeletHasSufficientPID"),
-            ],
-            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
-                          {"type": "Hostname", "address": name}],
-            "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux", "kubeletVersion": "v1.36.3",
-                         "containerRuntimeVersion": "none://0", "kernelVersion": "",
-                         "osImage": "dynamig fake node", "machineID": "", "systemUUID": "", "bootID": ""},
-        }}, content_type="application/merge-patch+json")
+        return api.request(
+            "PATCH",
+            f"/api/v1/nodes/{name}/status",
+            {
+                "status": {
+                    "capacity": resources,
+                    "allocatable": resources,
+                    "conditions": [
+                        condition("Ready", "True", "KubeletReady"),
+                        condition("MemoryPressure", "False", "KubeletHasSufficientMemory"),
+                        condition("DiskPressure", "False", "KubeletHasNoDiskPressure"),
+                        condition("PIDPressure", "False", "KubeletHasSufficientPID"),
+                    ],
+                    "addresses": [
+                        {"type": "InternalIP", "address": "127.0.0.1"},
+                        {"type": "Hostname", "address": name},
+                    ],
+                    "nodeInfo": {
+                        "architecture": "amd64",
+                        "operatingSystem": "linux",
+                        "kubeletVersion": "v1.36.3",
+                        "containerRuntimeVersion": "none://0",
+                        "kernelVersion": "",
+                        "osImage": "dynamig fake node",
+                        "machineID": "",
+                        "systemUUID": "",
+                        "bootID": "",
+                    },
+                }
+            },
+            content_type="application/merge-patch+json",
+        )
 
     def delete_node(self, name: str) -> None:
         """Delete a Node (its owned ResourceSlices follow through the garbage collector). Missing is fine."""
@@ -501,8 +575,13 @@ class ControlPlane:
             if exc.status != 404:
                 raise
 
-    async def aregister_node(self, name: str, *, labels: Mapping[str, str] | None = None,
-                             allocatable: Mapping[str, str] | None = None) -> dict[str, Any]:
+    async def aregister_node(
+        self,
+        name: str,
+        *,
+        labels: Mapping[str, str] | None = None,
+        allocatable: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
         """:meth:`register_node` without blocking the event loop."""
         return await asyncio.to_thread(self.register_node, name, labels=labels, allocatable=allocatable)
 

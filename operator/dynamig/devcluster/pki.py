@@ -118,11 +118,13 @@ def generate_pki(directory: Path, *, service_ip: str = "10.0.0.1") -> ClusterPki
         subject=ca_name, key=ca_key, issuer=ca_name, issuer_key=ca_key, is_ca=True, usages=[], sans=[]
     )
 
-    def leaf(stem: str, subject: x509.Name, usages: list[x509.ObjectIdentifier],
-             sans: list[x509.GeneralName]) -> CertPair:
+    def leaf(
+        stem: str, subject: x509.Name, usages: list[x509.ObjectIdentifier], sans: list[x509.GeneralName]
+    ) -> CertPair:
         key = _new_key()
-        cert = _issue(subject=subject, key=key, issuer=ca_name, issuer_key=ca_key, is_ca=False,
-                      usages=usages, sans=sans)
+        cert = _issue(
+            subject=subject, key=key, issuer=ca_name, issuer_key=ca_key, is_ca=False, usages=usages, sans=sans
+        )
         pair = CertPair(cert=directory / f"{stem}.crt", key=directory / f"{stem}.key")
         _write(pair.cert, cert.public_bytes(serialization.Encoding.PEM), private=False)
         _write(pair.key, _key_pem(key), private=True)
@@ -133,8 +135,14 @@ def generate_pki(directory: Path, *, service_ip: str = "10.0.0.1") -> ClusterPki
     _write(ca.key, _key_pem(ca_key), private=True)
 
     server_sans: list[x509.GeneralName] = [
-        x509.DNSName(n) for n in ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-                                  "kubernetes.default.svc.cluster.local")
+        x509.DNSName(n)
+        for n in (
+            "localhost",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        )
     ]
     server_sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", service_ip)]
     client = [ExtendedKeyUsageOID.CLIENT_AUTH]
@@ -156,6 +164,11 @@ def generate_pki(directory: Path, *, service_ip: str = "10.0.0.1") -> ClusterPki
         private=False,
     )
     return ClusterPki(
-        ca=ca, apiserver=apiserver, admin=admin, scheduler=scheduler, controller_manager=controller_manager,
-        service_account_key=sa_priv, service_account_pub=sa_pub,
+        ca=ca,
+        apiserver=apiserver,
+        admin=admin,
+        scheduler=scheduler,
+        controller_manager=controller_manager,
+        service_account_key=sa_priv,
+        service_account_pub=sa_pub,
     )

@@ -62,13 +62,20 @@ class Component:
         self.started_at = time.monotonic()
 
     @classmethod
-    def spawn(cls, name: str, argv: Sequence[str], *, log_path: Path, cwd: Path,
-              env: dict[str, str] | None = None) -> Component:
+    def spawn(
+        cls, name: str, argv: Sequence[str], *, log_path: Path, cwd: Path, env: dict[str, str] | None = None
+    ) -> Component:
         """Start ``argv`` in a new session with stdout and stderr appended to ``log_path``. Side effects."""
         with open(log_path, "ab") as log:
             popen = subprocess.Popen(
-                list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env,
-                start_new_session=True, preexec_fn=_pdeathsig_preexec(),
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_pdeathsig_preexec(),
             )
         comp = cls(name, popen, log_path)
         with _live_lock:

@@ -116,8 +116,11 @@ def make_node(control_plane: ControlPlane, request: pytest.FixtureRequest) -> It
     """Factory: ``make_node(prefix="node", labels=None, allocatable=None) -> name`` of a new Ready node."""
     created: list[str] = []
 
-    def make(prefix: str = "node", labels: Mapping[str, str] | None = None,
-             allocatable: Mapping[str, str] | None = None) -> str:
+    def make(
+        prefix: str = "node",
+        labels: Mapping[str, str] | None = None,
+        allocatable: Mapping[str, str] | None = None,
+    ) -> str:
         name = unique_name(prefix)
         control_plane.register_node(name, labels=labels, allocatable=allocatable)
         created.append(name)

@@ -25,8 +25,16 @@ class ApiError(RuntimeError):
 class RestClient:
     """JSON requests to ``https://host:port`` with a client certificate; the server is checked by ``ca``."""
 
-    def __init__(self, host: str, port: int, *, ca: Path | None, cert: Path | None = None,
-                 key: Path | None = None, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        ca: Path | None,
+        cert: Path | None = None,
+        key: Path | None = None,
+        timeout: float = 10.0,
+    ) -> None:
         self.host = host
         self.port = port
         self.timeout = timeout
@@ -35,8 +43,9 @@ class RestClient:
             ctx.load_cert_chain(str(cert), str(key))
         self._ctx = ctx
 
-    def raw(self, method: str, path: str, body: bytes | None = None,
-            content_type: str = "application/json") -> tuple[int, str]:
+    def raw(
+        self, method: str, path: str, body: bytes | None = None, content_type: str = "application/json"
+    ) -> tuple[int, str]:
         """One request; returns (status, body text). Raises ``OSError`` when the server cannot be reached."""
         conn = http.client.HTTPSConnection(self.host, self.port, context=self._ctx, timeout=self.timeout)
         try:
@@ -49,8 +58,9 @@ class RestClient:
         finally:
             conn.close()
 
-    def request(self, method: str, path: str, obj: Any = None,
-                content_type: str = "application/json") -> dict[str, Any]:
+    def request(
+        self, method: str, path: str, obj: Any = None, content_type: str = "application/json"
+    ) -> dict[str, Any]:
         """Send ``obj`` as JSON and return the decoded JSON answer; raises :class:`ApiError` on non-2xx."""
         body = None if obj is None else json.dumps(obj).encode()
         status, text = self.raw(method, path, body, content_type)

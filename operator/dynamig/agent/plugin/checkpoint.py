@@ -107,8 +107,9 @@ def _claims_from_json(data: dict[str, Any]) -> dict[str, PreparedClaim]:
             )
             for d in c["devices"]
         )
-        claims[str(uid)] = PreparedClaim(uid=str(uid), namespace=str(c["namespace"]), name=str(c["name"]),
-                                         devices=devices)
+        claims[str(uid)] = PreparedClaim(
+            uid=str(uid), namespace=str(c["namespace"]), name=str(c["name"]), devices=devices
+        )
     return claims
 
 

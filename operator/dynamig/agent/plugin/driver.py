@@ -220,8 +220,9 @@ class MigDriver:
             )
             for d in prepared.devices
         ]
-        cdi.write_spec(self._settings.cdi_root, prepared.uid, cdi.build_spec(prepared.uid, devs,
-                                                                               self._settings.dev_root))
+        cdi.write_spec(
+            self._settings.cdi_root, prepared.uid, cdi.build_spec(prepared.uid, devs, self._settings.dev_root)
+        )
 
     async def _unprepare_locked(self, ref: ClaimRef) -> None:
         # Release first: if it fails the entry stays, the kubelet retries, and the release is not lost.

@@ -201,6 +201,10 @@ async def serve_plugin(
         await dra_server.stop(None)
         _remove_socket(settings.dra_socket)
         raise
-    log.info("DRA plugin %s serving on %s (registration %s)", settings.driver_name, settings.dra_socket,
-             settings.registration_socket)
+    log.info(
+        "DRA plugin %s serving on %s (registration %s)",
+        settings.driver_name,
+        settings.dra_socket,
+        settings.registration_socket,
+    )
     return PluginServer(settings, driver, dra_server, registration_server, registration)
