@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dynamig.agent.controller import AgentSettings, NodeAgent
 from dynamig.agent.nvml_device import NvmlDevices
-from dynamig.demo.cluster import ensure_device_class
+from dynamig.demo.cluster import claim_pod, ensure_device_class
 from dynamig.demo.inprocess import agent_running
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.geometry.catalog import load_catalog
@@ -156,22 +156,7 @@ class Api:
         return str(result["device"])
 
     async def create_pod(self, namespace: str, name: str, node: str, claim: str) -> None:
-        body = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": node},
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "registry.invalid/cuda-sample:1",
-                        "resources": {"claims": [{"name": "gpu"}]},
-                    }
-                ],
-            },
-        }
+        body = claim_pod(name, {"kubernetes.io/hostname": node}, claim=claim)
         await self.core.create_namespaced_pod(namespace, body)
 
     async def release(self, namespace: str, pod: str, claim: str) -> None:

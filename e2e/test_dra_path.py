@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import pytest
 from kubernetes_asyncio import client
 
-from dynamig.demo.cluster import ensure_device_class
+from dynamig.demo.cluster import claim_pod, ensure_device_class
 from dynamig.devcluster import eventually
 from dynamig.geometry.catalog import load_catalog
 from dynamig.kube.devices import MigDevice
@@ -53,23 +53,7 @@ def claim_template(name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def pod(name: str, node: str, template: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            # Pinned to this test's node: the session's cluster is shared with other tests.
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.invalid/cuda-sample:1",
-                    "resources": {"claims": [{"name": "gpu"}], "requests": {"cpu": "100m", "memory": "64Mi"}},
-                }
-            ],
-        },
-    }
+    return claim_pod(name, {"kubernetes.io/hostname": node}, template=template)
 
 
 @dataclass(frozen=True)

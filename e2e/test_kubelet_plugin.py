@@ -57,7 +57,7 @@ from dynamig.agent.plugin.simfs import (
     gi_cap_minor,
 )
 from dynamig.agent.plugin.stubs import Stubs, load_stubs
-from dynamig.demo.cluster import ensure_device_class
+from dynamig.demo.cluster import claim_pod, ensure_device_class
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.model import PlacedInstance, device_name
@@ -283,22 +283,7 @@ async def allocate_selector(
     )
     await core.create_namespaced_pod(
         namespace,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": f"p-{claim_name}"},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": node},
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "registry.invalid/cuda-sample:1",
-                        "resources": {"claims": [{"name": "gpu"}]},
-                    }
-                ],
-            },
-        },
+        claim_pod(f"p-{claim_name}", {"kubernetes.io/hostname": node}, claim=claim_name),
     )
 
     async def allocated() -> client.ResourceV1ResourceClaim | None:

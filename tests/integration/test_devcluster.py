@@ -119,7 +119,7 @@ async def test_registered_node_is_ready_untainted_and_schedulable(
             "spec": {
                 "nodeSelector": {"kubernetes.io/hostname": node_name},
                 "containers": [
-                    {"name": "c", "image": "registry.invalid/x:1", "resources": {"requests": {"cpu": cpu}}},
+                    {"name": "c", "image": "example.invalid/x:1", "resources": {"requests": {"cpu": cpu}}},
                 ],
             },
         }

@@ -799,7 +799,7 @@ def test_agent_and_operator_run_with_exactly_the_rbac_the_manifests_grant(
         "spec": {
             "nodeName": node,
             "serviceAccountName": "dynamig-agent",
-            "containers": [{"name": "agent", "image": "registry.invalid/dynamig:test"}],
+            "containers": [{"name": "agent", "image": "example.invalid/dynamig:test"}],
         },
     }
     api = cp.rest()

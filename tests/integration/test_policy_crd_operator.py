@@ -30,7 +30,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-from dynamig.demo.cluster import ScenarioApi, first_available
+from dynamig.demo.cluster import ScenarioApi, claim_pod, first_available
 from dynamig.demo.inprocess import operator_running
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.kube.names import GROUP, VERSION
@@ -101,22 +101,7 @@ class Cluster(ScenarioApi):
         await self.custom.create_namespaced_custom_object(
             "resource.k8s.io", "v1", self.ns, "resourceclaims", claim
         )
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": node},
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "registry.invalid/infer:1",
-                        "resources": {"claims": [{"name": "gpu"}]},
-                    }
-                ],
-            },
-        }
+        pod = claim_pod(name, {"kubernetes.io/hostname": node}, claim=name)
         await self.core.create_namespaced_pod(self.ns, pod)
 
 

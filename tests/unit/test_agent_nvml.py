@@ -33,14 +33,6 @@ def nvml() -> Iterator[ModuleType]:
     module.configure(gpus=[], state_file=None)
 
 
-@pytest.fixture
-def devices(nvml: ModuleType) -> Iterator[NvmlDevices]:
-    d = NvmlDevices(nvml, load_catalog())
-    d.init()
-    yield d
-    d.shutdown()
-
-
 def layout(devices: NvmlDevices, index: int) -> tuple[PlacedInstance, ...]:
     gpu = devices.gpu(index)
     return tuple(i.placed for i in devices.instances(gpu))

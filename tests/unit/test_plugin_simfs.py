@@ -19,7 +19,6 @@ from dynamig.agent.plugin import cdi
 from dynamig.agent.plugin.instances import PreparedInstance
 from dynamig.agent.plugin.simfs import SimulatedDriverFiles, ci_cap_minor, gi_cap_minor
 from dynamig.backends.nvml import load_nvml
-from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.model import PlacedInstance
 
 
@@ -29,14 +28,6 @@ def nvml() -> Iterator[ModuleType]:
     module.configure(gpus=["H100-80GB"], state_file=None)
     yield module
     module.configure(gpus=[], state_file=None)
-
-
-@pytest.fixture
-def devices(nvml: ModuleType) -> Iterator[NvmlDevices]:
-    d = NvmlDevices(nvml, load_catalog())
-    d.init()
-    yield d
-    d.shutdown()
 
 
 def test_minor_numbering_is_unique_per_gpu_gi_and_ci() -> None:

@@ -26,6 +26,7 @@ from dynamig.agent.devices_service import AgentMigInstances
 from dynamig.agent.kubeapi import KubeApi
 from dynamig.agent.metrics import AgentMetrics
 from dynamig.agent.nvml_device import NvmlDevices
+from dynamig.agent.plugin.settings import PluginSettings
 from dynamig.geometry.catalog import load_catalog
 
 log = logging.getLogger(__name__)
@@ -42,16 +43,6 @@ class SimulationOptions:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class PluginOptions:
-    """Where the kubelet DRA plugin listens and writes (``--kubelet-plugin``)."""
-
-    kubelet_root: Path
-    cdi_root: Path
-    dev_root: Path
-    proc_root: Path
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class AgentOptions:
     settings: AgentSettings
     nvml: str = "real"  # "real" | "simulated"
@@ -60,7 +51,7 @@ class AgentOptions:
     metrics_address: str = "0.0.0.0"
     metrics_port: int | None = None  # None: no metrics server; 0: any free port
     uninstall: bool = False
-    plugin: PluginOptions | None = None
+    plugin: PluginSettings | None = None  # serve the kubelet DRA plugin with these settings
 
 
 def parse_simulated_gpus(text: str) -> tuple[str, ...]:
@@ -137,7 +128,7 @@ async def run_agent(options: AgentOptions) -> int:
             log.info("metrics on http://%s:%d/metrics", options.metrics_address, port)
         instances: Any = AgentMigInstances(agent)
         if options.plugin is not None:
-            from dynamig.agent.plugin import PluginSettings, serve_plugin
+            from dynamig.agent.plugin import serve_plugin
 
             p = options.plugin
             if options.nvml == "simulated":
@@ -146,14 +137,7 @@ async def run_agent(options: AgentOptions) -> int:
 
                 files = SimulatedDriverFiles(devices, proc_root=p.proc_root, dev_root=p.dev_root)
                 instances = SimulatedDriverInstances(instances, files)
-            plugin_settings = PluginSettings(
-                node_name=settings.node,
-                kubelet_root=p.kubelet_root,
-                cdi_root=p.cdi_root,
-                dev_root=p.dev_root,
-                proc_root=p.proc_root,
-            )
-            plugin_server = await serve_plugin(plugin_settings, instances, api_client)
+            plugin_server = await serve_plugin(p, instances, api_client)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -116,11 +116,11 @@ def run(args: argparse.Namespace) -> int:
     from dynamig.agent.controller import AgentSettings
     from dynamig.agent.main import (
         AgentOptions,
-        PluginOptions,
         SimulationOptions,
         parse_simulated_gpus,
         run_agent,
     )
+    from dynamig.agent.plugin.settings import PluginSettings
     from dynamig.cli._logging import configure_logging
 
     configure_logging(args.log_level, args.log_format)
@@ -139,7 +139,8 @@ def run(args: argparse.Namespace) -> int:
     serve_plugin = args.kubelet_plugin if args.kubelet_plugin is not None else args.nvml == "real"
     if serve_plugin:
         proc_root = args.proc_driver_nvidia.parent.parent if args.proc_driver_nvidia else args.proc_root
-        plugin = PluginOptions(
+        plugin = PluginSettings(
+            node_name=args.node,
             kubelet_root=args.kubelet_root,
             cdi_root=args.cdi_root,
             dev_root=args.dev_root,

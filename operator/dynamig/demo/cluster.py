@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -58,6 +58,33 @@ async def ensure_device_class(resource: client.ResourceV1Api) -> None:
     except ApiException as exc:
         if exc.status != 409:
             raise
+
+
+def claim_pod(
+    name: str,
+    node_selector: Mapping[str, str],
+    *,
+    claim: str | None = None,
+    template: str | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A Pod whose one container uses one ResourceClaim: ``claim`` by name, or one made from ``template``.
+
+    No kubelet runs it here; the scheduler allocates its claim and binds it. Pure.
+    """
+    source = {"resourceClaimName": claim} if claim else {"resourceClaimTemplateName": template}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": dict(labels or {})},
+        "spec": {
+            "nodeSelector": dict(node_selector),
+            "resourceClaims": [{"name": "gpu", **source}],
+            "containers": [
+                {"name": "main", "image": "example.invalid/app:1", "resources": {"claims": [{"name": "gpu"}]}}
+            ],
+        },
+    }
 
 
 class ScenarioApi:
@@ -145,22 +172,7 @@ class ScenarioApi:
         )
 
     async def pod(self, name: str, template: str, node_selector: dict[str, str]) -> None:
-        body = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "labels": {"app": name.rsplit("-", 1)[0]}},
-            "spec": {
-                "nodeSelector": node_selector,
-                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "example.invalid/app:1",
-                        "resources": {"claims": [{"name": "gpu"}]},
-                    }
-                ],
-            },
-        }
+        body = claim_pod(name, node_selector, template=template, labels={"app": name.rsplit("-", 1)[0]})
         await self.core.create_namespaced_pod(self.ns, body)
 
     async def delete_pods(self, names: list[str]) -> None:

@@ -220,33 +220,18 @@ def set_condition(
 ) -> list[Condition]:
     """Conditions with ``ctype`` set; lastTransitionTime kept unless its status changes. Pure."""
     text = "Unknown" if status is None else ("True" if status else "False")
-    out: list[Condition] = []
-    found = False
-    for c in conditions:
-        if c.type != ctype:
-            out.append(c)
-            continue
-        found = True
-        when = c.last_transition_time if c.status == text and c.last_transition_time else now
-        out.append(
-            Condition(
-                type=ctype,
-                status=text,
-                reason=reason,
-                message=message,
-                last_transition_time=when,
-                observed_generation=generation,
-            )
-        )
-    if not found:
-        out.append(
-            Condition(
-                type=ctype,
-                status=text,
-                reason=reason,
-                message=message,
-                last_transition_time=now,
-                observed_generation=generation,
-            )
-        )
-    return out
+    previous = next((c for c in conditions if c.type == ctype), None)
+    when = now
+    if previous is not None and previous.status == text and previous.last_transition_time:
+        when = previous.last_transition_time
+    updated = Condition(
+        type=ctype,
+        status=text,
+        reason=reason,
+        message=message,
+        last_transition_time=when,
+        observed_generation=generation,
+    )
+    if previous is None:
+        return [*conditions, updated]
+    return [updated if c.type == ctype else c for c in conditions]
