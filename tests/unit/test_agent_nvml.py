@@ -135,3 +135,81 @@ async def test_ensure_refuses_taken_placement_and_unknown_names(devices: NvmlDev
         await service.ensure("gpu7-1g10gb-s0")
     assert layout(devices, 0) == parse_layout("3g.40gb@4")
     await agent.api.api_client.close()
+
+
+def test_each_instance_is_read_through_its_own_mig_device(devices: NvmlDevices, nvml: ModuleType) -> None:
+    """UUID, memory, multiprocessors and processes come from the MIG device handle, not the parent GPU
+    (nvml.h: nvmlComputeInstanceInfo_t.device is the "Parent device"; per-instance memory and processes
+    "can be queried by using specific MIG device handles")."""
+    gpu = devices.gpu(0)  # H100-80GB
+    model = gpu.model
+    assert model is not None
+    small = devices.create(gpu, PlacedInstance(0, "1g.10gb"))
+    big = devices.create(gpu, PlacedInstance(4, "3g.40gb"))
+    for inst in (small, big):
+        profile = model.profile(inst.profile)
+        assert inst.mig_uuid.startswith("MIG-") and inst.mig_uuid != gpu.uuid
+        assert inst.memory_bytes == profile.memory_mib * 2**20
+        assert inst.multiprocessors == profile.multiprocessors
+    assert small.mig_uuid != big.mig_uuid
+    nvml.attach_process(big.mig_uuid, 4242)
+    by_start = {i.start: i for i in devices.instances(gpu)}
+    assert (by_start[0].processes, by_start[4].processes) == (0, 1)  # one process busies one instance only
+
+
+def test_a_gpu_instance_split_by_someone_else_is_reported_as_it_is(
+    devices: NvmlDevices, nvml: ModuleType
+) -> None:
+    import ctypes
+
+    import pynvml
+
+    gpu = devices.gpu(0)
+    h = nvml.nvmlDeviceGetHandleByIndex(0)
+    pl = pynvml.c_nvmlGpuInstancePlacement_t(0, 4)
+    gi = nvml.nvmlDeviceCreateGpuInstanceWithPlacement(h, 9, ctypes.byref(pl))  # 3g.40gb@0, no CI yet
+    (bare,) = devices.instances(gpu)
+    assert not bare.has_compute_instance and bare.whole is None and not bare.partitioned
+    for _ in range(2):  # like `nvidia-smi mig -cci 0,0`: two 1-slice compute instances
+        nvml.nvmlGpuInstanceCreateComputeInstance(gi, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE)
+    (split,) = devices.instances(gpu)
+    assert split.partitioned and split.whole is None and split.ci_id is None and split.mig_uuid == ""
+    assert len(split.compute_instances) == 2
+    assert all(c.mig_uuid.startswith("MIG-") and c.slices == 1 for c in split.compute_instances)
+    assert split.describe_compute() == "2 compute instance(s) (1c, 1c of 3 compute slices)"
+    with pytest.raises(ValueError, match="2 compute instance"):
+        devices.create(gpu, PlacedInstance(0, "3g.40gb"))  # never "completed" into a third CI
+    assert len(devices.instances(gpu)[0].compute_instances) == 2
+
+
+def test_profiles_are_read_again_when_mig_mode_changes(nvml: ModuleType) -> None:
+    nvml.configure(gpus=["H100-80GB"], state_file=None, mig_enabled=False)
+    devices = NvmlDevices(nvml, load_catalog())
+    devices.init()
+    off = devices.gpu(0)
+    assert not off.mig_enabled and devices.instances(off) == []
+    assert off.model is not None and off.model.has_profile("1g.10gb")  # the catalog's, not an empty list
+    nvml.nvmlDeviceSetMigMode(nvml.nvmlDeviceGetHandleByIndex(0), nvml.NVML_DEVICE_MIG_ENABLE)
+    on = devices.gpu(0)
+    assert on.mig_enabled and on.model is not None and on.model.profile("1g.10gb").profile_id == 19
+    assert devices.create(on, PlacedInstance(6, "1g.10gb")).mig_uuid.startswith("MIG-")
+
+
+def test_nvml_is_initialised_again_after_a_driver_reload(devices: NvmlDevices, nvml: ModuleType) -> None:
+    gpu = devices.gpu(0)
+    devices.create(gpu, PlacedInstance(0, "1g.10gb"))
+    nvml.reload_driver()
+    with pytest.raises(nvml.NVMLError_Uninitialized):
+        devices.instances(gpu)  # the old session is stale
+    found, failed = devices.discover()
+    assert devices.reinits == 1 and not failed and [g.uuid for g in found][0] == gpu.uuid
+    assert [i.placed for i in devices.instances(found[0])] == [PlacedInstance(0, "1g.10gb")]
+
+
+def test_a_gpu_is_identified_by_uuid_not_index(devices: NvmlDevices, nvml: ModuleType) -> None:
+    import dataclasses
+
+    other = dataclasses.replace(devices.gpu(0), uuid=devices.gpu(1).uuid)  # index 0 no longer that GPU
+    with pytest.raises(nvml.NVMLError_NotFound):
+        devices.create(other, PlacedInstance(0, "1g.10gb"))
+    assert devices.instances(devices.gpu(0)) == []

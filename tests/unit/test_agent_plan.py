@@ -245,3 +245,14 @@ def test_allocated_devices_keeps_only_this_driver_and_pool() -> None:
         "gpu0-1g10gb-s0": ["a/one", "c/three"],
         "gpu1-7g80gb-s0": ["c/three"],
     }
+
+
+@pytest.mark.parametrize("desired", ["", "3g.40gb@0", "7g.80gb@0"])
+def test_a_gpu_instance_split_outside_dynamig_is_never_published_completed_or_destroyed(desired: str) -> None:
+    split = Observed(PlacedInstance(0, "3g.40gb"), partitioned="2 compute instance(s) (1c, 1c of 3)")
+    plan = plan_gpu(H100, parse_layout(desired), (split,), {split.placed: 0.0}, 1e9, 5.0)
+    assert split.busy and "outside dynamig" in split.busy_reason()
+    assert plan.publish == () and plan.destroy == () and plan.complete == ()
+    assert [w.placed for w in plan.kept_busy] == [split.placed]
+    if desired == "7g.80gb@0":  # what overlaps it waits for it
+        assert plan.create == () and [w.placed for w in plan.blocked] == [PlacedInstance(0, "7g.80gb")]

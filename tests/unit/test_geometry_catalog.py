@@ -5,6 +5,8 @@ Runs for real: the packaged YAML data files are loaded and checked. Nothing is s
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from dynamig.geometry.catalog import (
@@ -16,7 +18,7 @@ from dynamig.geometry.catalog import (
     pci_device_id_of,
 )
 from dynamig.geometry.layout import enumerate_layouts, is_valid
-from dynamig.geometry.model import GpuModel, MediaExtension, PlacedInstance
+from dynamig.geometry.model import GpuModel, MediaExtension, PlacedInstance, device_name
 
 EXPECTED_KEYS = {
     "A30-24GB", "A100-40GB", "A100-80GB", "H100-80GB", "H100-94GB", "H100-96GB", "H200-141GB",
@@ -173,3 +175,17 @@ profiles:
     with pytest.raises(CatalogError, match="does not match the name suffix"):
         build_catalog([("x.yaml", doc.replace("[1]", "[0]").replace("source: T", "source: T, media: '+me'"))])
     assert build_catalog([("x.yaml", doc.replace("[1]", "[0]"))]).model("X").profile("7g.1gb").ofas == 0
+
+
+@pytest.mark.parametrize("model", load_catalog().models(), ids=lambda m: m.key)
+def test_device_names_are_distinct_dns_labels(model: GpuModel) -> None:
+    """Every (profile, start) of a model gets its own name: `+me` and `-me` profiles never collide."""
+    names = [device_name(0, p.name, s) for p in model.profiles for s in p.placement_starts]
+    assert len(set(names)) == len(names)
+    assert all(re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", n) and len(n) <= 63 for n in names), names
+
+
+def test_media_engine_variants_are_named_apart() -> None:
+    assert device_name(0, "1g.24gb+me", 3) == "gpu0-1g24gb-me-s3"
+    assert device_name(0, "1g.24gb-me", 3) == "gpu0-1g24gb-nome-s3"
+    assert device_name(1, "2g.48gb+gfx", 0) == "gpu1-2g48gb-gfx-s0"

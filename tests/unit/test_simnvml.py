@@ -62,8 +62,24 @@ def _full_ci(gi: Any) -> Any:
     raise AssertionError("no full compute-instance profile")
 
 
+def _mig_handle(ci: Any) -> Any:
+    """The MIG device of compute instance ``ci``, found the documented way: walk the parent's MIG device
+    indices and match GI and CI ids (``nvmlComputeInstanceGetInfo(ci).device`` is the parent)."""
+    info = nv.nvmlComputeInstanceGetInfo(ci)
+    parent = info.device
+    gi_id = nv.nvmlGpuInstanceGetInfo(info.gpuInstance).id
+    for index in range(nv.nvmlDeviceGetMaxMigDeviceCount(parent)):
+        try:
+            mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(parent, index)
+        except pynvml.NVMLError_NotFound:
+            continue
+        if (nv.nvmlDeviceGetGpuInstanceId(mig), nv.nvmlDeviceGetComputeInstanceId(mig)) == (gi_id, info.id):
+            return mig
+    raise AssertionError("no MIG device for the compute instance")
+
+
 def _mig_uuid(ci: Any) -> str:
-    uuid: str = nv.nvmlDeviceGetUUID(nv.nvmlComputeInstanceGetInfo(ci).device)
+    uuid: str = nv.nvmlDeviceGetUUID(_mig_handle(ci))
     return uuid
 
 
@@ -231,7 +247,10 @@ def test_compute_instances_mig_devices_and_processes() -> None:
     assert nv.nvmlComputeInstanceGetInfo(ci).profileId == pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1
     with pytest.raises(pynvml.NVMLError_InsufficientResources):
         nv.nvmlGpuInstanceCreateComputeInstance(gi, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1)
-    mig = nv.nvmlComputeInstanceGetInfo(ci).device
+    parent_of_ci = nv.nvmlComputeInstanceGetInfo(ci).device  # nvml.h: "Parent device"
+    assert nv.nvmlDeviceIsMigDeviceHandle(parent_of_ci).value == 0
+    assert nv.nvmlDeviceGetUUID(parent_of_ci) == nv.nvmlDeviceGetUUID(h)
+    mig = _mig_handle(ci)
     uuid = nv.nvmlDeviceGetUUID(mig)
     assert uuid.startswith("MIG-")
     assert nv.nvmlDeviceIsMigDeviceHandle(mig).value == 1
@@ -358,7 +377,7 @@ _CHILD = textwrap.dedent(
         print("insufficient")
     else:
         ci = nv.nvmlGpuInstanceCreateComputeInstance(gi, 0)
-        print(nv.nvmlDeviceGetUUID(nv.nvmlComputeInstanceGetInfo(ci).device))
+        print(nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetMigDeviceHandleByIndex(h, 0)))
     """
 )
 
@@ -421,9 +440,7 @@ def test_every_catalog_model_answers_profile_queries(key: str) -> None:
         for start in p.placement_starts:
             gi = _create(h, p.profile_id, start, p.placement_size)
             ci = _full_ci(gi)
-            assert nv.nvmlDeviceGetAttributes(
-                nv.nvmlComputeInstanceGetInfo(ci).device
-            ).multiprocessorCount == (p.multiprocessors)
+            assert nv.nvmlDeviceGetAttributes(_mig_handle(ci)).multiprocessorCount == p.multiprocessors
             nv.nvmlComputeInstanceDestroy(ci)
             nv.nvmlGpuInstanceDestroy(gi)
 

@@ -257,7 +257,8 @@ class NodeAgent:
         labels = {NODE_LABEL: self.settings.node, GPU_INDEX_LABEL: str(gpu.index)}
         if gpu.model is not None:
             labels[PRODUCT_LABEL] = gpu.model.key
-        body = build_gpu_partition(name, labels, [i.placed for i in instances if i.has_compute_instance])
+        adopted = [i.placed for i in instances if i.has_compute_instance and not i.partitioned]
+        body = build_gpu_partition(name, labels, adopted)
         if self._node_owner is not None:
             body["metadata"]["ownerReferences"] = [dict(self._node_owner)]
         try:
@@ -294,6 +295,7 @@ class NodeAgent:
                     processes=i.processes,
                     has_compute_instance=i.has_compute_instance,
                     prepared=dev in self.prepared,
+                    partitioned=i.describe_compute() if i.partitioned else "",
                 )
             )
         return tuple(out)
@@ -311,7 +313,16 @@ class NodeAgent:
         notes: list[str] = []
         blocker: tuple[str, str] | None = None  # (reason, message) of an operation that failed
         refuse: tuple[str, str] | None = None
-        if owner is not None:
+        recorded = part.status.uuid
+        if recorded and recorded != gpu.uuid:
+            # The index now names another physical GPU: its GpuPartition's layout is not for this one.
+            refuse = (
+                Reason.GPU_REPLACED,
+                f"this GpuPartition describes GPU {recorded}, but index {gpu.index} is now {gpu.uuid}; "
+                "nothing is changed or offered until the GpuPartition is deleted (it is then re-created "
+                "adopting the GPU as it is)",
+            )
+        elif owner is not None:
             refuse = (Reason.FOREIGN_MIG_OWNER, f"not managing this GPU: {owner}")
         elif gpu.model is None:
             refuse = (Reason.UNKNOWN_MODEL, f"GPU product {gpu.product!r} is not in the MIG catalog")
@@ -326,7 +337,10 @@ class NodeAgent:
             conds = status.conditions
             for ctype in (ConditionType.MANAGED, ConditionType.READY):
                 conds = set_condition(conds, ctype, False, reason, message, gen, stamp)
-            return _GpuOutcome(name=part.name, status=status.model_copy(update={"conditions": conds}))
+            update: dict[str, Any] = {"conditions": conds}
+            if reason == Reason.GPU_REPLACED:
+                update["uuid"] = recorded  # keep the record until a person deletes the GpuPartition
+            return _GpuOutcome(name=part.name, status=status.model_copy(update=update))
 
         model = gpu.model
         now = self.clock()
@@ -424,7 +438,7 @@ class NodeAgent:
         else:
             cond(ConditionType.LAYOUT_VALID, True, Reason.VALID, f"spec.layout is valid for {model.key}")
         cond(ConditionType.READY, ready, reason, message)
-        update: dict[str, Any] = {"conditions": conds}
+        update = {"conditions": conds}
         if finished:
             update["last_reshape_time"] = tnow
         status = status.model_copy(update=update)
@@ -491,7 +505,7 @@ class NodeAgent:
         for i in instances:
             dev = device_name(i.gpu_index, i.profile, i.start)
             holders = sorted(set(claims.get(dev, [])))
-            if i.processes > 0 or dev in self.prepared:
+            if i.processes > 0 or dev in self.prepared or i.partitioned:
                 state = InstanceState.IN_USE
             elif holders:
                 state = InstanceState.ALLOCATED

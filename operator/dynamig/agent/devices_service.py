@@ -73,7 +73,7 @@ class AgentMigInstances:
         async with self.agent.lock:
             gpu, placed = await self._resolve(name)
             for inst in await asyncio.to_thread(self.agent.devices.instances, gpu):
-                if inst.placed == placed and inst.has_compute_instance:
+                if inst.placed == placed and inst.whole is not None:
                     return _prepared(name, gpu, inst)
             return None
 
@@ -89,6 +89,11 @@ class AgentMigInstances:
             assert gpu.model is not None
             instances = await asyncio.to_thread(devices.instances, gpu)
             found = next((i for i in instances if i.placed == placed), None)
+            if found is not None and found.partitioned:
+                raise InstanceError(
+                    f"{name}: GPU instance {found.gi_id} is split into {found.describe_compute()} outside "
+                    "dynamig; it cannot be handed out as one device"
+                )
             if found is None or not found.has_compute_instance:
                 profile = gpu.model.profile(placed.profile)
                 span = profile.span(placed.start)

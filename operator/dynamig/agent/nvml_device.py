@@ -49,27 +49,84 @@ class GpuInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class ComputeInstance:
+    """One compute instance of a GPU instance, read through its MIG device handle."""
+
+    ci_id: int
+    slices: int  # compute slices it spans inside its GPU instance
+    mig_uuid: str  # "MIG-...": the MIG device's own UUID, never the parent GPU's
+    memory_bytes: int | None
+    multiprocessors: int | None
+    processes: int
+
+
+@dataclass(frozen=True, slots=True)
 class MigInstance:
-    """A GPU instance (and its compute instance, when it has one) on one GPU."""
+    """A GPU instance on one GPU, with its compute instances as NVML reports them.
+
+    dynamig makes exactly one compute instance spanning the whole GPU instance (:attr:`whole`). A GPU
+    instance split into several or partial compute instances (made by someone else, e.g. ``nvidia-smi mig
+    -cci``) is reported as it is (:attr:`partitioned`) and is never offered or destroyed.
+    """
 
     gpu_index: int
     profile: str
     start: int
     size: int
     gi_id: int
-    ci_id: int | None
-    mig_uuid: str
-    memory_bytes: int | None
-    multiprocessors: int | None
-    processes: int
+    compute_slices: int  # of the GPU instance
+    compute_instances: tuple[ComputeInstance, ...] = ()
 
     @property
     def placed(self) -> PlacedInstance:
         return PlacedInstance(self.start, self.profile)
 
     @property
+    def whole(self) -> ComputeInstance | None:
+        """The single compute instance spanning the GPU instance, or None."""
+        cis = self.compute_instances
+        if len(cis) == 1 and cis[0].slices == self.compute_slices:
+            return cis[0]
+        return None
+
+    @property
     def has_compute_instance(self) -> bool:
-        return self.ci_id is not None
+        return bool(self.compute_instances)
+
+    @property
+    def partitioned(self) -> bool:
+        """Several compute instances, or one that does not span the GPU instance."""
+        return self.has_compute_instance and self.whole is None
+
+    @property
+    def ci_id(self) -> int | None:
+        w = self.whole
+        return None if w is None else w.ci_id
+
+    @property
+    def mig_uuid(self) -> str:
+        w = self.whole
+        return "" if w is None else w.mig_uuid
+
+    @property
+    def memory_bytes(self) -> int | None:
+        w = self.whole
+        return None if w is None else w.memory_bytes
+
+    @property
+    def multiprocessors(self) -> int | None:
+        w = self.whole
+        return None if w is None else w.multiprocessors
+
+    @property
+    def processes(self) -> int:
+        return sum(c.processes for c in self.compute_instances)
+
+    def describe_compute(self) -> str:
+        """How the GPU instance is split, for status and logs, e.g. ``2 compute instances (1c, 1c of 2)``."""
+        n = len(self.compute_instances)
+        parts = ", ".join(f"{c.slices}c" for c in self.compute_instances)
+        return f"{n} compute instance(s) ({parts} of {self.compute_slices} compute slices)"
 
 
 class GpuLostError(RuntimeError):
@@ -88,14 +145,25 @@ def _error_name(exc: BaseException) -> str:
     return name.removeprefix("NVMLError_")
 
 
+# Errors after which the library is re-initialised once and the call retried: NVML was shut down under us,
+# or the driver was unloaded and reloaded (every handle of the old session is then stale).
+_REINIT_ERRORS = ("Uninitialized", "DriverNotLoaded", "LibraryNotFound", "Unknown")
+
+
 class NvmlDevices:
-    """NVML access for one node. Holds a lock; every public method does NVML I/O (side effects noted)."""
+    """NVML access for one node. Holds a lock; every public method does NVML I/O (side effects noted).
+
+    A GPU is identified by its UUID: every call on it re-reads the handle at its index and checks the UUID,
+    so a GPU that disappears or is re-enumerated is never confused with another one.
+    """
 
     def __init__(self, nvml: ModuleType, catalog: Catalog) -> None:
         self.nvml = nvml
         self.catalog = catalog
         self._lock = threading.RLock()
-        self._models: dict[str, GpuModel | None] = {}  # GPU UUID -> refined model (built once per GPU)
+        # (GPU UUID, MIG mode) -> refined model: refreshed when MIG mode changes (profiles need MIG on).
+        self._models: dict[tuple[str, int], GpuModel | None] = {}
+        self.reinits = 0  # times the library was re-initialised after a driver reload
 
     # --- lifecycle -----------------------------------------------------------------------------------
 
@@ -110,6 +178,15 @@ class NvmlDevices:
                 self.nvml.nvmlShutdown()
             except self.nvml.NVMLError as exc:
                 log.debug("nvmlShutdown: %s", exc)
+
+    def reinit(self) -> None:
+        """Shut NVML down and initialise it again, forgetting every cached model. Side effect: library."""
+        with self._lock:
+            self.shutdown()
+            self._models.clear()
+            self.nvml.nvmlInit()
+            self.reinits += 1
+            log.warning("NVML re-initialised (driver reloaded or library shut down)")
 
     @property
     def error_type(self) -> type[Exception]:
@@ -129,26 +206,52 @@ class NvmlDevices:
     def gpus(self) -> list[GpuInfo]:
         """Every GPU NVML reports, with MIG mode and its refined model. Reads only; raises on any error."""
         with self._lock:
-            return [self._gpu(index) for index in range(self.nvml.nvmlDeviceGetCount())]
+            return [self._gpu(index) for index in range(self._device_count())]
 
     def discover(self) -> tuple[list[GpuInfo], dict[int, str]]:
         """The GPUs NVML can read, and ``index -> error`` for those it cannot (e.g. fallen off the bus).
 
-        Reads only. An error listing the GPUs at all is raised.
+        Reads only. An error listing the GPUs at all is raised. A library left uninitialised by a driver
+        reload is re-initialised once first.
         """
         with self._lock:
             found: list[GpuInfo] = []
             failed: dict[int, str] = {}
-            for index in range(self.nvml.nvmlDeviceGetCount()):
+            for index in range(self._device_count()):
                 try:
                     found.append(self._gpu(index))
                 except self.nvml.NVMLError as exc:
                     failed[index] = f"{_error_name(exc)}: {exc}"
             return found, failed
 
+    def _device_count(self) -> int:
+        try:
+            return int(self.nvml.nvmlDeviceGetCount())
+        except self.nvml.NVMLError as exc:
+            if _error_name(exc) not in _REINIT_ERRORS:
+                raise
+            log.warning("nvmlDeviceGetCount: %s; re-initialising NVML", _error_name(exc))
+            self.reinit()
+            return int(self.nvml.nvmlDeviceGetCount())
+
     def gpu(self, index: int) -> GpuInfo:
         with self._lock:
             return self._gpu(index)
+
+    def _handle(self, gpu: GpuInfo) -> Any:
+        """The parent device handle of ``gpu``, checked to still be the GPU with ``gpu.uuid``.
+
+        Looked up by index and verified by UUID rather than with ``nvmlDeviceGetHandleByUUID``, which nvml.h
+        lets fail with GPU_IS_LOST "if any GPU has fallen off the bus": one lost GPU must not stop the rest.
+        A different GPU at that index (re-enumerated after a GPU vanished) raises NVML's NotFound.
+        """
+        nv = self.nvml
+        h = nv.nvmlDeviceGetHandleByIndex(gpu.index)
+        now = _text(nv.nvmlDeviceGetUUID(h))
+        if now != gpu.uuid:
+            log.warning("GPU index %d is now %s, no longer %s", gpu.index, now, gpu.uuid)
+            raise nv.NVMLError(nv.NVML_ERROR_NOT_FOUND)
+        return h
 
     def _gpu(self, index: int) -> GpuInfo:
         nv = self.nvml
@@ -165,8 +268,9 @@ class NvmlDevices:
             current, pending = nv.nvmlDeviceGetMigMode(h)
         except nv.NVMLError_NotSupported:
             current, pending = MIG_DISABLED, MIG_DISABLED
-        if uuid not in self._models:
-            self._models[uuid] = self._refine_model(h, product, pci_device_id)
+        key = (uuid, int(current))
+        if key not in self._models:
+            self._models[key] = self._refine_model(h, product, pci_device_id, int(current) == MIG_ENABLED)
         return GpuInfo(
             index=index,
             uuid=uuid,
@@ -175,15 +279,22 @@ class NvmlDevices:
             minor=minor,
             mig_current=int(current),
             mig_pending=int(pending),
-            model=self._models[uuid],
+            model=self._models[key],
         )
 
-    def _refine_model(self, h: Any, product: str, pci_device_id: int) -> GpuModel | None:
-        """The catalog model for this GPU with profile data replaced by what NVML reports."""
+    def _refine_model(self, h: Any, product: str, pci_device_id: int, mig_enabled: bool) -> GpuModel | None:
+        """The catalog model for this GPU with profile data replaced by what NVML reports.
+
+        NVML answers profile queries only with MIG enabled (nvml.h, ``nvmlDeviceGetGpuInstanceProfileInfoV``:
+        NOT_SUPPORTED "if device doesn't have MIG mode enabled"), so with MIG off the catalog model is kept
+        as it is; it is refined again once MIG mode changes.
+        """
         base = self.catalog.for_product(product, pci_device_id)
         if base is None:
             log.warning("GPU %r (PCI device 0x%04x) is not in the catalog", product, pci_device_id)
             return None
+        if not mig_enabled:
+            return base
         nv = self.nvml
         profiles: list[Profile] = []
         for p in base.profiles:
@@ -223,16 +334,35 @@ class NvmlDevices:
         return [(int(arr[i].start), int(arr[i].size)) for i in range(count.value)]
 
     def instances(self, gpu: GpuInfo) -> list[MigInstance]:
-        """Every GPU instance on ``gpu`` with its compute instance, MIG UUID and process count. Reads only."""
+        """Every GPU instance on ``gpu`` with its compute instances, MIG UUIDs and processes. Reads only."""
         if gpu.model is None or not gpu.mig_enabled:
             return []
         with self._lock:
-            h = self.nvml.nvmlDeviceGetHandleByIndex(gpu.index)
+            h = self._handle(gpu)
+            migs = self._mig_devices(h)
             out = []
             for profile in gpu.model.profiles:
                 for gi in self._gpu_instances(h, profile):
-                    out.append(self._describe(gpu.index, profile, gi))
+                    out.append(self._describe(gpu.index, profile, gi, migs))
             return sorted(out, key=lambda m: (m.start, m.profile))
+
+    def _mig_devices(self, h: Any) -> dict[tuple[int, int], Any]:
+        """``(GI id, CI id) -> MIG device handle`` for every MIG device under parent ``h``.
+
+        nvml.h: ``nvmlDeviceGetMigDeviceHandleByIndex`` walks indices below ``nvmlDeviceGetMaxMigDeviceCount``
+        (NOT_FOUND "if no valid MIG device was found at index"); each handle is matched to its GI/CI through
+        ``nvmlDeviceGetGpuInstanceId`` / ``nvmlDeviceGetComputeInstanceId``. ``nvmlComputeInstanceGetInfo``'s
+        ``device`` is the *parent* device and must not be used for this.
+        """
+        nv = self.nvml
+        out: dict[tuple[int, int], Any] = {}
+        for index in range(int(nv.nvmlDeviceGetMaxMigDeviceCount(h))):
+            try:
+                mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, index)
+            except nv.NVMLError_NotFound:
+                continue
+            out[(int(nv.nvmlDeviceGetGpuInstanceId(mig)), int(nv.nvmlDeviceGetComputeInstanceId(mig)))] = mig
+        return out
 
     def _gpu_instances(self, h: Any, profile: Profile) -> list[Any]:
         nv = self.nvml
@@ -245,79 +375,82 @@ class NvmlDevices:
             return []
         return [arr[i] for i in range(count.value)]
 
-    def _describe(self, gpu_index: int, profile: Profile, gi: Any) -> MigInstance:
+    def _describe(
+        self, gpu_index: int, profile: Profile, gi: Any, migs: dict[tuple[int, int], Any]
+    ) -> MigInstance:
         nv = self.nvml
         info = nv.nvmlGpuInstanceGetInfo(gi)
-        ci = self._compute_instance(gi)
-        mig_uuid = ""
-        memory: int | None = None
-        sms: int | None = None
-        procs = 0
-        ci_id: int | None = None
-        if ci is not None:
+        gi_id = int(info.id)
+        cis = []
+        for ci in self._compute_instances(gi):
             ci_info = nv.nvmlComputeInstanceGetInfo(ci)
             ci_id = int(ci_info.id)
-            dev = ci_info.device
-            mig_uuid = _text(nv.nvmlDeviceGetUUID(dev))
-            try:
-                memory = int(nv.nvmlDeviceGetMemoryInfo(dev).total)
-            except nv.NVMLError:
-                memory = None
-            try:
-                sms = int(nv.nvmlDeviceGetAttributes(dev).multiprocessorCount)
-            except nv.NVMLError:
-                sms = None
-            try:
-                procs = len(nv.nvmlDeviceGetComputeRunningProcesses(dev))
-            except nv.NVMLError:
-                procs = 0
+            mig = migs.get((gi_id, ci_id))
+            cis.append(self._read_mig(mig, ci_id, int(ci_info.placement.size)))
         return MigInstance(
             gpu_index=gpu_index,
             profile=profile.name,
             start=int(info.placement.start),
             size=int(info.placement.size),
-            gi_id=int(info.id),
-            ci_id=ci_id,
-            mig_uuid=mig_uuid,
-            memory_bytes=memory,
-            multiprocessors=sms,
-            processes=procs,
+            gi_id=gi_id,
+            compute_slices=profile.compute_slices,
+            compute_instances=tuple(sorted(cis, key=lambda c: c.ci_id)),
         )
+
+    def _read_mig(self, mig: Any | None, ci_id: int, slices: int) -> ComputeInstance:
+        """UUID, memory, multiprocessors and processes of one MIG device, read from its own handle."""
+        nv = self.nvml
+        if mig is None:  # a CI that NVML lists but has no MIG device for (yet): nothing to hand out
+            return ComputeInstance(ci_id, slices, "", None, None, 0)
+        uuid = _text(nv.nvmlDeviceGetUUID(mig))
+        try:
+            memory: int | None = int(nv.nvmlDeviceGetMemoryInfo(mig).total)
+        except nv.NVMLError:
+            memory = None
+        try:
+            sms: int | None = int(nv.nvmlDeviceGetAttributes(mig).multiprocessorCount)
+        except nv.NVMLError:
+            sms = None
+        try:
+            procs = len(nv.nvmlDeviceGetComputeRunningProcesses(mig))
+        except nv.NVMLError:
+            procs = 0
+        return ComputeInstance(ci_id, slices, uuid, memory, sms, procs)
 
     def _ci_profile(self, gi: Any, slice_count: int) -> Any | None:
         """The compute-instance profile info that spans the whole GI (sliceCount == GI's), or None."""
-        nv = self.nvml
-        count = int(getattr(nv, "NVML_COMPUTE_INSTANCE_PROFILE_COUNT", 9))
-        shared = int(getattr(nv, "NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED", 0))
-        for enum in range(count):
-            try:
-                info = nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, enum, shared)
-            except nv.NVMLError:
-                continue
+        for info in self._ci_profiles(gi):
             if int(info.sliceCount) == slice_count:
                 return info
         return None
 
-    def _compute_instance(self, gi: Any) -> Any | None:
-        """The first compute instance of ``gi`` over every CI profile, or None when it has none."""
+    def _ci_profiles(self, gi: Any) -> list[Any]:
+        """Every compute-instance profile ``gi`` offers (shared engines)."""
         nv = self.nvml
-        count_enums = int(getattr(nv, "NVML_COMPUTE_INSTANCE_PROFILE_COUNT", 9))
+        count = int(getattr(nv, "NVML_COMPUTE_INSTANCE_PROFILE_COUNT", 9))
         shared = int(getattr(nv, "NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED", 0))
-        ci_t = _ctype(nv, "c_nvmlComputeInstance_t")
-        for enum in range(count_enums):
+        out = []
+        for enum in range(count):
             try:
-                prof = nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, enum, shared)
+                out.append(nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, enum, shared))
             except nv.NVMLError:
                 continue
+        return out
+
+    def _compute_instances(self, gi: Any) -> list[Any]:
+        """Every compute instance of ``gi``, over every CI profile."""
+        nv = self.nvml
+        ci_t = _ctype(nv, "c_nvmlComputeInstance_t")
+        found: list[Any] = []
+        for prof in self._ci_profiles(gi):
             arr = (ci_t * max(1, int(prof.instanceCount)))()
             count = ctypes.c_uint(0)
             try:
                 nv.nvmlGpuInstanceGetComputeInstances(gi, int(prof.id), arr, ctypes.byref(count))
             except nv.NVMLError:
                 continue
-            if count.value:
-                return arr[0]
-        return None
+            found.extend(arr[i] for i in range(count.value))
+        return found
 
     def _find_gi(self, h: Any, gpu: GpuInfo, placed: PlacedInstance) -> Any | None:
         assert gpu.model is not None
@@ -334,14 +467,15 @@ class NvmlDevices:
         """Create GI ``placed`` at its explicit placement and a CI spanning it. Side effect: NVML change.
 
         Idempotent: an existing GI at that placement is reused and only its missing CI is created. Raises
-        the NVML error (e.g. ``NVMLError_InsufficientResources`` for a taken placement) otherwise.
+        the NVML error (e.g. ``NVMLError_InsufficientResources`` for a taken placement) otherwise, and
+        ``ValueError`` for a GI someone else split into compute instances.
         """
         if gpu.model is None:
             raise ValueError(f"GPU {gpu.index} ({gpu.product}) has no known MIG model")
         profile = gpu.model.profile(placed.profile)
         nv = self.nvml
         with self._lock:
-            h = nv.nvmlDeviceGetHandleByIndex(gpu.index)
+            h = self._handle(gpu)
             gi = self._find_gi(h, gpu, placed)
             if gi is None:
                 placement_t = _ctype(nv, "c_nvmlGpuInstancePlacement_t")
@@ -349,12 +483,17 @@ class NvmlDevices:
                 pl.start = placed.start
                 pl.size = profile.placement_size
                 gi = nv.nvmlDeviceCreateGpuInstanceWithPlacement(h, profile.profile_id, ctypes.byref(pl))
-            if self._compute_instance(gi) is None:
+            if not self._compute_instances(gi):
                 ci_prof = self._ci_profile(gi, profile.compute_slices)
                 if ci_prof is None:
                     raise ValueError(f"no compute-instance profile spans {placed.profile} on GPU {gpu.index}")
                 nv.nvmlGpuInstanceCreateComputeInstance(gi, int(ci_prof.id))
-            return self._describe(gpu.index, profile, gi)
+            made = self._describe(gpu.index, profile, gi, self._mig_devices(h))
+            if made.partitioned:
+                raise ValueError(
+                    f"{placed.profile}@{placed.start} on GPU {gpu.index}: {made.describe_compute()}"
+                )
+            return made
 
     def destroy(self, gpu: GpuInfo, placed: PlacedInstance, *, check_processes: bool = True) -> bool:
         """Destroy the CI(s) then the GI at ``placed``. Side effect: NVML change.
@@ -364,15 +503,17 @@ class NvmlDevices:
         """
         nv = self.nvml
         with self._lock:
-            h = nv.nvmlDeviceGetHandleByIndex(gpu.index)
+            h = self._handle(gpu)
             gi = self._find_gi(h, gpu, placed)
             if gi is None:
                 return False
             if check_processes and gpu.model is not None:
-                current = self._describe(gpu.index, gpu.model.profile(placed.profile), gi)
+                current = self._describe(
+                    gpu.index, gpu.model.profile(placed.profile), gi, self._mig_devices(h)
+                )
                 if current.processes:
                     raise nv.NVMLError_InUse(nv.NVML_ERROR_IN_USE)
-            while (ci := self._compute_instance(gi)) is not None:
+            for ci in self._compute_instances(gi):
                 nv.nvmlComputeInstanceDestroy(ci)
             nv.nvmlGpuInstanceDestroy(gi)
             return True
@@ -382,11 +523,13 @@ class NvmlDevices:
         if gpu.model is None:
             return 0
         with self._lock:
-            h = self.nvml.nvmlDeviceGetHandleByIndex(gpu.index)
+            h = self._handle(gpu)
             gi = self._find_gi(h, gpu, placed)
             if gi is None:
                 return 0
-            return self._describe(gpu.index, gpu.model.profile(placed.profile), gi).processes
+            return self._describe(
+                gpu.index, gpu.model.profile(placed.profile), gi, self._mig_devices(h)
+            ).processes
 
 
 def _ctype(nv: ModuleType, name: str) -> Any:

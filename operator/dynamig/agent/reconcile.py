@@ -11,7 +11,9 @@ ResourceSlice and unallocated, ``now``), and carries out the returned :class:`Gp
 3. a desired instance that does not exist is created when its memory slices are free once this round's
    destroys are done (``create``), otherwise it waits (``blocked``);
 4. a GPU instance without its compute instance (a crash between the two NVML calls) is completed when it is
-   desired (``complete``) and destroyed like any other undesired free instance otherwise.
+   desired (``complete``) and destroyed like any other undesired free instance otherwise;
+5. a GPU instance someone else split into several or partial compute instances is never published, completed
+   or destroyed: it is kept as busy outside DRA (``kept_busy``).
 
 Because every input is observed afresh each round, a crash at any point converges on the next round.
 """
@@ -34,13 +36,16 @@ class Observed:
     processes: int = 0  # compute processes NVML reports on the MIG device
     has_compute_instance: bool = True
     prepared: bool = False  # the kubelet plugin prepared it for a pod
+    partitioned: str = ""  # how someone else split it into compute instances; empty when dynamig-shaped
 
     @property
     def busy(self) -> bool:
-        return bool(self.claims) or self.processes > 0 or self.prepared
+        return bool(self.claims) or self.processes > 0 or self.prepared or bool(self.partitioned)
 
     def busy_reason(self) -> str:
         parts = []
+        if self.partitioned:
+            parts.append(f"split into {self.partitioned} outside dynamig")
         if self.prepared:
             parts.append("prepared for a pod by the kubelet")
         if self.claims:
@@ -107,7 +112,9 @@ def plan_gpu(
     """
     desired = normalize_layout(desired)
     violation = check_layout(model, desired)
-    complete_existing = normalize_layout([o.placed for o in observed if o.has_compute_instance])
+    complete_existing = normalize_layout(
+        [o.placed for o in observed if o.has_compute_instance and not o.partitioned]
+    )
     if violation is not None:
         return GpuPlan(violation=violation.message, publish=complete_existing)
 
@@ -120,6 +127,10 @@ def plan_gpu(
     remaining: list[PlacedInstance] = []  # instances that still exist after this round's destroys
     for o in sorted(observed, key=lambda x: x.placed):
         p = o.placed
+        if o.partitioned:
+            kept.append(Waiting(p, o.busy_reason()))
+            remaining.append(p)
+            continue
         if p in wanted:
             remaining.append(p)
             if o.has_compute_instance:

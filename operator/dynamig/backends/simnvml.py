@@ -16,8 +16,14 @@ slices, a profile over its instance cap, or a second media-engine instance fails
 running processes, or a GI that still has CIs, cannot be destroyed (``InUse``); an NVML enum the model does
 not offer gives ``NotSupported``. Profile tables come from the geometry catalog.
 
+Parent and MIG device handles are distinct, as nvml.h documents them: ``nvmlComputeInstanceGetInfo`` and
+``nvmlGpuInstanceGetInfo`` return the *parent* device in ``device``; a MIG device handle (one per compute
+instance) comes only from ``nvmlDeviceGetMigDeviceHandleByIndex`` or ``nvmlDeviceGetHandleByUUID("MIG-...")``
+and answers UUID, memory, attributes and processes for that instance alone. ``tests/unit/test_simnvml_fidelity.py``
+checks each function the agent calls against the sentence of nvml.h that documents it.
+
 Not in ``pynvml`` (simulation control): :func:`configure`, :func:`attach_process`, :func:`detach_process`,
-:func:`set_gpu_lost`, :func:`history`, :func:`snapshot`, :func:`reset`.
+:func:`set_gpu_lost`, :func:`reload_driver`, :func:`history`, :func:`snapshot`, :func:`reset`.
 
 State (GPUs, MIG mode, instances, processes, the event history) lives in memory or, with ``state_file``, in a
 JSON file shared by every process that configures the same path: each call re-reads the file when it has
@@ -218,11 +224,13 @@ class _State:
     gpus: list[_Gpu]
     history: list[SimEvent] = field(default_factory=list)
     serial: int = 0
+    driver_epoch: int = 0  # bumped by reload_driver(): NVML sessions from before it are stale
 
     def to_json(self) -> dict[str, Any]:
         return {
             "format": STATE_FORMAT,
             "serial": self.serial,
+            "driver_epoch": self.driver_epoch,
             "gpus": [asdict(g) for g in self.gpus],
             "history": [asdict(e) for e in self.history],
         }
@@ -241,7 +249,8 @@ class _State:
                     cis.append(_ComputeInstance(**ci, processes=procs))
                 gis.append(_GpuInstance(**gi, compute_instances=cis))
             gpus.append(_Gpu(**g, gpu_instances=gis))
-        return _State(gpus, [SimEvent(**e) for e in doc["history"]], int(doc["serial"]))
+        history = [SimEvent(**e) for e in doc["history"]]
+        return _State(gpus, history, int(doc["serial"]), int(doc.get("driver_epoch", 0)))
 
 
 class _Simulator:
@@ -355,6 +364,7 @@ class _Simulator:
 
 _SIM: _Simulator | None = None
 _INIT_COUNT = 0
+_INIT_EPOCH = 0  # driver epoch this process's NVML session was initialised in
 _MODULE_LOCK = threading.RLock()
 
 
@@ -366,7 +376,7 @@ def _sim() -> _Simulator:
 
 def _initialized() -> _Simulator:
     sim = _sim()
-    if _INIT_COUNT <= 0:
+    if _INIT_COUNT <= 0 or sim.state().driver_epoch != _INIT_EPOCH:
         raise _error(NVML_ERROR_UNINITIALIZED)
     return sim
 
@@ -453,6 +463,21 @@ def set_gpu_lost(index: int, lost: bool = True) -> None:
         if gpu.lost != lost:
             gpu.lost = lost
             sim.record(state, "gpu-lost", gpu, value=int(lost))
+
+
+def reload_driver() -> None:
+    """Unload and reload the simulated kernel driver: every process's NVML session (and every handle it
+    holds) becomes stale, and its calls fail with ``Uninitialized`` until it calls ``nvmlInit`` again.
+    MIG mode and instances are kept. Side effect: state.
+
+    Assumption, stated: nvml.h does not document what a session sees after a reload; dynamig's agent
+    re-initialises on ``Uninitialized``, ``DriverNotLoaded``, ``LibraryNotFound`` and ``Unknown`` alike.
+    """
+    sim = _sim()
+    with sim.mutate() as state:
+        state.driver_epoch += 1
+        for gpu in state.gpus:
+            sim.record(state, "driver-reload", gpu, value=state.driver_epoch)
 
 
 def history() -> list[SimEvent]:
@@ -596,10 +621,12 @@ def _capacity(array_ref: Any) -> tuple[Any, int]:
 
 
 def nvmlInit() -> None:
-    global _INIT_COUNT
+    global _INIT_COUNT, _INIT_EPOCH
     sim = _sim()
-    sim.state()  # re-read the shared state file now
+    epoch = sim.state().driver_epoch  # re-read the shared state file now
     with _MODULE_LOCK:
+        if epoch != _INIT_EPOCH:  # a session from before a driver reload does not survive it
+            _INIT_COUNT, _INIT_EPOCH = 0, epoch
         _INIT_COUNT += 1
 
 
@@ -609,8 +636,13 @@ def nvmlInitWithFlags(flags: int) -> None:
 
 def nvmlShutdown() -> None:
     global _INIT_COUNT
-    _initialized()
+    sim = _sim()
+    if _INIT_COUNT <= 0:
+        raise _error(NVML_ERROR_UNINITIALIZED)
     with _MODULE_LOCK:
+        if sim.state().driver_epoch != _INIT_EPOCH:
+            _INIT_COUNT = 0
+            return
         _INIT_COUNT = max(0, _INIT_COUNT - 1)
 
 
@@ -631,6 +663,8 @@ def nvmlDeviceGetHandleByIndex(index: int) -> Any:
 def nvmlDeviceGetHandleByUUID(uuid_: str | bytes) -> Any:
     text = uuid_.decode() if isinstance(uuid_, bytes) else str(uuid_)
     state = _initialized().state()
+    if any(g.lost for g in state.gpus):
+        raise _error(NVML_ERROR_GPU_IS_LOST)  # nvml.h: "if any GPU has fallen off the bus"
     for gpu in state.gpus:
         if gpu.uuid == text:
             return _gpu_handle(_gpu_of(state, gpu.index).index)
@@ -715,21 +749,13 @@ def nvmlDeviceGetMemoryInfo(handle: Any, version: int | None = None) -> Any:
 
 def nvmlDeviceGetAttributes(handle: Any) -> Any:
     r = _read(handle, _KIND_GPU, _KIND_MIG)
-    attrs = c_nvmlDeviceAttributes()
     if r.gi is None or r.ci is None:
-        whole = max(r.model.profiles, key=lambda p: (p.placement_size, p.multiprocessors))
-        p, gi_slices, ci_slices, sms = (
-            whole,
-            r.model.compute_slices,
-            r.model.compute_slices,
-            whole.multiprocessors,
-        )
-        mem = r.model.memory_mib
-    else:
-        p = r.model.profile_by_id(r.gi.profile_id)
-        gi_slices, ci_slices = p.compute_slices, _CI_SLICES[r.ci.profile_id]
-        sms = p.multiprocessors * ci_slices // p.compute_slices
-        mem = p.memory_mib
+        raise _error(NVML_ERROR_NOT_SUPPORTED)  # nvml.h: "currently only supports MIG device handles"
+    attrs = c_nvmlDeviceAttributes()
+    p = r.model.profile_by_id(r.gi.profile_id)
+    gi_slices, ci_slices = p.compute_slices, _CI_SLICES[r.ci.profile_id]
+    sms = p.multiprocessors * ci_slices // p.compute_slices
+    mem = p.memory_mib
     attrs.multiprocessorCount = sms
     attrs.sharedCopyEngineCount = p.copy_engines
     attrs.sharedDecoderCount = p.decoders
@@ -792,6 +818,8 @@ def nvmlDeviceGetComputeInstanceId(device: Any) -> int:
 
 def nvmlDeviceGetMaxMigDeviceCount(device: Any) -> int:
     r = _read(device, _KIND_GPU)
+    if r.gpu.mig_current != NVML_DEVICE_MIG_ENABLE:
+        return 0  # nvml.h: "Returns zero if MIG is not supported or enabled."
     return r.model.compute_slices
 
 
@@ -1142,7 +1170,7 @@ def nvmlComputeInstanceGetInfo(computeInstance: Any) -> Any:
     r = _read(computeInstance, _KIND_CI)
     assert r.gi is not None and r.ci is not None
     info = c_nvmlComputeInstanceInfo_t()
-    info.device = _mig_handle(r.gpu.index, r.gi.id, r.ci.id)
+    info.device = _gpu_handle(r.gpu.index)  # nvml.h: "Parent device", not the MIG device
     info.gpuInstance = _gi_handle(r.gpu.index, r.gi.id)
     info.id = r.ci.id
     info.profileId = r.ci.profile_id

@@ -128,6 +128,12 @@ def normalize_layout(instances: tuple[PlacedInstance, ...] | list[PlacedInstance
 
 
 def device_name(gpu_index: int, profile: str, start: int) -> str:
-    """Deterministic DRA device name for a placement, e.g. ``gpu0-1g10gb-s6`` (DNS-label safe)."""
-    slug = profile.replace(".", "").replace("+", "-").lower()
-    return f"gpu{gpu_index}-{slug}-s{start}"
+    """Deterministic DRA device name for a placement, e.g. ``gpu0-1g10gb-s6`` (DNS-label safe).
+
+    Profiles that differ only in ``+me`` (with the media engines) and ``-me`` (without any) get distinct
+    names: ``1g24gb-me`` and ``1g24gb-nome``; other ``+`` suffixes keep their word (``2g48gb-gfx``).
+    """
+    slug = profile.lower().replace(".", "")
+    if slug.endswith("-me"):
+        slug = slug.removesuffix("-me") + "-nome"
+    return f"gpu{gpu_index}-{slug.replace('+', '-')}-s{start}"

@@ -66,6 +66,7 @@ class Reason(StrEnum):
     MIG_MODE_PENDING = "MigModePending"
     UNKNOWN_MODEL = "UnknownModel"
     GPU_LOST = "GpuLost"
+    GPU_REPLACED = "GpuReplaced"
     GPU_PRESENT = "GpuPresent"
     NVML_ERROR = "NvmlError"
 

@@ -1,0 +1,470 @@
+"""The simulated NVML against nvml.h, function by function.
+
+The simulator is not an oracle: each behaviour it models must be what NVIDIA's header documents. Every case
+below names the C function ``pynvml`` calls, quotes the sentence of ``tests/data/nvml/nvml.h`` (verbatim from
+NVIDIA/go-nvml) that states the behaviour, checks that the quote really is in that function's documentation
+block, and then checks the simulator does what the sentence says. A last test makes sure every NVML function
+the agent's ``NvmlDevices`` calls has at least one case here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+
+from dynamig.backends import simnvml as nv
+
+HEADER = Path(__file__).resolve().parents[1] / "data" / "nvml" / "nvml.h"
+AGENT_NVML = Path(__file__).resolve().parents[2] / "operator" / "dynamig" / "agent" / "nvml_device.py"
+
+
+def _squash(text: str) -> str:
+    return " ".join(text.split())
+
+
+@cache
+def _header() -> str:
+    return HEADER.read_text(errors="replace")
+
+
+def doc_block(c_function: str) -> str:
+    """The doc comment right above ``nvmlReturn_t DECLDIR <c_function>(`` (whitespace squashed)."""
+    text = _header()
+    decl = text.find(f"nvmlReturn_t DECLDIR {c_function}(")
+    assert decl >= 0, f"{c_function} is not declared in nvml.h"
+    start = text.rfind("/**", 0, decl)
+    return _squash(text[start:decl].replace("*", " "))
+
+
+def member_doc(struct: str, member: str) -> str:
+    """The ``//!<`` comment of ``member`` in ``typedef struct <struct>``."""
+    text = _header()
+    body = text[text.index(f"typedef struct {struct}") :]
+    body = body[: body.index("}")]
+    m = re.search(rf"\b{member};\s*//!<\s*(.*)", body)
+    assert m, f"{struct}.{member} not found"
+    return _squash(m.group(1))
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> Iterator[None]:
+    nv.reset()
+    yield
+    nv.reset()
+
+
+@dataclass(frozen=True)
+class World:
+    """One simulated H100 with MIG on: 3g.40gb@4 (whole CI, a process on it) and 1g.10gb@0 (whole CI)."""
+
+    parent: Any
+    gi_big: Any
+    ci_big: Any
+    gi_small: Any
+    ci_small: Any
+
+
+def _placement(start: int, size: int) -> Any:
+    pl = pynvml.c_nvmlGpuInstancePlacement_t()
+    pl.start, pl.size = start, size
+    return pl
+
+
+def _world(mig_enabled: bool = True) -> World:
+    nv.configure(["H100-80GB", "H100-80GB"], mig_enabled=mig_enabled)
+    nv.nvmlInit()
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    if not mig_enabled:
+        return World(h, None, None, None, None)
+    big = nv.nvmlDeviceCreateGpuInstanceWithPlacement(h, 9, ctypes.byref(_placement(4, 4)))  # 3g.40gb@4
+    ci_big = nv.nvmlGpuInstanceCreateComputeInstance(big, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE)
+    small = nv.nvmlDeviceCreateGpuInstanceWithPlacement(h, 19, ctypes.byref(_placement(0, 1)))  # 1g.10gb@0
+    ci_small = nv.nvmlGpuInstanceCreateComputeInstance(small, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE)
+    return World(h, big, ci_big, small, ci_small)
+
+
+def _migs(parent: Any) -> dict[tuple[int, int], Any]:
+    out = {}
+    for i in range(nv.nvmlDeviceGetMaxMigDeviceCount(parent)):
+        try:
+            mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(parent, i)
+        except pynvml.NVMLError_NotFound:
+            continue
+        out[(nv.nvmlDeviceGetGpuInstanceId(mig), nv.nvmlDeviceGetComputeInstanceId(mig))] = mig
+    return out
+
+
+def _mig_of(w: World, gi: Any, ci: Any) -> Any:
+    key = (nv.nvmlGpuInstanceGetInfo(gi).id, nv.nvmlComputeInstanceGetInfo(ci).id)
+    return _migs(w.parent)[key]
+
+
+# --- the cases -----------------------------------------------------------------------------------------
+
+
+def ci_info_device_is_the_parent() -> None:
+    w = _world()
+    dev = nv.nvmlComputeInstanceGetInfo(w.ci_big).device
+    assert nv.nvmlDeviceIsMigDeviceHandle(dev).value == 0
+    assert nv.nvmlDeviceGetUUID(dev) == nv.nvmlDeviceGetUUID(w.parent)
+
+
+def gi_info_device_is_the_parent() -> None:
+    w = _world()
+    dev = nv.nvmlGpuInstanceGetInfo(w.gi_big).device
+    assert nv.nvmlDeviceGetUUID(dev) == nv.nvmlDeviceGetUUID(w.parent)
+
+
+def mig_handle_by_index_then_not_found() -> None:
+    w = _world()
+    assert len(_migs(w.parent)) == 2  # one MIG device per compute instance
+    count = nv.nvmlDeviceGetMaxMigDeviceCount(w.parent)
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        nv.nvmlDeviceGetMigDeviceHandleByIndex(w.parent, count - 1)  # only 2 of 7 indices are used
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nv.nvmlDeviceGetMigDeviceHandleByIndex(w.parent, count)
+
+
+def mig_handle_not_supported_without_mig() -> None:
+    w = _world(mig_enabled=False)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nv.nvmlDeviceGetMigDeviceHandleByIndex(w.parent, 0)
+
+
+def max_mig_count_zero_without_mig() -> None:
+    w = _world(mig_enabled=False)
+    assert nv.nvmlDeviceGetMaxMigDeviceCount(w.parent) == 0
+    nv.nvmlDeviceSetMigMode(w.parent, pynvml.NVML_DEVICE_MIG_ENABLE)
+    assert nv.nvmlDeviceGetMaxMigDeviceCount(w.parent) == 7
+
+
+def is_mig_device_handle() -> None:
+    w = _world()
+    assert nv.nvmlDeviceIsMigDeviceHandle(w.parent).value == 0
+    assert nv.nvmlDeviceIsMigDeviceHandle(_mig_of(w, w.gi_big, w.ci_big)).value == 1
+
+
+def parent_from_mig_handle() -> None:
+    w = _world()
+    parent = nv.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(_mig_of(w, w.gi_small, w.ci_small))
+    assert nv.nvmlDeviceGetUUID(parent) == nv.nvmlDeviceGetUUID(w.parent)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nv.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(w.parent)
+
+
+def gi_and_ci_ids_of_mig_handle() -> None:
+    w = _world()
+    mig = _mig_of(w, w.gi_big, w.ci_big)
+    assert nv.nvmlDeviceGetGpuInstanceId(mig) == nv.nvmlGpuInstanceGetInfo(w.gi_big).id
+    assert nv.nvmlDeviceGetComputeInstanceId(mig) == nv.nvmlComputeInstanceGetInfo(w.ci_big).id
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):  # "Target MIG device handle": not the parent
+        nv.nvmlDeviceGetGpuInstanceId(w.parent)
+
+
+def mig_uuid_is_its_own() -> None:
+    w = _world()
+    parent_uuid = nv.nvmlDeviceGetUUID(w.parent)
+    uuids = {nv.nvmlDeviceGetUUID(m) for m in _migs(w.parent).values()}
+    assert len(uuids) == 2 and parent_uuid not in uuids
+    assert all(u.startswith("MIG-") for u in uuids) and parent_uuid.startswith("GPU-")
+    for u in uuids:  # "can be used to identify MIG devices across both GPU and MIG devices"
+        assert nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByUUID(u)) == u
+
+
+def handle_by_uuid_fails_when_any_gpu_is_lost() -> None:
+    _world()
+    healthy = nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(0))
+    nv.set_gpu_lost(1)
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        nv.nvmlDeviceGetHandleByUUID(healthy)
+    assert nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(0)) == healthy  # by index still works
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        nv.set_gpu_lost(1, False)
+        nv.nvmlDeviceGetHandleByUUID("GPU-00000000-0000-0000-0000-000000000000")
+
+
+def handle_by_index_gpu_lost() -> None:
+    _world()
+    nv.set_gpu_lost(1)
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        nv.nvmlDeviceGetHandleByIndex(1)
+
+
+def memory_per_instance_on_mig_handle() -> None:
+    w = _world()
+    gib = 2**30
+    assert nv.nvmlDeviceGetMemoryInfo(_mig_of(w, w.gi_small, w.ci_small)).total < 11 * gib
+    assert 39 * gib < nv.nvmlDeviceGetMemoryInfo(_mig_of(w, w.gi_big, w.ci_big)).total < 41 * gib
+    assert nv.nvmlDeviceGetMemoryInfo(w.parent).total > 79 * gib  # aggregate on the parent
+
+
+def attributes_only_on_mig_handles() -> None:
+    w = _world()
+    assert nv.nvmlDeviceGetAttributes(_mig_of(w, w.gi_big, w.ci_big)).multiprocessorCount == 60
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nv.nvmlDeviceGetAttributes(w.parent)
+
+
+def processes_per_instance_on_mig_handle() -> None:
+    w = _world()
+    big, small = _mig_of(w, w.gi_big, w.ci_big), _mig_of(w, w.gi_small, w.ci_small)
+    nv.attach_process(nv.nvmlDeviceGetUUID(big), 4242)
+    assert [p.pid for p in nv.nvmlDeviceGetComputeRunningProcesses(big)] == [4242]
+    assert nv.nvmlDeviceGetComputeRunningProcesses(small) == []
+    assert [p.pid for p in nv.nvmlDeviceGetComputeRunningProcesses(w.parent)] == [4242]  # aggregate
+
+
+def destroy_ci_in_use() -> None:
+    w = _world()
+    nv.attach_process(nv.nvmlDeviceGetUUID(_mig_of(w, w.gi_big, w.ci_big)), 7)
+    with pytest.raises(pynvml.NVMLError_InUse):
+        nv.nvmlComputeInstanceDestroy(w.ci_big)
+
+
+def destroy_gi_in_use() -> None:
+    w = _world()
+    with pytest.raises(pynvml.NVMLError_InUse):  # compute instances active on it
+        nv.nvmlGpuInstanceDestroy(w.gi_big)
+    nv.nvmlComputeInstanceDestroy(w.ci_big)
+    nv.nvmlGpuInstanceDestroy(w.gi_big)
+
+
+def create_gi_insufficient_resources() -> None:
+    w = _world()
+    with pytest.raises(pynvml.NVMLError_InsufficientResources):  # overlaps 3g.40gb@4
+        nv.nvmlDeviceCreateGpuInstanceWithPlacement(w.parent, 19, ctypes.byref(_placement(5, 1)))
+
+
+def create_gi_invalid_placement() -> None:
+    w = _world()
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):  # 3g may start at 0 or 4 only
+        nv.nvmlDeviceCreateGpuInstanceWithPlacement(w.parent, 9, ctypes.byref(_placement(2, 4)))
+
+
+def create_gi_not_supported_without_mig() -> None:
+    w = _world(mig_enabled=False)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nv.nvmlDeviceCreateGpuInstanceWithPlacement(w.parent, 19, ctypes.byref(_placement(0, 1)))
+
+
+def create_ci_insufficient_resources() -> None:
+    w = _world()
+    with pytest.raises(pynvml.NVMLError_InsufficientResources):  # the 1g GI is full
+        nv.nvmlGpuInstanceCreateComputeInstance(w.gi_small, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE)
+
+
+def list_gis_not_supported_without_mig() -> None:
+    w = _world(mig_enabled=False)
+    arr = (pynvml.c_nvmlGpuInstance_t * 7)()
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nv.nvmlDeviceGetGpuInstances(w.parent, 19, arr, ctypes.byref(ctypes.c_uint(0)))
+
+
+def list_cis_unsupported_profile() -> None:
+    w = _world()
+    arr = (pynvml.c_nvmlComputeInstance_t * 7)()
+    with pytest.raises((pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument)):
+        nv.nvmlGpuInstanceGetComputeInstances(
+            w.gi_small, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE, arr, ctypes.byref(ctypes.c_uint(0))
+        )
+
+
+def profile_info_needs_mig() -> None:
+    w = _world(mig_enabled=False)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nv.nvmlDeviceGetGpuInstanceProfileInfo(w.parent, pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE)
+
+
+def placements_regardless_of_mig() -> None:
+    w = _world(mig_enabled=False)
+    count = ctypes.c_uint(0)
+    nv.nvmlDeviceGetGpuInstancePossiblePlacements(w.parent, 9, None, ctypes.byref(count))
+    assert count.value == 2
+
+
+def mig_mode_current_and_pending() -> None:
+    w = _world(mig_enabled=False)
+    assert nv.nvmlDeviceGetMigMode(w.parent) == [0, 0]
+
+
+def uninitialized() -> None:
+    nv.configure(["A30-24GB"])
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        nv.nvmlDeviceGetCount()
+    nv.nvmlInit()
+    assert nv.nvmlDeviceGetCount() == 1
+    nv.reload_driver()  # a session from before a driver reload is stale (stated assumption in simnvml)
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        nv.nvmlDeviceGetCount()
+    nv.nvmlInit()
+    assert nv.nvmlDeviceGetCount() == 1
+
+
+def gi_info_stale_handle() -> None:
+    w = _world()
+    nv.nvmlComputeInstanceDestroy(w.ci_small)
+    nv.nvmlGpuInstanceDestroy(w.gi_small)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nv.nvmlGpuInstanceGetInfo(w.gi_small)
+
+
+def name_uuid_pci_minor() -> None:
+    w = _world()
+    assert nv.nvmlDeviceGetName(w.parent).startswith("NVIDIA H100")
+    assert nv.nvmlDeviceGetPciInfo(w.parent).pciDeviceId & 0xFFFF == 0x10DE
+    assert nv.nvmlDeviceGetMinorNumber(w.parent) == 0
+
+
+def ci_profile_info() -> None:
+    w = _world()
+    info = nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        w.gi_big,
+        pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE,
+        pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+    )
+    assert info.sliceCount == 3
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+            w.gi_small, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE, 0
+        )
+
+
+def shutdown_then_uninitialized() -> None:
+    _world()
+    nv.nvmlShutdown()
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        nv.nvmlDeviceGetHandleByIndex(0)
+
+
+@dataclass(frozen=True)
+class Case:
+    pynvml_name: str  # the pynvml function the agent calls
+    c_function: str  # what pynvml calls in the library; "struct:member" for a structure member
+    quote: str  # the documenting sentence, verbatim (whitespace aside)
+    check: Callable[[], None]
+
+
+CASES = [
+    Case("nvmlComputeInstanceGetInfo", "struct:nvmlComputeInstanceInfo_st:device", "Parent device",
+         ci_info_device_is_the_parent),
+    Case("nvmlGpuInstanceGetInfo", "struct:nvmlGpuInstanceInfo_st:device", "Parent device",
+         gi_info_device_is_the_parent),
+    Case("nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetMigDeviceHandleByIndex",
+         "NVML_ERROR_NOT_FOUND if no valid MIG device was found at index", mig_handle_by_index_then_not_found),
+    Case("nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetMigDeviceHandleByIndex",
+         "NVML_ERROR_NOT_SUPPORTED if this query is not supported by the device",
+         mig_handle_not_supported_without_mig),
+    Case("nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMaxMigDeviceCount",
+         "Returns zero if MIG is not supported or enabled.", max_mig_count_zero_without_mig),
+    Case("nvmlDeviceIsMigDeviceHandle", "nvmlDeviceIsMigDeviceHandle",
+         "isMigDevice True when handle refers to a MIG device", is_mig_device_handle),
+    Case("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+         "Get parent device handle from a MIG device handle.", parent_from_mig_handle),
+    Case("nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetGpuInstanceId",
+         "Get GPU instance ID for the given MIG device handle.", gi_and_ci_ids_of_mig_handle),
+    Case("nvmlDeviceGetComputeInstanceId", "nvmlDeviceGetComputeInstanceId",
+         "Get compute instance ID for the given MIG device handle.", gi_and_ci_ids_of_mig_handle),
+    Case("nvmlDeviceGetUUID", "nvmlDeviceGetUUID",
+         "When used with MIG device handles the API returns globally unique UUIDs which can be used to "
+         "identify MIG devices across both GPU and MIG devices.", mig_uuid_is_its_own),
+    Case("nvmlDeviceGetHandleByUUID", "nvmlDeviceGetHandleByUUID",
+         "NVML_ERROR_GPU_IS_LOST if any GPU has fallen off the bus or is otherwise inaccessible",
+         handle_by_uuid_fails_when_any_gpu_is_lost),
+    Case("nvmlDeviceGetHandleByIndex", "nvmlDeviceGetHandleByIndex_v2",
+         "NVML_ERROR_GPU_IS_LOST if the target GPU has fallen off the bus or is otherwise inaccessible",
+         handle_by_index_gpu_lost),
+    Case("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo",
+         "Per-instance information can be queried by using specific MIG device handles.",
+         memory_per_instance_on_mig_handle),
+    Case("nvmlDeviceGetAttributes", "nvmlDeviceGetAttributes_v2",
+         "This API currently only supports MIG device handles.", attributes_only_on_mig_handles),
+    Case("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v3",
+         "Per-instance information can be queried by using specific MIG device handles.",
+         processes_per_instance_on_mig_handle),
+    Case("nvmlComputeInstanceDestroy", "nvmlComputeInstanceDestroy",
+         "NVML_ERROR_IN_USE If the compute instance is in use. This error would be returned if processes "
+         "(e.g. CUDA application) are active on the compute instance.", destroy_ci_in_use),
+    Case("nvmlGpuInstanceDestroy", "nvmlGpuInstanceDestroy",
+         "NVML_ERROR_IN_USE If the GPU instance is in use. This error would be returned if processes "
+         "(e.g. CUDA application) or compute instances are active on the GPU instance.", destroy_gi_in_use),
+    Case("nvmlDeviceCreateGpuInstanceWithPlacement", "nvmlDeviceCreateGpuInstanceWithPlacement",
+         "NVML_ERROR_INSUFFICIENT_RESOURCES If the requested GPU instance could not be created",
+         create_gi_insufficient_resources),
+    Case("nvmlDeviceCreateGpuInstanceWithPlacement", "nvmlDeviceCreateGpuInstanceWithPlacement",
+         "NVML_ERROR_INVALID_ARGUMENT If device, profile, profileId, placement or gpuInstance are invalid",
+         create_gi_invalid_placement),
+    Case("nvmlDeviceCreateGpuInstanceWithPlacement", "nvmlDeviceCreateGpuInstanceWithPlacement",
+         "NVML_ERROR_NOT_SUPPORTED If device doesn't have MIG mode enabled or in vGPU guest",
+         create_gi_not_supported_without_mig),
+    Case("nvmlGpuInstanceCreateComputeInstance", "nvmlGpuInstanceCreateComputeInstance",
+         "NVML_ERROR_INSUFFICIENT_RESOURCES If the requested compute instance could not be created",
+         create_ci_insufficient_resources),
+    Case("nvmlDeviceGetGpuInstances", "nvmlDeviceGetGpuInstances",
+         "NVML_ERROR_NOT_SUPPORTED If device doesn't have MIG mode enabled", list_gis_not_supported_without_mig),
+    Case("nvmlGpuInstanceGetComputeInstances", "nvmlGpuInstanceGetComputeInstances",
+         "NVML_ERROR_NOT_SUPPORTED If profileId isn't supported", list_cis_unsupported_profile),
+    Case("nvmlGpuInstanceGetComputeInstanceProfileInfo", "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+         "NVML_ERROR_NOT_SUPPORTED If profile isn't supported", ci_profile_info),
+    Case("nvmlDeviceGetGpuInstanceProfileInfo", "nvmlDeviceGetGpuInstanceProfileInfoV",
+         "NVML_ERROR_NOT_SUPPORTED If device doesn't have MIG mode enabled or profile isn't supported",
+         profile_info_needs_mig),
+    Case("nvmlDeviceGetGpuInstancePossiblePlacements", "nvmlDeviceGetGpuInstancePossiblePlacements_v2",
+         "This API only returns all the possible placements for the given profile regardless of whether MIG "
+         "is enabled or not.", placements_regardless_of_mig),
+    Case("nvmlDeviceGetMigMode", "nvmlDeviceGetMigMode",
+         "currentMode Returns the current mode, NVML_DEVICE_MIG_DISABLE or NVML_DEVICE_MIG_ENABLE",
+         mig_mode_current_and_pending),
+    Case("nvmlDeviceGetCount", "nvmlDeviceGetCount_v2",
+         "NVML_ERROR_UNINITIALIZED if the library has not been successfully initialized", uninitialized),
+    Case("nvmlGpuInstanceGetInfo", "nvmlGpuInstanceGetInfo",
+         "NVML_ERROR_INVALID_ARGUMENT If gpuInstance or info are invalid", gi_info_stale_handle),
+    Case("nvmlDeviceGetName", "nvmlDeviceGetName", "Retrieves the name of this device.", name_uuid_pci_minor),
+    Case("nvmlDeviceGetPciInfo", "nvmlDeviceGetPciInfo_v3", "Retrieves the PCI attributes of this device.",
+         name_uuid_pci_minor),
+    Case("nvmlDeviceGetMinorNumber", "nvmlDeviceGetMinorNumber",
+         "Retrieves minor number for the device.", name_uuid_pci_minor),
+    Case("nvmlShutdown", "nvmlShutdown",
+         "Shut down NVML by releasing all GPU resources previously allocated with nvmlInit", shutdown_then_uninitialized),
+    Case("nvmlInit", "nvmlInitWithFlags", "nvmlInitWithFlags", uninitialized),
+]  # fmt: skip
+
+
+def _documented(case: Case) -> str:
+    if case.c_function.startswith("struct:"):
+        _, struct, member = case.c_function.split(":")
+        return member_doc(struct, member)
+    return doc_block(case.c_function)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.pynvml_name}:{c.check.__name__}")
+def test_simulator_does_what_nvml_h_documents(case: Case) -> None:
+    doc = _documented(case)
+    assert _squash(case.quote.replace("\\ref ", "")) in doc.replace("\\ref ", "").replace("\\a ", ""), (
+        f"nvml.h does not say {case.quote!r} for {case.c_function}"
+    )
+    case.check()
+
+
+def test_a_misquoted_behaviour_is_caught() -> None:
+    """The quote check can fail: a sentence nvml.h does not contain for that function is refused."""
+    doc = doc_block("nvmlComputeInstanceDestroy")
+    assert "Returns the MIG device" not in doc
+    assert "Parent device" != member_doc("nvmlComputeInstanceInfo_st", "gpuInstance")
+
+
+def test_every_nvml_call_of_the_agent_has_a_documented_case() -> None:
+    called = set(re.findall(r"\bnv(?:ml)?\.(nvml\w+)\(", AGENT_NVML.read_text()))
+    called |= set(re.findall(r"self\.nvml\.(nvml\w+)\(", AGENT_NVML.read_text()))
+    covered = {c.pynvml_name for c in CASES}
+    assert called, "no NVML call found in the agent's NVML module"
+    assert called <= covered, (
+        f"NVML functions the agent calls with no nvml.h case: {sorted(called - covered)}"
+    )
