@@ -489,6 +489,12 @@ async def test_agent_refuses_gpus_of_another_mig_owner(
         await asyncio.sleep(1.0)
         assert await api.published(node) == {}
         assert NvmlDevices(sim_nvml, load_catalog()).gpus()[0].mig_current == 0
+        # An administrator enables MIG while the agent runs: the agent reads the GPU's profiles again and
+        # applies the layout (a model cached while MIG was off would offer no profile at all).
+        sim_nvml.nvmlDeviceSetMigMode(sim_nvml.nvmlDeviceGetHandleByIndex(0), sim_nvml.NVML_DEVICE_MIG_ENABLE)
+        gen = (await api.partition(f"{node}-gpu0") or {})["metadata"]["generation"]
+        await eventually(lambda: _stable(api, f"{node}-gpu0", gen, ready=True), "applied once MIG is on")
+        assert set(await api.published(node)) == {"gpu0-7g40gb-s0"}
         crd.register_node(node, labels={"dynamig.io/managed": "false"})
         await eventually(lambda: _no_slices(api, node), "slices withdrawn after opting out")
 
@@ -751,3 +757,49 @@ async def test_agent_keeps_instances_with_processes_and_degrades_lost_gpus(
             for op in ("discover", "list-instances")
         ]
         assert any(lost_errors), lost_errors
+
+
+async def test_a_gpupartition_of_another_gpu_is_refused_until_deleted(
+    crd: ControlPlane,
+    kube_api: client.ApiClient,
+    make_node: Callable[..., str],
+    sim_nvml: ModuleType,
+) -> None:
+    """GPUs are identified by UUID: after a GPU swap, index 0 is another physical GPU and its GpuPartition
+    (spec and status.uuid of the old one) is not applied to it; deleting the GpuPartition adopts the new
+    GPU."""
+    api = Api(kube_api)
+    node = make_node("swap", labels={"dynamig.io/managed": "true"})
+    sim_nvml.configure(gpus=["A100-80GB"], state_file=None, seed="before-swap")
+    async with agent_running(kube_api, node, sim_nvml, agent_settings(node)):
+        await eventually(lambda: _all_stable(api, node, 1), "GpuPartition created")
+        gen = await api.set_layout(f"{node}-gpu0", "7g.80gb@0")
+        first = await eventually(lambda: _stable(api, f"{node}-gpu0", gen, ready=True), "layout applied")
+    old_uuid = first["status"]["uuid"]
+
+    sim_nvml.configure(gpus=["A100-80GB"], state_file=None, seed="after-swap")  # a new board, no instances
+    async with agent_running(kube_api, node, sim_nvml, agent_settings(node)):
+
+        async def refused() -> dict[str, Any] | None:
+            p = await api.partition(f"{node}-gpu0")
+            ok = p is not None and (condition(p, "Managed") or {}).get("reason") == "GpuReplaced"
+            return p if ok else None
+
+        p = await eventually(refused, "GpuPartition of the old GPU refused")
+        assert p["status"]["uuid"] == old_uuid and p["status"]["phase"] == "Degraded"
+        assert old_uuid in (condition(p, "Ready") or {})["message"]
+        await asyncio.sleep(1.0)
+        assert await api.published(node) == {}
+        assert [e.kind for e in sim_nvml.history()] == []  # nothing was created on the new GPU
+
+        name = f"{node}-gpu0"
+        await api.custom.delete_cluster_custom_object("dynamig.io", "v1alpha1", "gpupartitions", name)
+
+        async def adopted() -> dict[str, Any] | None:
+            p = await api.partition(f"{node}-gpu0")
+            if p is None or not stable_at(p) or p["status"].get("uuid") in (None, old_uuid):
+                return None
+            return p
+
+        p = await eventually(adopted, "new GPU adopted after the GpuPartition was deleted")
+        assert p["spec"].get("layout", []) == [] and [e.kind for e in sim_nvml.history()] == []
