@@ -92,7 +92,7 @@ def _span(model: GpuModel, p: PlacedInstance) -> range:
     return range(p.start, p.start + 1)
 
 
-def _overlaps(model: GpuModel, a: PlacedInstance, b: PlacedInstance) -> bool:
+def overlaps(model: GpuModel, a: PlacedInstance, b: PlacedInstance) -> bool:
     span_a, span_b = _span(model, a), _span(model, b)
     return span_a.start < span_b.stop and span_b.start < span_a.stop
 
@@ -159,7 +159,7 @@ def plan_gpu(
     for p in desired:
         if p in existing:
             continue
-        in_way = [r for r in remaining if _overlaps(model, p, r)]
+        in_way = [r for r in remaining if overlaps(model, p, r)]
         if in_way:
             names = ", ".join(f"{r.profile}@{r.start}" for r in in_way)
             blocked.append(Waiting(p, f"memory slices held by {names}"))

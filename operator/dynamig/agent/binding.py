@@ -1,0 +1,119 @@
+"""How the agent answers an allocation of one of its devices (binding conditions, KEP-5007). Pure.
+
+With every placement published as a device (DESIGN.md, "Inventory and binding"), the scheduler may book a
+device whose instance does not exist yet. Each device carries binding conditions, so the pod does not bind
+until the agent of its node answers in ``ResourceClaim.status.devices[]``:
+
+- the instance exists whole (one compute instance spanning it) and nobody else holds it -> :class:`Ready`;
+- the placement is free, or held only by free instances -> :class:`Cut`: destroy those, create this one
+  (then ready); a GPU instance left without its compute instance is completed the same way;
+- anything else (a busy instance in the way, a GPU instance someone else split, MIG off, a name that is no
+  placement here, a rule of the model broken) -> :class:`Failed` with a reason, which makes the scheduler
+  release the allocation and try again. A pod never binds to an instance that does not exist.
+
+:func:`decide` reads only what it is given; the agent observes NVML and the API afresh for each answer and
+acts under its lock, so nothing it decides here can be raced by its own reshapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from dynamig.agent.reconcile import Observed, overlaps
+from dynamig.geometry.layout import check_layout
+from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, device_name, normalize_layout
+
+REASON_UNKNOWN_DEVICE = "UnknownDevice"
+REASON_MIG_DISABLED = "MigDisabled"
+REASON_PLACEMENT_TAKEN = "PlacementTaken"
+REASON_LAYOUT_RULE = "LayoutRule"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuState:
+    """One GPU as the agent observed it just now."""
+
+    index: int
+    model: GpuModel | None
+    mig_enabled: bool
+    observed: tuple[Observed, ...] = ()
+    mig_uuids: dict[PlacedInstance, str] = field(default_factory=dict)  # whole instances only
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    gpu_index: int
+    placed: PlacedInstance
+    mig_uuid: str
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """Destroy ``destroy`` (free instances in the way), then create ``create`` with its compute instance."""
+
+    gpu_index: int
+    create: PlacedInstance
+    destroy: Layout = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    reason: str
+    message: str
+
+
+Answer = Ready | Cut | Failed
+
+
+def locate(device: str, gpus: Sequence[GpuState]) -> tuple[GpuState, PlacedInstance] | None:
+    """The GPU and placement a device name denotes on this node, or None. Pure."""
+    for gpu in gpus:
+        if gpu.model is None or not device.startswith(f"gpu{gpu.index}-"):
+            continue
+        for p in gpu.model.profiles:
+            for start in p.placement_starts:
+                if device_name(gpu.index, p.name, start) == device:
+                    return gpu, PlacedInstance(start, p.name)
+    return None
+
+
+def _holders_besides(o: Observed, claim: str) -> Observed:
+    """``o`` as busy as it is for anyone but ``claim`` (the claim being answered does not block itself)."""
+    others = tuple(c for c in o.claims if c != claim)
+    if others == o.claims:
+        return o
+    return Observed(o.placed, others, o.processes, o.has_compute_instance, o.prepared, o.partitioned)
+
+
+def decide(device: str, claim: str, gpus: Sequence[GpuState]) -> Answer:
+    """What to answer for ``claim`` ("namespace/name"), allocated ``device`` of this node. Pure."""
+    found = locate(device, gpus)
+    if found is None:
+        return Failed(REASON_UNKNOWN_DEVICE, f"{device} is not a MIG placement of any GPU on this node")
+    gpu, placed = found
+    assert gpu.model is not None
+    if not gpu.mig_enabled:
+        return Failed(REASON_MIG_DISABLED, f"{device}: MIG mode is not enabled on GPU {gpu.index}")
+    model = gpu.model
+    in_way: list[PlacedInstance] = []
+    for raw in gpu.observed:
+        o = _holders_besides(raw, claim)
+        if o.placed == placed:
+            if o.claims or o.partitioned or (o.processes and not o.prepared):
+                return Failed(REASON_PLACEMENT_TAKEN, f"{device}: {o.busy_reason()}")
+            if o.has_compute_instance:
+                return Ready(gpu.index, placed, gpu.mig_uuids.get(placed, ""))
+            return Cut(gpu.index, placed)  # a GPU instance whose compute instance is missing
+        if overlaps(model, placed, o.placed):
+            if o.busy:
+                held = f"{o.placed.profile}@{o.placed.start}"
+                return Failed(
+                    REASON_PLACEMENT_TAKEN, f"{device}: memory slices held by {held}: {o.busy_reason()}"
+                )
+            in_way.append(o.placed)
+    kept = [o.placed for o in gpu.observed if o.placed not in in_way]
+    violation = check_layout(model, [*kept, placed])
+    if violation is not None:
+        return Failed(REASON_LAYOUT_RULE, f"{device}: {violation.message}")
+    return Cut(gpu.index, placed, normalize_layout(in_way))
