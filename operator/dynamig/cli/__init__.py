@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 # module name under dynamig.cli -> exposes register(subparsers: argparse._SubParsersAction) -> None
-_COMMAND_MODULES = ("plan", "geometry", "devcluster", "agent", "operator", "demo", "simulate")
+_COMMAND_MODULES = ("plan", "geometry", "devcluster", "agent", "operator", "demo", "simulate", "doctor")
 
 
 def build_parser() -> argparse.ArgumentParser:
