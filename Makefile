@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PROTO_DIR := operator/dynamig/agent/plugin/proto
 GEN_DIR := operator/dynamig/agent/plugin/_generated
 
-.PHONY: setup demo test lint typecheck imports controlplane helm proto bench clean
+.PHONY: setup demo test lint typecheck imports controlplane helm cdivalidate proto bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -22,6 +22,9 @@ controlplane:
 
 helm:
 	@bash hack/build-helm.sh >/dev/null
+
+cdivalidate:
+	@bash hack/build-cdi-validate.sh >/dev/null
 
 setup: $(STAMP) proto controlplane
 
@@ -39,7 +42,7 @@ typecheck: $(STAMP) proto
 imports: $(STAMP)
 	$(BIN)/lint-imports
 
-test: setup helm lint typecheck imports
+test: setup helm cdivalidate lint typecheck imports
 	$(BIN)/pytest -q -p no:cacheprovider
 
 bench: setup

@@ -6,9 +6,10 @@ creates the GpuPartition, publishes the node's ResourceSlices; ``AgentMigInstanc
 plugin's gRPC servers on unix sockets, its API reads, CDI writer and checkpoint; the NVML code path
 (``NvmlDevices``) with the pynvml API.
 Simulated: the GPUs (``dynamig.backends.simnvml``, an A100-80GB with MIG enabled); the NVIDIA kernel
-driver's ``/dev`` nodes and ``/proc/driver/nvidia/capabilities`` files, written by ``SimulatedDriverFiles``
-into a temporary directory from what NVML reports; the kubelet (this test's gRPC client) and the Node
-(registered through the API; pods are bound but never run).
+driver's ``/dev`` nodes and ``/proc/driver/nvidia/capabilities`` files, and the node CDI spec NVIDIA's
+container toolkit would generate (with stand-ins of the driver files it names), written by
+``SimulatedDriverFiles`` into a temporary directory from what NVML reports; the kubelet (this test's gRPC
+client) and the Node (registered through the API; pods are bound but never run).
 
 Scenarios: registration (GetInfo, NotifyRegistrationStatus); prepare, repeat (v1 and v1beta1), restart the
 plugin and prepare again, unprepare (instance kept, marked free); one batch with a claim of another node, a
@@ -38,6 +39,7 @@ from typing import Any, TypeVar
 
 import grpc
 import pytest
+import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
@@ -200,8 +202,6 @@ async def node(crds: None, kube_api: client.ApiClient, make_node: Callable[..., 
         AgentMetrics(CollectorRegistry(), name),
     )
     await agent.reconcile_once()  # adopts the instances, creates the GpuPartition, publishes the slice
-    files = SimulatedDriverFiles(devices, proc_root=root / "proc", dev_root=root / "dev")
-    files.sync()
     settings = PluginSettings(
         node_name=name,
         kubelet_root=root / "kubelet",
@@ -209,6 +209,11 @@ async def node(crds: None, kube_api: client.ApiClient, make_node: Callable[..., 
         dev_root=root / "dev",
         proc_root=root / "proc",
     )
+    # The base spec goes where the settings expect NVIDIA's: <cdi root>/nvidia.yaml.
+    files = SimulatedDriverFiles(
+        devices, proc_root=root / "proc", dev_root=root / "dev", base_spec=settings.base_spec_path
+    )
+    files.sync()
     n = Node(
         name=name,
         root=root,
@@ -301,6 +306,16 @@ def host_node_exists(node: Node, host_path: str) -> bool:
     return host_path.startswith(f"{node.root / 'dev'}/") and Path(host_path).exists()
 
 
+def all_exist(paths: list[str]) -> bool:
+    return all(Path(p).exists() for p in paths)
+
+
+def read_base_spec_edits(node: Node) -> dict[str, Any]:
+    """The spec-level containerEdits of the node's (simulated) NVIDIA CDI spec."""
+    edits: dict[str, Any] = yaml.safe_load(node.settings.base_spec_path.read_text())["containerEdits"]
+    return edits
+
+
 def read_spec(node: Node, claim_uid: str) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(cdi_files.spec_path(node.settings.cdi_root, claim_uid).read_text())
     return data
@@ -336,24 +351,34 @@ async def test_prepare_repeat_restart_unprepare(
     assert answer.error == ""
     assert devices_of(answer) == [(["gpu"], node.name, dev, [expected_id])]
 
-    # The CDI spec hands the container exactly this MIG instance.
+    # The CDI spec hands the container exactly this MIG instance, and the driver as NVIDIA's node spec has it.
     spec = read_spec(node, uid)
     assert spec["cdiVersion"] == "0.6.0" and spec["kind"] == "k8s.mig.dynamig.io/claim"
     [cdi_dev] = spec["devices"]
     assert f"k8s.mig.dynamig.io/claim={cdi_dev['name']}" == expected_id
     mig = next(i for i in node.devices.instances(node.gpu) if i.placed == placed)
-    assert cdi_dev["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={mig.mig_uuid}"]
+    assert cdi_dev["containerEdits"]["env"] == [f"DYNAMIG_MIG_UUIDS={mig.mig_uuid}"]
     minor = node.gpu.minor
     assert minor is not None and mig.ci_id is not None
     nodes = cdi_dev["containerEdits"]["deviceNodes"]
     assert [n["path"] for n in nodes] == [
         f"/dev/nvidia{minor}",
-        "/dev/nvidiactl",
-        "/dev/nvidia-uvm",
         f"/dev/nvidia-caps/nvidia-cap{gi_cap_minor(minor, mig.gi_id)}",
         f"/dev/nvidia-caps/nvidia-cap{ci_cap_minor(minor, mig.gi_id, mig.ci_id)}",
     ]
     assert all(host_node_exists(node, n["hostPath"]) for n in nodes)
+    common = spec["containerEdits"]
+    base = read_base_spec_edits(node)
+    assert common["mounts"] == base["mounts"] and common["hooks"] == base["hooks"]
+    assert "/usr/bin/nvidia-smi" in {m["containerPath"] for m in common["mounts"]}
+    assert all_exist([m["hostPath"] for m in common["mounts"]] + [h["path"] for h in common["hooks"]])
+    common_nodes = [n["path"] for n in common["deviceNodes"]]
+    assert {"/dev/nvidiactl", "/dev/nvidia-uvm"} <= set(common_nodes)
+    assert all(host_node_exists(node, n["hostPath"]) for n in common["deviceNodes"])
+    # The legacy NVIDIA hook sees no device to inject: CDI alone hands the slice over.
+    assert [e for e in common["env"] if e.startswith("NVIDIA_VISIBLE_DEVICES=")] == [
+        "NVIDIA_VISIBLE_DEVICES=void"
+    ]
     assert dev in node.agent.prepared
 
     # Repeated, also through the v1beta1 service: the same answer.
@@ -406,7 +431,7 @@ async def test_claim_with_two_devices(node: Node, kube_api: client.ApiClient, na
     assert len(spec["devices"]) == 2
     for cdi_dev in spec["devices"]:
         [env] = cdi_dev["containerEdits"]["env"]
-        assert sorted(env.removeprefix("NVIDIA_VISIBLE_DEVICES=").split(",")) == uuids
+        assert sorted(env.removeprefix("DYNAMIG_MIG_UUIDS=").split(",")) == uuids
     assert await node.kubelet.unprepare(ref) == {ref[2]: ""}
     assert not {"gpu0-1g10gb-s2", "gpu0-1g10gb-s3"} & node.agent.prepared
 
@@ -469,7 +494,7 @@ async def test_destroyed_instance_is_recreated_and_taken_placement_is_refused(
     new = next(i for i in node.devices.instances(gpu) if i.placed == small)
     assert new.mig_uuid and new.ci_id is not None
     spec = read_spec(node, ref[2])
-    assert spec["devices"][0]["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={new.mig_uuid}"]
+    assert spec["devices"][0]["containerEdits"]["env"] == [f"DYNAMIG_MIG_UUIDS={new.mig_uuid}"]
     assert old_uuid is not None
 
     # 2. The allocated placement is now held by another instance: a clear per-claim error, nothing created.

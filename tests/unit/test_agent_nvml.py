@@ -202,7 +202,7 @@ def test_nvml_is_initialised_again_after_a_driver_reload(devices: NvmlDevices, n
     with pytest.raises(nvml.NVMLError_Uninitialized):
         devices.instances(gpu)  # the old session is stale
     found, failed = devices.discover()
-    assert devices.reinits == 1 and not failed and [g.uuid for g in found][0] == gpu.uuid
+    assert devices.reinits == 1 and not failed and found[0].uuid == gpu.uuid
     assert [i.placed for i in devices.instances(found[0])] == [PlacedInstance(0, "1g.10gb")]
 
 

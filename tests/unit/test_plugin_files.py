@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dynamig.agent.plugin import cdi
+from dynamig.agent.plugin import cdi, cdi_validation
 from dynamig.agent.plugin.checkpoint import (
     CHECKPOINT_VERSION,
     CheckpointError,
@@ -107,37 +107,45 @@ def test_cdi_ids_are_qualified_and_parseable() -> None:
 
 
 def test_build_spec_has_device_nodes_env_and_version() -> None:
+    """Without a base spec (simulated nodes): the slice's nodes per device, the control nodes spec-wide."""
     inst = instance()
     minors = cdi.CapabilityMinors(gi_access=255, ci_access=256)
-    spec = cdi.build_spec(UID, [cdi.CdiDevice(inst, minors)], Path("/host/dev"))
+    spec = cdi.build_spec(UID, [cdi.CdiDevice(inst, minors)], Path("/host/dev"), None)
     assert spec["cdiVersion"] == "0.6.0"
     assert tuple(int(x) for x in spec["cdiVersion"].split(".")) >= (0, 6, 0)
     assert spec["kind"] == "k8s.mig.dynamig.io/claim"
     [device] = spec["devices"]
     assert device["name"] == f"{UID}-gpu1-1g10gb-s6"
     edits = device["containerEdits"]
-    assert edits["env"] == ["NVIDIA_VISIBLE_DEVICES=MIG-gpu1-1g10gb-s6-uuid"]
+    assert edits["env"] == ["DYNAMIG_MIG_UUIDS=MIG-gpu1-1g10gb-s6-uuid"]
     assert edits["deviceNodes"] == [
         {"path": "/dev/nvidia1", "hostPath": "/host/dev/nvidia1"},
-        {"path": "/dev/nvidiactl", "hostPath": "/host/dev/nvidiactl"},
-        {"path": "/dev/nvidia-uvm", "hostPath": "/host/dev/nvidia-uvm"},
         {"path": "/dev/nvidia-caps/nvidia-cap255", "hostPath": "/host/dev/nvidia-caps/nvidia-cap255"},
         {"path": "/dev/nvidia-caps/nvidia-cap256", "hostPath": "/host/dev/nvidia-caps/nvidia-cap256"},
     ]
+    # The legacy NVIDIA hook must not inject devices on top of CDI: NVIDIA_VISIBLE_DEVICES is "void".
+    assert spec["containerEdits"] == {
+        "env": ["NVIDIA_VISIBLE_DEVICES=void"],
+        "deviceNodes": [
+            {"path": "/dev/nvidiactl", "hostPath": "/host/dev/nvidiactl"},
+            {"path": "/dev/nvidia-uvm", "hostPath": "/host/dev/nvidia-uvm"},
+        ],
+    }
+    assert cdi_validation.spec_errors(spec) == []
 
 
 def test_build_spec_lists_every_uuid_of_a_request() -> None:
     a, b = instance("gpu0-1g10gb-s0", minor=0, gi=9), instance("gpu0-1g10gb-s1", minor=0, gi=10)
     m = cdi.CapabilityMinors(1, 2)
     both = (a.mig_uuid, b.mig_uuid)
-    spec = cdi.build_spec(UID, [cdi.CdiDevice(a, m, both), cdi.CdiDevice(b, m, both)], Path("/dev"))
+    spec = cdi.build_spec(UID, [cdi.CdiDevice(a, m, both), cdi.CdiDevice(b, m, both)], Path("/dev"), None)
     envs = [d["containerEdits"]["env"] for d in spec["devices"]]
-    assert envs == [[f"NVIDIA_VISIBLE_DEVICES={a.mig_uuid},{b.mig_uuid}"]] * 2
+    assert envs == [[f"DYNAMIG_MIG_UUIDS={a.mig_uuid},{b.mig_uuid}"]] * 2
 
 
 def test_write_spec_is_atomic_and_removable(tmp_path: Path) -> None:
     root = tmp_path / "cdi"
-    spec = cdi.build_spec(UID, [cdi.CdiDevice(instance(), cdi.CapabilityMinors(3, 4))], tmp_path)
+    spec = cdi.build_spec(UID, [cdi.CdiDevice(instance(), cdi.CapabilityMinors(3, 4))], tmp_path, None)
     path = cdi.write_spec(root, UID, spec)
     assert path == root / f"k8s.mig.dynamig.io-claim_{UID}.json"
     assert json.loads(path.read_text()) == spec
@@ -164,7 +172,7 @@ def test_concurrent_writers_never_expose_a_partial_spec(tmp_path: Path) -> None:
     """Readers racing two writers always parse a complete spec (rename is atomic)."""
     root = tmp_path / "cdi"
     big = [cdi.CdiDevice(instance(f"gpu0-1g10gb-s{i}"), cdi.CapabilityMinors(i, i + 1)) for i in range(7)]
-    specs = [cdi.build_spec(UID, big[:n], tmp_path) for n in (1, 7)]
+    specs = [cdi.build_spec(UID, big[:n], tmp_path, None) for n in (1, 7)]
     cdi.write_spec(root, UID, specs[0])
     stop = threading.Event()
 
@@ -188,9 +196,9 @@ def test_missing_device_nodes(tmp_path: Path) -> None:
     (tmp_path / "nvidia-caps").mkdir()
     for n in ["nvidia1", "nvidiactl", "nvidia-caps/nvidia-cap3"]:
         (tmp_path / n).touch()
-    nodes = cdi.device_nodes(instance(), cdi.CapabilityMinors(3, 4))
+    nodes = cdi.device_nodes(instance(), cdi.CapabilityMinors(3, 4)) + cdi.CONTROL_NODES
     missing = cdi.missing_device_nodes(tmp_path, nodes)
-    assert missing == [tmp_path / "nvidia-uvm", tmp_path / "nvidia-caps/nvidia-cap4"]
+    assert missing == [tmp_path / "nvidia-caps/nvidia-cap4", tmp_path / "nvidia-uvm"]
 
 
 PROC_DEVICES = """Character devices:

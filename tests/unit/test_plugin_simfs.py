@@ -2,23 +2,29 @@
 them.
 
 Real: the agent's NVML code path (``NvmlDevices``) with the pynvml API, the capability-file reader and CDI
-builder of the plugin, on a temporary directory standing in for ``/dev`` and ``/proc``. Simulated: the GPUs
-(``dynamig.backends.simnvml``, one H100-80GB) and, by construction, the driver's files. No Kubernetes API.
+builder of the plugin, its base-spec reader and spec validation, on a temporary directory standing in for
+``/dev``, ``/proc`` and ``/var/run/cdi``. Simulated: the GPUs (``dynamig.backends.simnvml``, one H100-80GB)
+and, by construction, the driver's files and NVIDIA's node CDI spec. No Kubernetes API.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+import yaml
 
 from dynamig.agent.nvml_device import NvmlDevices
 from dynamig.agent.plugin import cdi
+from dynamig.agent.plugin.cdi_base import read_base_spec
+from dynamig.agent.plugin.cdi_validation import spec_errors
 from dynamig.agent.plugin.instances import PreparedInstance
-from dynamig.agent.plugin.simfs import SimulatedDriverFiles, ci_cap_minor, gi_cap_minor
+from dynamig.agent.plugin.simfs import SIMULATED_SPEC_HEADER, SimulatedDriverFiles, ci_cap_minor, gi_cap_minor
 from dynamig.backends.nvml import load_nvml
+from dynamig.backends.simnvml import DRIVER_VERSION
 from dynamig.geometry.model import PlacedInstance
 
 
@@ -72,3 +78,83 @@ def test_sync_mirrors_nvml_and_the_plugin_reads_it(devices: NvmlDevices, tmp_pat
     files.sync()
     mig_dir = cdi.capabilities_dir(proc, gpu.minor) / "mig"
     assert sorted(p.name for p in mig_dir.iterdir()) == [f"gi{a.gi_id}"]
+
+
+def test_simulated_base_spec_is_shaped_like_nvidia_ctk_and_points_at_real_files(
+    devices: NvmlDevices, tmp_path: Path
+) -> None:
+    dev, base_path = tmp_path / "dev", tmp_path / "cdi" / "nvidia.yaml"
+    files = SimulatedDriverFiles(devices, proc_root=tmp_path / "proc", dev_root=dev, base_spec=base_path)
+    files.sync()
+    gpu = devices.gpu(0)
+    assert files.driver_root == tmp_path / "cdi" / "nvidia-driver-root"
+
+    text = base_path.read_text()
+    assert text.startswith(SIMULATED_SPEC_HEADER + "\n---\n")
+    raw = yaml.safe_load(text)
+    assert list(raw) == ["cdiVersion", "kind", "devices", "containerEdits"]
+    assert (raw["cdiVersion"], raw["kind"]) == ("0.5.0", "nvidia.com/gpu")
+    assert [d["name"] for d in raw["devices"]] == ["0", gpu.uuid, "all"]
+    edits = raw["containerEdits"]
+    assert set(edits) == {"env", "deviceNodes", "hooks", "mounts"}
+    assert "NVIDIA_VISIBLE_DEVICES=void" in edits["env"]
+    assert [n["path"] for n in edits["deviceNodes"]] == [
+        "/dev/nvidia-modeset",
+        "/dev/nvidia-uvm-tools",
+        "/dev/nvidia-uvm",
+        "/dev/nvidiactl",
+    ]
+    assert [h["args"][1] for h in edits["hooks"]] == [
+        "create-symlinks",
+        "enable-cuda-compat",
+        "update-ldcache",
+        "disable-device-node-modification",
+    ]
+    assert {m["containerPath"] for m in edits["mounts"]} >= {
+        f"/usr/lib/x86_64-linux-gnu/libcuda.so.{DRIVER_VERSION}",
+        f"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{DRIVER_VERSION}",
+        "/usr/bin/nvidia-smi",
+    }
+    # Every host path the spec names exists: device nodes under dev/, the rest under the driver root.
+    host_paths = [n["hostPath"] for d in raw["devices"] for n in d["containerEdits"]["deviceNodes"]]
+    host_paths += [n["hostPath"] for n in edits["deviceNodes"]] + [m["hostPath"] for m in edits["mounts"]]
+    host_paths += [h["path"] for h in edits["hooks"]]
+    assert all(Path(p).exists() for p in host_paths), [p for p in host_paths if not Path(p).exists()]
+    assert os.access(edits["hooks"][0]["path"], os.X_OK)
+
+    # The plugin reads it as the node's base spec and builds a valid claim spec on top.
+    base = read_base_spec(base_path)
+    assert base is not None
+    inst = devices.create(gpu, PlacedInstance(6, "1g.10gb"))
+    files.sync()
+    assert gpu.minor is not None and inst.ci_id is not None
+    prepared = PreparedInstance(
+        device_name="gpu0-1g10gb-s6",
+        mig_uuid=inst.mig_uuid,
+        parent_uuid=gpu.uuid,
+        gpu_index=0,
+        gpu_minor=gpu.minor,
+        gi_id=inst.gi_id,
+        ci_id=inst.ci_id,
+    )
+    minors = cdi.read_capability_minors(tmp_path / "proc", prepared)
+    spec = cdi.build_spec("uid-1", [cdi.CdiDevice(prepared, minors)], dev, base)
+    assert spec_errors(spec) == []
+    assert spec["containerEdits"]["mounts"] == edits["mounts"]
+
+
+def test_simulated_base_spec_never_replaces_a_foreign_one(devices: NvmlDevices, tmp_path: Path) -> None:
+    base_path = tmp_path / "cdi" / "nvidia.yaml"
+    base_path.parent.mkdir()
+    base_path.write_text("---\ncdiVersion: 0.5.0\nkind: nvidia.com/gpu\n")  # e.g. the real nvidia-ctk's
+    files = SimulatedDriverFiles(
+        devices, proc_root=tmp_path / "proc", dev_root=tmp_path / "dev", base_spec=base_path
+    )
+    files.sync()
+    assert base_path.read_text() == "---\ncdiVersion: 0.5.0\nkind: nvidia.com/gpu\n"
+    assert [p.name for p in base_path.parent.iterdir()] == ["nvidia.yaml"]
+    # Without base_spec nothing but the driver's /dev and /proc files is written.
+    plain = SimulatedDriverFiles(devices, proc_root=tmp_path / "p2", dev_root=tmp_path / "d2")
+    plain.sync()
+    assert plain.driver_root is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cdi", "d2", "dev"]

@@ -358,7 +358,8 @@ CASES = [
     Case("nvmlGpuInstanceGetInfo", "struct:nvmlGpuInstanceInfo_st:device", "Parent device",
          gi_info_device_is_the_parent),
     Case("nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetMigDeviceHandleByIndex",
-         "NVML_ERROR_NOT_FOUND if no valid MIG device was found at index", mig_handle_by_index_then_not_found),
+         "NVML_ERROR_NOT_FOUND if no valid MIG device was found at index",
+         mig_handle_by_index_then_not_found),
     Case("nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetMigDeviceHandleByIndex",
          "NVML_ERROR_NOT_SUPPORTED if this query is not supported by the device",
          mig_handle_not_supported_without_mig),
@@ -408,7 +409,8 @@ CASES = [
          "NVML_ERROR_INSUFFICIENT_RESOURCES If the requested compute instance could not be created",
          create_ci_insufficient_resources),
     Case("nvmlDeviceGetGpuInstances", "nvmlDeviceGetGpuInstances",
-         "NVML_ERROR_NOT_SUPPORTED If device doesn't have MIG mode enabled", list_gis_not_supported_without_mig),
+         "NVML_ERROR_NOT_SUPPORTED If device doesn't have MIG mode enabled",
+         list_gis_not_supported_without_mig),
     Case("nvmlGpuInstanceGetComputeInstances", "nvmlGpuInstanceGetComputeInstances",
          "NVML_ERROR_NOT_SUPPORTED If profileId isn't supported", list_cis_unsupported_profile),
     Case("nvmlGpuInstanceGetComputeInstanceProfileInfo", "nvmlGpuInstanceGetComputeInstanceProfileInfo",
@@ -432,7 +434,8 @@ CASES = [
     Case("nvmlDeviceGetMinorNumber", "nvmlDeviceGetMinorNumber",
          "Retrieves minor number for the device.", name_uuid_pci_minor),
     Case("nvmlShutdown", "nvmlShutdown",
-         "Shut down NVML by releasing all GPU resources previously allocated with nvmlInit", shutdown_then_uninitialized),
+         "Shut down NVML by releasing all GPU resources previously allocated with nvmlInit",
+         shutdown_then_uninitialized),
     Case("nvmlInit", "nvmlInitWithFlags", "nvmlInitWithFlags", uninitialized),
 ]  # fmt: skip
 
@@ -457,7 +460,7 @@ def test_a_misquoted_behaviour_is_caught() -> None:
     """The quote check can fail: a sentence nvml.h does not contain for that function is refused."""
     doc = doc_block("nvmlComputeInstanceDestroy")
     assert "Returns the MIG device" not in doc
-    assert "Parent device" != member_doc("nvmlComputeInstanceInfo_st", "gpuInstance")
+    assert member_doc("nvmlComputeInstanceInfo_st", "gpuInstance") != "Parent device"
 
 
 def test_every_nvml_call_of_the_agent_has_a_documented_case() -> None:

@@ -135,7 +135,9 @@ async def run_agent(options: AgentOptions) -> int:
                 # No kernel driver makes /dev and /proc entries for simulated GPUs: write stand-ins.
                 from dynamig.agent.plugin.simfs import SimulatedDriverFiles, SimulatedDriverInstances
 
-                files = SimulatedDriverFiles(devices, proc_root=p.proc_root, dev_root=p.dev_root)
+                files = SimulatedDriverFiles(
+                    devices, proc_root=p.proc_root, dev_root=p.dev_root, base_spec=p.base_spec_path
+                )
                 instances = SimulatedDriverInstances(instances, files)
             plugin_server = await serve_plugin(p, instances, api_client)
         stop = asyncio.Event()

@@ -19,8 +19,9 @@ not offer gives ``NotSupported``. Profile tables come from the geometry catalog.
 Parent and MIG device handles are distinct, as nvml.h documents them: ``nvmlComputeInstanceGetInfo`` and
 ``nvmlGpuInstanceGetInfo`` return the *parent* device in ``device``; a MIG device handle (one per compute
 instance) comes only from ``nvmlDeviceGetMigDeviceHandleByIndex`` or ``nvmlDeviceGetHandleByUUID("MIG-...")``
-and answers UUID, memory, attributes and processes for that instance alone. ``tests/unit/test_simnvml_fidelity.py``
-checks each function the agent calls against the sentence of nvml.h that documents it.
+and answers UUID, memory, attributes and processes for that instance alone.
+``tests/unit/test_simnvml_fidelity.py`` checks each function the agent calls against the sentence of nvml.h
+that documents it.
 
 Not in ``pynvml`` (simulation control): :func:`configure`, :func:`attach_process`, :func:`detach_process`,
 :func:`set_gpu_lost`, :func:`reload_driver`, :func:`history`, :func:`snapshot`, :func:`reset`.

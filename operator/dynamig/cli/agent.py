@@ -97,6 +97,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the kubelet's root directory",
     )
     p.add_argument("--cdi-root", type=Path, default=Path("/var/run/cdi"), help="where CDI specs are written")
+    p.add_argument(
+        "--cdi-base-spec",
+        type=Path,
+        default=None,
+        help="NVIDIA's CDI spec for the node (nvidia-ctk cdi generate; YAML or JSON) whose common edits "
+        "(driver libraries, nvidia-smi, hooks) go into every claim's spec (default <cdi-root>/nvidia.yaml)",
+    )
     p.add_argument("--dev-root", type=Path, default=Path("/dev"), help="directory of the NVIDIA device nodes")
     p.add_argument(
         "--proc-root", type=Path, default=Path("/proc"), help="directory holding driver/nvidia/capabilities"
@@ -143,6 +150,9 @@ def run(args: argparse.Namespace) -> int:
             node_name=args.node,
             kubelet_root=args.kubelet_root,
             cdi_root=args.cdi_root,
+            cdi_base_spec=args.cdi_base_spec,
+            # Simulated GPUs have no driver to take the libraries from: device-nodes-only specs are fine.
+            allow_missing_base_spec=args.nvml == "simulated",
             dev_root=args.dev_root,
             proc_root=proc_root,
         )

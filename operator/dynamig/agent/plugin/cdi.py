@@ -1,15 +1,33 @@
 """CDI specs for prepared claims, and the NVIDIA capability files they are built from.
 
 One spec file per claim, kind ``k8s.mig.dynamig.io/claim``, one CDI device per allocated MIG instance named
-``<claim-uid>-<device-name>``. A MIG instance is reached through the parent GPU's ``/dev/nvidia<minor>``,
-``/dev/nvidiactl``, ``/dev/nvidia-uvm`` and two capability nodes ``/dev/nvidia-caps/nvidia-cap<N>``: one for
-its GPU instance, one for its compute instance. Their minors are in the driver's procfs files
-``/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<X>/access`` and ``.../gi<X>/ci<Y>/access``, each with a
-``DeviceFileMinor: N`` line.
+``<claim-uid>-<device-name>``. A MIG instance is reached through the parent GPU's ``/dev/nvidia<minor>`` and
+two capability nodes ``/dev/nvidia-caps/nvidia-cap<N>``: one for its GPU instance, one for its compute
+instance (the three nodes NVIDIA's toolkit gives a MIG device:
+``internal/platform-support/dgpu/nvml.go``, ``newNvmlMigDiscoverer``). Their minors are in the driver's
+procfs files ``/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<X>/access`` and
+``.../gi<X>/ci<Y>/access``, each with a ``DeviceFileMinor: N`` line.
 
-``build_spec`` and ``parse_access_file`` are pure; the ``read_*``, ``write_*`` and ``remove_*`` functions
-touch the filesystem. Specs are written atomically (temp file, fsync, rename) so the container runtime never
-reads half a spec.
+What a claim's spec holds:
+
+- spec-level ``containerEdits``: the common edits of the node's base spec (``cdi_base``: what
+  ``nvidia-ctk cdi generate`` wrote: driver libraries and binaries, control nodes ``/dev/nvidiactl``,
+  ``/dev/nvidia-uvm`` ..., the ``nvidia-cdi-hook`` hooks), with ``NVIDIA_VISIBLE_DEVICES=void`` so the
+  toolkit's legacy hook injects nothing on top. Without a base spec (allowed only on simulated nodes):
+  ``/dev/nvidiactl``, ``/dev/nvidia-uvm`` and the same ``void`` entry.
+- per device: the three device nodes of that MIG instance, and ``DYNAMIG_MIG_UUIDS=<uuid>[,<uuid>...]``:
+  the MIG UUIDs of every device of the same request (CDI env entries of one name do not merge, so each
+  device carries the whole list). It tells the workload which slice it got without being a variable any
+  NVIDIA component acts on.
+- ``cdiVersion``: the lowest version the content requires (``cdi_validation.required_version``), as
+  ``nvidia-ctk`` does.
+
+Every spec is validated (``cdi_validation``: the CDI JSON schema and the CDI library's own checks) before it
+is written; an invalid one is refused (``InvalidSpecError``) and never reaches the runtime.
+
+``build_spec``, ``device_nodes`` and ``parse_access_file`` are pure; the ``read_*``, ``write_*`` and
+``remove_*`` functions touch the filesystem. Specs are written atomically (temp file, fsync, rename) so the
+container runtime never reads half a spec.
 """
 
 from __future__ import annotations
@@ -23,14 +41,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dynamig.agent.plugin.cdi_base import BaseSpec, common_edits
+from dynamig.agent.plugin.cdi_validation import check_spec, required_version
 from dynamig.agent.plugin.instances import PreparedInstance
 from dynamig.fileio import write_atomic
 
-CDI_VERSION = "0.6.0"
 CDI_VENDOR = "k8s.mig.dynamig.io"
 CDI_CLASS = "claim"
 CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
 SPEC_PREFIX = f"{CDI_VENDOR}-{CDI_CLASS}_"
+# Per-device variable with the MIG UUIDs of the device's request; NVIDIA_VISIBLE_DEVICES stays "void".
+MIG_UUIDS_ENV = "DYNAMIG_MIG_UUIDS"
+# Control nodes every MIG device needs; in the base spec's common edits, else added by ``build_spec``.
+CONTROL_NODES = ("nvidiactl", "nvidia-uvm")
 
 _MINOR_RE = re.compile(r"^\s*DeviceFileMinor:\s*(\d+)\s*$", re.MULTILINE)
 _CLAIM_UID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*$")
@@ -101,11 +124,10 @@ def read_capability_minors(proc_root: Path, instance: PreparedInstance) -> Capab
 
 
 def device_nodes(instance: PreparedInstance, minors: CapabilityMinors) -> tuple[str, ...]:
-    """Device node paths under ``/dev`` a container needs for the instance, parent GPU first. Pure."""
+    """Device node paths under ``/dev`` of the instance itself (not the control nodes), parent GPU first.
+    Pure."""
     return (
         f"nvidia{instance.gpu_minor}",
-        "nvidiactl",
-        "nvidia-uvm",
         f"nvidia-caps/nvidia-cap{minors.gi_access}",
         f"nvidia-caps/nvidia-cap{minors.ci_access}",
     )
@@ -169,32 +191,46 @@ def cdi_device_id(claim_uid: str, device_name: str) -> str:
     return f"{CDI_KIND}={cdi_device_name(claim_uid, device_name)}"
 
 
-def build_spec(claim_uid: str, devices: Sequence[CdiDevice], dev_root: Path) -> dict[str, Any]:
-    """The CDI spec (as JSON-able dict) for one claim. Pure.
+def _node_edits(nodes: Iterable[str], dev_root: Path) -> list[dict[str, str]]:
+    return [{"path": f"/dev/{n}", "hostPath": str(dev_root / n)} for n in nodes]
 
-    ``path`` is where the node appears in the container (always ``/dev/...``); ``hostPath`` is where it is
-    on the host, under ``dev_root``.
+
+def build_spec(
+    claim_uid: str, devices: Sequence[CdiDevice], dev_root: Path, base: BaseSpec | None
+) -> dict[str, Any]:
+    """The CDI spec (as JSON-able dict) for one claim on top of the node's base spec. Pure.
+
+    ``path`` is where a node appears in the container (always ``/dev/...``); ``hostPath`` is where it is on
+    the host, under ``dev_root``. ``base`` None: device nodes only (simulated nodes).
     """
     cdi_devices: list[dict[str, Any]] = []
     for dev in devices:
         inst = dev.instance
-        nodes = [{"path": f"/dev/{n}", "hostPath": str(dev_root / n)} for n in device_nodes(inst, dev.minors)]
         uuids = ",".join(dev.request_uuids or (inst.mig_uuid,))
         cdi_devices.append(
             {
                 "name": cdi_device_name(claim_uid, inst.device_name),
                 "containerEdits": {
-                    "env": [f"NVIDIA_VISIBLE_DEVICES={uuids}"],
-                    "deviceNodes": nodes,
+                    "env": [f"{MIG_UUIDS_ENV}={uuids}"],
+                    "deviceNodes": _node_edits(device_nodes(inst, dev.minors), dev_root),
                 },
             }
         )
-    return {
-        "cdiVersion": CDI_VERSION,
+    if base is not None:
+        edits = common_edits(base)
+        annotations = {"mig.dynamig.io/claim-uid": claim_uid, "mig.dynamig.io/cdi-base-spec": str(base.path)}
+    else:
+        edits = {"env": ["NVIDIA_VISIBLE_DEVICES=void"], "deviceNodes": _node_edits(CONTROL_NODES, dev_root)}
+        annotations = {"mig.dynamig.io/claim-uid": claim_uid}
+    spec: dict[str, Any] = {
+        "cdiVersion": "",
         "kind": CDI_KIND,
-        "annotations": {"mig.dynamig.io/claim-uid": claim_uid},
+        "annotations": annotations,
         "devices": cdi_devices,
+        "containerEdits": edits,
     }
+    spec["cdiVersion"] = required_version(spec)
+    return spec
 
 
 def spec_path(cdi_root: Path, claim_uid: str) -> Path:
@@ -214,8 +250,10 @@ def claim_uid_of_spec(path: Path) -> str | None:
 
 
 def write_spec(cdi_root: Path, claim_uid: str, spec: dict[str, Any]) -> Path:
-    """Writes a claim's spec atomically; returns its path. Side effect: file under ``cdi_root``."""
+    """Validates a claim's spec and writes it atomically; returns its path. Side effect: file under
+    ``cdi_root``. InvalidSpecError (nothing written) if the spec is not valid CDI."""
     path = spec_path(cdi_root, claim_uid)
+    check_spec(spec, f"CDI spec for claim {claim_uid}")
     write_atomic(path, (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode())
     return path
 

@@ -3,8 +3,9 @@
 Prepare a claim: answer from the checkpoint if it is already prepared (the kubelet repeats calls, and a
 restarted plugin must give the same answer); otherwise read the claim from the API, check it names this
 driver's devices in this node's pool, make each MIG instance exist through ``MigInstances``, write the CDI
-spec, record the claim in the checkpoint, answer the CDI device ids. A failure is reported for that claim
-only, never for the batch.
+spec (on top of the node's base CDI spec from NVIDIA's toolkit, see ``cdi`` and ``cdi_base``), record the
+claim in the checkpoint, answer the CDI device ids. A failure is reported for that claim only, never for the
+batch.
 
 Unprepare a claim: remove its CDI spec and checkpoint entry and tell ``MigInstances`` the instance is free
 (it is not destroyed; the operator decides).
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dynamig.agent.plugin import cdi
+from dynamig.agent.plugin.cdi_base import BaseSpecError, load_base_spec
+from dynamig.agent.plugin.cdi_validation import InvalidSpecError
 from dynamig.agent.plugin.checkpoint import CheckpointStore, PreparedClaim, PreparedDevice
 from dynamig.agent.plugin.claims import AllocatedDevice, Claim, ClaimError, ClaimRef, devices_for_node
 from dynamig.agent.plugin.instances import InstanceError, MigInstances, PreparedInstance
@@ -105,7 +108,13 @@ class MigDriver:
             for ref in refs:
                 try:
                     results[ref.uid] = PrepareResult(devices=await self._prepare_one(ref))
-                except (ClaimError, InstanceError, cdi.CapabilityError) as exc:
+                except (
+                    ClaimError,
+                    InstanceError,
+                    cdi.CapabilityError,
+                    BaseSpecError,
+                    InvalidSpecError,
+                ) as exc:
                     log.warning("prepare %s (%s) failed: %s", ref, ref.uid, exc)
                     results[ref.uid] = PrepareResult(error=str(exc))
                 except Exception as exc:
@@ -129,8 +138,16 @@ class MigDriver:
     async def _prepare_one(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
         known = self._prepared.get(ref.uid)
         if known is not None:
-            self._ensure_spec_file(known)
-            return known.devices
+            stale = await self._stale_devices(known)
+            if not stale:
+                self._ensure_spec_file(known)
+                return known.devices
+            # The checkpoint names instances that are gone or were re-made (other GI/CI ids or MIG UUID):
+            # its spec would hand the container the wrong device. Forget it and prepare afresh.
+            log.warning("checkpoint of claim %s is stale (%s); preparing it again", ref, "; ".join(stale))
+            del self._prepared[ref.uid]
+            cdi.remove_spec(self._settings.cdi_root, ref.uid)
+            self._checkpoint.save(self._prepared)
         claim = await self._claims.read(ref)
         if claim is None:
             raise ClaimError(f"ResourceClaim {ref} does not exist")
@@ -165,6 +182,22 @@ class MigDriver:
             raise
         return devices
 
+    async def _stale_devices(self, prepared: PreparedClaim) -> list[str]:
+        """Why each checkpointed device no longer is the instance NVML has at its placement (empty: all
+        still are). Reads only."""
+        out = []
+        for d in prepared.devices:
+            now = await self._instances.lookup(d.device_name)
+            was = d.instance
+            if now is None:
+                out.append(f"{d.device_name} no longer exists")
+            elif (now.gi_id, now.ci_id, now.mig_uuid) != (was.gi_id, was.ci_id, was.mig_uuid):
+                out.append(
+                    f"{d.device_name} is now GI {now.gi_id}/CI {now.ci_id} {now.mig_uuid}, "
+                    f"was GI {was.gi_id}/CI {was.ci_id} {was.mig_uuid}"
+                )
+        return out
+
     def _build(
         self,
         claim_uid: str,
@@ -178,6 +211,8 @@ class MigDriver:
         cdi_devices: list[cdi.CdiDevice] = []
         prepared: list[PreparedDevice] = []
         s = self._settings
+        # Read at every prepare: a base spec regenerated after a driver upgrade is used at once.
+        base = load_base_spec(s.base_spec_path, allow_missing=s.allow_missing_base_spec)
         for d, inst in pairs:
             minors = cdi.read_capability_minors(s.proc_root, inst)
             try:
@@ -185,7 +220,8 @@ class MigDriver:
                     log.info("created capability device node %s for %s", node, d.device)
             except OSError as exc:
                 raise InstanceError(f"device {d.device}: cannot create its nvidia-caps node: {exc}") from exc
-            missing = cdi.missing_device_nodes(s.dev_root, cdi.device_nodes(inst, minors))
+            nodes = cdi.device_nodes(inst, minors) + (cdi.CONTROL_NODES if base is None else ())
+            missing = cdi.missing_device_nodes(s.dev_root, nodes)
             if missing:
                 raise InstanceError(
                     f"device {d.device} ({inst.mig_uuid}): device node(s) missing on the node: "
@@ -201,7 +237,7 @@ class MigDriver:
                     instance=inst,
                 )
             )
-        spec = cdi.build_spec(claim_uid, cdi_devices, self._settings.dev_root)
+        spec = cdi.build_spec(claim_uid, cdi_devices, s.dev_root, base)
         return tuple(prepared), spec
 
     def _ensure_spec_file(self, prepared: PreparedClaim) -> None:
@@ -220,9 +256,9 @@ class MigDriver:
             )
             for d in prepared.devices
         ]
-        cdi.write_spec(
-            self._settings.cdi_root, prepared.uid, cdi.build_spec(prepared.uid, devs, self._settings.dev_root)
-        )
+        s = self._settings
+        base = load_base_spec(s.base_spec_path, allow_missing=s.allow_missing_base_spec)
+        cdi.write_spec(s.cdi_root, prepared.uid, cdi.build_spec(prepared.uid, devs, s.dev_root, base))
 
     async def _unprepare_locked(self, ref: ClaimRef) -> None:
         # Release first: if it fails the entry stays, the kubelet retries, and the release is not lost.

@@ -51,6 +51,11 @@ class MigInstances(Protocol):
         any other reason the instance cannot be made available. Side effects: NVML, agent state."""
         ...
 
+    async def lookup(self, device_name: str) -> PreparedInstance | None:
+        """The instance named ``device_name`` as it exists now (GI/CI ids, MIG UUID), or None; creates
+        nothing. Reads only."""
+        ...
+
     async def release(self, device_name: str) -> None:
         """The claim using ``device_name`` was unprepared: mark the instance free (never destroy it; the
         operator decides its fate). Side effects: agent state, GpuPartition status."""

@@ -22,6 +22,10 @@ class PluginSettings:
     ``dev_root`` is the directory holding the NVIDIA device nodes as the container runtime on the host sees
     them (written as ``hostPath`` into CDI specs; the container path is always under ``/dev``).
     ``proc_root`` is the directory with ``driver/nvidia/capabilities`` (normally ``/proc``).
+    ``cdi_base_spec`` is NVIDIA's CDI spec for the node (``nvidia-ctk cdi generate``; YAML or JSON) whose
+    common edits go into every claim's spec; by default ``<cdi_root>/nvidia.yaml``, where the toolkit's
+    ``nvidia-cdi-refresh`` service writes it. ``allow_missing_base_spec`` lets prepare write device-nodes-only
+    specs when that file is missing (simulated nodes); otherwise a missing file fails prepare.
     """
 
     node_name: str
@@ -30,9 +34,16 @@ class PluginSettings:
     cdi_root: Path = Path("/var/run/cdi")
     dev_root: Path = Path("/dev")
     proc_root: Path = Path("/proc")
+    cdi_base_spec: Path | None = None
+    allow_missing_base_spec: bool = False
     # Directory of the checkpoint; by default the plugin's own directory under the kubelet root.
     state_dir: Path | None = None
     api_timeout_s: float = 10.0
+
+    @property
+    def base_spec_path(self) -> Path:
+        """The node's base CDI spec: ``cdi_base_spec``, else ``<cdi_root>/nvidia.yaml``."""
+        return self.cdi_base_spec or self.cdi_root / "nvidia.yaml"
 
     @property
     def plugin_dir(self) -> Path:
