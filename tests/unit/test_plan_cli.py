@@ -146,3 +146,68 @@ policy:
     assert code == 0
     changed = [g for g in doc["gpus"] if g["changed"]]
     assert len(changed) == 1 and "return to baseline" in changed[0]["reason"]
+
+
+def test_offers_table_ranks_free_instances_first_and_skips_busy_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = run(capsys, "-f", str(EXAMPLES / "issue-example.yaml"), "--offers")
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0].split() == ["NODE", "RANK", "DEVICE", "PROFILE", "START", "KIND", "DESTROYS", "COUNTERS"]
+    # The free 3g.40gb@4 is offered first, as it is; everything else on the GPU must destroy it first.
+    assert lines[1].split() == [
+        "node-a",
+        "1",
+        "gpu0-3g40gb-s4",
+        "3g.40gb",
+        "4",
+        "free",
+        "-",
+        "gpu0:",
+        "mem-4..7",
+    ]
+    assert lines[2].split() == [
+        "node-a",
+        "2",
+        "gpu0-1g10gb-s6",
+        "1g.10gb",
+        "6",
+        "recut",
+        "3g.40gb@4",
+        "gpu0:",
+        "mem-6",
+    ]
+    assert all(" recut " in line and "3g.40gb@4" in line for line in lines[2:])
+    # The busy 3g.40gb@0 holds slices 0-3: nothing there is offered, and the policy allows no 4g or 7g.
+    assert not any(" 0 " in line or "4g.40gb" in line or "7g.80gb" in line for line in lines[1:])
+
+
+def test_offers_json_lists_each_node_in_rank_order(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "-f", str(EXAMPLES / "mixed-cluster.yaml"), "--offers", "-o", "json")
+    assert code == 0
+    offers = json.loads(out)["offers"]
+    assert set(offers[0]) == {
+        "node", "rank", "device", "gpu", "profile", "start", "kind", "destroys", "counterSet", "counters",
+    }  # fmt: skip
+    for node in ("node-a", "node-b"):
+        ranks = [o["rank"] for o in offers if o["node"] == node]
+        assert ranks == list(range(1, len(ranks) + 1))
+    a = [o for o in offers if o["node"] == "node-a"]
+    assert [(o["device"], o["kind"]) for o in a[:3]] == [
+        ("gpu0-1g10gb-s5", "free"),
+        ("gpu0-1g10gb-s4", "free"),
+        ("gpu1-7g80gb-s0", "free"),
+    ]
+    assert a[3]["device"] == "gpu0-1g10gb-s6" and a[3]["kind"] == "new"
+    assert a[3]["counterSet"] == "gpu0" and a[3]["counters"] == {"mem-6": 1}
+    recut = next(o for o in a if o["profile"] == "1g.20gb" and o["gpu"] == 1)
+    assert recut["destroys"] == [{"profile": "7g.80gb", "start": 0}]
+    # The busy 3g@0 + 2g@4 on node-b gpu0 leave only memory slices 6-7 there.
+    b0 = [(o["profile"], o["start"]) for o in offers if o["node"] == "node-b" and o["gpu"] == 0]
+    assert b0 == [("1g.10gb", 6), ("1g.20gb", 6)]
+
+
+def test_offers_of_an_invalid_scenario_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "-f", str(EXAMPLES / "invalid-overlap.yaml"), "--offers")
+    assert code == 2 and out == "" and "overlap" in err

@@ -1,9 +1,14 @@
-"""``dynamig plan -f scenario.yaml [-o json|table]``: what dynamig would do, offline.
+"""``dynamig plan -f scenario.yaml [-o json|table] [--offers]``: what dynamig would do, offline.
 
 Reads a scenario (GPUs with their current instances, pending claims, policy; format in
 ``dynamig.planner.scenario``), runs the planner and prints the target layouts, the assignments and the
 unsatisfied claims. An invalid scenario exits with status 2 and one line on stderr naming the GPU, the
 instance and the rule it breaks.
+
+``--offers`` prints instead what each node would publish to the scheduler for the current instances: the
+ranked DRA devices (first = booked first), whether each is a free instance, a new placement or a re-cut
+(with the free instances it replaces), and the counters it consumes. Busy instances are not offered; the
+policy's ``allowedProfiles`` limit the new placements.
 """
 
 from __future__ import annotations
@@ -16,9 +21,17 @@ from typing import Any
 
 import yaml
 
-from dynamig.geometry.catalog import load_catalog
+from dynamig.geometry.catalog import Catalog, load_catalog
+from dynamig.kube.inventory import (
+    GpuInventory,
+    Instance,
+    Occupancy,
+    OfferedDevice,
+    counter_set_name,
+    offered_devices,
+)
 from dynamig.planner import PlanResult, plan
-from dynamig.planner.scenario import ScenarioError, parse_scenario
+from dynamig.planner.scenario import Scenario, ScenarioError, parse_scenario
 
 EXIT_INVALID = 2
 
@@ -31,6 +44,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument("-f", "--file", required=True, help="scenario YAML or JSON ('-' for stdin)")
     parser.add_argument("-o", "--output", choices=("json", "table"), default="table")
+    parser.add_argument(
+        "--offers",
+        action="store_true",
+        help="print the ranked DRA devices each node would publish for the current instances (no plan)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -74,6 +92,64 @@ def result_to_table(result: PlanResult) -> str:
     return "\n".join(lines)
 
 
+def scenario_offers(scenario: Scenario, catalog: Catalog) -> dict[str, tuple[OfferedDevice, ...]]:
+    """Per node (sorted), the devices it would publish, in publishing order. Pure."""
+    nodes: dict[str, list[GpuInventory]] = {}
+    allowed = scenario.policy.allowed_profiles
+    for g in scenario.gpus:
+        model = catalog.model(g.model)
+        instances = tuple(
+            Instance(i.profile, i.start, Occupancy.BUSY if i.busy else Occupancy.FREE) for i in g.instances
+        )
+        nodes.setdefault(g.node, []).append(
+            GpuInventory(g.index, model, "", instances=instances, allowed_profiles=allowed)
+        )
+    return {node: offered_devices(gpus) for node, gpus in sorted(nodes.items())}
+
+
+def _counters_text(counters: dict[str, int]) -> str:
+    """``mem-4..7 media-all=1``: memory-slice counters as a range, others by name (value when not 1)."""
+    mem = sorted(int(k.removeprefix("mem-")) for k in counters if k.startswith("mem-"))
+    parts = []
+    if mem:
+        parts.append(f"mem-{mem[0]}" if len(mem) == 1 else f"mem-{mem[0]}..{mem[-1]}")
+    parts += [k if v == 1 else f"{k}={v}" for k, v in counters.items() if not k.startswith("mem-")]
+    return " ".join(parts)
+
+
+def offers_to_json(offers: dict[str, tuple[OfferedDevice, ...]]) -> dict[str, Any]:
+    """The ``--offers -o json`` shape. Pure."""
+    return {
+        "offers": [
+            {
+                "node": node,
+                "rank": rank,
+                "device": d.name,
+                "gpu": d.gpu_index,
+                "profile": d.profile,
+                "start": d.start,
+                "kind": d.kind,
+                "destroys": [{"profile": i.profile, "start": i.start} for i in d.destroys],
+                "counterSet": counter_set_name(d.gpu_index),
+                "counters": dict(d.counters),
+            }
+            for node, devices in offers.items()
+            for rank, d in enumerate(devices, 1)
+        ]
+    }
+
+
+def offers_to_table(offers: dict[str, tuple[OfferedDevice, ...]]) -> str:
+    """The ranked devices as aligned text. Pure."""
+    rows = [("NODE", "RANK", "DEVICE", "PROFILE", "START", "KIND", "DESTROYS", "COUNTERS")]
+    for node, devices in offers.items():
+        for rank, d in enumerate(devices, 1):
+            destroys = " ".join(f"{i.profile}@{i.start}" for i in d.destroys) or "-"
+            counters = f"{counter_set_name(d.gpu_index)}: {_counters_text(dict(d.counters))}"
+            rows.append((node, str(rank), d.name, d.profile, str(d.start), d.kind, destroys, counters))
+    return "\n".join(_align(rows))
+
+
 def _align(rows: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
@@ -101,6 +177,12 @@ def run(args: argparse.Namespace) -> int:
     except ScenarioError as exc:
         print(f"{args.file}: {exc}", file=sys.stderr)
         return EXIT_INVALID
+    if args.offers:
+        offers = scenario_offers(scenario, catalog)
+        print(
+            json.dumps(offers_to_json(offers), indent=2) if args.output == "json" else offers_to_table(offers)
+        )
+        return 0
     result = plan(scenario.gpus, scenario.claims, scenario.policy, catalog)
     if args.output == "json":
         print(json.dumps(result_to_json(result), indent=2))

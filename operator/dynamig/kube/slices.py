@@ -62,6 +62,19 @@ def content_hash(devices: Sequence[dict[str, Any]]) -> str:
     Comparing slices through this digest avoids false differences after an API round trip (the API server
     rewrites quantities such as ``10485760`` as ``10Mi``).
     """
-    ordered = sorted(devices, key=lambda d: str(d["name"]))
-    text = json.dumps(ordered, sort_keys=True, separators=(",", ":"))
+    return ordered_content_hash(sorted(devices, key=lambda d: str(d["name"])))
+
+
+def ordered_content_hash(value: Any) -> str:
+    """Like :func:`content_hash` for any JSON value, list order kept (for slices whose device order is the
+    allocation order, so a reordering is a change to publish). Pure."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def ordered_slice_name(node: str, part: str, index: int, driver: str = DRIVER_NAME) -> str:
+    """``<node>-<driver>-<part>-<NNN>``: the index zero-padded so that name order is index order (the
+    scheduler visits a pool's slices in name order). Pure."""
+    if not 0 <= index < 1000:
+        raise ValueError(f"slice index {index} out of range 0-999")
+    return f"{node}-{driver}-{part}-{index:03d}"

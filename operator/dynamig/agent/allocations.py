@@ -1,0 +1,95 @@
+"""Answers allocations of this node's devices that wait on binding conditions. Side effects: NVML, API.
+
+For each allocation with no answer yet (:func:`dynamig.agent.binding.unanswered`) the agent observes its
+GPUs afresh, decides (:func:`dynamig.agent.binding.decide`), carries out a cut (destroy the free instances
+in the way, create the instance at its placement) and writes the answer into the claim's
+``status.devices[]``. It runs inside the agent's round, under the agent's lock, so no reshape of its own
+runs at the same time; a crash before the status write leaves the allocation unanswered and the next
+round answers it once (a cut that already happened is then simply ready).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from dynamig.agent.binding import Cut, Failed, GpuState, Pending, Ready, decide, device_status, unanswered
+from dynamig.agent.controller import NodeAgent
+from dynamig.agent.kubeapi import allocated_devices
+from dynamig.agent.nvml_device import GpuInfo
+from dynamig.geometry.model import device_name
+from dynamig.kube.gpupartition import now_rfc3339
+from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
+
+log = logging.getLogger(__name__)
+
+
+class AllocationAnswerer:
+    """Answers the binding conditions of one node's allocated devices."""
+
+    def __init__(self, agent: NodeAgent) -> None:
+        self.agent = agent
+
+    async def answer_all(self, claims: list[dict[str, Any]]) -> list[tuple[Pending, Ready | Failed]]:
+        """Answer every unanswered allocation in ``claims``. Call under the agent's lock. Returns the answers
+        written."""
+        s = self.agent.settings
+        written: list[tuple[Pending, Ready | Failed]] = []
+        for p in unanswered(claims, s.driver, s.node, BINDING_READY, BINDING_FAILED):
+            gpus, states = await self._observe(claims)
+            answer = decide(p.device, p.claim, states)
+            if isinstance(answer, Cut):
+                answer = await self._cut(answer, gpus)
+            entry = device_status(
+                s.driver, s.node, p.device, answer, BINDING_READY, BINDING_FAILED, now_rfc3339(), p.generation
+            )
+            if not await self.agent.api.put_device_status(p.namespace, p.name, entry):
+                log.info("claim %s no longer allocates %s; nothing to answer", p.claim, p.device)
+                continue
+            written.append((p, answer))
+            if isinstance(answer, Ready):
+                log.info("allocation of %s to %s: ready (%s)", p.device, p.claim, answer.mig_uuid)
+            else:
+                log.warning(
+                    "allocation of %s to %s failed: %s: %s", p.device, p.claim, answer.reason, answer.message
+                )
+        return written
+
+    async def _observe(self, claims: list[dict[str, Any]]) -> tuple[dict[int, GpuInfo], list[GpuState]]:
+        agent = self.agent
+        gpus, _ = await asyncio.to_thread(agent.devices.discover)
+        holders = allocated_devices(claims, agent.settings.driver, agent.settings.node)
+        states = []
+        for gpu in gpus:
+            instances = await asyncio.to_thread(agent.devices.instances, gpu)
+            uuids = {i.placed: i.mig_uuid for i in instances if i.whole is not None}
+            states.append(
+                GpuState(gpu.index, gpu.model, gpu.mig_enabled, agent._observe(instances, holders), uuids)
+            )
+        return {g.index: g for g in gpus}, states
+
+    async def _cut(self, cut: Cut, gpus: dict[int, GpuInfo]) -> Ready | Failed:
+        """Destroy what is in the way, then create; any NVML refusal fails the binding (nothing busy is
+        destroyed: NVML's own in-use check stands behind the decision's)."""
+        agent, devices = self.agent, self.agent.devices
+        gpu = gpus[cut.gpu_index]
+        what = device_name(gpu.index, cut.create.profile, cut.create.start)
+        try:
+            for p in cut.destroy:
+                await asyncio.to_thread(devices.destroy, gpu, p)
+                agent.metrics.operation("destroy", "success")
+                log.info("destroyed free %s to cut %s", device_name(gpu.index, p.profile, p.start), what)
+            made = await asyncio.to_thread(devices.create, gpu, cut.create)
+            agent.metrics.operation("create", "success")
+        except devices.error_type as exc:
+            err = devices.error_name(exc)
+            agent.metrics.nvml_error("cut", err)
+            reason = "InstanceBusy" if devices.is_error(exc, "InUse") else "NvmlError"
+            if devices.is_error(exc, "InsufficientResources"):
+                reason = "PlacementTaken"
+            return Failed(reason, f"{what}: NVML refused ({err}): {exc}")
+        except ValueError as exc:  # e.g. a GPU instance split by someone else
+            return Failed("PlacementTaken", f"{what}: {exc}")
+        log.info("created %s for an allocation", what)
+        return Ready(gpu.index, cut.create, made.mig_uuid)
