@@ -23,7 +23,7 @@ from typing import Any
 
 from dynamig.agent.reconcile import Observed, overlaps
 from dynamig.geometry.layout import check_layout
-from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, device_name, normalize_layout
+from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, normalize_layout, placement_of
 
 REASON_UNKNOWN_DEVICE = "UnknownDevice"
 REASON_MIG_DISABLED = "MigDisabled"
@@ -70,12 +70,9 @@ Answer = Ready | Cut | Failed
 def locate(device: str, gpus: Sequence[GpuState]) -> tuple[GpuState, PlacedInstance] | None:
     """The GPU and placement a device name denotes on this node, or None. Pure."""
     for gpu in gpus:
-        if gpu.model is None or not device.startswith(f"gpu{gpu.index}-"):
-            continue
-        for p in gpu.model.profiles:
-            for start in p.placement_starts:
-                if device_name(gpu.index, p.name, start) == device:
-                    return gpu, PlacedInstance(start, p.name)
+        placed = placement_of(device, gpu.index, gpu.model) if gpu.model is not None else None
+        if placed is not None:
+            return gpu, placed
     return None
 
 

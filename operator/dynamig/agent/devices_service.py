@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dynamig.agent.controller import NodeAgent
 from dynamig.agent.nvml_device import GpuInfo, MigInstance
 from dynamig.agent.plugin.instances import InstanceError, PlacementTaken, PreparedInstance, UnknownDevice
-from dynamig.geometry.model import PlacedInstance, device_name
+from dynamig.geometry.model import PlacedInstance, placement_of
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +60,9 @@ class AgentMigInstances:
         except devices.error_type as exc:
             raise InstanceError(f"{name}: NVML cannot list GPUs: {exc}") from exc
         for gpu in gpus:
-            if gpu.model is None or not name.startswith(f"gpu{gpu.index}-"):
-                continue
-            for p in gpu.model.profiles:
-                for start in p.placement_starts:
-                    if device_name(gpu.index, p.name, start) == name:
-                        return gpu, PlacedInstance(start, p.name)
+            placed = placement_of(name, gpu.index, gpu.model) if gpu.model is not None else None
+            if placed is not None:
+                return gpu, placed
         raise UnknownDevice(f"{name} is not a MIG placement of any GPU on node {self.agent.settings.node}")
 
     async def lookup(self, name: str) -> PreparedInstance | None:

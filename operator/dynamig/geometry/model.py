@@ -137,3 +137,15 @@ def device_name(gpu_index: int, profile: str, start: int) -> str:
     if slug.endswith("-me"):
         slug = slug.removesuffix("-me") + "-nome"
     return f"gpu{gpu_index}-{slug.replace('+', '-')}-s{start}"
+
+
+def placement_of(name: str, gpu_index: int, model: GpuModel) -> PlacedInstance | None:
+    """The placement device ``name`` denotes on GPU ``gpu_index`` of ``model``, or None: the inverse of
+    :func:`device_name`, found by building the names rather than parsing them. Pure."""
+    if not name.startswith(f"gpu{gpu_index}-"):
+        return None
+    for p in model.profiles:
+        for start in p.placement_starts:
+            if device_name(gpu_index, p.name, start) == name:
+                return PlacedInstance(start, p.name)
+    return None

@@ -61,7 +61,14 @@ from typing import Any
 
 from dynamig import DRIVER_NAME
 from dynamig.geometry.layout import check_layout
-from dynamig.geometry.model import GpuModel, Layout, MediaExtension, PlacedInstance, Profile, device_name
+from dynamig.geometry.model import (
+    GpuModel,
+    Layout,
+    MediaExtension,
+    PlacedInstance,
+    Profile,
+    placement_of,
+)
 from dynamig.kube.devices import MigDevice
 from dynamig.kube.slices import CONTENT_ANNOTATION, ordered_content_hash, ordered_slice_name
 from dynamig.planner.ranking import GpuOffers, OfferKind, rank_offers
@@ -387,8 +394,5 @@ def device_ref(name: str, models: Mapping[int, GpuModel]) -> DeviceRef | None:
     model = models.get(index)
     if model is None:
         return None
-    for p in model.profiles:
-        for s in p.placement_starts:
-            if device_name(index, p.name, s) == name:
-                return DeviceRef(index, p.name, s, model)
-    return None
+    placed = placement_of(name, index, model)
+    return None if placed is None else DeviceRef(index, placed.profile, placed.start, model)
