@@ -30,11 +30,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dynamig.agent.controller import AgentSettings, NodeAgent
 from dynamig.agent.nvml_device import NvmlDevices
-from dynamig.demo.cluster import claim_pod, ensure_device_class
+from dynamig.demo.cluster import claim_pod, ensure_device_class, exactly, resource_claim
 from dynamig.demo.inprocess import agent_running
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.geometry.catalog import load_catalog
-from dynamig.kube.names import DEVICE_CLASS_NAME
 
 pytestmark = pytest.mark.controlplane
 
@@ -114,24 +113,7 @@ class Api:
 
     async def create_claim(self, namespace: str, name: str, profile: str) -> None:
         expr = f'device.attributes["{DRIVER}"].profile == "{profile}"'
-        body = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name},
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "gpu",
-                            "exactly": {
-                                "deviceClassName": DEVICE_CLASS_NAME,
-                                "selectors": [{"cel": {"expression": expr}}],
-                            },
-                        }
-                    ]
-                }
-            },
-        }
+        body = resource_claim(name, exactly(expr))
         await self.custom.create_namespaced_custom_object(
             "resource.k8s.io", "v1", namespace, "resourceclaims", body
         )

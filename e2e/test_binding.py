@@ -25,7 +25,13 @@ from dynamig.agent.kubeapi import KubeApi
 from dynamig.agent.metrics import AgentMetrics
 from dynamig.agent.nvml_device import NvmlDevices
 from dynamig.backends.nvml import load_nvml
-from dynamig.demo.cluster import claim_pod, ensure_device_class, first_available
+from dynamig.demo.cluster import (
+    allocated_device,
+    claim_pod,
+    ensure_device_class,
+    first_available,
+    resource_claim,
+)
 from dynamig.devcluster.controlplane import ControlPlane
 from dynamig.devcluster.waiting import eventually
 from dynamig.geometry.catalog import load_catalog
@@ -71,12 +77,7 @@ async def publish(custom: client.CustomObjectsApi, node: str, generation: int, d
 
 
 async def claim_and_pod(api: client.ApiClient, ns: str, name: str, profile: str, node: str) -> None:
-    body = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name},
-        "spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": first_available([profile])}]}},
-    }
+    body = resource_claim(name, {"firstAvailable": first_available([profile])})
     await client.CustomObjectsApi(api).create_namespaced_custom_object(
         "resource.k8s.io", "v1", ns, "resourceclaims", body
     )
@@ -90,13 +91,6 @@ async def get_claim(api: client.ApiClient, ns: str, name: str) -> dict[str, Any]
         "resource.k8s.io", "v1", ns, "resourceclaims", name
     )
     return obj
-
-
-def allocated(claim: dict[str, Any]) -> str | None:
-    results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
-        "results"
-    ) or []
-    return str(results[0]["device"]) if results else None
 
 
 async def test_a_placement_is_cut_when_booked_and_the_pod_binds_only_after(
@@ -121,10 +115,8 @@ async def test_a_placement_is_cut_when_booked_and_the_pod_binds_only_after(
 
     # 1. A 1g.10gb claim: nothing of that shape exists; the scheduler books a placement and waits.
     await claim_and_pod(kube_api, namespace, "small", "1g.10gb", node)
-    claim = await eventually(
-        lambda: _when(get_claim(kube_api, namespace, "small"), allocated), "small allocated", within_s=60
-    )
-    device = allocated(claim)
+    claim = await eventually(lambda: allocated_claim(kube_api, namespace, "small"), "small allocated")
+    device = allocated_device(claim)
     assert device is not None and device.startswith("gpu0-1g10gb-s")
     result = claim["status"]["allocation"]["devices"]["results"][0]
     assert result["bindingConditions"] == [BINDING_READY] and result["bindingFailureConditions"] == [
@@ -153,10 +145,8 @@ async def test_a_placement_is_cut_when_booked_and_the_pod_binds_only_after(
     await publish(custom, node, 2, devices)
     sim.attach_process(three.mig_uuid, 777)
     await claim_and_pod(kube_api, namespace, "big", "4g.40gb", node)
-    claim = await eventually(
-        lambda: _when(get_claim(kube_api, namespace, "big"), allocated), "big allocated", within_s=60
-    )
-    assert allocated(claim) == "gpu0-4g40gb-s0"
+    claim = await eventually(lambda: allocated_claim(kube_api, namespace, "big"), "big allocated")
+    assert allocated_device(claim) == "gpu0-4g40gb-s0"
     async with agent.lock:
         ((pending, answer),) = await answerer.answer_all(await agent.api.list_claims())
     assert pending.device == "gpu0-4g40gb-s0"
@@ -186,9 +176,9 @@ async def test_a_placement_is_cut_when_booked_and_the_pod_binds_only_after(
     devices.shutdown()
 
 
-async def _when(claim_coro: Any, pred: Any) -> dict[str, Any] | None:
-    claim: dict[str, Any] = await claim_coro
-    return claim if pred(claim) else None
+async def allocated_claim(api: client.ApiClient, ns: str, name: str) -> dict[str, Any] | None:
+    claim = await get_claim(api, ns, name)
+    return claim if allocated_device(claim) else None
 
 
 async def _bound(api: client.ApiClient, ns: str, name: str, node: str) -> bool | None:

@@ -59,12 +59,12 @@ from dynamig.agent.plugin.simfs import (
     gi_cap_minor,
 )
 from dynamig.agent.plugin.stubs import Stubs, load_stubs
-from dynamig.demo.cluster import claim_pod, ensure_device_class
+from dynamig.demo.cluster import claim_pod, ensure_device_class, exactly, resource_claim
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.model import PlacedInstance, device_name
 from dynamig.kube.devices import MigDevice
-from dynamig.kube.names import DEVICE_CLASS_NAME, MANAGED_NODE_LABEL
+from dynamig.kube.names import MANAGED_NODE_LABEL
 from dynamig.kube.slices import build_resource_slices
 
 pytestmark = pytest.mark.controlplane
@@ -264,27 +264,7 @@ async def allocate_selector(
     core, resource = client.CoreV1Api(kube_api), client.ResourceV1Api(kube_api)
     claim_name = name or f"c-{uuid.uuid4().hex[:8]}"
     await resource.create_namespaced_resource_claim(
-        namespace,
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": claim_name},
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "gpu",
-                            "exactly": {
-                                "deviceClassName": DEVICE_CLASS_NAME,
-                                "selectors": [{"cel": {"expression": selector}}],
-                                "allocationMode": "ExactCount",
-                                "count": count,
-                            },
-                        }
-                    ]
-                }
-            },
-        },
+        namespace, resource_claim(claim_name, exactly(selector, count))
     )
     await core.create_namespaced_pod(
         namespace,

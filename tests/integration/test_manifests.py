@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from dynamig.devcluster import ControlPlane
+from dynamig.devcluster.binaries import BinariesNotFoundError, build_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "manifests" / "helm" / "dynamig"
@@ -42,17 +43,12 @@ WORKLOAD_KINDS = {"Deployment", "DaemonSet"}
 # ------------------------------------------------------------------------------------------------ helpers
 @pytest.fixture(scope="module")
 def helm() -> str:
-    """Path of the helm binary (built once from its Go module; cached)."""
-    proc = subprocess.run(
-        ["bash", str(ROOT / "hack" / "build-helm.sh")],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
-    if proc.returncode != 0:
-        pytest.skip(f"helm could not be built from its Go module: {proc.stderr.strip()[-500:]}")
-    return proc.stdout.strip().splitlines()[-1]
+    """Path of the helm binary (built once from its Go module; cached). A failed build fails the tests
+    (``make test`` builds helm first), never skips them."""
+    try:
+        return str(build_tool("build-helm.sh"))
+    except BinariesNotFoundError as exc:
+        pytest.fail(f"helm could not be built from its Go module (make helm): {exc}")
 
 
 def render(helm: str, *sets: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from dynamig.demo.cluster import claim_pod
+from dynamig.demo.cluster import claim_pod, exactly, resource_claim
 from dynamig.devcluster import ControlPlane
 from dynamig.devcluster.rest import ApiError, RestClient
 from dynamig.geometry.catalog import load_catalog
@@ -34,7 +34,6 @@ from dynamig.kube.inventory import (
     build_inventory_slices,
     offered_devices,
 )
-from dynamig.kube.names import DEVICE_CLASS_NAME
 
 pytestmark = pytest.mark.controlplane
 
@@ -156,24 +155,7 @@ def wait(probe: Callable[[], Any], what: str, seconds: float = 60.0) -> Any:
 
 
 def claim(name: str, selector: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpu",
-                        "exactly": {
-                            "deviceClassName": DEVICE_CLASS_NAME,
-                            "selectors": [{"cel": {"expression": selector}}],
-                        },
-                    }
-                ]
-            }
-        },
-    }
+    return resource_claim(name, exactly(selector))
 
 
 def attr(name: str) -> str:

@@ -30,6 +30,7 @@ from dynamig.agent.plugin.cdi_validation import SCHEMA_DIR, spec_errors
 from dynamig.agent.plugin.instances import PreparedInstance
 from dynamig.agent.plugin.simfs import SimulatedDriverFiles
 from dynamig.backends.nvml import load_nvml
+from dynamig.devcluster.binaries import BinariesNotFoundError, build_tool
 from dynamig.geometry.model import PlacedInstance, device_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,16 +41,10 @@ UID = "0f4c2a9e-3b1d-4e8f-a7c6-5d2e1b0a9c88"
 @pytest.fixture(scope="module")
 def cdi_validate() -> str:
     """Path of the cdi-validate binary (built once from the CDI Go module; cached)."""
-    proc = subprocess.run(
-        ["bash", str(ROOT / "hack" / "build-cdi-validate.sh")],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"cdi-validate could not be built (make cdivalidate): {proc.stderr.strip()[-2000:]}")
-    return proc.stdout.strip().splitlines()[-1]
+    try:
+        return str(build_tool("build-cdi-validate.sh"))
+    except BinariesNotFoundError as exc:
+        pytest.fail(f"cdi-validate could not be built (make cdivalidate): {exc}")
 
 
 @pytest.fixture

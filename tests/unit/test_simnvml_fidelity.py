@@ -308,6 +308,17 @@ def uninitialized() -> None:
     assert nv.nvmlDeviceGetCount() == 1
 
 
+def init_is_reference_counted() -> None:
+    nv.configure(["A30-24GB"])
+    nv.nvmlInit()
+    nv.nvmlInit()
+    nv.nvmlShutdown()
+    assert nv.nvmlDeviceGetCount() == 1  # one initialisation is still open
+    nv.nvmlShutdown()
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        nv.nvmlDeviceGetCount()
+
+
 def gi_info_stale_handle() -> None:
     w = _world()
     nv.nvmlComputeInstanceDestroy(w.ci_small)
@@ -436,7 +447,9 @@ CASES = [
     Case("nvmlShutdown", "nvmlShutdown",
          "Shut down NVML by releasing all GPU resources previously allocated with nvmlInit",
          shutdown_then_uninitialized),
-    Case("nvmlInit", "nvmlInitWithFlags", "nvmlInitWithFlags", uninitialized),
+    Case("nvmlInit", "nvmlInit_v2",
+         "A reference count of the number of initializations is maintained. Shutdown only occurs when the "
+         "reference count reaches zero.", init_is_reference_counted),
 ]  # fmt: skip
 
 

@@ -65,7 +65,7 @@ class AllocationAnswerer:
             instances = await asyncio.to_thread(agent.devices.instances, gpu)
             uuids = {i.placed: i.mig_uuid for i in instances if i.whole is not None}
             states.append(
-                GpuState(gpu.index, gpu.model, gpu.mig_enabled, agent._observe(instances, holders), uuids)
+                GpuState(gpu.index, gpu.model, gpu.mig_enabled, agent.observe(instances, holders), uuids)
             )
         return {g.index: g for g in gpus}, states
 

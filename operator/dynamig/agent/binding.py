@@ -17,6 +17,7 @@ acts under its lock, so nothing it decides here can be raced by its own reshapes
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,10 +79,7 @@ def locate(device: str, gpus: Sequence[GpuState]) -> tuple[GpuState, PlacedInsta
 
 def _holders_besides(o: Observed, claim: str) -> Observed:
     """``o`` as busy as it is for anyone but ``claim`` (the claim being answered does not block itself)."""
-    others = tuple(c for c in o.claims if c != claim)
-    if others == o.claims:
-        return o
-    return Observed(o.placed, others, o.processes, o.has_compute_instance, o.prepared, o.partitioned)
+    return dataclasses.replace(o, claims=tuple(c for c in o.claims if c != claim))
 
 
 def decide(device: str, claim: str, gpus: Sequence[GpuState]) -> Answer:

@@ -284,7 +284,9 @@ class NodeAgent:
         )
         return _GpuOutcome(name=part.name, status=status)
 
-    def _observe(self, instances: list[MigInstance], claims: dict[str, list[str]]) -> tuple[Observed, ...]:
+    def observe(self, instances: list[MigInstance], claims: dict[str, list[str]]) -> tuple[Observed, ...]:
+        """NVML's instances as the reshape protocol and the binding answer see them: with the claims that
+        allocate them, processes, whether the kubelet prepared them, how someone else split them."""
         out = []
         for i in instances:
             dev = device_name(i.gpu_index, i.profile, i.start)
@@ -344,7 +346,7 @@ class NodeAgent:
 
         model = gpu.model
         now = self.clock()
-        observed = self._observe(instances, claims)
+        observed = self.observe(instances, claims)
         for o in observed:
             if o.busy:
                 self._quiet_since.pop((gpu.index, o.placed), None)
@@ -383,7 +385,7 @@ class NodeAgent:
                         blocker = (Reason.NVML_ERROR, f"destroying {dev} failed: {err}")
             if plan.destroy:  # what was really destroyed decides what fits now
                 instances = await asyncio.to_thread(self.devices.instances, gpu)
-                observed = self._observe(instances, claims)
+                observed = self.observe(instances, claims)
                 quiet = {p: t for (idx, p), t in self._quiet_since.items() if idx == gpu.index}
                 plan = plan_gpu(model, desired, observed, quiet, self.clock(), self.settings.settle_seconds)
             for p in (*plan.complete, *plan.create):
@@ -405,7 +407,7 @@ class NodeAgent:
                     else:
                         blocker = (Reason.NVML_ERROR, f"creating {dev} failed: {err}")
             instances = await asyncio.to_thread(self.devices.instances, gpu)
-            observed = self._observe(instances, claims)
+            observed = self.observe(instances, claims)
             quiet = {p: t for (idx, p), t in self._quiet_since.items() if idx == gpu.index}
             plan = plan_gpu(model, desired, observed, quiet, self.clock(), self.settings.settle_seconds)
 

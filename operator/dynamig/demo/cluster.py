@@ -36,6 +36,29 @@ def allocated_device(claim: dict[str, Any] | None) -> str | None:
     return str(results[0]["device"]) if results else None
 
 
+def resource_claim(name: str, request: Mapping[str, Any]) -> dict[str, Any]:
+    """A ResourceClaim (resource.k8s.io/v1) with one device request, named ``gpu``: ``request`` holds its
+    ``exactly`` or ``firstAvailable`` (see :func:`exactly`, :func:`first_available`). Pure."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", **request}]}},
+    }
+
+
+def exactly(selector: str, count: int = 1) -> dict[str, Any]:
+    """A request for exactly ``count`` devices of this driver's class matching the CEL ``selector``. Pure."""
+    return {
+        "exactly": {
+            "deviceClassName": DEVICE_CLASS_NAME,
+            "selectors": [{"cel": {"expression": selector}}],
+            "allocationMode": "ExactCount",
+            "count": count,
+        }
+    }
+
+
 def first_available(profiles: Sequence[str]) -> list[dict[str, Any]]:
     """A device request's ``firstAvailable`` list: one sub-request ``c<i>`` per profile, in order. Pure."""
     return [
@@ -160,12 +183,12 @@ class ScenarioApi:
 
     async def claim_template(self, name: str, alternatives: list[str]) -> None:
         """A ResourceClaimTemplate asking one device: the first of ``alternatives`` available."""
-        alts = first_available(alternatives)
+        claim = resource_claim(name, {"firstAvailable": first_available(alternatives)})
         body = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaimTemplate",
             "metadata": {"name": name},
-            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": alts}]}}},
+            "spec": {"spec": claim["spec"]},
         }
         await self.custom.create_namespaced_custom_object(
             "resource.k8s.io", "v1", self.ns, "resourceclaimtemplates", body

@@ -124,3 +124,26 @@ def find_binaries(
     if built is None:
         raise BinariesNotFoundError(f"{BUILD_SCRIPT} printed {lines[-1]!r}, which lacks some of {TOOLS}")
     return built
+
+
+def build_tool(script: str) -> Path:
+    """Run ``hack/<script>``, which builds one Go tool from its module once (cached; a no-op afterwards) and
+    prints the binary's path last, and return that path. Side effect: may build (minutes on a cold cache).
+    Raises :class:`BinariesNotFoundError` with the end of the script's log when it fails."""
+    root = find_repo_root()
+    if root is None:
+        raise BinariesNotFoundError(f"hack/{script} needs a dynamig source checkout")
+    proc = subprocess.run(
+        ["bash", str(root / "hack" / script)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise BinariesNotFoundError(
+            f"hack/{script} failed (exit code {proc.returncode}): {proc.stderr[-2000:]}"
+        )
+    return Path(lines[-1])
