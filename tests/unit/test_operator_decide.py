@@ -7,6 +7,8 @@ of GpuPartition and policy dicts. The cluster is described by plain values (no A
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from typing import Any
 
 from dynamig.geometry.catalog import load_catalog
@@ -174,6 +176,17 @@ def test_recently_reshaped_gpu_waits_for_cooldown() -> None:
     assert "cooldown 60s (60s left)" in v1.message
 
 
+def test_claims_go_to_a_gpu_that_may_be_cut_rather_than_wait_behind_a_cooldown() -> None:
+    # gpu0 was cut for earlier claims a moment ago and packing would put the new ones there too; gpu1 is at
+    # the baseline and may be cut now, so the claims are planned and written there.
+    cut = [("1g.10gb", 0, "allocated"), ("1g.10gb", 1, "allocated"), ("3g.40gb", 4, "free")]
+    recent = partition(0, cut, written="2027-01-15T07:59:58Z")
+    decision, _ = run(policy(disruptionBudget={"maxGpusReshaping": 2}), [recent, baseline_gpu(1)], burst(4))
+    (w,) = decision.writes
+    assert w.gpu == "node-a-gpu1" and len(w.claims) == 4
+    assert {v.reason for v in decision.verdicts} == {Reason.RESHAPE_SCHEDULED}
+
+
 def test_in_flight_gpu_is_not_written_again_and_its_new_instances_serve_claims() -> None:
     gpu = partition(0, [("1g.10gb", s, "free") for s in range(7)], gen=2)
     gpu["status"]["observedGeneration"] = 1  # the agent is still cutting: actual is still the baseline
@@ -277,3 +290,230 @@ def test_an_instance_a_claim_allocation_names_is_busy_before_the_agent_says_so()
     assert g.busy == frozenset({PlacedInstance(0, "3g.40gb")})
     decision = decide_round(RoundInput(parse_policy(policy()), (), (g,), burst(3), NOW, {}, CATALOG))
     assert all(PlacedInstance(0, "3g.40gb") in w.layout for w in decision.planned)
+
+
+# ------------------------------------------------------------------------------ partitionable inventory
+A100_PROFILES = ("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")
+
+
+def booked_gpu(
+    index: int,
+    instances: list[tuple[str, int, str]],
+    offered: tuple[str, ...] | None = A100_PROFILES,
+    **kw: Any,
+) -> dict[str, Any]:
+    """A GpuPartition whose agent publishes the partitionable inventory (the scheduler books placements)."""
+    part = partition(index, instances, **kw)
+    part["status"]["inventory"] = "Partitionable"
+    if offered is not None:
+        part["spec"]["offeredProfiles"] = list(offered)
+    return part
+
+
+def booked_baseline(index: int, **kw: Any) -> dict[str, Any]:
+    return booked_gpu(index, [("3g.40gb", 0, "free"), ("3g.40gb", 4, "free")], **kw)
+
+
+def on_nodes(claims: tuple[PendingClaim, ...], *nodes: str) -> tuple[PendingClaim, ...]:
+    return tuple(dataclasses.replace(c, nodes=frozenset(nodes)) for c in claims)
+
+
+def test_partitionable_gpus_are_offered_the_allowed_profiles_of_their_model_in_dynamic_only() -> None:
+    # 1g.12gb is an H100-94GB profile: not offered on an A100
+    allowed = policy(allowedProfiles=["3g.40gb", "1g.10gb", "1g.12gb"])
+    decision, _ = run(allowed, [booked_baseline(0, offered=None), baseline_gpu(1)], ())
+    (o,) = decision.offers  # the Instances GPU gets no offers
+    assert (o.gpu, o.before, o.profiles) == ("node-a-gpu0", None, ("1g.10gb", "3g.40gb"))
+    assert decision.writes == () and decision.planned_offers == ()
+
+    everything, _ = run(policy(), [booked_baseline(0, offered=("1g.10gb",))], ())
+    assert [o.profiles for o in everything.offers] == [A100_PROFILES]
+    for mode in ("Static", "DryRun"):
+        decision, _ = run(policy(mode=mode), [booked_baseline(0)], ())
+        assert [(o.before, o.profiles) for o in decision.offers] == [(A100_PROFILES, ())]
+        assert decision.writes == ()
+
+
+def test_a_pending_claim_on_a_partitionable_gpu_is_left_to_the_scheduler() -> None:
+    decision, _ = run(policy(), [booked_baseline(0)], burst(2))
+    assert decision.writes == () and decision.planned == () and decision.offers == ()
+    assert {v.reason for v in decision.verdicts} == {Reason.WAITING_FOR_SCHEDULER}
+    v = decision.verdicts[0]
+    assert v.gpu == "node-a-gpu0" and not v.warning
+    # the free 3g.40gb instances do not block: a booking over them destroys them first
+    assert "offered placements 1g.10gb@0, 1g.10gb@1" in v.message and "kube-scheduler" in v.message
+
+
+def test_allocated_instances_decide_between_waiting_for_scheduler_and_no_capacity() -> None:
+    half = booked_gpu(0, [("3g.40gb", 0, "allocated"), ("3g.40gb", 4, "free")])
+    decision, _ = run(policy(), [half], burst(1))
+    (v,) = decision.verdicts
+    assert v.reason is Reason.WAITING_FOR_SCHEDULER
+    assert "1g.10gb@4, 1g.10gb@5, 1g.10gb@6 on node-a-gpu0" in v.message and "1g.10gb@0" not in v.message
+
+    full = booked_gpu(0, [("3g.40gb", 0, "allocated"), ("3g.40gb", 4, "in-use")])
+    decision, _ = run(policy(), [full], burst(1))
+    (v,) = decision.verdicts
+    assert v.reason is Reason.NO_CAPACITY and v.warning
+    assert "1 partitionable GPUs" in v.message and "6 of 7 compute slices are allocated" in v.message
+    assert decision.writes == () and decision.planned == ()
+
+    # two devices on one node: one placement left beside the busy 4g.40gb is not enough
+    tight = booked_gpu(0, [("4g.40gb", 0, "allocated"), ("2g.20gb", 4, "allocated"), ("1g.10gb", 6, "free")])
+    (claim,) = burst(1)
+    two = dataclasses.replace(
+        claim,
+        requests=tuple(dataclasses.replace(r, matches=_with_count(r.matches, 2)) for r in claim.requests),
+    )
+    decision, _ = run(policy(), [tight], (two,))
+    assert decision.verdicts[0].reason is Reason.NO_CAPACITY
+    assert "no room for 2 x 1g.10gb or 2g.20gb" in decision.verdicts[0].message
+
+
+def _with_count(matches: Any, count: int) -> Any:
+    return tuple(
+        dataclasses.replace(m, sub_request=dataclasses.replace(m.sub_request, count=count)) for m in matches
+    )
+
+
+def test_warm_pool_and_baseline_are_still_written_on_a_partitionable_gpu() -> None:
+    empty = booked_gpu(0, [])
+    decision, _ = run(policy(warmPool={"1g.10gb": 2}, baseline={}), [empty], burst(3), idle={})
+    (w,) = decision.writes  # the warm pool, not the claims
+    assert w.claims == () and [i.profile for i in w.layout] == ["1g.10gb", "1g.10gb"]
+    assert {v.reason for v in decision.verdicts} == {Reason.WAITING_FOR_SCHEDULER}
+
+    recent = booked_gpu(0, [], written="2027-01-15T07:59:50Z")
+    decision, _ = run(policy(warmPool={"1g.10gb": 2}, baseline={}), [recent], ())
+    assert decision.writes == () and "cooldown 60s" in decision.held["node-a-gpu0"]
+
+    # leftovers of earlier bookings on an idle GPU: back to the baseline once idle for the cooldown
+    leftovers = booked_gpu(0, [("1g.10gb", s, "free") for s in range(7)])
+    early, _ = run(policy(), [leftovers], (), idle={"node-a-gpu0": NOW - 10})
+    assert early.writes == ()
+    late, _ = run(policy(), [leftovers], (), idle={"node-a-gpu0": NOW - 61})
+    (w,) = late.writes
+    assert w.layout == (PlacedInstance(0, "3g.40gb"), PlacedInstance(4, "3g.40gb"))
+
+
+def test_leftover_instances_beside_spec_layout_are_neither_in_flight_nor_rewritten() -> None:
+    base = [{"profile": "3g.40gb", "start": 0}]
+    kept = booked_gpu(0, [("3g.40gb", 0, "free"), ("1g.10gb", 6, "free")], gen=2)
+    kept["spec"]["layout"] = base
+    kept["status"]["observedGeneration"] = 1  # e.g. an offers-only write the agent has not seen yet
+    decision, (g,) = run(policy(baseline={"A100-80GB": base}), [kept], (), idle={"node-a-gpu0": NOW - 1000})
+    assert not g.in_flight and not g.reshaping
+    assert decision.writes == () and decision.planned == ()
+
+    missing = booked_gpu(0, [("1g.10gb", 6, "free")], gen=2)
+    missing["spec"]["layout"] = base
+    missing["status"]["observedGeneration"] = 1
+    (g,) = parse_inventory([missing], CATALOG)
+    assert g.in_flight and g.reshaping
+
+    # the same leftover on an Instances GPU is a layout still being applied
+    same = partition(0, [("3g.40gb", 0, "free"), ("1g.10gb", 6, "free")], gen=2)
+    same["spec"]["layout"] = base
+    same["status"]["observedGeneration"] = 1
+    (g,) = parse_inventory([same], CATALOG)
+    assert g.in_flight and g.reshaping
+
+
+def test_mixed_policy_plans_ahead_only_on_the_instances_gpu() -> None:
+    # one node, one GPU of each inventory: claims may go to either, and are planned on the Instances one
+    decision, _ = run(
+        policy(disruptionBudget={"maxGpusReshaping": 2}), [baseline_gpu(0), booked_baseline(1)], burst(3)
+    )
+    (w,) = decision.writes
+    assert w.gpu == "node-a-gpu0" and len(w.claims) == 3
+    assert all(v.reason is Reason.RESHAPE_SCHEDULED and v.gpu == "node-a-gpu0" for v in decision.verdicts)
+    assert all(p.gpu == "node-a-gpu0" for p in decision.planned)
+
+    # more claims than the Instances GPU can take: the rest wait for the scheduler to book gpu1
+    decision, _ = run(
+        policy(disruptionBudget={"maxGpusReshaping": 2}), [baseline_gpu(0), booked_baseline(1)], burst(9)
+    )
+    assert [w.gpu for w in decision.writes] == ["node-a-gpu0"]
+    reasons = decision.pending_by_reason()
+    assert reasons[Reason.RESHAPE_SCHEDULED.value] == 7 and reasons[Reason.WAITING_FOR_SCHEDULER.value] == 2
+
+
+def test_claim_only_a_partitionable_gpu_can_serve_in_a_mixed_policy() -> None:
+    inst = baseline_gpu(0)
+    other = booked_baseline(0)
+    other["metadata"]["name"] = "node-b-gpu0"
+    other["status"]["node"] = "node-b"
+    decision, _ = run(policy(), [inst, other], on_nodes(burst(2), "node-b"))
+    assert decision.writes == () and decision.planned == ()
+    assert {(v.reason, v.gpu) for v in decision.verdicts} == {(Reason.WAITING_FOR_SCHEDULER, "node-b-gpu0")}
+
+    # pinned to the Instances GPU's node: planned ahead as before
+    decision, _ = run(policy(), [inst, other], on_nodes(burst(2), "node-a"))
+    assert [w.gpu for w in decision.writes] == ["node-a-gpu0"]
+
+
+def test_static_partitionable_gpu_offers_nothing_and_points_at_free_instances() -> None:
+    free = booked_gpu(0, [("1g.10gb", 0, "free"), ("3g.40gb", 4, "free")], offered=())
+    decision, _ = run(policy(mode="Static"), [free], burst(1))
+    assert decision.offers == () and decision.writes == ()
+    assert decision.verdicts[0].reason is Reason.WAITING_FOR_SCHEDULER
+    decision, _ = run(policy(mode="Static"), [booked_baseline(0, offered=())], burst(1))
+    assert decision.verdicts[0].reason is Reason.RESHAPE_DISABLED
+
+
+def test_dry_run_reports_what_it_would_offer_and_offers_only_existing_instances() -> None:
+    pol = policy(mode="DryRun", allowedProfiles=["1g.10gb", "2g.20gb", "3g.40gb"])
+    decision, _ = run(pol, [booked_baseline(0, offered=None)], burst(1))
+    (o,) = decision.offers
+    assert o.profiles == ()
+    (p,) = decision.planned_offers
+    assert (p.gpu, p.profiles) == ("node-a-gpu0", ("1g.10gb", "2g.20gb", "3g.40gb"))
+    (v,) = decision.verdicts
+    assert v.reason is Reason.WOULD_RESHAPE and "it would offer 1g.10gb@0" in v.message
+    assert decision.writes == ()
+
+    free = booked_gpu(0, [("1g.10gb", 0, "free"), ("3g.40gb", 4, "free")], offered=())
+    decision, _ = run(pol, [free], burst(1))
+    assert decision.offers == ()
+    assert decision.verdicts[0].reason is Reason.WAITING_FOR_SCHEDULER
+
+
+def _apply(parts: list[dict[str, Any]], decision: RoundDecision) -> list[dict[str, Any]]:
+    """The API server and the agents after a round: specs written, then applied (a partitionable GPU keeps
+    the instances outside spec.layout, an Instances GPU gets exactly spec.layout)."""
+    out = []
+    for part in parts:
+        part = copy.deepcopy(part)
+        name, st = part["metadata"]["name"], part["status"]
+        for o in decision.offers:
+            if o.gpu == name:
+                part["spec"]["offeredProfiles"] = list(o.profiles)
+        for w in decision.writes:
+            if w.gpu != name:
+                continue
+            part["spec"]["layout"] = [{"profile": i.profile, "start": i.start} for i in w.layout]
+            part["metadata"]["annotations"] = {"dynamig.io/layout-written-at": "2027-01-15T08:00:00Z"}
+            now = {(i["profile"], i["start"]): i for i in st["instances"]}
+            floor = st.get("inventory") == "Partitionable"
+            kept = [i for (p, s), i in now.items() if floor and PlacedInstance(s, p) not in w.layout]
+            st["instances"] = kept + [
+                now.get((i.profile, i.start))
+                or {"profile": i.profile, "start": i.start, "deviceName": f"d{i.start}", "state": "free"}
+                for i in w.layout
+            ]
+        out.append(part)
+    return out
+
+
+def test_a_second_round_with_the_written_state_writes_nothing() -> None:
+    pol = policy(warmPool={"1g.10gb": 2}, baseline={})
+    full = partition(1, [("3g.40gb", 0, "allocated"), ("3g.40gb", 4, "allocated")])
+    parts = [booked_gpu(0, [("3g.40gb", 0, "allocated"), ("1g.10gb", 6, "free")], offered=None), full]
+    first, _ = run(pol, parts, burst(1), idle={})
+    assert [o.gpu for o in first.offers] == ["node-a-gpu0"]
+    (w,) = first.writes  # warm pool on the partitionable GPU; the claim is left to the scheduler
+    assert w.gpu == "node-a-gpu0" and w.claims == ()
+    assert [(v.reason, v.gpu) for v in first.verdicts] == [(Reason.WAITING_FOR_SCHEDULER, "node-a-gpu0")]
+    second, gpus = run(pol, _apply(parts, first), burst(1), idle={})
+    assert second.offers == () and second.writes == () and second.planned == ()
+    assert not any(g.in_flight for g in gpus)

@@ -7,6 +7,7 @@ simulated: the planner is a pure function of plain values.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import pytest
@@ -62,6 +63,7 @@ def check_invariants(
         assert gp.changed == (gp.layout != current)
         assert bool(gp.reason) == gp.changed
         changed += gp.changed
+        assert not (gp.changed and state.key in policy.frozen), f"frozen {state.key} changed"
         for cur in state.instances:
             if cur.busy:
                 assert cur.placed in gp.layout, f"busy {cur} removed from {gp.node}-gpu{gp.index}"
@@ -201,6 +203,20 @@ def test_disruption_budget_caps_changed_gpus() -> None:
     assert sum(g.changed for g in result.gpus) == 2 and len(result.unsatisfied) == 1
 
 
+def test_a_frozen_gpu_serves_from_its_free_instances_and_the_rest_is_cut_elsewhere() -> None:
+    # Packing would cut all three on gpu0 (already cut); frozen, it gives its free 1g.10gb and gpu1 is cut.
+    gpus = (
+        gpu("n", 0, "A100-80GB", ("1g.10gb", 0, True), ("1g.10gb", 1, False), ("3g.40gb", 4, False)),
+        gpu("n", 1, "A100-80GB", ("3g.40gb", 0, False), ("3g.40gb", 4, False)),
+    )
+    claims = tuple(ClaimDemand(f"c{i}", ("1g.10gb",)) for i in range(3))
+    policy = Policy(frozen=frozenset({gpus[0].key}))
+    result = plan(gpus, claims, policy, CATALOG)
+    check_invariants(gpus, claims, policy, result)
+    assert result.unsatisfied == () and not result.gpus[0].changed
+    assert sorted(a.index for a in result.assignments) == [0, 1, 1]
+
+
 def test_pack_keeps_whole_gpus_free_and_spread_spreads() -> None:
     gpus = (gpu("n", 0, "A100-80GB"), gpu("n", 1, "A100-80GB"))
     claims = (ClaimDemand("a", ("1g.10gb",)), ClaimDemand("b", ("1g.10gb",)))
@@ -306,6 +322,17 @@ def test_every_plan_keeps_the_hard_rules(
     gpus, claims, policy = case
     result = plan(gpus, claims, policy, CATALOG)
     check_invariants(gpus, claims, policy, result)
+
+
+@PROPERTY
+@given(rounds(), st.data())
+def test_frozen_gpus_never_change(
+    case: tuple[tuple[GpuState, ...], tuple[ClaimDemand, ...], Policy], data: st.DataObject
+) -> None:
+    gpus, claims, policy = case
+    frozen = data.draw(st.frozensets(st.sampled_from([g.key for g in gpus])))
+    policy = dataclasses.replace(policy, frozen=frozen)
+    check_invariants(gpus, claims, policy, plan(gpus, claims, policy, CATALOG))
 
 
 @PROPERTY

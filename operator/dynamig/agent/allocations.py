@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dynamig.agent.binding import Cut, Failed, GpuState, Pending, Ready, decide, device_status, unanswered
-from dynamig.agent.controller import NodeAgent
 from dynamig.agent.kubeapi import allocated_devices
 from dynamig.agent.nvml_device import GpuInfo
 from dynamig.geometry.model import device_name
 from dynamig.kube.gpupartition import now_rfc3339
 from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
+
+if TYPE_CHECKING:
+    from dynamig.agent.controller import NodeAgent
 
 log = logging.getLogger(__name__)
 

@@ -10,6 +10,15 @@ One round (:meth:`NodeAgent.reconcile_once`):
 3. publish the devices every GPU's plan offers (one pool, generation bumped on change);
 4. write each GpuPartition's status, metrics.
 
+Two inventories (``status.inventory``; chosen at start by :mod:`dynamig.agent.features` unless set):
+
+- ``Instances``: only instances that exist are published; an instance leaves the slice and settles before it
+  is destroyed, and the operator re-cuts ahead of the scheduler through ``spec.layout``.
+- ``Partitionable``: every free instance and every valid placement of ``spec.offeredProfiles`` is published
+  as a partitionable device with binding conditions (:mod:`dynamig.kube.inventory`); each round first answers
+  the allocations waiting on this node (:mod:`dynamig.agent.allocations`: cut, then ready, or failed), and
+  ``spec.layout`` is a floor of instances kept pre-created (warm pool, baseline): other instances stay.
+
 Nothing is carried between rounds but timers (since when an instance has been out of the slice and
 unallocated, when a reshape began): a restart only restarts the settle period, never skips it.
 A lock serialises rounds with :mod:`dynamig.agent.devices_service` calls from the kubelet plugin.
@@ -25,6 +34,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynamig import DRIVER_NAME
+from dynamig.agent.allocations import AllocationAnswerer
+from dynamig.agent.binding import Ready
+from dynamig.agent.features import InventorySupport, detect_inventory
 from dynamig.agent.kubeapi import KubeApi, allocated_devices, status_of
 from dynamig.agent.metrics import AgentMetrics, GpuSample, InstanceSample
 from dynamig.agent.nvml_device import GpuInfo, MigInstance, NvmlDevices
@@ -39,6 +51,7 @@ from dynamig.kube.gpupartition import (
     GpuPartitionStatus,
     InstanceState,
     InstanceStatus,
+    Inventory,
     MigMode,
     Phase,
     Reason,
@@ -48,6 +61,7 @@ from dynamig.kube.gpupartition import (
     parse_gpu_partition,
     set_condition,
 )
+from dynamig.kube.inventory import GpuInventory, Instance, InventoryError, Occupancy, offered_devices
 from dynamig.kube.names import GPU_INDEX_LABEL, NODE_LABEL, PRODUCT_LABEL, gpu_partition_name
 
 log = logging.getLogger(__name__)
@@ -67,6 +81,7 @@ class AgentSettings:
     reshape_poll_seconds: float = 0.5  # time between rounds while a GPU reshapes
     min_round_gap_seconds: float = 0.2  # rounds woken by watch events are at least this far apart
     watch: bool = True  # watch GpuPartitions and ResourceClaims to start rounds on changes
+    inventory: Inventory | None = Inventory.INSTANCES  # None: ask the API server at start
 
 
 @dataclass(slots=True)
@@ -79,6 +94,7 @@ class _GpuOutcome:
     status: GpuPartitionStatus | None = None
     busy: bool = False  # still reshaping: poll again soon
     instances: list[MigInstance] = field(default_factory=list)
+    inventory: GpuInventory | None = None  # partitionable inventory: what to publish for this GPU
 
 
 def node_owner_reference(node: str, uid: str) -> dict[str, Any] | None:
@@ -119,6 +135,16 @@ class NodeAgent:
         self._managed_logged: bool | None = None
         self._node_owner: dict[str, Any] | None = None
         self.rounds = 0
+        self.answerer = AllocationAnswerer(self)
+        self.support: InventorySupport | None = (
+            None
+            if settings.inventory is None
+            else InventorySupport(settings.inventory, f"{settings.inventory.value}, as configured")
+        )
+
+    @property
+    def partitionable(self) -> bool:
+        return self.support is not None and self.support.inventory is Inventory.PARTITIONABLE
 
     # --- loop ----------------------------------------------------------------------------------------
 
@@ -187,6 +213,9 @@ class NodeAgent:
                 log.warning("node %s opted out: its mig.dynamig.io ResourceSlices were withdrawn", node)
             return False
         self._managed_logged = True
+        if self.support is None:
+            self.support = await detect_inventory(self.api, node, self.settings.driver)
+            log.info("inventory for node %s: %s (%s)", node, self.support.inventory.value, self.support.why)
         self._node_owner = node_owner_reference(node, meta[1])
         self.publisher.owner = self._node_owner
         node_owner = node_mig_owner(labels)
@@ -203,7 +232,13 @@ class NodeAgent:
 
         slices = await self.api.list_slices(node)
         foreign = foreign_mig_owners(slices, [g.uuid for g in gpus], self.settings.driver)
-        claims = allocated_devices(await self.api.list_claims(), self.settings.driver, node)
+        raw_claims = await self.api.list_claims()
+        if self.partitionable and gpus:
+            # Answer first: a pod waiting on its binding is the most urgent thing on the node.
+            for _, answer in await self.answerer.answer_all(raw_claims):
+                outcome = "ready" if isinstance(answer, Ready) else "failed"
+                self.metrics.binding_answers.labels(node, outcome).inc()
+        claims = allocated_devices(raw_claims, self.settings.driver, node)
         parts = {
             p.name: p
             for p in (parse_gpu_partition(o) for o in await self.api.list_partitions(f"{NODE_LABEL}={node}"))
@@ -238,10 +273,16 @@ class NodeAgent:
             if name not in seen:
                 outcomes.append(self._lost(part, lost_reason or "NVML no longer reports this GPU"))
 
-        devices = [d for o in outcomes for d in o.devices]
-        if await self.publisher.sync(devices, existing=slices):
-            self.metrics.slice_publishes.labels(node).inc()
-        self._after_publish(outcomes, claims)
+        if self.partitionable:
+            inventory = [o.inventory for o in outcomes if o.inventory is not None]
+            if await self.publisher.sync_inventory(inventory, existing=slices):
+                self.metrics.slice_publishes.labels(node).inc()
+            self._quiet_since.clear()  # no settle period: binding conditions guard every destroy
+        else:
+            devices = [d for o in outcomes for d in o.devices]
+            if await self.publisher.sync(devices, existing=slices):
+                self.metrics.slice_publishes.labels(node).inc()
+            self._after_publish(outcomes, claims)
 
         for o in outcomes:
             if o.status is not None and o.status != parts.get(o.name, _NO_PARTITION).status:
@@ -346,12 +387,14 @@ class NodeAgent:
 
         model = gpu.model
         now = self.clock()
+        keep = self.partitionable
+        settle = self.settings.settle_seconds
         observed = self.observe(instances, claims)
         for o in observed:
             if o.busy:
                 self._quiet_since.pop((gpu.index, o.placed), None)
         quiet = {p: t for (idx, p), t in self._quiet_since.items() if idx == gpu.index}
-        plan = plan_gpu(model, desired, observed, quiet, now, self.settings.settle_seconds)
+        plan = plan_gpu(model, desired, observed, quiet, now, settle, keep)
 
         if plan.acts:
             self._reshape_started.setdefault(gpu.index, now)
@@ -387,7 +430,7 @@ class NodeAgent:
                 instances = await asyncio.to_thread(self.devices.instances, gpu)
                 observed = self.observe(instances, claims)
                 quiet = {p: t for (idx, p), t in self._quiet_since.items() if idx == gpu.index}
-                plan = plan_gpu(model, desired, observed, quiet, self.clock(), self.settings.settle_seconds)
+                plan = plan_gpu(model, desired, observed, quiet, self.clock(), settle, keep)
             for p in (*plan.complete, *plan.create):
                 dev = device_name(gpu.index, p.profile, p.start)
                 try:
@@ -409,7 +452,7 @@ class NodeAgent:
             instances = await asyncio.to_thread(self.devices.instances, gpu)
             observed = self.observe(instances, claims)
             quiet = {p: t for (idx, p), t in self._quiet_since.items() if idx == gpu.index}
-            plan = plan_gpu(model, desired, observed, quiet, self.clock(), self.settings.settle_seconds)
+            plan = plan_gpu(model, desired, observed, quiet, self.clock(), settle, keep)
 
         # Blocked only by busy instances is Stable: nothing moves until a workload lets go.
         reshaping = bool(plan.acts or plan.draining or blocker) and plan.violation is None
@@ -423,6 +466,12 @@ class NodeAgent:
             finished = True
 
         published = set(plan.publish)
+        inventory: GpuInventory | None = None
+        offered = 0
+        if keep:
+            inventory, published, offered, problem = self._inventory(gpu, part, instances, claims)
+            if problem:
+                blocker = (Reason.INVALID_LAYOUT, problem)
         message, ready, reason = self._readiness(gpu.index, plan, blocker, notes)
         status = self._status(gpu, part, instances, claims, published, plan, phase, message)
         tnow = now_rfc3339()
@@ -440,13 +489,18 @@ class NodeAgent:
         else:
             cond(ConditionType.LAYOUT_VALID, True, Reason.VALID, f"spec.layout is valid for {model.key}")
         cond(ConditionType.READY, ready, reason, message)
-        update = {"conditions": conds}
+        changes: dict[str, Any] = {"conditions": conds, "offered_placements": offered}
         if finished:
-            update["last_reshape_time"] = tnow
-        status = status.model_copy(update=update)
+            changes["last_reshape_time"] = tnow
+        status = status.model_copy(update=changes)
 
         out = _GpuOutcome(
-            name=part.name, status=status, busy=reshaping, instances=instances, published=published
+            name=part.name,
+            status=status,
+            busy=reshaping,
+            instances=instances,
+            published=published,
+            inventory=inventory,
         )
         for i in instances:
             if i.placed in published:
@@ -478,6 +532,37 @@ class NodeAgent:
         if plan.kept_busy or notes:
             return "; ".join(parts), False, Reason.INSTANCE_BUSY
         return "GPU matches spec.layout", True, Reason.LAYOUT_APPLIED
+
+    def _inventory(
+        self, gpu: GpuInfo, part: GpuPartition, instances: list[MigInstance], claims: dict[str, list[str]]
+    ) -> tuple[GpuInventory | None, set[PlacedInstance], int, str]:
+        """This GPU's partitionable inventory, the instances it publishes, how many placements it offers,
+        and why it offers nothing (an empty string when it can be published)."""
+        assert gpu.model is not None
+        items = []
+        for i in instances:
+            dev = device_name(i.gpu_index, i.profile, i.start)
+            if i.partitioned or not i.has_compute_instance:
+                occupancy = Occupancy.BUSY  # not a whole instance: nobody may book its slices
+            elif claims.get(dev):
+                occupancy = Occupancy.ALLOCATED  # published: the scheduler counts its counters as used
+            elif i.processes > 0 or dev in self.prepared:
+                occupancy = Occupancy.BUSY
+            else:
+                occupancy = Occupancy.FREE
+            items.append(
+                Instance(i.profile, i.start, occupancy, i.mig_uuid, i.memory_bytes, i.multiprocessors)
+            )
+        offered = frozenset(p for p in part.spec.offered_profiles or () if gpu.model.has_profile(p))
+        inv = GpuInventory(gpu.index, gpu.model, gpu.uuid, gpu.product, tuple(items), offered)
+        try:
+            devices = offered_devices([inv])
+        except InventoryError as exc:
+            return None, set(), 0, f"nothing offered to the scheduler: {exc}"
+        existing = (Occupancy.FREE.value, Occupancy.ALLOCATED.value)
+        published = {PlacedInstance(d.start, d.profile) for d in devices if d.kind in existing}
+        placements = sum(1 for d in devices if d.kind not in existing)
+        return inv, published, placements, ""
 
     def _device(self, gpu: GpuInfo, i: MigInstance) -> dict[str, Any]:
         assert gpu.model is not None
@@ -543,6 +628,7 @@ class NodeAgent:
                 "observed_generation": part.metadata.generation,
                 "phase": phase,
                 "message": message,
+                "inventory": self.support.inventory if self.support is not None else None,
             }
         )
 

@@ -159,6 +159,17 @@ class KubeApi:
             ),
         )
 
+    async def dry_run_create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create ``body`` as a server-side dry run (validated and defaulted, never stored); the answer."""
+
+        async def call() -> dict[str, Any]:
+            obj: dict[str, Any] = await self.custom.create_cluster_custom_object(
+                RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices", body, dry_run="All"
+            )
+            return obj
+
+        return await self._retry("dry-run create resourceslice", call)
+
     async def replace_slice(self, name: str, body: dict[str, Any]) -> None:
         await self._retry(
             "replace resourceslice",

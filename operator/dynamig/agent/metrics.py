@@ -118,6 +118,13 @@ class AgentMetrics:
             ["hostname"],
             registry=registry,
         )
+        self.binding_answers = Counter(
+            "dynamig_binding_answers_total",
+            "Allocations answered through binding conditions: ready (the instance exists), failed (the "
+            "scheduler releases the allocation and retries).",
+            ["hostname", "answer"],
+            registry=registry,
+        )
         self.reconcile_errors = Counter(
             "dynamig_reconcile_errors_total",
             "Reconcile rounds that ended in an error.",

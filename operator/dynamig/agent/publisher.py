@@ -1,19 +1,22 @@
-"""Keeps the node's ResourceSlices for driver ``mig.dynamig.io`` equal to a desired device list.
+"""Keeps the node's ResourceSlices for driver ``mig.dynamig.io`` equal to a desired inventory.
 
-:meth:`SlicePublisher.sync` compares what the API holds (through the content digest each slice carries)
-with the desired devices and, on any difference, writes every slice of the pool at a new pool generation
-(one above the highest seen), then deletes slices the pool no longer needs. A slice someone deleted is
-therefore recreated on the next sync. Side effects: API writes.
+:meth:`SlicePublisher.sync` (instances only) and :meth:`SlicePublisher.sync_inventory` (partitionable
+devices) compare what the API holds (through the content digest each slice carries) with the slices the
+inventory makes and, on any difference, write every slice of the pool at a new pool generation (one above the
+highest seen), then delete slices the pool no longer needs (including those of the other inventory's naming,
+so switching inventories leaves nothing behind). A slice someone deleted is therefore recreated on the next
+sync. Side effects: API writes.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from dynamig import DRIVER_NAME
 from dynamig.agent.kubeapi import KubeApi, status_of
+from dynamig.kube.inventory import GpuInventory, build_inventory_slices
 from dynamig.kube.slices import CONTENT_ANNOTATION, build_resource_slices
 
 log = logging.getLogger(__name__)
@@ -50,15 +53,32 @@ class SlicePublisher:
     async def sync(
         self, devices: Sequence[dict[str, Any]], existing: list[dict[str, Any]] | None = None
     ) -> bool:
-        """Make the pool publish exactly ``devices``. Returns True when it wrote anything.
+        """Make the pool publish exactly ``devices`` (instances only). Returns True when it wrote anything.
 
         ``existing`` may pass the node's slices already listed this round (any driver); otherwise they are
         listed here.
         """
+        return await self._sync(
+            lambda gen: build_resource_slices(self.node, gen, devices, self.driver), existing
+        )
+
+    async def sync_inventory(
+        self, gpus: Sequence[GpuInventory], existing: list[dict[str, Any]] | None = None
+    ) -> bool:
+        """Make the pool publish the partitionable inventory of ``gpus`` (counter sets, ranked devices).
+        Returns True when it wrote anything. Raises ``InventoryError`` before writing when it cannot be
+        published."""
+        return await self._sync(
+            lambda gen: build_inventory_slices(self.node, gen, gpus, self.driver), existing
+        )
+
+    async def _sync(
+        self, build: Callable[[int], list[dict[str, Any]]], existing: list[dict[str, Any]] | None
+    ) -> bool:
         current = self._ours(existing if existing is not None else await self.api.list_slices(self.node))
         by_name = {s["metadata"]["name"]: s for s in current}
         top = max([self.generation, *(_generation(s) for s in current)])
-        probe = build_resource_slices(self.node, top, devices, self.driver)
+        probe = build(top)
         same = len(current) == len(probe) and all(
             p["metadata"]["name"] in by_name
             and _digest(by_name[p["metadata"]["name"]]) == _digest(p)
@@ -70,7 +90,7 @@ class SlicePublisher:
             self.generation = top
             return False
         generation = top + 1
-        wanted = build_resource_slices(self.node, generation, devices, self.driver)
+        wanted = build(generation)
         for body in wanted:
             if self.owner is not None:
                 body["metadata"]["ownerReferences"] = [dict(self.owner)]
@@ -95,7 +115,7 @@ class SlicePublisher:
         self.publishes += 1
         log.info(
             "published %d device(s) for node %s in %d slice(s), pool generation %d",
-            len(devices),
+            sum(len(b["spec"].get("devices") or []) for b in wanted),
             self.node,
             len(wanted),
             generation,

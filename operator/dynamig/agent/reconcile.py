@@ -15,6 +15,11 @@ ResourceSlice and unallocated, ``now``), and carries out the returned :class:`Gp
 5. a GPU instance someone else split into several or partial compute instances is never published, completed
    or destroyed: it is kept as busy outside DRA (``kept_busy``).
 
+With ``keep_undesired=True`` (the partitionable inventory, where the scheduler books placements itself and
+binding conditions, not a settle period, keep a pod off a destroyed instance) ``desired`` is a floor, not
+the whole layout: instances outside it stay (free ones remain bookable at zero wait); a free one is destroyed
+at once only when a missing desired instance needs its memory slices and nothing busy blocks that instance.
+
 Because every input is observed afresh each round, a crash at any point converges on the next round.
 """
 
@@ -104,11 +109,13 @@ def plan_gpu(
     quiet_since: Mapping[PlacedInstance, float],
     now: float,
     settle_seconds: float,
+    keep_undesired: bool = False,
 ) -> GpuPlan:
     """Plan one round of the reshape protocol for one GPU. Pure.
 
     ``quiet_since[p]`` is when instance ``p`` was last seen both out of the published slice and unallocated;
     absent means it is still published (or was allocated a moment ago), so its settle period has not begun.
+    ``keep_undesired``: treat ``desired`` as a floor (see the module docstring).
     """
     desired = normalize_layout(desired)
     violation = check_layout(model, desired)
@@ -119,6 +126,14 @@ def plan_gpu(
         return GpuPlan(violation=violation.message, publish=complete_existing)
 
     wanted = set(desired)
+    present = {o.placed for o in observed}
+    # Keep mode: the missing desired instances that nothing busy stands in the way of.
+    creatable = [
+        p
+        for p in desired
+        if p not in present
+        and not any(o.busy and o.placed not in wanted and overlaps(model, p, o.placed) for o in observed)
+    ]
     destroy: list[PlacedInstance] = []
     draining: list[Waiting] = []
     kept: list[Waiting] = []
@@ -138,12 +153,25 @@ def plan_gpu(
             else:
                 complete.append(p)
             continue
+        in_nobodys_way = not any(overlaps(model, p, q) for q in desired if q not in present)
+        if keep_undesired and in_nobodys_way and (o.has_compute_instance or o.busy):
+            remaining.append(p)  # stays; bookable while free
+            if o.has_compute_instance and not o.busy:
+                publish.append(p)
+            continue
         if o.busy:
             kept.append(Waiting(p, o.busy_reason()))
             remaining.append(p)
             continue
         if not o.has_compute_instance:
             destroy.append(p)  # never published, nothing can hold it
+            continue
+        if keep_undesired:
+            if any(overlaps(model, p, q) for q in creatable):
+                destroy.append(p)  # a desired instance needs the slices: binding conditions guard the race
+            else:
+                remaining.append(p)  # only a busy instance's removal would let the desired one in
+                publish.append(p)
             continue
         since = quiet_since.get(p)
         if since is not None and now - since >= settle_seconds:

@@ -71,6 +71,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--reshape-poll", type=float, default=0.5, help="seconds between rounds while reshaping")
     p.add_argument(
+        "--inventory",
+        choices=("auto", "partitionable", "instances"),
+        default="auto",
+        help="how GPUs are published: partitionable (every placement bookable, cut when the scheduler "
+        "allocates it; Kubernetes 1.36), instances (existing instances only, re-cut ahead by the operator), "
+        "or auto (ask the API server at start)",
+    )
+    p.add_argument(
         "--metrics-port",
         type=int,
         default=9465,
@@ -129,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from dynamig.agent.plugin.settings import PluginSettings
     from dynamig.cli._logging import configure_logging
+    from dynamig.kube.gpupartition import Inventory
 
     configure_logging(args.log_level, args.log_format)
     if not args.node:
@@ -162,6 +171,9 @@ def run(args: argparse.Namespace) -> int:
             settle_seconds=args.settle_seconds,
             interval_seconds=args.interval,
             reshape_poll_seconds=args.reshape_poll,
+            inventory={"partitionable": Inventory.PARTITIONABLE, "instances": Inventory.INSTANCES}.get(
+                args.inventory
+            ),
         ),
         nvml=args.nvml,
         simulation=simulation,

@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from dynamig.devcluster.waiting import eventually
 from dynamig.kube.devices import device_class
 from dynamig.kube.names import DEVICE_CLASS_NAME, GPU_PARTITION_PLURAL, GROUP, POLICY_PLURAL, VERSION
+
+log = logging.getLogger(__name__)
 
 PROFILE_ATTRIBUTE = f'device.attributes["{DEVICE_CLASS_NAME}"].profile'
 
@@ -237,22 +241,39 @@ class AllocationWatch:
         self.scenario = scenario
         self.seen: dict[str, list[float]] = {}  # device -> [first, last] time seen allocated
         self.first_allocated: dict[str, float] = {}  # claim name -> first time seen allocated
+        self.first_bound: dict[str, float] = {}  # pod name -> first time seen bound to a node
         self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
         while True:
-            now = time.time()
-            for c in await self.scenario.claims():
-                dev = allocated_device(c)
-                if dev is None:
-                    continue
-                span = self.seen.setdefault(dev, [now, now])
-                span[1] = now
-                self.first_allocated.setdefault(c["metadata"]["name"], now)
+            try:
+                await self._poll()
+            except (TimeoutError, ApiException, aiohttp.ClientError) as exc:
+                # A slow or restarting API server must not end the watch: the next poll catches up.
+                log.info("allocation watch: poll failed (%s); retrying", exc)
             await asyncio.sleep(0.05)
+
+    async def _poll(self) -> None:
+        now = time.time()
+        for c in await self.scenario.claims():
+            dev = allocated_device(c)
+            if dev is None:
+                continue
+            span = self.seen.setdefault(dev, [now, now])
+            span[1] = now
+            self.first_allocated.setdefault(c["metadata"]["name"], now)
+        for pod in (await self.scenario.core.list_namespaced_pod(self.scenario.ns)).items:
+            if pod.spec.node_name:
+                self.first_bound.setdefault(pod.metadata.name, now)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="allocation-watch")
+
+    def raise_if_stopped(self) -> None:
+        """Raise what ended the watch early, so a wait on its figures fails with the cause, not a timeout."""
+        if self._task is not None and self._task.done():
+            self._task.result()
+            raise RuntimeError("allocation watch stopped")
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -40,6 +40,16 @@ class MigMode(StrEnum):
     UNKNOWN = "Unknown"
 
 
+class Inventory(StrEnum):
+    """How the agent publishes a GPU to the scheduler (``status.inventory``)."""
+
+    # Every free instance and every valid placement of the offered profiles, as partitionable devices that
+    # wait for the agent's binding answer (Kubernetes 1.36: KEP-4815 + KEP-5007).
+    PARTITIONABLE = "Partitionable"
+    # Only instances that exist; the operator re-cuts ahead of the scheduler (clusters without the features).
+    INSTANCES = "Instances"
+
+
 class ConditionType(StrEnum):
     """Condition types the agent sets on a GpuPartition."""
 
@@ -87,6 +97,9 @@ class LayoutEntry(_Model):
 
 class GpuPartitionSpec(_Model):
     layout: list[LayoutEntry] = Field(default_factory=list)
+    # Partitionable inventory only: profiles whose free placements are offered to the scheduler as devices
+    # to be cut on allocation. None or empty: only the instances that exist are offered.
+    offered_profiles: list[str] | None = None
 
     def desired(self) -> Layout:
         """The desired layout as a normalized (sorted) tuple of placed instances."""
@@ -141,6 +154,8 @@ class GpuPartitionStatus(_Model):
     phase: Phase | None = None
     message: str = ""
     last_reshape_time: str | None = None
+    inventory: Inventory | None = None
+    offered_placements: int = 0  # devices published that are placements still to be cut
     conditions: list[Condition] = Field(default_factory=list)
 
     def condition(self, ctype: str) -> Condition | None:
@@ -195,7 +210,9 @@ def build_gpu_partition(
         "apiVersion": GROUP_VERSION,
         "kind": GPU_PARTITION_KIND,
         "metadata": {"name": name, "labels": dict(labels)},
-        "spec": GpuPartitionSpec.from_layout(layout).model_dump(mode="json", by_alias=True),
+        "spec": GpuPartitionSpec.from_layout(layout).model_dump(
+            mode="json", by_alias=True, exclude_none=True
+        ),
     }
 
 

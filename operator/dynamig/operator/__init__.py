@@ -14,9 +14,11 @@ Modules, from the edge inwards:
       task = asyncio.create_task(run_operator(settings, stop, ready))
       await ready.wait()   # watching; set ``stop`` to shut down
 
-- ``reconciler`` — per policy: read a snapshot, decide a round, write layouts, policy status, Events, metrics.
+- ``reconciler`` — per policy: read a snapshot, decide a round, write layouts and offered profiles, policy
+  status, Events, metrics.
 - ``kubeio`` — the API calls (kubernetes-asyncio, retried with tenacity).
-- ``decide`` (pure) — mode, cooldown and disruption budget over the planner's answer; the "why pending?"
+- ``decide`` (pure) — mode, cooldown and disruption budget over the planner's answer; the profiles offered on
+  GPUs with the partitionable inventory (booked by the scheduler, never re-cut ahead); the "why pending?"
   verdict of every claim (Event reasons ``ReshapeScheduled``, ``ReshapeInProgress``, ``WaitingForScheduler``,
   ``WaitingForCooldown``, ``WaitingForDisruptionBudget``, ``NoCapacity``, ``ProfileNotAllowed``,
   ``NoMatchingProfile``, ``NoEligibleNode``, ``ReshapeDisabled``, ``WouldReshape``, ``PolicyInvalid``).

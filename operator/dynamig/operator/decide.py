@@ -12,23 +12,32 @@ policy's mode, cooldown and disruption budget on top of it:
   GPUs written this round) allows, and its cooldown (since the operator last wrote its layout) is over;
   that holds for changes that serve claims and for warm-pool top-ups. A return to the baseline waits until
   the GPU has had no allocated instance for the cooldown.
+
+GPUs whose agent reports the ``Partitionable`` inventory are booked by the kube-scheduler directly (every
+valid placement of ``spec.offeredProfiles`` is a device; the agent cuts it before the pod binds), so no claim
+is planned ahead on them. Their ``spec.offeredProfiles`` is the policy's allowed profiles of the model in
+``Dynamic`` and empty otherwise (an :class:`OfferWrite`: no cooldown, no budget); their ``spec.layout`` gets
+the baseline and warm pool only. A claim only they can serve is ``WaitingForScheduler`` while an offered
+placement fits beside the busy instances of a GPU on an eligible node, ``NoCapacity`` otherwise. Claims an
+``Instances`` GPU can serve are planned ahead on those GPUs as before.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from dynamig.geometry.catalog import Catalog
+from dynamig.geometry.layout import free_starts, remaining_capacity
 from dynamig.geometry.model import Layout, PlacedInstance
 from dynamig.kube.gpupartition import layout_summary
 from dynamig.kube.policy import GpuPartitionPolicy, Mode, SpecProblem
-from dynamig.operator.demand import PendingClaim
+from dynamig.operator.demand import PendingClaim, RequestDemand
 from dynamig.operator.inventory import GpuView
 from dynamig.planner import plan
-from dynamig.planner.model import Assignment, ClaimDemand, GpuPlan, PlanResult
+from dynamig.planner.model import Assignment, ClaimDemand, GpuKey, GpuPlan, PlanResult
 
 
 class Reason(StrEnum):
@@ -78,12 +87,25 @@ class LayoutWrite:
 
 
 @dataclass(frozen=True, slots=True)
+class OfferWrite:
+    """``spec.offeredProfiles`` of a partitionable GPU: what the scheduler may book there to be cut."""
+
+    gpu: str
+    node: str
+    model: str
+    before: tuple[str, ...] | None
+    profiles: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class RoundDecision:
     writes: tuple[LayoutWrite, ...]
     planned: tuple[LayoutWrite, ...]  # every change the plan wants (DryRun reports these)
     verdicts: tuple[ClaimVerdict, ...]
     held: Mapping[str, str] = field(default_factory=dict)  # GPU -> why its planned change is not written
     plan_seconds: float = 0.0
+    offers: tuple[OfferWrite, ...] = ()  # offeredProfiles to write now (partitionable GPUs)
+    planned_offers: tuple[OfferWrite, ...] = ()  # DryRun: what Dynamic would offer
 
     def pending_by_reason(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -197,6 +219,22 @@ def _profile_verdict(
     return None
 
 
+def _cooling(g: GpuView, now: float, cooldown: int) -> bool:
+    """Was the GPU's layout written less than the cooldown ago? Pure."""
+    return g.last_written is not None and now - g.last_written < cooldown
+
+
+def _why_frozen(g: GpuView, now: float, cooldown: int) -> str:
+    """Why a GPU in flight or cooling down may not change this round. Pure."""
+    if g.in_flight:
+        return (
+            f"{g.name} is still reshaping (generation {g.generation}, agent reported {g.observed_generation})"
+        )
+    since = now - (g.last_written or now)
+    left = _fmt_secs(cooldown - since)
+    return f"{g.name} was reshaped {_fmt_secs(since)} ago; cooldown {cooldown}s ({left} left)"
+
+
 def _models(gpus: Sequence[GpuView]) -> frozenset[str]:
     return frozenset(g.model.key for g in gpus if g.model is not None)
 
@@ -231,18 +269,43 @@ def decide_round(inp: RoundInput) -> RoundDecision:
         else:
             plannable.append(c)
 
+    booked = _Fleet([g for g in usable if g.partitionable], _allowed(policy))
+    ahead = _Fleet([g for g in usable if not g.partitionable], _allowed(policy))
+    offers, planned_offers = _offers(policy, booked.gpus)
+
     if spec.mode == Mode.STATIC:
         verdicts.extend(_static_verdict(c, policy, usable) for c in plannable)
-        return RoundDecision((), (), tuple(verdicts))
+        return RoundDecision((), (), tuple(verdicts), offers=offers)
 
-    models = _models(usable)
-    demands = [d for c in plannable for d in _demands(c, policy, models)]
-    planner_policy = spec.to_planner()
+    # Claims only partitionable GPUs can serve are left to the scheduler; the rest are planned ahead.
+    to_book: list[PendingClaim] = []
+    to_plan: list[PendingClaim] = []
+    for c in plannable:
+        only_booked = booked.can_serve(c) and not ahead.can_serve(c)
+        (to_book if only_booked else to_plan).append(c)
+
+    models = _models(ahead.gpus)
+    demands_of = {c.claim.key: _demands(c, policy, models) for c in to_plan}
+    if booked:
+        # Claims may not land on partitionable GPUs: keep them to the nodes of Instances GPUs.
+        ahead_nodes = frozenset(ahead.by_node)
+        demands_of = {
+            k: tuple(replace(d, nodes=ahead_nodes if d.nodes is None else d.nodes & ahead_nodes) for d in ds)
+            for k, ds in demands_of.items()
+        }
+    demands = [d for c in to_plan for d in demands_of[c.claim.key]]
+    states = [replace(g.state(), node=_planner_node(g)) for g in usable]
+    # GPUs that could not be written this round are planned as they are, so demand goes where it can be cut
+    # now instead of queueing behind a cooldown or a reshape in flight.
+    cooling = {g.name: g for g in usable if _cooling(g, inp.now, spec.cooldown_seconds)}
+    frozen_gpus = [g for g in usable if g.in_flight or g.name in cooling]
+    frozen = frozenset(GpuKey(_planner_node(g), g.index) for g in frozen_gpus)
+    planner_policy = replace(spec.to_planner(), frozen=frozen)
     started = time.perf_counter()
-    result: PlanResult = plan([g.state() for g in usable], demands, planner_policy, inp.catalog)
+    result: PlanResult = plan(states, demands, planner_policy, inp.catalog)
     plan_seconds = time.perf_counter() - started
 
-    by_key = {(g.node, g.index): g for g in usable}
+    by_key = {(_planner_node(g), g.index): g for g in usable}
     assigned: dict[str, list[Assignment]] = {}
     for a in result.assignments:
         assigned.setdefault(a.claim, []).append(a)
@@ -256,33 +319,25 @@ def decide_round(inp: RoundInput) -> RoundDecision:
         if not gp.changed:
             continue
         g = by_key[(gp.node, gp.index)]
+        if g.partitionable and gp.layout == g.desired:
+            continue  # spec.layout already asks for it; leftover instances beside it are kept on purpose
         planned.append(_write_for(g, gp, tuple(sorted(set(claims_per_gpu.get(g.name, []))))))
 
     writes: list[LayoutWrite] = []
-    held: dict[str, str] = {}
+    # Frozen GPUs were planned as they are; say why each may not change this round.
+    held: dict[str, str] = {g.name: _why_frozen(g, inp.now, spec.cooldown_seconds) for g in frozen_gpus}
     budget = spec.disruption_budget.max_gpus_reshaping
-    in_flight = sum(1 for g in usable if g.in_flight and g.desired != g.actual)
+    in_flight = sum(1 for g in usable if g.reshaping)
     cooldown = spec.cooldown_seconds
     # Claim-serving changes first, then baseline / warm-pool drift.
     for w in sorted(planned, key=lambda w: (not w.claims, w.gpu)):
         g = next(x for x in usable if x.name == w.gpu)
-        if g.in_flight:
-            held[w.gpu] = (
-                f"{w.gpu} is still reshaping (generation {g.generation}, "
-                f"agent reported {g.observed_generation})"
-            )
+        if g.name in held:
             continue
         if spec.mode == Mode.DRY_RUN:
             held[w.gpu] = f"policy {policy.name} is DryRun"
             continue
         warm_only = not w.claims and "warm pool" in w.reason and "baseline" not in w.reason
-        if (w.claims or warm_only) and g.last_written is not None and inp.now - g.last_written < cooldown:
-            left = cooldown - (inp.now - g.last_written)
-            held[w.gpu] = (
-                f"{w.gpu} was reshaped {_fmt_secs(inp.now - g.last_written)} ago; cooldown {cooldown}s "
-                f"({_fmt_secs(left)} left)"
-            )
-            continue
         if not w.claims and not warm_only:
             idle_for = inp.now - inp.idle_since.get(w.gpu, inp.now)
             if g.busy or idle_for < cooldown:
@@ -297,12 +352,18 @@ def decide_round(inp: RoundInput) -> RoundDecision:
 
     written = {w.gpu for w in writes}
     planned_by_gpu = {w.gpu: w for w in planned}
-    for c in plannable:
-        names = [d.name for d in _demands(c, policy, models)]
+    for c in to_plan:
+        names = [d.name for d in demands_of[c.claim.key]]
         placed = [a for n in names for a in assigned.get(n, [])]
         profile = _first_profile(c)
         if not placed or any(n in result.unsatisfied for n in names):
-            moving = [g.name for g in usable if g.in_flight and g.desired != g.actual]
+            if booked:
+                # Nothing ahead for it, but the scheduler may still book a placement on a partitionable GPU.
+                fallback = _booking_verdict(c, policy, booked)
+                if fallback.reason is not Reason.NO_CAPACITY:
+                    verdicts.append(fallback)
+                    continue
+            moving = [g.name for g in usable if g.reshaping]
             if moving:
                 msg = (
                     f"{len(moving)} GPU(s) of policy {policy.name} are still reshaping "
@@ -310,6 +371,13 @@ def decide_round(inp: RoundInput) -> RoundDecision:
                     f"the claim is planned again when they finish. Now: {_no_capacity(c, policy, usable)}"
                 )
                 verdicts.append(ClaimVerdict(c, Reason.RESHAPE_IN_PROGRESS, msg, profile))
+            elif cooling:
+                msg = (
+                    f"no GPU of policy {policy.name} that may be cut now has room for the claim; "
+                    + "; ".join(held[name] for name in sorted(cooling))
+                    + "; the claim is planned again when the cooldown ends"
+                )
+                verdicts.append(ClaimVerdict(c, Reason.WAITING_FOR_COOLDOWN, msg, profile))
             else:
                 verdicts.append(ClaimVerdict(c, Reason.NO_CAPACITY, _no_capacity(c, policy, usable), profile))
             continue
@@ -367,7 +435,203 @@ def decide_round(inp: RoundInput) -> RoundDecision:
                     g.name,
                 )
             )
-    return RoundDecision(tuple(writes), tuple(planned), tuple(verdicts), held, plan_seconds)
+    verdicts.extend(_booking_verdict(c, policy, booked) for c in to_book)
+    return RoundDecision(
+        tuple(writes), tuple(planned), tuple(verdicts), held, plan_seconds, offers, planned_offers
+    )
+
+
+# ------------------------------------------------------------------------------ partitionable inventory
+
+
+def _planner_node(g: GpuView) -> str:
+    """The node name the planner sees: partitionable GPUs get one no claim demand names ('/' is not valid in
+    a node name), so claims are never planned on them while baseline and warm pool still are."""
+    return f"{g.node}/partitionable" if g.partitionable else g.node
+
+
+def _offers(
+    policy: GpuPartitionPolicy, gpus: Sequence[GpuView]
+) -> tuple[tuple[OfferWrite, ...], tuple[OfferWrite, ...]]:
+    """(offeredProfiles writes due now, what Dynamic would offer: reported in DryRun). Pure."""
+    allowed = _allowed(policy)
+    mode = policy.spec.mode
+    writes: list[OfferWrite] = []
+    planned: list[OfferWrite] = []
+    for g in gpus:
+        assert g.model is not None
+        full = tuple(p.name for p in g.model.profiles if allowed is None or p.name in allowed)
+        want = full if mode == Mode.DYNAMIC else ()  # Static and DryRun: only instances that exist
+        if mode == Mode.DRY_RUN:
+            planned.append(OfferWrite(g.name, g.node, g.model.key, g.offered, full))
+        if g.offered is None or frozenset(g.offered) != frozenset(want):
+            writes.append(OfferWrite(g.name, g.node, g.model.key, g.offered, want))
+    return tuple(writes), tuple(planned)
+
+
+@dataclass(frozen=True, slots=True)
+class _Room:
+    profile: str
+    places: tuple[tuple[str, PlacedInstance], ...]  # (GPU, placement)
+
+
+class _Fleet:
+    """GPUs of one inventory indexed by node, with what fits on each cached for the round: a burst of claims
+    of one shape costs one scan, not one per claim."""
+
+    def __init__(self, gpus: Sequence[GpuView], allowed: frozenset[str] | None) -> None:
+        self.gpus = tuple(gpus)
+        self.allowed = allowed
+        self.by_node: dict[str, list[GpuView]] = {}
+        for g in gpus:
+            if g.model is not None:
+                self.by_node.setdefault(g.node, []).append(g)
+        self.all_models = sorted({g.model.key for g in self.gpus if g.model is not None})
+        self._fits: dict[tuple[str, str, bool], tuple[tuple[PlacedInstance, ...], int]] = {}
+        self._rooms: dict[tuple[object, ...], _Room | None] = {}
+        self._node_models: dict[frozenset[str] | None, tuple[list[str], list[str]]] = {}
+        self.verdicts: dict[tuple[object, ...], tuple[Reason, str, str, str]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.gpus)
+
+    def _eligible_nodes(self, claim: PendingClaim) -> tuple[list[str], list[str]]:
+        """(eligible nodes, models on them) for the claim's node constraint."""
+        if claim.nodes not in self._node_models:
+            nodes = sorted(n for n in self.by_node if claim.nodes is None or n in claim.nodes)
+            models = sorted({g.model.key for n in nodes for g in self.by_node[n] if g.model is not None})
+            self._node_models[claim.nodes] = (nodes, models)
+        return self._node_models[claim.nodes]
+
+    def nodes(self, claim: PendingClaim) -> list[str]:
+        return self._eligible_nodes(claim)[0]
+
+    def eligible(self, claim: PendingClaim) -> list[GpuView]:
+        return [g for n in self.nodes(claim) for g in self.by_node[n]]
+
+    def shape(self, claim: PendingClaim) -> tuple[object, ...]:
+        """What a verdict here depends on: node constraint, and per request the profiles per model."""
+        per_request = tuple(
+            (tuple((m, r.alternatives(None, frozenset({m}))) for m in self.all_models), r.count)
+            for r in claim.requests
+        )
+        return (claim.nodes, per_request, _first_profile(claim))
+
+    def can_serve(self, claim: PendingClaim) -> bool:
+        """Every MIG request of the claim has an allowed profile on some GPU of an eligible node. Pure."""
+        models = self._eligible_nodes(claim)[1]
+        return bool(models) and all(
+            any(r.alternatives(self.allowed, frozenset({m})) for m in models) for r in claim.requests
+        )
+
+    def _fit(self, g: GpuView, profile: str, existing: bool) -> tuple[tuple[PlacedInstance, ...], int]:
+        """(places, how many fit at once) of ``profile`` on ``g``: its free instances (``existing``), or the
+        placements beside its busy instances (free ones do not block: a booking destroys them first)."""
+        key = (g.name, profile, existing)
+        if key not in self._fits:
+            assert g.model is not None
+            if existing:
+                free = tuple(i for i in g.free if i.profile == profile)
+                self._fits[key] = (free, len(free))
+            else:
+                busy = tuple(g.busy)
+                starts = free_starts(g.model, busy, profile)
+                places = tuple(PlacedInstance(s, profile) for s in starts)
+                self._fits[key] = (places, remaining_capacity(g.model, busy, profile) if places else 0)
+        return self._fits[key]
+
+    def room(self, claim: PendingClaim, r: RequestDemand, existing: bool) -> _Room | None:
+        """Where ``r.count`` devices of one accepted profile fit on one eligible node, or None. Pure."""
+        nodes, models = self._eligible_nodes(claim)
+        shape = tuple((m, r.alternatives(self.allowed, frozenset({m}))) for m in models)
+        key = (shape, r.count, claim.nodes, existing)
+        if key not in self._rooms:
+            self._rooms[key] = self._find(nodes, r, existing)
+        return self._rooms[key]
+
+    def _find(self, nodes: Sequence[str], r: RequestDemand, existing: bool) -> _Room | None:
+        for node in nodes:
+            here = self.by_node[node]
+            profiles: list[str] = []
+            for g in here:
+                assert g.model is not None
+                for p in r.alternatives(self.allowed, frozenset({g.model.key})):
+                    if p not in profiles:
+                        profiles.append(p)
+            for p in profiles:
+                places: list[tuple[str, PlacedInstance]] = []
+                capacity = 0
+                for g in here:
+                    assert g.model is not None
+                    if g.model.has_profile(p):
+                        fit, n = self._fit(g, p, existing)
+                        places.extend((g.name, i) for i in fit)
+                        capacity += n
+                if capacity >= r.count:
+                    return _Room(p, tuple(places))
+        return None
+
+
+def _places_text(room: _Room, limit: int = 4) -> str:
+    """``1g.10gb@4, 1g.10gb@5 on node-a-gpu0 (+3 more)``. Pure."""
+    groups: dict[str, list[str]] = {}
+    for gpu, inst in room.places[:limit]:
+        groups.setdefault(gpu, []).append(f"{inst.profile}@{inst.start}")
+    shown = "; ".join(f"{', '.join(items)} on {gpu}" for gpu, items in groups.items())
+    more = len(room.places) - limit
+    return f"{shown} (+{more} more)" if more > 0 else shown
+
+
+def _booking_verdict(claim: PendingClaim, policy: GpuPartitionPolicy, fleet: _Fleet) -> ClaimVerdict:
+    """The verdict on a claim the scheduler books on partitionable GPUs (nothing is planned ahead). Pure."""
+    key = fleet.shape(claim)
+    if key not in fleet.verdicts:
+        v = _new_booking_verdict(claim, policy, fleet)
+        fleet.verdicts[key] = (v.reason, v.message, v.profile, v.gpu)
+    reason, message, profile, gpu = fleet.verdicts[key]
+    return ClaimVerdict(claim, reason, message, profile, gpu)
+
+
+def _new_booking_verdict(claim: PendingClaim, policy: GpuPartitionPolicy, fleet: _Fleet) -> ClaimVerdict:
+    dry = policy.spec.mode == Mode.DRY_RUN
+    free = [fleet.room(claim, r, existing=True) for r in claim.requests] if dry else []
+    if free and all(free) and free[0] is not None:
+        room = free[0]
+        return ClaimVerdict(
+            claim,
+            Reason.WAITING_FOR_SCHEDULER,
+            f"free {'instances' if len(room.places) > 1 else 'instance'} {_places_text(room)} can serve the "
+            "claim; waiting for kube-scheduler to allocate one",
+            room.profile,
+            room.places[0][0],
+        )
+    cut = [fleet.room(claim, r, existing=False) for r in claim.requests]
+    if all(cut) and cut[0] is not None:
+        room = cut[0]
+        if dry:
+            return ClaimVerdict(
+                claim,
+                Reason.WOULD_RESHAPE,
+                f"policy {policy.name} is DryRun and offers only existing instances; it would offer "
+                f"{_places_text(room)}, which could serve the claim",
+                room.profile,
+                room.places[0][0],
+            )
+        return ClaimVerdict(
+            claim,
+            Reason.WAITING_FOR_SCHEDULER,
+            f"offered placements {_places_text(room)} can serve the claim; waiting for kube-scheduler to "
+            "book one (the node agent cuts it before the pod binds)",
+            room.profile,
+            room.places[0][0],
+        )
+    eligible = fleet.eligible(claim) or list(fleet.gpus)
+    return ClaimVerdict(
+        claim,
+        Reason.NO_CAPACITY,
+        _no_capacity(claim, policy, eligible, "partitionable ") + "; no offered placement fits beside them",
+        _first_profile(claim),
+    )
 
 
 def _write_for(g: GpuView, gp: GpuPlan, claims: tuple[str, ...]) -> LayoutWrite:
@@ -383,7 +647,9 @@ def _write_for(g: GpuView, gp: GpuPlan, claims: tuple[str, ...]) -> LayoutWrite:
     )
 
 
-def _no_capacity(claim: PendingClaim, policy: GpuPartitionPolicy, gpus: Sequence[GpuView]) -> str:
+def _no_capacity(
+    claim: PendingClaim, policy: GpuPartitionPolicy, gpus: Sequence[GpuView], kind: str = ""
+) -> str:
     alts = _alts(claim, _allowed(policy), _models(gpus))
     count = max(r.count for r in claim.requests)
     busy_slices = sum(
@@ -398,7 +664,7 @@ def _no_capacity(claim: PendingClaim, policy: GpuPartitionPolicy, gpus: Sequence
         else f" on the {len({g.node for g in gpus if g.node in claim.nodes})} allowed nodes"
     )
     return (
-        f"no room for {count} x {' or '.join(alts)}{nodes} among the {len(gpus)} GPUs "
+        f"no room for {count} x {' or '.join(alts)}{nodes} among the {len(gpus)} {kind}GPUs "
         f"of policy {policy.name}: "
         f"{busy_slices} of {total_slices} compute slices are allocated"
     )

@@ -4,7 +4,9 @@ An instance is busy (never removed or moved by the planner) when the agent repor
 ``in-use``, or when a ResourceClaim allocation already names its device (the scheduler may have allocated
 it a moment before the agent noticed). A GPU whose agent has not yet reported the current ``spec.layout``
 (``observedGeneration`` behind ``generation``, or phase ``Reshaping``) is *in flight*: the operator writes
-nothing to it until the agent has caught up, and plans it as the layout it is becoming. GPUs that are
+nothing to it until the agent has caught up, and plans it as the layout it is becoming. On a GPU with the
+``Partitionable`` inventory ``spec.layout`` is a floor (instances kept pre-created; the scheduler books the
+rest), so it is in flight only while some desired instance is still missing. GPUs that are
 ``Degraded``, have MIG off, are owned by another MIG manager or are of a model the catalog lacks are not
 planned at all.
 """
@@ -23,6 +25,7 @@ from dynamig.kube.gpupartition import (
     ConditionType,
     GpuPartition,
     InstanceState,
+    Inventory,
     MigMode,
     Phase,
     parse_gpu_partition,
@@ -64,6 +67,19 @@ class GpuView:
     unusable: str  # why the GPU cannot be planned ("" when it can)
     last_written: float | None  # epoch seconds the operator last wrote spec.layout
     failure: str  # the agent's Ready=False message when it is stuck on the current generation
+    inventory: Inventory | None = None  # None: the agent does not report one (treated as Instances)
+    offered: tuple[str, ...] | None = None  # spec.offeredProfiles as it is now
+
+    @property
+    def partitionable(self) -> bool:
+        return self.inventory is Inventory.PARTITIONABLE
+
+    @property
+    def reshaping(self) -> bool:
+        """In flight with instances still to change: counts against the disruption budget."""
+        if self.partitionable:
+            return self.in_flight  # only set while a desired instance is missing
+        return self.in_flight and self.desired != self.actual
 
     @property
     def free(self) -> Layout:
@@ -117,6 +133,11 @@ def _gpu_view(
         or st.observed_generation < gp.metadata.generation
         or st.phase == Phase.RESHAPING
     )
+    desired = gp.spec.desired()
+    actual = normalize_layout(st.actual())
+    if st.inventory is Inventory.PARTITIONABLE and set(desired) <= set(actual):
+        # Leftover free instances beside spec.layout are kept on purpose: nothing is left to apply.
+        in_flight = False
     unusable = ""
     managed = st.condition(ConditionType.MANAGED)
     if model is None:
@@ -145,14 +166,16 @@ def _gpu_view(
         product=st.product,
         generation=gp.metadata.generation,
         observed_generation=st.observed_generation,
-        desired=gp.spec.desired(),
-        actual=normalize_layout(st.actual()),
+        desired=desired,
+        actual=actual,
         busy=busy,
         claims_on=claims_on,
         in_flight=in_flight and not failure,
         unusable=unusable,
         last_written=parse_time(annotations.get(LAYOUT_WRITTEN_ANNOTATION)),
         failure=failure,
+        inventory=st.inventory,
+        offered=tuple(gp.spec.offered_profiles) if gp.spec.offered_profiles is not None else None,
     )
 
 

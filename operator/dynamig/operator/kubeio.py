@@ -1,4 +1,4 @@
-"""The operator's Kubernetes I/O: read a snapshot, write layouts and policy status, post Events.
+"""The operator's Kubernetes I/O: read a snapshot, write GpuPartition specs and policy status, post Events.
 
 Every function here does network I/O through ``kubernetes_asyncio`` and exchanges plain dicts (typed parsing
 happens in the pure modules). Transient API errors (5xx, 429, connection errors) are retried with tenacity.
@@ -103,19 +103,23 @@ class KubeIO:
         )
         return Snapshot(policies, partitions, nodes, pods, claims, classes)
 
-    async def write_layout(
+    async def write_spec(
         self,
         name: str,
-        layout: list[dict[str, Any]],
+        spec: Mapping[str, Any],
         annotations: Mapping[str, str],
         resource_version: str = "",
     ) -> dict[str, Any]:
-        """Merge-patch a GpuPartition's ``spec.layout`` (and annotations). With ``resource_version`` the patch
-        fails with 409 if the object changed since it was read."""
-        meta: dict[str, Any] = {"annotations": dict(annotations)}
+        """Merge-patch fields of a GpuPartition's ``spec`` (``layout``, ``offeredProfiles``) and annotations.
+        With ``resource_version`` the patch fails with 409 if the object changed since it was read."""
+        meta: dict[str, Any] = {}
+        if annotations:
+            meta["annotations"] = dict(annotations)
         if resource_version:
             meta["resourceVersion"] = resource_version
-        body = {"metadata": meta, "spec": {"layout": layout}}
+        body: dict[str, Any] = {"spec": dict(spec)}
+        if meta:
+            body["metadata"] = meta
 
         async def call() -> dict[str, Any]:
             result: dict[str, Any] = await self.custom.patch_cluster_custom_object(
@@ -124,6 +128,16 @@ class KubeIO:
             return result
 
         return await self._retry(call)
+
+    async def write_layout(
+        self,
+        name: str,
+        layout: list[dict[str, Any]],
+        annotations: Mapping[str, str],
+        resource_version: str = "",
+    ) -> dict[str, Any]:
+        """Merge-patch a GpuPartition's ``spec.layout`` (and annotations); see :meth:`write_spec`."""
+        return await self.write_spec(name, {"layout": layout}, annotations, resource_version)
 
     async def patch_policy_status(self, name: str, status: Mapping[str, Any]) -> None:
         async def call() -> None:

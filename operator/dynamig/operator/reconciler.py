@@ -1,4 +1,5 @@
-"""The reshape loop: per policy, read a snapshot, decide a round, write layouts, status, Events and metrics.
+"""The reshape loop: per policy, read a snapshot, decide a round, write layouts and offered profiles, status,
+Events and metrics.
 
 :class:`Reconciler` holds the operator's dependencies (API I/O, catalog, metrics, settings) and the little
 state that lives only in memory: when each claim was first seen pending (for the latency histogram), when each
@@ -35,7 +36,15 @@ from dynamig.kube.policy import (
     parse_policy,
     resolve_ownership,
 )
-from dynamig.operator.decide import ClaimVerdict, LayoutWrite, Reason, RoundDecision, RoundInput, decide_round
+from dynamig.operator.decide import (
+    ClaimVerdict,
+    LayoutWrite,
+    OfferWrite,
+    Reason,
+    RoundDecision,
+    RoundInput,
+    decide_round,
+)
 from dynamig.operator.demand import PendingClaim, extract_demand, parse_device_classes
 from dynamig.operator.inventory import LAYOUT_WRITTEN_ANNOTATION, GpuView, allocated_devices, parse_inventory
 from dynamig.operator.kubeio import KubeIO, Snapshot, now_rfc3339
@@ -236,7 +245,7 @@ class Reconciler:
             )
             self.metrics.plan_duration.labels(policy=name).observe(decision.plan_seconds)
             partitions = {p["metadata"]["name"]: p for p in snap.partitions}
-            written = await self._apply_writes(policy, decision.writes, partitions, now)
+            written = await self._apply_writes(policy, decision.writes, decision.offers, partitions, now)
             await self._tell_claims(decision.verdicts, now)
             await self._report_problems(policy, raw, problems)
             await self._update_status(policy, raw, world, mine, decision, written, problems, now)
@@ -299,25 +308,53 @@ class Reconciler:
         self,
         policy: GpuPartitionPolicy,
         writes: tuple[LayoutWrite, ...],
+        offers: tuple[OfferWrite, ...],
         partitions: Mapping[str, Mapping[str, Any]],
         now: float,
     ) -> tuple[LayoutWrite, ...]:
+        """Write each GPU's layout and offered profiles in one patch (one resourceVersion, one generation).
+        Returns the layout writes done."""
         done: list[LayoutWrite] = []
         stamp = now_rfc3339()
-        for w in writes:
-            raw = partitions.get(w.gpu) or {}
+        layouts = {w.gpu: w for w in writes}
+        offered = {o.gpu: o for o in offers}
+        for gpu in [*layouts, *(g for g in offered if g not in layouts)]:
+            w, o = layouts.get(gpu), offered.get(gpu)
+            raw = partitions.get(gpu) or {}
             rv = str((raw.get("metadata") or {}).get("resourceVersion", ""))
-            layout = [{"profile": i.profile, "start": i.start} for i in w.layout]
+            spec: dict[str, Any] = {}
+            annotations: dict[str, str] = {}
+            if w is not None:
+                spec["layout"] = [{"profile": i.profile, "start": i.start} for i in w.layout]
+                annotations[LAYOUT_WRITTEN_ANNOTATION] = stamp  # offers alone start no cooldown
+            if o is not None:
+                spec["offeredProfiles"] = list(o.profiles)
             try:
-                result = await self.kube.write_layout(w.gpu, layout, {LAYOUT_WRITTEN_ANNOTATION: stamp}, rv)
+                result = await self.kube.write_spec(gpu, spec, annotations, rv)
             except ApiException as exc:
                 if exc.status in (404, 409):  # changed or gone since the snapshot: the next round replans
-                    log.info("layout write to %s skipped (%s)", w.gpu, exc.status)
+                    log.info("spec write to %s skipped (%s)", gpu, exc.status)
                     continue
-                self.metrics.reshapes.labels(policy=policy.name, result="failed").inc()
-                await self._event_policy(
-                    policy, "Warning", "ReshapeFailed", f"{w.gpu}: write failed: {exc.reason}"
-                )
+                if w is not None:
+                    self.metrics.reshapes.labels(policy=policy.name, result="failed").inc()
+                    await self._event_policy(
+                        policy, "Warning", "ReshapeFailed", f"{gpu}: write failed: {exc.reason}"
+                    )
+                else:
+                    await self._event_policy(
+                        policy,
+                        "Warning",
+                        "OffersFailed",
+                        f"{gpu}: offeredProfiles write failed: {exc.reason}",
+                    )
+                continue
+            if o is not None:
+                before = ", ".join(o.before) if o.before else "none"
+                after = ", ".join(o.profiles) or "none (existing instances only)"
+                msg = f"policy {policy.name} ({policy.spec.mode.value}): offered profiles {before} -> {after}"
+                log.info("%s: %s", gpu, msg)
+                await self._event_gpu(gpu, "Normal", "OffersChanged", msg)
+            if w is None:
                 continue
             generation = int((result.get("metadata") or {}).get("generation", 0))
             self._memory.awaiting[w.gpu] = (policy.name, generation, now)
@@ -408,7 +445,7 @@ class Reconciler:
             conds = set_condition(
                 conds, "Overlapping", False, "NoOverlap", "no other policy selects its GPUs", gen, stamp
             )
-        reshaping = [g.name for g in mine if g.in_flight and g.desired != g.actual]
+        reshaping = [g.name for g in mine if g.reshaping]
         if reshaping:
             conds = set_condition(
                 conds,
@@ -449,6 +486,14 @@ class Reconciler:
                 {"gpu": w.gpu, "layout": layout_summary(w.layout), "reason": w.reason}
                 for w in decision.planned
             ]
+            if policy.spec.mode == Mode.DRY_RUN
+            else [],
+            # GPUs whose agent does not report an inventory yet are re-cut ahead, like Instances ones.
+            "inventory": {
+                "partitionable": sum(1 for g in mine if g.partitionable),
+                "instances": sum(1 for g in mine if not g.partitionable),
+            },
+            "plannedOffers": [{"gpu": o.gpu, "profiles": list(o.profiles)} for o in decision.planned_offers]
             if policy.spec.mode == Mode.DRY_RUN
             else [],
             "conditions": [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in conds],

@@ -20,6 +20,7 @@ How a round is planned
    a GPU the start that leaves the largest creatable profile and the most creatable placements wins.
    Busy and assigned instances are pinned: no option ever removes or moves them, and every layout an
    option produces passes the geometry check (overlap, allowed starts, instance caps, media-engine rules).
+   A GPU the policy marks frozen (still reshaping, cooling down) offers only its free instances.
 
 2. Several passes run with different claim orders (large first, small first, least capacity needed first,
    most constrained first, seeded shuffles), with "use existing free instances before anything else" on or
@@ -226,6 +227,8 @@ class _Context:
         self.budget = policy.max_gpus_reshaped
         states = sorted(gpus, key=lambda s: (s.node, s.index))
         self.base = [_Gpu(i, s, geo.model(s.model)) for i, s in enumerate(states)]
+        self.frozen = frozenset(g.order for g in self.base if g.state.key in policy.frozen)
+        self.changeable = frozenset(range(len(self.base))) - self.frozen
         self.nodes: dict[str, list[int]] = {}
         for g in self.base:
             self.nodes.setdefault(g.node, []).append(g.order)
@@ -461,11 +464,11 @@ def _budget_configs(ctx: _Context, limit: int) -> list[_PassConfig]:
     """With a small disruption budget, which GPUs get it matters most: one pass per choice of GPUs to
     change (an exact search over that choice), for clusters small enough to afford it."""
     budget = ctx.budget
-    n = len(ctx.base)
+    n = len(ctx.changeable)
     if budget is None or budget <= 0 or budget >= n or comb(n, budget) > limit:
         return []
     out = []
-    for subset in combinations(range(n), budget):
+    for subset in combinations(sorted(ctx.changeable), budget):
         for order in ("large", "need"):
             out.append(
                 _PassConfig(
@@ -481,6 +484,8 @@ class _Pass:
     def __init__(self, ctx: _Context, cfg: _PassConfig) -> None:
         self.ctx = ctx
         self.touchable = cfg.touchable
+        if ctx.frozen:
+            self.touchable = (ctx.changeable if cfg.touchable is None else cfg.touchable) - ctx.frozen
         self.repack = cfg.repack
         self.capacity = cfg.capacity
         self.gpus = [g.copy() for g in ctx.base]
@@ -761,7 +766,7 @@ def _order_claims(claims: Sequence[ClaimDemand], ctx: _Context, how: str) -> lis
 def _return_to_baseline(p: _Pass, baseline: Mapping[str, Layout]) -> None:
     for g in p.gpus:
         base = baseline.get(g.model.key)
-        if base is None or g.busy or g.assigned:
+        if base is None or g.busy or g.assigned or g.order in p.ctx.frozen:
             continue
         target = normalize_layout(list(base))
         if g.layout() == target:
@@ -792,7 +797,7 @@ def _fill_warm_pool(p: _Pass, warm_pool: Mapping[str, int]) -> None:
             best: tuple[tuple[int, ...], int, _Option] | None = None
             seen: dict[int, _Option | None] = {}
             for g in p.gpus:
-                if not g.model.has_profile(pname):
+                if not g.model.has_profile(pname) or g.order in ctx.frozen:
                     continue
                 if g.sid not in seen:
                     opt = ctx.new_option(g.sid, pname) if (g.changed or not p.exhausted) else None

@@ -69,6 +69,9 @@ class Policy:
     baseline: Mapping[str, Layout] = field(default_factory=dict)  # model key -> layout idle GPUs return to
     max_gpus_reshaped: int | None = None  # disruption budget per round; None: unlimited
     strategy: Strategy = Strategy.PACK
+    # GPUs that may not change this round (still reshaping, cooling down): claims may take their free
+    # instances, nothing is cut or destroyed on them, so the rest of the demand is planned elsewhere.
+    frozen: frozenset[GpuKey] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,524 @@
+"""The partitionable inventory end to end: the agent's loop publishes every placement, the real 1.36
+scheduler books them, the agent cuts and answers, pods bind.
+
+Real: etcd, kube-apiserver, kube-scheduler (DRA allocation against shared counters; binding held until
+the device's binding conditions are True, polled every 5 s in PreBind, dynamicresources.go),
+kube-controller-manager, the node agent's whole loop (feature probe, inventory, allocation answers, NVML
+code path) and, where a policy drives the GPUs, the operator. Simulated: the GPUs
+(simnvml, with a create latency; its event history is the ground truth for "no allocated instance was
+destroyed") and the nodes (no kubelet: pods bind, never run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+
+from dynamig.agent.controller import AgentSettings
+from dynamig.demo.cluster import (
+    AllocationWatch,
+    ScenarioApi,
+    allocated_device,
+    claim_pod,
+    exactly,
+    first_available,
+    layout_text,
+    resource_claim,
+)
+from dynamig.demo.inprocess import agent_running, operator_running, quick_agent_settings
+from dynamig.devcluster import ControlPlane, eventually
+from dynamig.geometry.model import PlacedInstance
+from dynamig.kube.gpupartition import Inventory
+from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, VERSION
+from dynamig.operator.metrics import OperatorMetrics
+
+pytestmark = pytest.mark.controlplane
+
+BASELINE = [("3g.40gb", 0), ("3g.40gb", 4)]
+CREATE_LATENCY_S = 0.5
+A100_PROFILES = ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
+
+
+@pytest.fixture
+def sim() -> Iterator[ModuleType]:
+    from dynamig.backends.nvml import load_nvml
+
+    module: ModuleType = load_nvml("simulated")
+    yield module
+    module.configure(gpus=[], state_file=None)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile. Pure."""
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))
+    return ordered[int(rank) - 1]
+
+
+def partitionable(node: str) -> AgentSettings:
+    """Quick periods, inventory chosen by the API server's answer (1.36: partitionable)."""
+    return dataclasses.replace(quick_agent_settings(node), inventory=None)
+
+
+async def offer(k: ScenarioApi, gpu: str, layout: list[tuple[str, int]], profiles: list[str]) -> None:
+    """What a Dynamic policy's operator writes for a partitionable GPU: the floor layout and the offers."""
+    await k.custom.patch_cluster_custom_object(
+        GROUP, VERSION, GPU_PARTITION_PLURAL, gpu,
+        {"spec": {"layout": [{"profile": p, "start": s} for p, s in layout], "offeredProfiles": profiles}},
+        _content_type="application/merge-patch+json",
+    )  # fmt: skip
+
+
+async def offering(k: ScenarioApi, gpu: str, layout: str) -> dict[str, Any] | None:
+    part = await k.stable(gpu, layout)
+    st = (part or {}).get("status") or {}
+    if st.get("inventory") != Inventory.PARTITIONABLE.value or not st.get("offeredPlacements"):
+        return None
+    return part
+
+
+async def bound_node(k: ScenarioApi, pod: str) -> str | None:
+    got = await k.core.read_namespaced_pod(pod, k.ns)
+    return got.spec.node_name or None
+
+
+async def burst(k: ScenarioApi, watch: AllocationWatch, pool: str, pods: list[str]) -> list[float]:
+    """Create the inference pods at once; seconds from each pod's creation to its binding."""
+    created: dict[str, float] = {}
+    for name in pods:
+        created[name] = time.time()
+        await k.pod(name, "inference", {"test-pool": pool})
+
+    async def all_bound() -> bool | None:
+        watch.raise_if_stopped()
+        return True if all(p in watch.first_bound for p in pods) else None
+
+    await eventually(all_bound, "every burst pod bound", within_s=180, every_s=0.2)
+    return [watch.first_bound[p] - created[p] for p in pods]
+
+
+async def test_morning_burst_books_placements_directly_and_is_compared_with_reshape_ahead(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """2 x A100-80GB pre-cut 2 x 3g.40gb, seven pods asking 1g.10gb else 2g.20gb, the same Dynamic policy:
+    once with the instances inventory (the operator re-cuts ahead), once with the partitionable inventory (the
+    operator offers every profile, pods book placements straight away), in the same run, with the same
+    simulated create latency."""
+    k = ScenarioApi(kube_api, namespace)
+    await k.ensure_device_class()
+    await k.claim_template("inference", ["1g.10gb", "2g.20gb"])
+    figures: dict[str, list[float]] = {}
+    pods = [f"infer-{i}" for i in range(7)]
+
+    # ---- today's design: instances inventory, the operator re-cuts ahead of the scheduler ----------------
+    sim.configure(gpus=["A100-80GB", "A100-80GB"], state_file=None, create_latency_s=CREATE_LATENCY_S)
+    pool = uuid.uuid4().hex[:8]
+    node = make_node("ahead", labels={"dynamig.io/managed": "true", "test-pool": pool})
+    gpus = [f"{node}-gpu0", f"{node}-gpu1"]
+    watch = AllocationWatch(k)
+    policy = f"ahead-{pool}"
+    async with agent_running(kube_api, node, sim):
+        for g in gpus:
+            await eventually(functools.partial(k.stable, g), f"GpuPartition {g}", within_s=60)
+            await k.set_layout(g, BASELINE)
+        for g in gpus:
+            await eventually(functools.partial(k.stable, g, layout_text(BASELINE)), f"{g} pre-cut")
+        async with operator_running(crds.kubeconfig_path, OperatorMetrics()):
+            await k.create_policy(
+                policy,
+                {
+                    "nodeSelector": {"matchLabels": {"test-pool": pool}},
+                    "mode": "Dynamic",
+                    "baseline": {"A100-80GB": [{"profile": p, "start": s} for p, s in BASELINE]},
+                    "batchWindowSeconds": 1,
+                    "disruptionBudget": {"maxGpusReshaping": 2},
+                },
+            )
+            watch.start()
+            try:
+                figures["instances"] = await burst(k, watch, pool, pods)
+            finally:
+                await watch.stop()
+                await k.delete_policy(policy)
+    await k.delete_pods(pods)
+    await eventually(lambda: _no_pods(k), "the first burst's pods gone", within_s=60)
+
+    # ---- the partitionable inventory: the same Dynamic policy offers every placement, pods book them -------
+    sim.configure(gpus=["A100-80GB", "A100-80GB"], state_file=None, create_latency_s=CREATE_LATENCY_S)
+    pool = uuid.uuid4().hex[:8]
+    node = make_node("direct", labels={"dynamig.io/managed": "true", "test-pool": pool})
+    gpus = [f"{node}-gpu0", f"{node}-gpu1"]
+    watch = AllocationWatch(k)
+    policy = f"direct-{pool}"
+    async with (
+        agent_running(kube_api, node, sim, partitionable(node)) as agent,
+        operator_running(crds.kubeconfig_path, OperatorMetrics()),
+    ):
+        for g in gpus:
+            await eventually(functools.partial(k.stable, g), f"GpuPartition {g}", within_s=60)
+            await k.set_layout(g, BASELINE)
+        await k.create_policy(
+            policy,
+            {
+                "nodeSelector": {"matchLabels": {"test-pool": pool}},
+                "mode": "Dynamic",
+                "baseline": {"A100-80GB": [{"profile": p, "start": s} for p, s in BASELINE]},
+                "batchWindowSeconds": 1,
+                "disruptionBudget": {"maxGpusReshaping": 2},
+            },
+        )
+        for g in gpus:  # the operator wrote the baseline and every profile of the model as offers
+            part = await eventually(functools.partial(offering, k, g, layout_text(BASELINE)), f"{g} offering")
+            assert set(A100_PROFILES) <= set(part["spec"]["offeredProfiles"]), part["spec"]
+        assert agent.support is not None and agent.support.inventory is Inventory.PARTITIONABLE
+        status = await eventually(lambda: _policy_inventory(k, policy), "the policy reports its inventory")
+        assert status == {"partitionable": 2, "instances": 0}
+        history_start = len(sim.history())
+        watch.start()
+        try:
+            figures["partitionable"] = await burst(k, watch, pool, pods)
+        finally:
+            await watch.stop()
+        history = sim.history()[history_start:]
+        assert watch.destroyed_while_allocated(history) == []
+        devices = {p: allocated_device(await k.claim_of(p)) for p in pods}
+        assert all(d and "-1g10gb-" in d for d in devices.values()), devices  # every first choice served
+        assert len(set(devices.values())) == 7
+        assert any(ev.kind == "destroy-gi" and ev.profile == "3g.40gb" for ev in history)  # re-cut, free
+        for p in pods:  # what the pod got, as kubectl shows it
+            claim = await k.claim_of(p)
+            assert claim is not None
+            (entry,) = claim["status"]["devices"]
+            assert entry["data"]["profile"] == "1g.10gb" and entry["data"]["migUUID"].startswith("MIG-")
+        answers = agent.metrics.binding_answers.labels(node, "ready")._value.get()
+        assert answers == 7
+
+        # DryRun: the offers are withdrawn (the agent stops publishing placements), what Dynamic would offer
+        # is reported on the policy, and the pods keep their instances.
+        await k.set_mode(policy, "DryRun")
+        for g in gpus:
+            await eventually(functools.partial(_withdrawn, k, g), f"{g} offers withdrawn")
+        planned = (await k.policy(policy))["status"]["plannedOffers"]
+        assert sorted(o["gpu"] for o in planned) == gpus
+        assert {allocated_device(await k.claim_of(p)) for p in pods} == set(devices.values())
+        await k.delete_policy(policy)
+    await k.delete_pods(pods)
+
+    with capsys.disabled():
+        print()
+        for name, values in figures.items():
+            print(
+                f"  morning burst, {name:>13} inventory: pod created -> bound p50 "
+                f"{percentile(values, 50):.1f}s, p99 {percentile(values, 99):.1f}s "
+                f"(create latency {CREATE_LATENCY_S}s; the scheduler re-reads binding conditions every 5s)"
+            )
+    assert len(figures["partitionable"]) == 7 and len(figures["instances"]) == 7
+
+
+async def _policy_inventory(k: ScenarioApi, policy: str) -> dict[str, int] | None:
+    inventory: dict[str, int] | None = ((await k.policy(policy)).get("status") or {}).get("inventory")
+    return inventory or None
+
+
+async def _withdrawn(k: ScenarioApi, gpu: str) -> bool | None:
+    part = await k.partition(gpu)
+    offered = part["spec"].get("offeredProfiles")
+    return True if offered == [] and not (part.get("status") or {}).get("offeredPlacements") else None
+
+
+async def _no_pods(k: ScenarioApi) -> bool | None:
+    return True if not (await k.core.list_namespaced_pod(k.ns)).items else None
+
+
+async def _create_claim(k: ScenarioApi, name: str, request: dict[str, Any]) -> None:
+    await k.custom.create_namespaced_custom_object(
+        "resource.k8s.io", "v1", k.ns, "resourceclaims", resource_claim(name, request)
+    )
+
+
+async def test_two_claims_and_a_two_device_request_are_cut_on_one_gpu_and_the_pod_binds(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+) -> None:
+    k = ScenarioApi(kube_api, namespace)
+    await k.ensure_device_class()
+    sim.configure(gpus=["A100-80GB"], state_file=None)
+    node = make_node("pair", labels={"dynamig.io/managed": "true"})
+    gpu = f"{node}-gpu0"
+    async with agent_running(kube_api, node, sim, partitionable(node)):
+        await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
+        await offer(k, gpu, [], A100_PROFILES)
+        await eventually(functools.partial(offering, k, gpu, ""), f"{gpu} offering")
+        # One pod, two claims (a 2g.20gb and a pair of 1g.10gb from one request).
+        await _create_claim(k, "one", {"firstAvailable": first_available(["2g.20gb"])})
+        await _create_claim(
+            k, "pair", exactly('device.attributes["mig.dynamig.io"].profile == "1g.10gb"', count=2)
+        )
+        body = claim_pod("two-claims", {"kubernetes.io/hostname": node}, claim="one")
+        body["spec"]["resourceClaims"].append({"name": "pair", "resourceClaimName": "pair"})
+        body["spec"]["containers"][0]["resources"]["claims"].append({"name": "pair"})
+        await k.core.create_namespaced_pod(namespace, body)
+        assert (
+            await eventually(lambda: bound_node(k, "two-claims"), "the two-claim pod bound", within_s=60)
+            == node
+        )
+        got: list[PlacedInstance] = []
+        for name in ("one", "pair"):
+            claim = await k.custom.get_namespaced_custom_object(
+                "resource.k8s.io", "v1", namespace, "resourceclaims", name
+            )
+            results = claim["status"]["allocation"]["devices"]["results"]
+            assert {r["pool"] for r in results} == {node}
+            assert len(claim["status"]["devices"]) == len(results)
+            got += [
+                PlacedInstance(e["data"]["placementStart"], e["data"]["profile"])
+                for e in claim["status"]["devices"]
+            ]
+        assert sorted(p.profile for p in got) == ["1g.10gb", "1g.10gb", "2g.20gb"]
+        existing = {i.placed for i in _instances(sim)}
+        assert set(got) <= existing  # each one cut, none overlapping (NVML would have refused)
+
+
+def _instances(sim: ModuleType) -> list[Any]:
+    from dynamig.agent.nvml_device import NvmlDevices
+    from dynamig.geometry.catalog import load_catalog
+
+    devices = NvmlDevices(sim, load_catalog())
+    devices.init()
+    try:
+        return [i for g in devices.discover()[0] for i in devices.instances(g)]
+    finally:
+        devices.shutdown()
+
+
+async def test_a_placement_taken_behind_the_agents_back_fails_the_binding_and_the_pod_binds_elsewhere(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+) -> None:
+    """The race the settle timer could lose: the scheduler books a placement, and before the agent answers
+    someone else creates an instance there and runs a process on it. The binding fails, the scheduler
+    books again, the pod binds; no instance is destroyed while allocated or busy."""
+    k = ScenarioApi(kube_api, namespace)
+    await k.ensure_device_class()
+    sim.configure(gpus=["A100-80GB"], state_file=None)
+    node = make_node("race", labels={"dynamig.io/managed": "true"})
+    gpu = f"{node}-gpu0"
+    watch = AllocationWatch(k)
+    async with agent_running(kube_api, node, sim, partitionable(node)) as agent:
+        await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
+        await offer(k, gpu, [], ["3g.40gb"])
+        await eventually(functools.partial(offering, k, gpu, ""), f"{gpu} offering")
+        watch.start()
+        async with agent.lock:  # the agent is between rounds: nothing answers until the lock is released
+            await _create_claim(k, "half", {"firstAvailable": first_available(["3g.40gb"])})
+            await k.core.create_namespaced_pod(
+                namespace, claim_pod("half", {"kubernetes.io/hostname": node}, claim="half")
+            )
+            claim = await eventually(lambda: _allocated(k, "half"), "the claim booked", within_s=60)
+            booked = allocated_device(claim)
+            assert booked is not None
+            start = int(booked.rsplit("-s", 1)[1])
+            intruder = _create_behind_the_agents_back(sim, "3g.40gb", start)
+        try:
+            assert await eventually(lambda: bound_node(k, "half"), "the pod bound", within_s=120) == node
+        finally:
+            await watch.stop()
+        final = allocated_device(await _allocated(k, "half"))
+        assert final is not None and final != booked
+        assert agent.metrics.binding_answers.labels(node, "failed")._value.get() >= 1
+        history = sim.history()
+        assert watch.destroyed_while_allocated(history) == []
+        assert not [e for e in history if e.kind == "destroy-gi" and e.start == start]  # intruder intact
+        assert intruder in {i.mig_uuid for i in _instances(sim)}
+
+
+def _create_behind_the_agents_back(sim: ModuleType, profile: str, start: int) -> str:
+    """Create ``profile`` at ``start`` with a process on it, straight through NVML; its MIG UUID."""
+    from dynamig.agent.nvml_device import NvmlDevices
+    from dynamig.geometry.catalog import load_catalog
+
+    devices = NvmlDevices(sim, load_catalog())
+    devices.init()
+    try:
+        made = devices.create(devices.gpu(0), PlacedInstance(start, profile))
+        sim.attach_process(made.mig_uuid, 4242)
+        return str(made.mig_uuid)
+    finally:
+        devices.shutdown()
+
+
+async def _allocated(k: ScenarioApi, name: str) -> dict[str, Any] | None:
+    with contextlib.suppress(client.ApiException):
+        claim: dict[str, Any] = await k.custom.get_namespaced_custom_object(
+            "resource.k8s.io", "v1", k.ns, "resourceclaims", name
+        )
+        return claim if allocated_device(claim) else None
+    return None
+
+
+async def test_a_warm_instance_is_booked_with_no_create_on_the_path(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+) -> None:
+    k = ScenarioApi(kube_api, namespace)
+    await k.ensure_device_class()
+    sim.configure(gpus=["A100-80GB"], state_file=None, create_latency_s=CREATE_LATENCY_S)
+    node = make_node("warm", labels={"dynamig.io/managed": "true"})
+    gpu = f"{node}-gpu0"
+    warm = [("1g.10gb", 6)]
+    async with agent_running(kube_api, node, sim, partitionable(node)):
+        await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
+        await offer(k, gpu, warm, A100_PROFILES)  # a warm pool of one 1g.10gb, pre-created
+        await eventually(functools.partial(offering, k, gpu, layout_text(warm)), f"{gpu} warm")
+        history_start = len(sim.history())
+        await _create_claim(k, "w", {"firstAvailable": first_available(["1g.10gb"])})
+        await k.core.create_namespaced_pod(
+            namespace, claim_pod("w", {"kubernetes.io/hostname": node}, claim="w")
+        )
+        assert await eventually(lambda: bound_node(k, "w"), "the pod bound", within_s=60) == node
+        claim = await _allocated(k, "w")
+        assert allocated_device(claim) == "gpu0-1g10gb-s6"
+        assert [e.kind for e in sim.history()[history_start:] if e.kind.startswith("create")] == []
+
+
+async def test_an_agent_restarted_between_the_two_nvml_creates_answers_once_and_orphans_nothing(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+) -> None:
+    """The crash nvml.h makes possible: the agent created the GPU instance of a booked placement and died
+    before its compute instance and its answer. A new agent completes that instance, answers the allocation
+    once, and the pod binds, with nothing destroyed or left half-made."""
+    k = ScenarioApi(kube_api, namespace)
+    await k.ensure_device_class()
+    sim.configure(gpus=["A100-80GB"], state_file=None)
+    node = make_node("restart", labels={"dynamig.io/managed": "true"})
+    gpu = f"{node}-gpu0"
+    async with agent_running(kube_api, node, sim, partitionable(node)):
+        await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
+        await offer(k, gpu, [], ["2g.20gb"])
+        await eventually(functools.partial(offering, k, gpu, ""), f"{gpu} offering")
+    # The agent is gone; its slices stay, so the scheduler books a placement and waits for an answer.
+    await _create_claim(k, "r", {"firstAvailable": first_available(["2g.20gb"])})
+    await k.core.create_namespaced_pod(namespace, claim_pod("r", {"kubernetes.io/hostname": node}, claim="r"))
+    claim = await eventually(lambda: _allocated(k, "r"), "the claim booked", within_s=60)
+    booked = allocated_device(claim)
+    assert booked is not None
+    start = int(booked.rsplit("-s", 1)[1])
+    _gpu_instance_only(sim, "2g.20gb", start)  # how far the dead agent got
+    assert not await bound_node(k, "r")
+    crash_at = len(sim.history())
+    async with agent_running(kube_api, node, sim, partitionable(node)) as second:
+        assert await eventually(lambda: bound_node(k, "r"), "the pod bound", within_s=60) == node
+        answered = await _allocated(k, "r")
+        assert answered is not None and allocated_device(answered) == booked
+        (entry,) = answered["status"]["devices"]
+        assert entry["data"]["placementStart"] == start
+        later = sim.history()[crash_at:]
+        assert [e.kind for e in later if e.kind.startswith("create")] == ["create-ci"]  # completed
+        assert not [e for e in later if e.kind.startswith("destroy")]
+        assert second.metrics.binding_answers.labels(node, "ready")._value.get() == 1
+        assert [(i.profile, i.start, i.has_compute_instance) for i in _instances(sim)] == [
+            ("2g.20gb", start, True)
+        ]
+
+
+def _gpu_instance_only(sim: ModuleType, profile: str, start: int) -> None:
+    """The first of the two NVML creates, alone (nvmlDeviceCreateGpuInstanceWithPlacement)."""
+    import ctypes
+
+    from dynamig.geometry.catalog import load_catalog
+
+    p = load_catalog().model("A100-80GB").profile(profile)
+    sim.nvmlInit()
+    try:
+        import pynvml
+
+        placement = pynvml.c_nvmlGpuInstancePlacement_t(start, p.placement_size)
+        sim.nvmlDeviceCreateGpuInstanceWithPlacement(
+            sim.nvmlDeviceGetHandleByIndex(0), p.profile_id, ctypes.byref(placement)
+        )
+    finally:
+        sim.nvmlShutdown()
+
+
+GATES_OFF = "--feature-gates=DRAPartitionableDevices=false,DRADeviceBindingConditions=false"
+
+
+async def test_without_the_features_the_agent_keeps_the_instances_inventory(
+    tmp_path: Any, sim: ModuleType
+) -> None:
+    """A cluster whose API server and scheduler run without partitionable devices and binding conditions (as
+    1.34/1.35 do by default): the agent finds out at start, says so in GpuPartition status, publishes only
+    instances that exist, and a claim is served from them."""
+    from dynamig.devcluster.binaries import find_repo_root
+
+    root = find_repo_root()
+    assert root is not None
+    gated = ControlPlane(work_dir=tmp_path / "cp", apiserver_args=[GATES_OFF], scheduler_args=[GATES_OFF])
+    async with gated as cp:
+        for path in sorted((root / "crds").glob("*.yaml")):
+            cp.kubectl("apply", "-f", str(path))
+        cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+        node = "old-node"
+        cp.register_node(node, labels={"dynamig.io/managed": "true"})
+        cp.rest().request("POST", "/api/v1/namespaces", {"metadata": {"name": "old"}})
+        with contextlib.suppress(Exception):
+            cp.rest().request(
+                "POST", "/api/v1/namespaces/old/serviceaccounts", {"metadata": {"name": "default"}}
+            )
+        sim.configure(gpus=["A100-80GB"], state_file=None)
+        async with cp.api_client() as api:
+            k = ScenarioApi(api, "old")
+            await k.ensure_device_class()
+            gpu = f"{node}-gpu0"
+            async with agent_running(api, node, sim, partitionable(node)) as agent:
+                assert await eventually(lambda: _support(agent), "the probe's verdict") is Inventory.INSTANCES
+                await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
+                await k.set_layout(gpu, [("1g.10gb", 0)])
+                part = await eventually(functools.partial(k.stable, gpu, "1g.10gb@0"), f"{gpu} cut")
+                assert part["status"]["inventory"] == Inventory.INSTANCES.value
+                assert "DRAPartitionableDevices" in (agent.support.why if agent.support else "")
+                slices = (
+                    await k.custom.list_cluster_custom_object(
+                        "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node}"
+                    )
+                )["items"]
+                devices = [d for s in slices for d in s["spec"].get("devices") or []]
+                assert [d["name"] for d in devices] == ["gpu0-1g10gb-s0"]
+                assert not any("bindingConditions" in d or "consumesCounters" in d for d in devices)
+                await _create_claim(k, "c", {"firstAvailable": first_available(["1g.10gb"])})
+                await k.core.create_namespaced_pod(
+                    "old", claim_pod("c", {"kubernetes.io/hostname": node}, claim="c")
+                )
+                assert await eventually(lambda: bound_node(k, "c"), "the pod bound", within_s=60) == node
+                assert allocated_device(await _allocated(k, "c")) == "gpu0-1g10gb-s0"
+
+
+async def _support(agent: Any) -> Inventory | None:
+    return agent.support.inventory if agent.support is not None else None
