@@ -211,3 +211,24 @@ def test_offers_json_lists_each_node_in_rank_order(capsys: pytest.CaptureFixture
 def test_offers_of_an_invalid_scenario_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "-f", str(EXAMPLES / "invalid-overlap.yaml"), "--offers")
     assert code == 2 and out == "" and "overlap" in err
+
+
+def test_json_and_yaml_scenarios_plan_the_same(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    from dynamig.cli.plan import load_document
+
+    text = (EXAMPLES / "issue-example.yaml").read_text()
+    doc = yaml.safe_load(text)
+    assert load_document(text) == doc
+    as_json = tmp_path / "scenario.json"
+    as_json.write_text(json.dumps(doc))
+    _, from_yaml, _ = run(capsys, "-f", str(EXAMPLES / "issue-example.yaml"), "-o", "json")
+    code, from_json, err = run(capsys, "-f", str(as_json), "-o", "json")
+    assert code == 0 and err == "" and json.loads(from_json) == json.loads(from_yaml)
+
+
+def test_yaml_flow_mapping_still_parses_as_yaml() -> None:
+    from dynamig.cli.plan import load_document
+
+    assert load_document("{gpus: [], claims: []}") == {"gpus": [], "claims": []}

@@ -5,6 +5,7 @@ Examples::
     dynamig simulate --out sim-out                                   # the four synthetic traces
     dynamig simulate --alibaba path/to/alibaba-gpu-v2023 --out sim-out --no-synthetic
     dynamig simulate --alibaba-sample --seeds 2 --no-synthetic       # the small sample the package carries
+    dynamig simulate --pod-list pods.csv --node-list nodes.csv --no-synthetic --loads 0.6,1.0,1.5
 
 Prints one table per trace (and one for the paper's protocol), writes ``results.json`` and PNG plots to
 ``--out``.
@@ -43,6 +44,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="directory with openb_pod_list_default.csv and openb_node_list_gpu_node.csv",
     )
     p.add_argument("--alibaba-sample", action="store_true", help="use the trace sample shipped with dynamig")
+    p.add_argument(
+        "--pod-list", type=Path, default=None, help="an openb pod list (any variant), with --node-list"
+    )
+    p.add_argument("--node-list", type=Path, default=None, help="an openb node list, with --pod-list")
+    p.add_argument(
+        "--loads",
+        default="",
+        help="online replay at these loads, e.g. 0.6,0.8,1.0,1.2,1.5: arrivals compressed so that peak "
+        "demand reaches about that fraction of the cluster's compute slices (default: as recorded); on the "
+        "--replay-node-stride cluster when one is given, else on the full one",
+    )
     p.add_argument("--protocols", default="paper,replay", help="Alibaba protocols: paper, replay or both")
     p.add_argument(
         "--replay-node-stride",
@@ -51,12 +63,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="also replay on every K-th node only (the full openb cluster never runs short of GPUs)",
     )
     p.add_argument("--seeds", type=int, default=10, help="seeds for the paper protocol (default 10)")
-    p.add_argument(
-        "--paper-batch",
-        type=int,
-        default=32,
-        help="paper protocol: failed arrivals dynamig plans together (default 32)",
-    )
     p.add_argument("--model", default="A100-80GB", help="simulated GPU model for the Alibaba trace")
     p.add_argument(
         "--fallbacks",
@@ -66,8 +72,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--policies",
-        default="whole-gpu,static,first-fit,dynamig,pool",
-        help="comma-separated subset of whole-gpu,static,first-fit,dynamig,pool",
+        default="whole-gpu,static,first-fit,nvidia-dynamic-mig,hami-reserve,dynamig,pool",
+        help="comma-separated subset of whole-gpu, static, first-fit, nvidia-dynamic-mig, hami-reserve, "
+        "dynamig, pool",
     )
     p.add_argument("--window-s", type=float, default=None, help="dynamig batching window (default 2)")
     p.add_argument(
@@ -77,11 +84,30 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="seconds per reshaped GPU on a node (and per first-fit creation), default 6",
     )
     p.add_argument("--cooldown-s", type=float, default=None, help="dynamig per-GPU cooldown (default 300)")
+    p.add_argument(
+        "--bind-rtt-s",
+        type=float,
+        default=None,
+        help="binding round trip before a booked placement is created (default 1)",
+    )
     p.add_argument("--warm-pool", default="", help="dynamig warm pool, e.g. 1g.10gb=4,2g.20gb=2")
     p.add_argument("--out", type=Path, default=Path("simulate-out"), help="output directory")
     p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=run)
+
+
+def _loads(text: str) -> list[float]:
+    out = []
+    for part in filter(None, (x.strip() for x in text.split(","))):
+        try:
+            value = float(part)
+        except ValueError:
+            raise ValueError(f"--loads: expected numbers like 0.6,1.0,1.5, got {part!r}") from None
+        if value <= 0:
+            raise ValueError(f"--loads: a load must be positive, got {part!r}")
+        out.append(value)
+    return out
 
 
 def _warm_pool(text: str) -> dict[str, int]:
@@ -115,8 +141,11 @@ def run(args: argparse.Namespace) -> int:
         cfg = replace(cfg, reshape_latency_s=args.reshape_latency_s)
     if args.cooldown_s is not None:
         cfg = replace(cfg, cooldown_s=args.cooldown_s)
+    if args.bind_rtt_s is not None:
+        cfg = replace(cfg, bind_rtt_s=args.bind_rtt_s)
     try:
         dyn = DynamigSettings(warm_pool=_warm_pool(args.warm_pool))
+        loads = _loads(args.loads)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -149,46 +178,71 @@ def run(args: argparse.Namespace) -> int:
                 t0 = time.perf_counter()
                 reports.append(run_trace(trace, cfg, dyn, policies, progress=say))
                 timings[trace.name] = time.perf_counter() - t0
-        if args.alibaba is not None or args.alibaba_sample:
+        if (args.pod_list is None) != (args.node_list is None):
+            print("error: --pod-list and --node-list go together", file=sys.stderr)
+            return 2
+        if args.alibaba is not None or args.alibaba_sample or args.pod_list is not None:
             model = load_catalog().model(args.model)
-            if args.alibaba_sample:
+            if args.pod_list is not None and args.node_list is not None:
+                tasks, spec = alibaba.load_files(args.pod_list, args.node_list, model)
+                label = args.pod_list.stem.removesuffix(".csv").replace("_pod_list", "")
+                source = str(args.pod_list)
+            elif args.alibaba_sample:
                 tasks, spec = alibaba.load_sample(model)
                 label = "alibaba-openb-sample"
+                source = alibaba.SAMPLE_POD_FILE
             else:
                 assert args.alibaba is not None
                 tasks, spec = alibaba.load(args.alibaba, model)
                 label = "alibaba-openb"
+                source = str(args.alibaba / alibaba.POD_FILE)
             say(
                 f"{label}: {len(tasks)} GPU tasks, {spec.gpu_count} GPUs on {len(spec.nodes)} nodes "
                 f"({model.key})"
             )
             if "replay" in protocols:
-                trace = alibaba.replay_trace(
-                    tasks, spec, model, fallbacks=args.fallbacks, name=f"{label}-replay"
-                )
-                t0 = time.perf_counter()
-                reports.append(run_trace(trace, cfg, dyn, policies, progress=say))
-                timings[trace.name] = time.perf_counter() - t0
+                clusters = [(spec, f"{label}-replay")]
                 if args.replay_node_stride > 1:
                     small = alibaba.every_kth_node(spec, args.replay_node_stride)
+                    clusters.append((small, f"{label}-replay-{small.gpu_count}gpus"))
+                for cluster, name in clusters:
                     trace = alibaba.replay_trace(
-                        tasks,
-                        small,
-                        model,
-                        fallbacks=args.fallbacks,
-                        name=f"{label}-replay-{small.gpu_count}gpus",
+                        tasks, cluster, model, fallbacks=args.fallbacks, name=name, source=source
                     )
                     t0 = time.perf_counter()
                     reports.append(run_trace(trace, cfg, dyn, policies, progress=say))
                     timings[trace.name] = time.perf_counter() - t0
+                if loads:
+                    # the full openb cluster cannot reach much more than its own size in demand (all tasks
+                    # at once), so load levels run on the smaller cluster when one is asked for
+                    cluster, name = clusters[-1]
+                    for load in loads:
+                        capacity = cluster.gpu_count * model.compute_slices
+                        compress = alibaba.compression_for_load(tasks, model, capacity, load, source)
+                        trace = alibaba.replay_trace(
+                            tasks,
+                            cluster,
+                            model,
+                            fallbacks=args.fallbacks,
+                            name=f"{name}-load{load:g}",
+                            compress=compress,
+                            source=source,
+                            until_last_arrival=True,
+                        )
+                        slices = {p.name: p.compute_slices for p in model.profiles}
+                        reached = alibaba.peak_demand(trace.jobs, slices) / capacity
+                        say(f"{trace.name}: arrivals compressed {compress:.3g}x, peak demand {reached:.2f}")
+                        t0 = time.perf_counter()
+                        rep = run_trace(trace, cfg, dyn, policies, progress=say, load=load)
+                        rep.reached_load = reached
+                        reports.append(rep)
+                        timings[trace.name] = time.perf_counter() - t0
             if "paper" in protocols:
                 t0 = time.perf_counter()
                 for seed in range(args.seeds):
                     say(f"{label}: paper protocol, seed {seed}")
                     jobs = alibaba.sampled_tasks(tasks, model, spec.gpu_count, 1.3, seed, args.fallbacks)
-                    paper.extend(
-                        run_paper_protocol(jobs, spec, seed, cfg, dyn, policies, batch=args.paper_batch)
-                    )
+                    paper.extend(run_paper_protocol(jobs, spec, seed, cfg, dyn, policies))
                 timings[f"{label}-paper ({args.seeds} seeds)"] = time.perf_counter() - t0
             mapping = share_mapping_table(model)
             print(
@@ -215,6 +269,11 @@ def run(args: argparse.Namespace) -> int:
         for line in report.goals(rep):
             print(f"  {line}")
         print(f"  best-fit static layout: {report.static_summary(rep)}")
+        print("  served by job size (of what jobs of that size asked for):")
+        print("  " + report.text_table(*report.size_rows(rep)).replace("\n", "\n  "))
+    if any(rep.load is not None for rep in reports):
+        print("\n== served share of offered demand by load")
+        print(report.text_table(*report.load_rows(reports)))
     if paper:
         print(
             f"\n== Alibaba openb, paper protocol ({args.seeds} seeds): "
@@ -230,8 +289,9 @@ def run(args: argparse.Namespace) -> int:
             "window_s": cfg.window_s,
             "reshape_latency_s": cfg.reshape_latency_s,
             "cooldown_s": cfg.cooldown_s,
+            "bind_rtt_s": cfg.bind_rtt_s,
             "warm_pool": dict(dyn.warm_pool),
-            "paper_batch": args.paper_batch,
+            "loads": loads,
             "seeds": args.seeds,
             "model": args.model,
         },
@@ -256,6 +316,12 @@ def _markdown(reports: list[TraceReport], paper: list[PaperRun]) -> str:
         )
         lines = [*report.goals(rep), f"best-fit static layout: {report.static_summary(rep)}"]
         parts.append("\n".join(f"- {g}" for g in lines))
+        parts.append("Served by job size:\n\n" + report.markdown_table(*report.size_rows(rep)))
+    if any(rep.load is not None for rep in reports):
+        parts.append(
+            "### Served share of offered demand by load\n\n"
+            + report.markdown_table(*report.load_rows(reports))
+        )
     runs = paper
     if runs:
         parts.append(

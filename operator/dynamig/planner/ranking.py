@@ -108,12 +108,33 @@ class _GpuState:
     soft: Layout  # free instances not yet destroyed by a pick of this round
 
 
+# Layout validity is a pure function of (model, layout); sharing it across calls makes repeated ranking
+# (one call per republish) cheap. Keyed by the model object's id, with the model kept alive so the id
+# cannot be reused; bounded so a long run cannot grow it without limit.
+_VALID: dict[int, tuple[GpuModel, dict[Layout, bool]]] = {}
+_VALID_MAX = 200_000
+
+
+def _valid(model: GpuModel, layout: Layout) -> bool:
+    entry = _VALID.get(id(model))
+    if entry is None or entry[0] is not model:
+        entry = (model, {})
+        _VALID[id(model)] = entry
+    cache = entry[1]
+    got = cache.get(layout)
+    if got is None:
+        if len(cache) >= _VALID_MAX:
+            cache.clear()
+        got = check_layout(model, layout) is None
+        cache[layout] = got
+    return got
+
+
 class _Ranker:
-    """Per-call caches (never shared between calls)."""
+    """Per-call caches (never shared between calls; layout validity is shared, see ``_valid``)."""
 
     def __init__(self, gpus: Sequence[GpuOffers]) -> None:
         self.gpus = {g.index: g for g in gpus}
-        self._valid: dict[tuple[str, Layout], bool] = {}
         self._keys: dict[tuple[int, Layout, Layout, PlacedInstance], tuple[tuple[int, ...], Layout]] = {}
         self.placements: dict[int, tuple[PlacedInstance, ...]] = {}
         for g in gpus:
@@ -134,12 +155,7 @@ class _Ranker:
         )
 
     def valid(self, model: GpuModel, layout: Iterable[PlacedInstance]) -> bool:
-        key = (model.key, normalize_layout(list(layout)))
-        got = self._valid.get(key)
-        if got is None:
-            got = check_layout(model, key[1]) is None
-            self._valid[key] = got
-        return got
+        return _valid(model, normalize_layout(list(layout)))
 
     def destroys(self, g: GpuOffers, fixed: Layout, soft: Layout, inst: PlacedInstance) -> Layout:
         """The free instances ``inst`` needs destroyed: keep each (in start order) that still fits."""

@@ -14,7 +14,10 @@ Mapping to MIG (stated in ``docs/benchmarks.md``):
   memory), <= 0.5 -> 4g.40gb, otherwise 7g.80gb;
 - a task with ``num_gpu == n > 1`` (always ``gpu_milli == 1000``) gets n full-GPU instances on one node;
 - tasks with ``num_gpu == 0`` (CPU only) are dropped; every node keeps its GPU count, the GPU model is
-  replaced by the simulated MIG model.
+  replaced by the simulated MIG model, and the node's original type is kept as its ``gpu_type``;
+- a task's ``gpu_spec`` (GPU types separated by ``|``, empty: any) restricts it to nodes of those types;
+- ``creation_time``/``deletion_time`` are only needed by the online replay; the paper's protocol samples
+  tasks without them.
 
 Reading the files is the only side effect; everything else is pure.
 """
@@ -23,8 +26,9 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -60,8 +64,9 @@ class Task:
     num_gpu: int
     gpu_milli: int
     qos: str
-    creation: float
+    creation: float | None  # None: the pod list has no times (the paper protocol still runs)
     deletion: float | None
+    gpu_spec: str = ""
 
 
 def _int(row: dict[str, str], col: str, where: str) -> int:
@@ -74,41 +79,54 @@ def _int(row: dict[str, str], col: str, where: str) -> int:
 def read_tasks(stream: IO[str], source: str) -> list[Task]:
     """GPU tasks of a pod list (CPU-only tasks dropped). Pure apart from reading ``stream``."""
     reader = csv.DictReader(stream)
-    needed = {"name", "num_gpu", "gpu_milli", "creation_time", "deletion_time"}
-    missing = needed - set(reader.fieldnames or ())
+    needed = {"name", "num_gpu", "gpu_milli"}
+    columns = set(reader.fieldnames or ())
+    missing = needed - columns
     if missing:
         raise TraceFormatError(f"{source}: missing columns {', '.join(sorted(missing))}")
+    timed = "creation_time" in columns
     tasks: list[Task] = []
     for n, row in enumerate(reader, start=2):
         where = f"{source}:{n}"
         num_gpu = _int(row, "num_gpu", where)
         if num_gpu <= 0:
             continue
-        deletion = row.get("deletion_time", "")
+        deletion = row.get("deletion_time") or ""
         tasks.append(
             Task(
                 name=row["name"],
                 num_gpu=num_gpu,
                 gpu_milli=_int(row, "gpu_milli", where),
-                qos=row.get("qos", ""),
-                creation=float(_int(row, "creation_time", where)),
+                qos=row.get("qos") or "",
+                creation=float(_int(row, "creation_time", where)) if timed else None,
                 deletion=float(_int(row, "deletion_time", where)) if deletion else None,
+                gpu_spec=(row.get("gpu_spec") or "").strip(),
             )
         )
     return tasks
+
+
+def require_times(tasks: Sequence[Task], source: str) -> None:
+    """Raise ``TraceFormatError`` naming the missing columns when the tasks have no creation times. Pure."""
+    if any(t.creation is None for t in tasks):
+        raise TraceFormatError(
+            f"{source}: the online replay needs columns creation_time and deletion_time, which this pod list "
+            "lacks (the paper protocol runs without them: --protocols paper)"
+        )
 
 
 def read_nodes(stream: IO[str], source: str, model: str) -> ClusterSpec:
     """Nodes with GPUs, each keeping its GPU count, with the GPU model replaced by ``model``. Pure apart from
     reading ``stream``."""
     reader = csv.DictReader(stream)
-    if not {"sn", "gpu"} <= set(reader.fieldnames or ()):
-        raise TraceFormatError(f"{source}: missing columns sn, gpu")
+    missing = {"sn", "gpu"} - set(reader.fieldnames or ())
+    if missing:
+        raise TraceFormatError(f"{source}: missing columns {', '.join(sorted(missing))}")
     nodes = []
     for n, row in enumerate(reader, start=2):
         gpus = _int(row, "gpu", f"{source}:{n}")
         if gpus > 0:
-            nodes.append(NodeSpec(row["sn"], gpus, model))
+            nodes.append(NodeSpec(row["sn"], gpus, model, (row.get("model") or "").strip()))
     return ClusterSpec(tuple(nodes))
 
 
@@ -134,6 +152,7 @@ def task_job(task: Task, model: GpuModel, fallbacks: int, *, arrival: float, dur
         count=task.num_gpu,
         kind=task.qos or "task",
         share=share,
+        gpu_types=tuple(sorted(x.strip() for x in task.gpu_spec.split("|") if x.strip())),
     )
 
 
@@ -144,27 +163,83 @@ def replay_trace(
     *,
     fallbacks: int = 0,
     name: str = "alibaba-openb",
+    compress: float = 1.0,
+    source: str = "pod list",
+    until_last_arrival: bool = False,
 ) -> Trace:
-    """Online replay: each task arrives at its creation time and runs as long as it lived in the trace
-    (deletion - creation, at least one second); the horizon is the last deletion. Pure."""
-    horizon = max((t.deletion or t.creation) for t in tasks) if tasks else 0.0
-    jobs = [
-        task_job(
-            t,
-            model,
-            fallbacks,
-            arrival=t.creation,
-            duration=max(1.0, (t.deletion if t.deletion is not None else horizon) - t.creation),
-        )
-        for t in tasks
-    ]
+    """Online replay: each task arrives at its creation time divided by ``compress`` (1: as recorded; 2:
+    arrivals twice as dense) and runs as long as it lived in the trace (deletion - creation, at least one
+    second); the horizon is the last departure (``until_last_arrival``: the last arrival). TraceFormatError
+    when the tasks carry no times. Pure."""
+    require_times(tasks, source)
+    end = max(max(t.deletion or 0.0, t.creation or 0.0) for t in tasks) if tasks else 0.0
+    jobs = []
+    for t in tasks:
+        created = t.creation or 0.0
+        duration = max(1.0, (t.deletion if t.deletion is not None else end) - created)
+        jobs.append(task_job(t, model, fallbacks, arrival=created / compress, duration=duration))
+    horizon = max((j.arrival + (j.duration or 0.0) for j in jobs), default=0.0)
+    if until_last_arrival:
+        # a load level is measured while demand arrives: otherwise the tasks that live for months set a
+        # horizon long enough for every delayed task to finish, and every policy serves 100%
+        horizon = max((j.arrival for j in jobs), default=0.0)
     return Trace(
         name=name,
         cluster=cluster,
         jobs=sorted_jobs(jobs),
         horizon=horizon,
-        description="Alibaba openb trace replayed with its own creation and deletion times",
+        description="Alibaba openb trace replayed with its own creation and deletion times"
+        + (f", arrivals compressed {compress:.3g}x" if compress != 1.0 else ""),
     )
+
+
+def peak_demand(jobs: Sequence[Job], slices_of: Mapping[str, int]) -> float:
+    """Most compute slices the jobs ask for at one instant if each ran from its arrival. Pure."""
+    edges: list[tuple[float, int]] = []
+    for j in jobs:
+        need = j.count * slices_of[j.preferred]
+        edges.append((j.arrival, need))
+        if j.duration is not None:
+            edges.append((j.arrival + j.duration, -need))
+    peak = level = 0
+    for _, delta in sorted(edges, key=lambda e: (e[0], e[1])):  # departures first at a tie
+        level += delta
+        peak = max(peak, level)
+    return float(peak)
+
+
+def compression_for_load(
+    tasks: Sequence[Task], model: GpuModel, capacity_slices: int, load: float, source: str = "pod list"
+) -> float:
+    """The smallest arrival compression at which the replay's peak demand reaches ``load`` x
+    ``capacity_slices`` (bisection in log space; durations are kept, so the peak grows with the
+    compression). When even all tasks at once fall short, the largest compression tried (1e6). Pure."""
+    require_times(tasks, source)
+    slices = {p.name: p.compute_slices for p in model.profiles}
+    base = [task_job(t, model, 0, arrival=t.creation or 0.0, duration=None) for t in tasks]
+    end = max(t.deletion or t.creation or 0.0 for t in tasks) if tasks else 0.0
+    spans = [
+        (t.creation or 0.0, max(1.0, (end if t.deletion is None else t.deletion) - (t.creation or 0.0)))
+        for t in tasks
+    ]
+    target = load * capacity_slices
+
+    def peak(f: float) -> float:
+        return peak_demand(
+            [Job(j.name, a / f, d, j.alternatives, j.count) for j, (a, d) in zip(base, spans, strict=True)],
+            slices,
+        )
+
+    lo, hi = 1e-3, 1e6
+    for _ in range(60):
+        mid = math.sqrt(lo * hi)
+        if peak(mid) < target:
+            lo = mid
+        else:
+            hi = mid
+        if hi / lo < 1.001:
+            break
+    return hi  # the first compression found whose peak reaches the target
 
 
 def sampled_tasks(
@@ -187,6 +262,7 @@ def sampled_tasks(
                 job.count,
                 job.kind,
                 job.share,
+                gpu_types=job.gpu_types,
             )
         )
         arrived += job.count * job.share
@@ -200,6 +276,14 @@ def load(directory: Path, model: GpuModel, *, sample: bool = False) -> tuple[lis
     for p in (pods, nodes):
         if not p.is_file():
             raise TraceFormatError(f"{p}: not found (expected {POD_FILE} and {NODE_FILE} in {directory})")
+    return load_files(pods, nodes, model)
+
+
+def load_files(pods: Path, nodes: Path, model: GpuModel) -> tuple[list[Task], ClusterSpec]:
+    """Read any openb variant: a pod list and a node list. Side effect: reads two files."""
+    for p in (pods, nodes):
+        if not p.is_file():
+            raise TraceFormatError(f"{p}: not found")
     with pods.open(newline="") as f:
         tasks = read_tasks(f, str(pods))
     with nodes.open(newline="") as f:

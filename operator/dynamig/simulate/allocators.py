@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from dynamig.geometry.model import Layout
@@ -85,6 +85,12 @@ class Allocator:
     def on_ready(self, now: float) -> None:
         """Instances created by a reshape became usable at ``now``."""
 
+    def set_pending(self, jobs: Iterable[Job]) -> None:
+        """The jobs waiting now, before a scheduling pass (for policies that keep room for them)."""
+
+    def withdraw(self, job: Job, now: float) -> None:
+        """``job`` stopped waiting (gave up) before it was placed."""
+
     def replan(self, now: float, pending: Sequence[Job]) -> Replan:
         return Replan()
 
@@ -113,8 +119,13 @@ class InstancePoolAllocator(Allocator):
     def free_count(self, profile: str, now: float) -> int:
         return sum(1 for e in self._free.get(profile, ()) if self._usable(e[3], now))
 
-    def _first_free(self, profile: str, now: float) -> Instance | None:
+    def _first_free(self, profile: str, now: float, job: Job | None = None) -> Instance | None:
         heap = self._free.get(profile)
+        if job is not None and job.gpu_types:  # restricted to some nodes: scan in the same order
+            for _, _, _, inst in sorted(heap or ()):
+                if self._usable(inst, now) and self.cluster.allows(job, inst.gpu.node_pos):
+                    return inst
+            return None
         while heap:
             inst = heap[0][3]
             if self._usable(inst, now):
@@ -122,10 +133,12 @@ class InstancePoolAllocator(Allocator):
             heapq.heappop(heap)  # stale: destroyed or held; re-pushed when it becomes free again
         return None
 
-    def _free_on_one_node(self, profile: str, count: int, now: float) -> list[Instance] | None:
+    def _free_on_one_node(
+        self, profile: str, count: int, now: float, job: Job | None = None
+    ) -> list[Instance] | None:
         by_node: dict[int, dict[int, Instance]] = {}
         for _, _, _, inst in sorted(self._free.get(profile, ())):
-            if self._usable(inst, now):
+            if self._usable(inst, now) and (job is None or self.cluster.allows(job, inst.gpu.node_pos)):
                 by_node.setdefault(inst.gpu.node_pos, {}).setdefault(inst.gpu.pos, inst)
         for node in sorted(by_node):
             if len(by_node[node]) >= count:
@@ -138,10 +151,10 @@ class InstancePoolAllocator(Allocator):
     def _place(self, job: Job, now: float) -> Allocation | None:
         for profile in self.alternatives(job):
             if job.count == 1:
-                inst = self._first_free(profile, now)
+                inst = self._first_free(profile, now, job)
                 chosen = None if inst is None else [inst]
             else:
-                chosen = self._free_on_one_node(profile, job.count, now)
+                chosen = self._free_on_one_node(profile, job.count, now, job)
             if chosen:
                 for inst in chosen:
                     self.cluster.assign(inst, job.name, now)
@@ -203,7 +216,14 @@ class FirstFitAllocator(Allocator):
         starts = self.cluster.free_starts(gpu, profile)
         return starts[0] if starts else None
 
-    def _first_host(self, profile: str) -> tuple[Gpu, int] | None:
+    def _first_host(self, profile: str, job: Job) -> tuple[Gpu, int] | None:
+        if job.gpu_types:  # restricted to some nodes: scan them in GPU order
+            for gpu in self.cluster.gpus:
+                if self.cluster.allows(job, gpu.node_pos):
+                    start = self._can_host(gpu, profile)
+                    if start is not None:
+                        return gpu, start
+            return None
         heap = self._hosts.get(profile)
         while heap:
             gpu = self.cluster.gpus[heap[0]]
@@ -213,8 +233,10 @@ class FirstFitAllocator(Allocator):
             self._in_heap[profile].discard(heapq.heappop(heap))
         return None
 
-    def _hosts_on_one_node(self, profile: str, count: int) -> list[tuple[Gpu, int]] | None:
-        for node in self.cluster.nodes:
+    def _hosts_on_one_node(self, profile: str, count: int, job: Job) -> list[tuple[Gpu, int]] | None:
+        for pos, node in enumerate(self.cluster.nodes):
+            if not self.cluster.allows(job, pos):
+                continue
             found: list[tuple[Gpu, int]] = []
             for gpu in node:
                 start = self._can_host(gpu, profile)
@@ -227,10 +249,10 @@ class FirstFitAllocator(Allocator):
     def _place(self, job: Job, now: float) -> Allocation | None:
         for profile in job.alternatives:
             if job.count == 1:
-                host = self._first_host(profile)
+                host = self._first_host(profile, job)
                 chosen = None if host is None else [host]
             else:
-                chosen = self._hosts_on_one_node(profile, job.count)
+                chosen = self._hosts_on_one_node(profile, job.count, job)
             if chosen:
                 insts = []
                 for gpu, start in chosen:
@@ -279,7 +301,7 @@ class PoolAllocator(Allocator):
 
     def _place(self, job: Job, now: float) -> Allocation | None:
         for node, free in enumerate(self._free):
-            if free <= 0:
+            if free <= 0 or not self.cluster.allows(job, node):
                 continue
             need = job.count * self.cluster.slices_of[(self._model[node], job.preferred)]
             if need > self._total_free:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.layout import free_starts
 from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, normalize_layout
-from dynamig.simulate.trace import ClusterSpec
+from dynamig.simulate.trace import ClusterSpec, Job
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +76,14 @@ class Cluster:
         self.gpus: list[Gpu] = []
         self.nodes: list[list[Gpu]] = []
         self.node_names: list[str] = []
+        self.node_types: list[str] = []  # the trace's GPU type per node (jobs' gpu_types match it)
         for node_pos, node in enumerate(spec.nodes):
             model = self.models[node.model]
             gpus = [Gpu(len(self.gpus) + i, node.name, node_pos, i, model) for i in range(node.gpus)]
             self.gpus.extend(gpus)
             self.nodes.append(gpus)
             self.node_names.append(node.name)
+            self.node_types.append(node.gpu_type)
         self.slices_of: dict[tuple[str, str], int] = {
             (m.key, p.name): p.compute_slices for m in self.models.values() for p in m.profiles
         }
@@ -92,6 +94,10 @@ class Cluster:
         self.destroyed_busy = 0  # must stay 0: destroying a held instance loses a workload
         self.log: list[LogEntry] | None = [] if log else None
         self._free_starts: dict[tuple[str, Layout, str], tuple[int, ...]] = {}
+
+    def allows(self, job: Job, node_pos: int) -> bool:
+        """Whether ``job``'s GPU-type constraint admits node ``node_pos``. Pure."""
+        return not job.gpu_types or self.node_types[node_pos] in job.gpu_types
 
     def _log(self, time: float, op: str, inst: Instance, job: str = "") -> None:
         if self.log is not None:

@@ -1,39 +1,46 @@
-"""dynamig as a simulated policy: the real planner (``dynamig.planner.plan``) re-cuts free space for demand.
+"""dynamig as a simulated policy, as it will run: nodes publish ranked offers, the planner fills the gaps.
 
-What the simulation does, as the operator and agents would:
+What the simulation does, as the operator, the agents and the scheduler would:
 
-- Jobs take free, ready instances first (the scheduler allocating against published devices); instances
-  are kept when jobs end, so they serve the next job of that shape with no reshape.
-- Jobs that do not fit become pending demand. Demand is batched for a window, then one planning round
-  runs ``plan()`` over the GPUs that may change: not reshaping, out of cooldown, with some free space.
-- A GPU whose layout changes loses its removed (free) instances at once; the new instances become usable
-  ``reshape_latency_s`` later, and a node's agent reshapes its GPUs one after another, so the k-th GPU
-  reshaped on a node in a round is ready after k times the latency. A reshaped GPU is left alone for
-  ``cooldown_s``. Claims the round placed on reshaping GPUs are not planned again until those finish.
-- Warm pool and baseline come from the ``Policy`` and are applied by the planner itself.
-
-For speed on large clusters the round sees every partly used GPU with free space but only as many idle
-GPUs (whole nodes at a time, in node order) as the pending devices and the warm pool could need: idle GPUs
-with the same layout are interchangeable, so the planner's answer does not depend on the rest.
+- Each node publishes its free instances and the placements that fit beside what is held, in the order
+  ``dynamig.planner.ranking.rank_offers`` gives (the same pure function the agent publishes with): free
+  instances first, then new placements, then re-cuts that destroy free instances. The scheduler books the
+  first that matches on the node it picks. A booked placement is created after a binding round trip and
+  the create latency; a node's agent creates one instance after another.
+- Node choice consolidates: nodes already in use first (in node order), then the smallest idle node;
+  while multi-GPU claims wait, a single-GPU claim does not take an idle node such a claim needs.
+- Instances are kept when jobs end, so they serve the next job of that shape with no create.
+- Jobs that nothing on offer fits stay pending. With a warm pool or a baseline (or ``plan_pending``),
+  demand is batched for a window and one planning round (``dynamig.planner.plan``) re-cuts free space,
+  applying the warm pool and baseline of the ``Policy``. Without them a round would find nothing the
+  offers did not already show (the same free space, re-cuts included), so none is run. The
+  instances a round creates are reserved for the claims it assigned them to (the scheduler books what
+  the operator planned) and become usable after the create latency, one GPU after another per node. A
+  reshaped GPU is not reshaped by a planning round again for ``cooldown_s``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from dynamig.geometry.catalog import Catalog
-from dynamig.geometry.model import Layout
+from dynamig.geometry.model import Layout, normalize_layout
 from dynamig.planner import ClaimDemand, CurrentInstance, GpuState, Policy, plan
-from dynamig.simulate.allocators import InstancePoolAllocator, Replan
+from dynamig.planner.ranking import GpuOffers, OfferKind, RankedOffer, rank_offers
+from dynamig.simulate.allocators import Allocation, Replan
+from dynamig.simulate.booking import Offer, OfferAllocator
 from dynamig.simulate.cluster import Cluster, Gpu, Instance
-from dynamig.simulate.trace import Job, plain_profiles
+from dynamig.simulate.trace import Job
+
+_RankKey = tuple[tuple[int, Layout, Layout], ...]
 
 
-class DynamigAllocator(InstancePoolAllocator):
-    """Planner-driven reshaping; see the module docstring for what is simulated."""
+class DynamigAllocator(OfferAllocator):
+    """Ranked offers plus planner rounds; see the module docstring for what is simulated."""
 
     name = "dynamig"
     replans = True
+    keeps_free = True
 
     def __init__(
         self,
@@ -42,48 +49,200 @@ class DynamigAllocator(InstancePoolAllocator):
         *,
         reshape_latency_s: float,
         cooldown_s: float,
+        bind_rtt_s: float = 0.0,
         initial: Layout = (),
-        max_claims: int = 2000,
+        max_claims: int = 500,
         catalog: Catalog | None = None,
+        plan_pending: bool = False,
     ) -> None:
-        super().__init__(cluster)
         self.policy = policy
-        self.latency = reshape_latency_s
+        # Offers already include every placement free space allows (re-cuts too), so a round for claims
+        # they could not place finds nothing new; by default rounds run for the warm pool and baseline only.
+        self.plan_pending = plan_pending or bool(policy.warm_pool) or bool(policy.baseline)
         self.cooldown = cooldown_s
         self.max_claims = max_claims
         self.catalog = catalog
-        self._not_ready: list[Instance] = []
-        self._inflight: dict[str, float] = {}  # claim -> when the instances planned for it are ready
-        self._profiles = {p.name for m in cluster.models.values() for p in plain_profiles(m)}
-        for gpu in cluster.gpus:
-            for placed in initial:
-                self._push(cluster.create(gpu, placed.profile, placed.start, 0.0, 0.0))
+        self._reserved: dict[Instance, str] = {}  # instance -> claim the planner assigned it to
+        self._claims: dict[str, list[Instance]] = {}
+        self._not_ready: set[Instance] = set()
+        self._rank_cache: dict[_RankKey, tuple[RankedOffer, ...]] = {}
+        self._published: dict[int, tuple[RankedOffer, ...]] = {}  # node -> its list since it republished
+        self._multi_waiting: list[int] = []  # device counts of pending multi-GPU claims
+        self._idle_by_size: dict[int, int] = {}
+        super().__init__(cluster, reshape_latency_s, bind_rtt_s)
+        self._allowed = (
+            frozenset(self.profiles)
+            if policy.allowed_profiles is None
+            else frozenset(policy.allowed_profiles) & frozenset(self.profiles)
+        )
+        for gpus in cluster.nodes:
+            self._idle_by_size[len(gpus)] = self._idle_by_size.get(len(gpus), 0) + 1
+            for gpu in gpus:
+                for placed in initial:
+                    cluster.create(gpu, placed.profile, placed.start, 0.0, 0.0)
+            if initial:
+                self.touch(gpus)
+
+    @property
+    def planned_claims(self) -> frozenset[str]:
+        """Claims that instances are reserved for (planned by a round, not yet booked)."""
+        return frozenset(self._claims)
+
+    # -- what a GPU offers ---------------------------------------------------------------------------------
+    def _kept(self, inst: Instance) -> bool:
+        return bool(inst.job) or inst in self._reserved or inst in self._not_ready
+
+    def held(self, gpu: Gpu) -> list[Instance]:
+        return [i for i in gpu.instances if self._kept(i)]
+
+    def free(self, gpu: Gpu) -> list[Instance]:
+        return [i for i in gpu.instances if not self._kept(i)]
+
+    def node_key(self, node: int, profile: str) -> tuple[int, ...]:
+        # nodes in use first, in node order (measured: ordering them busiest first packed no better and
+        # served less on the fragmentation and heavy-tailed traces), then idle nodes smallest first, so
+        # whole big nodes stay whole for multi-GPU claims
+        return (0, node) if self.node_busy[node] else (1, self.node_size[node], node)
+
+    def set_pending(self, jobs: Iterable[Job]) -> None:
+        self._multi_waiting = sorted(j.count for j in jobs if j.count > 1)
+
+    def skip_node(self, node: int, job: Job) -> bool:
+        if job.count > 1 or not self._multi_waiting or self.node_busy[node]:
+            return False
+        smallest = self._multi_waiting[0]
+        if self.node_size[node] < smallest:
+            return False
+        idle = sum(n for size, n in self._idle_by_size.items() if size >= smallest)
+        return idle <= len(self._multi_waiting)
+
+    def _gpu_offers(self, gpu: Gpu) -> GpuOffers:
+        return GpuOffers(
+            gpu.index,
+            gpu.model,
+            held=normalize_layout([i.placed for i in self.held(gpu)]),
+            free=normalize_layout([i.placed for i in self.free(gpu)]),
+            allowed=self._allowed,
+        )
+
+    def touch(self, gpus: Sequence[Gpu], *, republish: bool = True) -> None:
+        if republish:
+            for node in {g.node_pos for g in gpus}:
+                self._published.pop(node, None)
+        super().touch(gpus, republish=republish)
+
+    def _publish(self, node: int) -> tuple[RankedOffer, ...]:
+        """What the node's agent publishes now, in its order (``rank_offers``, memoised by state)."""
+        offers = [self._gpu_offers(g) for g in self.cluster.nodes[node]]
+        key: _RankKey = tuple((o.index, o.held, o.free) for o in offers)
+        ranked = self._rank_cache.get(key)
+        if ranked is None:
+            ranked = rank_offers(offers)  # the agent's own publishing order
+            if len(self._rank_cache) > 20_000:
+                self._rank_cache.clear()
+            self._rank_cache[key] = ranked
+        self._published[node] = ranked
+        return ranked
+
+    def node_offers(self, node: int, profile: str, job: Job, now: float) -> list[Offer]:
+        # Between two republishes the scheduler books from the list as published; an offer that a
+        # booking since made impossible (shared counters) is skipped, as the allocator would.
+        ranked = self._published.get(node)
+        if ranked is None:
+            ranked = self._publish(node)
+        gpus = {g.index: g for g in self.cluster.nodes[node]}
+        out: list[Offer] = []
+        for r in ranked:
+            if r.profile != profile:
+                continue
+            gpu = gpus[r.gpu_index]
+            free = {i.placed: i for i in self.free(gpu)}
+            if r.kind == OfferKind.FREE:
+                inst = free.get(r.placed)
+                if inst is not None:
+                    out.append(Offer(gpu, profile, r.start, inst=inst))
+                continue
+            if any(d not in free for d in r.destroys):
+                continue
+            rest = normalize_layout(
+                [i.placed for i in self.held(gpu)] + [p for p in free if p not in r.destroys]
+            )
+            if r.start in self.starts(gpu.model, rest, profile):
+                out.append(Offer(gpu, profile, r.start, destroys=tuple(free[d] for d in r.destroys)))
+        return out
+
+    # -- booking -------------------------------------------------------------------------------------------
+    def _drop(self, claim: str) -> list[Gpu]:
+        insts = self._claims.pop(claim, [])
+        for inst in insts:
+            self._reserved.pop(inst, None)
+        return [i.gpu for i in insts]
+
+    def _place(self, job: Job, now: float) -> Allocation | None:
+        mine = self._claims.get(job.name)
+        if mine and all(i.alive and not i.job and i not in self._not_ready for i in mine):
+            self._drop(job.name)
+            return self.book(job, [Offer(i.gpu, i.profile, i.start, inst=i) for i in mine], now)
+        if mine and not all(i.alive for i in mine):
+            self.touch(self._drop(job.name))
+        picked = self.choose(job, now)
+        if picked is None:
+            return None
+        if job.name in self._claims:  # booked something else at once: its planned instances go free
+            self.touch(self._drop(job.name))
+        return self.book(job, picked, now)
+
+    def book(self, job: Job, picked: Sequence[Offer], now: float) -> Allocation:
+        for node in {o.gpu.node_pos for o in picked}:
+            if not self.node_busy[node]:
+                self._idle_by_size[self.node_size[node]] -= 1
+        return super().book(job, picked, now)
+
+    def _release(self, job: Job, alloc: Allocation, now: float) -> None:
+        super()._release(job, alloc, now)
+        for node in {i.gpu.node_pos for i in alloc.instances}:
+            if not self.node_busy[node]:
+                self._idle_by_size[self.node_size[node]] += 1
+
+    def withdraw(self, job: Job, now: float) -> None:
+        self.touch(self._drop(job.name))
 
     # -- engine hooks --------------------------------------------------------------------------------------
     def on_ready(self, now: float) -> None:
-        still: list[Instance] = []
-        for inst in self._not_ready:
-            if not inst.alive:
-                continue
-            if inst.ready_at <= now:
-                self._push(inst)
-            else:
-                still.append(inst)
-        self._not_ready = still
-        self._inflight = {c: t for c, t in self._inflight.items() if t > now}
+        done = [i for i in self._not_ready if i.ready_at <= now]
+        for inst in done:
+            self._not_ready.discard(inst)
+        self.touch([i.gpu for i in done if i.alive])
+
+    def free_count(self, profile: str, now: float) -> int:
+        return sum(
+            1 for g in self.cluster.gpus for i in g.instances if i.profile == profile and not self._kept(i)
+        )
 
     def wants_plan(self, now: float) -> bool:
+        if not self.policy.warm_pool:
+            return False
         return any(self.free_count(p, now) < n for p, n in self.policy.warm_pool.items())
 
     def replan(self, now: float, pending: Sequence[Job]) -> Replan:
+        if not self.plan_pending:
+            return Replan()
+        names = self.cluster.node_names
         claims = [
-            ClaimDemand(job.name, job.alternatives, job.count)
+            ClaimDemand(
+                job.name,
+                job.alternatives,
+                job.count,
+                None
+                if not job.gpu_types
+                else frozenset(names[n] for n in range(len(names)) if self.cluster.allows(job, n)),
+            )
             for job in pending
-            if job.name not in self._inflight
+            if job.name not in self._claims
         ][: self.max_claims]
         if not claims and not self.wants_plan(now):
             return Replan()
-        gpus, cooling = self._candidates(now, claims)
+        gpus, cooling = self.candidates(now, claims)
         if not gpus:
             return Replan(retry_at=cooling)
         self.plan_calls += 1
@@ -93,7 +252,7 @@ class DynamigAllocator(InstancePoolAllocator):
                 g.index,
                 g.model.key,
                 tuple(
-                    CurrentInstance(i.profile, i.start, busy=bool(i.job))
+                    CurrentInstance(i.profile, i.start, busy=self._kept(i))
                     for i in sorted(g.instances, key=lambda i: (i.start, i.profile))
                 ),
             )
@@ -101,22 +260,42 @@ class DynamigAllocator(InstancePoolAllocator):
         ]
         result = plan(states, claims, self.policy, self.catalog)
         by_key = {(g.node, g.index): g for g in gpus}
-        per_node: dict[str, int] = {}
-        ready_of: dict[tuple[str, int], float] = {}
+        readies: list[float] = []
+        touched: list[Gpu] = []
         for gp in result.gpus:
             if not gp.changed:
                 continue
             gpu = by_key[(gp.node, gp.index)]
-            per_node[gp.node] = per_node.get(gp.node, 0) + 1
-            ready = now + self.latency * per_node[gp.node]
-            ready_of[(gp.node, gp.index)] = ready
+            node = gpu.node_pos
+            begin = max(now, self._node_free_at[node])  # the agent re-cuts one GPU after another
+            ready = begin + self.latency
+            self._node_free_at[node] = ready
+            readies.append(ready)
             self._apply(gpu, gp.layout, now, ready)
+            touched.append(gpu)
         for a in result.assignments:
-            when = ready_of.get((a.node, a.index))
-            if when is not None:
-                self._inflight[a.claim] = max(self._inflight.get(a.claim, 0.0), when)
+            target = by_key.get((a.node, a.index))
+            inst = None
+            if target is not None:
+                inst = next(
+                    (
+                        i
+                        for i in target.instances
+                        if i.start == a.start
+                        and i.profile == a.profile
+                        and not i.job
+                        and i not in self._reserved
+                    ),
+                    None,
+                )
+            if inst is None:
+                continue
+            self._reserved[inst] = a.claim  # the scheduler books what the round planned for the claim
+            self._claims.setdefault(a.claim, []).append(inst)
+            touched.append(inst.gpu)
+        self.touch(touched)
         retry = cooling if result.unsatisfied else None
-        return Replan(tuple(sorted(set(ready_of.values()))), retry)
+        return Replan(tuple(sorted(set(readies))), retry)
 
     # -- helpers -------------------------------------------------------------------------------------------
     def _apply(self, gpu: Gpu, layout: Layout, now: float, ready: float) -> None:
@@ -128,17 +307,23 @@ class DynamigAllocator(InstancePoolAllocator):
                 self.cluster.destroy(inst, now)  # the planner only removes free instances; the log proves it
         for placed in layout:
             if placed not in current:
-                self._not_ready.append(self.cluster.create(gpu, placed.profile, placed.start, now, ready))
+                inst = self.cluster.create(gpu, placed.profile, placed.start, now, ready)
+                if ready > now:
+                    self._not_ready.add(inst)
         gpu.cooldown_until = now + self.cooldown
         self.reshapes += 1
 
     def _has_room(self, gpu: Gpu) -> bool:
-        if any(not i.job for i in gpu.instances):
-            return True
-        return any(self.cluster.free_starts(gpu, p) for p in self._profiles if gpu.model.has_profile(p))
+        return bool(self._can[gpu.pos])
 
-    def _candidates(self, now: float, claims: Sequence[ClaimDemand]) -> tuple[list[Gpu], float | None]:
-        """GPUs the round may use, and the earliest time a GPU now in cooldown becomes eligible."""
+    def candidates(self, now: float, claims: Sequence[ClaimDemand]) -> tuple[list[Gpu], float | None]:
+        """GPUs a round may use, and the earliest time a GPU now in cooldown becomes eligible.
+
+        Every partly used GPU with room, and idle nodes: first one node per multi-GPU claim and per claim
+        tied to some nodes (largest claim first, smallest allowed node that holds it), then more idle
+        nodes until the other single devices and the warm pool are covered. Nodes taken for the first
+        group do not count towards the single devices.
+        """
         cooling: float | None = None
         busy: list[Gpu] = []
         idle_nodes: dict[int, list[Gpu]] = {}
@@ -148,24 +333,32 @@ class DynamigAllocator(InstancePoolAllocator):
             if gpu.cooldown_until > now:
                 cooling = gpu.cooldown_until if cooling is None else min(cooling, gpu.cooldown_until)
                 continue
-            if gpu.busy_slices:
+            if gpu.busy_slices or any(self._kept(i) for i in gpu.instances):
                 if self._has_room(gpu):
                     busy.append(gpu)
             else:
                 idle_nodes.setdefault(gpu.node_pos, []).append(gpu)
-        # idle GPUs in node order until the single devices and the warm pool are covered, plus, for each
-        # multi-device claim, one node with that many idle GPUs
-        need = sum(c.count for c in claims if c.count == 1) + sum(self.policy.warm_pool.values())
-        multi = sorted((c.count for c in claims if c.count > 1), reverse=True)
-        idle: list[Gpu] = []
+        names = self.cluster.node_names
+        chosen: set[int] = set()
+        # one idle node for each multi-GPU claim and each claim tied to some nodes (largest first,
+        # smallest node that holds it); these do not count towards the single devices below
+        tied = [c for c in claims if c.count > 1 or c.nodes is not None]
+        for c in sorted(tied, key=lambda c: -c.count):
+            fit = [
+                n
+                for n, gs in idle_nodes.items()
+                if n not in chosen and len(gs) >= c.count and (c.nodes is None or names[n] in c.nodes)
+            ]
+            if fit:
+                chosen.add(min(fit, key=lambda n: (len(idle_nodes[n]), n)))
+        need = sum(c.count for c in claims if c.count == 1 and c.nodes is None)
+        need += sum(self.policy.warm_pool.values())
+        covered = 0
         for node in sorted(idle_nodes):
-            gpus = idle_nodes[node]
-            fits = next((i for i, n in enumerate(multi) if n <= len(gpus)), None)
-            if fits is not None:
-                multi.pop(fits)
-            elif len(idle) >= need:
-                if not multi:
-                    break
-                continue
-            idle.extend(gpus)
+            if covered >= need:
+                break
+            if node not in chosen:
+                chosen.add(node)
+                covered += len(idle_nodes[node])
+        idle = [g for n in chosen for g in idle_nodes[n]]
         return sorted(busy + idle, key=lambda g: g.pos), cooling

@@ -99,6 +99,70 @@ def goals(rep: TraceReport) -> list[str]:
     return out
 
 
+def size_rows(rep: TraceReport) -> tuple[list[str], list[list[str]]]:
+    """Served demand by job size (GPUs per job), as a share of what jobs of that size asked for. Pure."""
+    sizes = sorted({k for r in rep.results for k in r.offered_by_size})
+    header = ["policy", *(f"{k}-GPU jobs" for k in sizes)]
+    rows = []
+    for r in rep.results:
+        cells = [r.policy]
+        for k in sizes:
+            offered = r.offered_by_size.get(k, 0.0)
+            cells.append(f"{100 * r.served_by_size.get(k, 0.0) / offered:.1f}%" if offered else "-")
+        rows.append(cells)
+    return header, rows
+
+
+def load_rows(reports: Sequence[TraceReport]) -> tuple[list[str], list[list[str]]]:
+    """Served share of offered demand per policy (rows) and load (columns), per replayed cluster. Pure."""
+    scaled = [rep for rep in reports if rep.load is not None]
+    columns = sorted({(_base(rep), rep.load or 0.0) for rep in scaled})
+    header = ["policy", *(f"{base} @{load:g}" for base, load in columns)]
+    policies: list[str] = []
+    for rep in scaled:
+        policies += [r.policy for r in rep.results if r.policy not in policies]
+    rows = []
+    for policy in policies:
+        cells = [policy]
+        for base, load in columns:
+            rep = next(x for x in scaled if _base(x) == base and x.load == load)
+            r = rep.by_policy(policy)
+            cells.append(
+                f"{100 * r.served_slice_h / r.offered_slice_h:.1f}%" if r and r.offered_slice_h else "-"
+            )
+        rows.append(cells)
+    return header, rows
+
+
+def _base(rep: TraceReport) -> str:
+    name = rep.trace.name
+    return name.rsplit("-load", 1)[0] if rep.load is not None else name
+
+
+def replay_row(rep: TraceReport, r: RunResult) -> dict[str, Any]:
+    """One online-replay row of ``results.json`` (the schema docs/benchmarks.md lists). Pure."""
+    return {
+        "trace": _base(rep),
+        "load": rep.load,
+        "reached_load": rep.reached_load,
+        "policy": r.policy,
+        "served_slice_h": r.served_slice_h,
+        "offered_slice_h": r.offered_slice_h,
+        "mean_wait_s": r.wait_mean_s,
+        "p95_wait_s": r.wait_p95_s,
+        "never_served": r.never_served,
+        "destroyed": r.destroyed,
+        "destroyed_while_held": r.destroyed_busy,
+        "jobs": r.jobs,
+        "gpus": rep.trace.cluster.gpu_count,
+        "served_by_size": {str(k): v for k, v in r.served_by_size.items()},
+        "offered_by_size": {str(k): v for k, v in r.offered_by_size.items()},
+        "reshapes": r.reshapes,
+        "created": r.created,
+        "wall_s": r.wall_s,
+    }
+
+
 def paper_rows(runs: Sequence[PaperRun]) -> list[list[str]]:
     """Mean (and standard deviation) over seeds per policy. Pure."""
     by: dict[str, list[PaperRun]] = {}
@@ -165,6 +229,9 @@ def static_summary(rep: TraceReport) -> str:
 def _result_json(r: RunResult) -> dict[str, Any]:
     d = asdict(r)
     d["utilization"] = r.utilization
+    d["destroyed_while_held"] = r.destroyed_busy
+    d["served_by_size"] = {str(k): v for k, v in r.served_by_size.items()}
+    d["offered_by_size"] = {str(k): v for k, v in r.offered_by_size.items()}
     d.pop("timeline")
     return d
 
@@ -178,6 +245,7 @@ def write_json(
         "traces": [
             {
                 "trace": rep.trace.name,
+                "load": rep.load,
                 "jobs": len(rep.trace.jobs),
                 "gpus": rep.trace.cluster.gpu_count,
                 "upper_bound_slice_h": rep.upper_bound_slice_h,
@@ -187,6 +255,7 @@ def write_json(
             }
             for rep in reports
         ],
+        "online_replay": [replay_row(rep, r) for rep in reports for r in rep.results],
         "paper_protocol": [asdict(r) for r in paper],
     }
     path.write_text(json.dumps(doc, indent=2) + "\n")

@@ -19,6 +19,7 @@ from dynamig.simulate.allocators import (
     StaticAllocator,
     WholeGpuAllocator,
 )
+from dynamig.simulate.booking import HamiReserveAllocator, NvidiaDynamicMigAllocator
 from dynamig.simulate.bounds import served_upper_bound
 from dynamig.simulate.cluster import Cluster
 from dynamig.simulate.dynamig_policy import DynamigAllocator
@@ -26,7 +27,7 @@ from dynamig.simulate.engine import RunResult, SimConfig, simulate
 from dynamig.simulate.static_layouts import average_mix, static_candidates
 from dynamig.simulate.trace import ClusterSpec, Job, Trace
 
-POLICIES = ("whole-gpu", "static", "first-fit", "dynamig", "pool")
+POLICIES = ("whole-gpu", "static", "first-fit", "nvidia-dynamic-mig", "hami-reserve", "dynamig", "pool")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,8 @@ class TraceReport:
     results: list[RunResult]
     upper_bound_slice_h: float
     static_layouts: dict[str, tuple[Layout, ...]]
+    load: float | None = None  # target peak demand / capacity of a load-scaled replay; None: as recorded
+    reached_load: float | None = None  # the peak demand / capacity the compressed replay actually has
 
     def by_policy(self, name: str) -> RunResult | None:
         return next((r for r in self.results if r.policy == name), None)
@@ -84,6 +87,22 @@ def allocator_factories(
             out.append((f"static:{label}", _static_factory(spec, layouts, label, log)))
     if "first-fit" in policies:
         out.append(("first-fit", lambda: FirstFitAllocator(Cluster(spec, log=log), cfg.reshape_latency_s)))
+    if "nvidia-dynamic-mig" in policies:
+        out.append(
+            (
+                "nvidia-dynamic-mig",
+                lambda: NvidiaDynamicMigAllocator(
+                    Cluster(spec, log=log), cfg.reshape_latency_s, cfg.bind_rtt_s
+                ),
+            )
+        )
+    if "hami-reserve" in policies:
+        out.append(
+            (
+                "hami-reserve",
+                lambda: HamiReserveAllocator(Cluster(spec, log=log), cfg.reshape_latency_s, cfg.bind_rtt_s),
+            )
+        )
     if "dynamig" in policies:
         out.append(
             (
@@ -93,6 +112,7 @@ def allocator_factories(
                     dyn.policy(model),
                     reshape_latency_s=cfg.reshape_latency_s,
                     cooldown_s=cfg.cooldown_s,
+                    bind_rtt_s=cfg.bind_rtt_s,
                 ),
             )
         )
@@ -115,6 +135,7 @@ def run_trace(
     *,
     log: bool = False,
     progress: Callable[[str], None] | None = None,
+    load: float | None = None,
 ) -> TraceReport:
     """Every policy on ``trace``, plus the slice-arithmetic upper bound. Deterministic."""
     model = single_model(trace.cluster)
@@ -129,7 +150,7 @@ def run_trace(
     bound = served_upper_bound(
         trace, slices, trace.cluster.gpu_count * model.compute_slices, start_slack_s=cfg.reshape_latency_s
     )
-    return TraceReport(trace, results, bound, statics)
+    return TraceReport(trace, results, bound, statics, load)
 
 
 # -- the paper's protocol: sampled tasks, no departures ----------------------------------------------------
@@ -162,15 +183,13 @@ def run_paper_protocol(
     cfg: SimConfig,
     dyn: DynamigSettings,
     policies: Sequence[str] = POLICIES,
-    batch: int = 1,
 ) -> list[PaperRun]:
     """Offer ``jobs`` (already sampled, in order) once each, no departures; a job that cannot be placed
-    when it arrives fails. dynamig plans every ``batch`` failed arrivals together, with no reshape latency
-    or cooldown (the protocol has no clock), and the batch's jobs then take what the round made or fail.
-    Deterministic."""
+    when it arrives fails. Every policy gets the same single chance at arrival (no clock: creates and
+    re-cuts are instant, and nobody sees a later arrival). Deterministic."""
     model = single_model(spec)
     capacity = spec.gpu_count
-    instant = SimConfig(window_s=0.0, reshape_latency_s=0.0, cooldown_s=0.0)
+    instant = SimConfig(window_s=0.0, reshape_latency_s=0.0, cooldown_s=0.0, bind_rtt_s=0.0)
     factories, _ = allocator_factories(spec, device_mix(jobs), instant, dyn, policies)
     runs = []
     for _, make in factories:
@@ -179,21 +198,12 @@ def run_paper_protocol(
         arrived = 0.0
         rate_100: float | None = None
         failed = 0
-        waiting: list[Job] = []
         for i, job in enumerate(jobs):
-            now = float(i)
-            placed = alloc.place(job, now)
-            if placed is None and alloc.replans:
-                waiting.append(job)
-                if len(waiting) >= batch:
-                    failed += _settle(alloc, waiting, now)
-            elif placed is None:
+            if alloc.place(job, float(i)) is None:
                 failed += 1
             arrived += job.count * job.share
             if rate_100 is None and arrived >= capacity:
-                failed += _settle(alloc, waiting, now)
                 rate_100 = _allocated_share(alloc, jobs[: i + 1]) / capacity
-        failed += _settle(alloc, waiting, float(len(jobs)))
         allocated = _allocated_share(alloc, jobs)
         runs.append(
             PaperRun(
@@ -211,18 +221,6 @@ def run_paper_protocol(
             )
         )
     return runs
-
-
-def _settle(alloc: Allocator, waiting: list[Job], now: float) -> int:
-    """Plan once for the waiting jobs, let them take what the round made; return how many failed.
-    Side effects: the allocator's cluster; empties ``waiting``."""
-    if not waiting:
-        return 0
-    alloc.replan(now, waiting)
-    alloc.on_ready(now)
-    lost = sum(1 for job in waiting if alloc.place(job, now) is None)
-    waiting.clear()
-    return lost
 
 
 def _allocated_share(alloc: Allocator, jobs: Sequence[Job]) -> float:

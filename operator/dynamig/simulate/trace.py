@@ -27,6 +27,7 @@ class Job:
     kind: str = ""
     share: float = 1.0  # GPU fraction per device the workload asked for (trace units), for allocation rates
     patience: float | None = None  # seconds it waits before giving up; None: the trace's default
+    gpu_types: tuple[str, ...] = ()  # node GPU types it may run on (the trace's gpu_spec); empty: any
 
     @property
     def preferred(self) -> str:
@@ -38,6 +39,7 @@ class NodeSpec:
     name: str
     gpus: int
     model: str  # catalog key
+    gpu_type: str = ""  # the GPU type the trace names for the node (jobs' gpu_types match it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,17 @@ class ClusterSpec:
 
     def models(self) -> tuple[str, ...]:
         return tuple(sorted({n.model for n in self.nodes}))
+
+    def nodes_for(self, job: Job) -> frozenset[str] | None:
+        """Names of the nodes ``job`` may run on; None: any. Pure."""
+        if not job.gpu_types:
+            return None
+        return frozenset(n.name for n in self.nodes if n.gpu_type in job.gpu_types)
+
+
+def job_fits_node(job: Job, node: NodeSpec) -> bool:
+    """Whether ``job``'s GPU-type constraint admits ``node``. Pure."""
+    return not job.gpu_types or node.gpu_type in job.gpu_types
 
 
 @dataclass(frozen=True, slots=True)
