@@ -11,6 +11,7 @@ destroyed") and the nodes (no kubelet: pods bind, never run).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import functools
@@ -151,9 +152,16 @@ async def test_morning_burst_books_placements_directly_and_is_compared_with_resh
             watch.start()
             try:
                 figures["instances"] = await burst(k, watch, pool, pods)
+                # Once the agents are done, the policy is Ready, as kubectl wait sees it.
+                # (in a thread: the agent and the operator run on this event loop)
+                wait = ("wait", "--for=condition=Ready", f"gpp/{policy}", "--timeout=60s")
+                await asyncio.to_thread(crds.kubectl, *wait, timeout=90)
             finally:
                 await watch.stop()
                 await k.delete_policy(policy)
+    # The operator's Events show where a person looks for them (kubectl describe filters on the uid).
+    described = "".join(crds.kubectl("describe", "gpupartition", g).stdout for g in gpus)
+    assert "LayoutChanged" in described, described
     await k.delete_pods(pods)
     await eventually(lambda: _no_pods(k), "the first burst's pods gone", within_s=60)
 

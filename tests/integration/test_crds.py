@@ -93,6 +93,16 @@ def test_kubectl_get_gpupartitions_shows_node_product_layout_slices_phase(crds: 
                     {"profile": "3g.40gb", "start": 0, "deviceName": "gpu0-3g40gb-s0", "state": "allocated"},
                     {"profile": "1g.10gb", "start": 4, "deviceName": "gpu0-1g10gb-s4", "state": "free"},
                 ],
+                "lastReshapeTime": "2026-01-01T00:00:00Z",
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "LayoutApplied",
+                        "message": "GPU matches spec.layout",
+                        "lastTransitionTime": "2026-01-01T00:00:00Z",
+                    }
+                ],
             }
         }
         cp.kubectl(
@@ -100,12 +110,32 @@ def test_kubectl_get_gpupartitions_shows_node_product_layout_slices_phase(crds: 
         )
         out = cp.kubectl("get", "gpupartitions", name).stdout
         header, row = out.splitlines()[:2]
-        assert header.split() == ["NAME", "NODE", "GPU", "PRODUCT", "LAYOUT", "FREE", "TOTAL", "PHASE", "AGE"]
-        # The product name has a space in it, so compare cell by cell around it.
-        cells = row.split()
-        assert cells[:3] == [name, node, "0"]
-        assert cells[3:5] == ["NVIDIA", "A100-SXM4-80GB"]
-        assert cells[5:9] == ["3g.40gb@0,1g.10gb@4", "1", "2", "Stable"]
+        assert header.split() == ["NAME", "MODEL", "FREE", "TOTAL", "READY", "REASON", "AGE"]
+        assert row.split()[:6] == [name, "A100-80GB", "1", "2", "True", "LayoutApplied"]
+        assert max(len(line) for line in out.splitlines()) <= 80  # fits a terminal
+        wide = cp.kubectl("get", "gpupartitions", name, "-o", "wide").stdout.splitlines()
+        columns = [
+            "NODE",
+            "GPU",
+            "LAYOUT",
+            "PRODUCT",
+            "MIG",
+            "INVENTORY",
+            "OFFERED",
+            "LAST RESHAPE",
+            "MESSAGE",
+        ]
+        for column in columns:
+            assert column in wide[0], column
+        # The product name and the message have spaces in them, so look for the cells rather than split.
+        for cell in (
+            node,
+            "3g.40gb@0,1g.10gb@4",
+            "NVIDIA A100-SXM4-80GB",
+            "Enabled",
+            "GPU matches spec.layout",
+        ):
+            assert cell in wide[1], cell
         # Short name and category work too.
         assert name in cp.kubectl("get", "gpart").stdout
         assert name in cp.kubectl("get", "dynamig").stdout
@@ -178,7 +208,8 @@ def test_kubectl_get_policies_columns(crds: ControlPlane) -> None:
             "MODE",
             "GPUS",
             "PENDING",
-            "VALID",
+            "READY",
+            "RESHAPING",
             "LAST",
             "RESHAPE",
             "AGE",

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
+from dynamig.demo.cluster import exactly, resource_claim
 from dynamig.devcluster import ControlPlane
 from dynamig.devcluster.binaries import BinariesNotFoundError, build_tool
 
@@ -416,8 +417,11 @@ OPERATOR_DENIED = [
     ("create", "leases.coordination.k8s.io", "-n", NS),
     ("create", "customresourcedefinitions.apiextensions.k8s.io"),
     ("create", "deviceclasses.resource.k8s.io"),
+    ("update", "gpupartitions.dynamig.io"),
+    ("update", "gpupartitionpolicies.dynamig.io", "--subresource=status"),
 ]
 AGENT_ALLOWED = [
+    ("update", "resourceclaims.resource.k8s.io", "--subresource=status", "-n", "default"),
     ("create", "resourceslices.resource.k8s.io"),
     ("delete", "resourceslices.resource.k8s.io"),
     ("watch", "resourceclaims.resource.k8s.io", "--all-namespaces"),
@@ -426,6 +430,10 @@ AGENT_ALLOWED = [
     ("get", "nodes"),
 ]
 AGENT_DENIED = [
+    ("patch", "resourceslices.resource.k8s.io"),
+    ("deletecollection", "resourceslices.resource.k8s.io"),
+    ("update", "gpupartitions.dynamig.io", "--subresource=status"),
+    ("update", "resourceclaims.resource.k8s.io", "--subresource=binding", "-n", "default"),
     ("patch", "gpupartitions.dynamig.io"),
     ("update", "gpupartitions.dynamig.io"),
     ("create", "events", "-n", "default"),
@@ -510,14 +518,16 @@ def test_node_admission_policy_confines_each_agent_to_its_node(installed: Contro
     assert denied.returncode != 0, denied.stdout
     assert "the dynamig agent on node node-a may not write ResourceSlices of node node-b" in denied.stderr
 
-    ok = _as_agent(cp, _slice("node-a", "node-a-mig"), "node-a")
+    ok = _as_agent(cp, _slice("node-a", "node-a-mig.dynamig.io-0"), "node-a")
     assert ok.returncode == 0, ok.stderr
 
-    no_identity = _as_agent(cp, _slice("node-a", "node-a-mig"), None)
+    no_identity = _as_agent(cp, _slice("node-a", "node-a-mig.dynamig.io-0"), None)
     assert no_identity.returncode != 0
     assert "the dynamig agent has no node identity" in no_identity.stderr
 
-    other_driver = _as_agent(cp, _slice("node-a", "node-a-gpu", driver="gpu.nvidia.com"), "node-a")
+    other_driver = _as_agent(
+        cp, _slice("node-a", "node-a-mig.dynamig.io-1", driver="gpu.nvidia.com"), "node-a"
+    )
     assert other_driver.returncode != 0
     assert "may only write ResourceSlices of driver mig.dynamig.io" in other_driver.stderr
 
@@ -541,7 +551,7 @@ def test_node_admission_policy_confines_each_agent_to_its_node(installed: Contro
 def test_node_admission_policy_checks_status_updates(installed: ControlPlane) -> None:
     """An agent may not relabel, delete or report status for another node's GpuPartition."""
     cp = installed
-    name = "vap-status-check-gpu0"
+    name = "node-b-gpu9"
     cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(_partition("node-b", name)))
     try:
         flags = [
@@ -701,23 +711,23 @@ def test_helm_upgrade_updates_the_crds_and_uninstall_keeps_them(
         )
     try:
         run_helm("install", HELM_RELEASE, str(chart), "--create-namespace", "-f", str(values))
-        assert "Model" not in _crd_columns(cp, "gpupartitions.dynamig.io")
+        assert "Canary" not in _crd_columns(cp, "gpupartitions.dynamig.io")
         cp.kubectl("get", "clusterrole", f"{HELM_RELEASE}-operator", f"{HELM_RELEASE}-agent")
 
         # A new CRD revision in the chart (an extra printer column) reaches the cluster on helm upgrade.
         crd_file = chart / "files" / "crds" / "gpupartitions.yaml"
         doc = yaml.safe_load(crd_file.read_text())
         doc["spec"]["versions"][0]["additionalPrinterColumns"].append(
-            {"name": "Model", "type": "string", "jsonPath": ".status.model"}
+            {"name": "Canary", "type": "string", "jsonPath": ".status.model"}
         )
         crd_file.write_text(yaml.safe_dump(doc))
         run_helm("upgrade", HELM_RELEASE, str(chart), "-f", str(values))
-        assert "Model" in _crd_columns(cp, "gpupartitions.dynamig.io")
+        assert "Canary" in _crd_columns(cp, "gpupartitions.dynamig.io")
 
         # And back to the repository's CRD.
         shutil.copy(CHART / "files" / "crds" / "gpupartitions.yaml", crd_file)
         run_helm("upgrade", HELM_RELEASE, str(chart), "-f", str(values))
-        assert "Model" not in _crd_columns(cp, "gpupartitions.dynamig.io")
+        assert "Canary" not in _crd_columns(cp, "gpupartitions.dynamig.io")
 
         run_helm("uninstall", HELM_RELEASE)
         # helm.sh/resource-policy: keep leaves the CRDs (and every object of their kinds) in place.
@@ -759,6 +769,186 @@ def _token_kubeconfig(cp: ControlPlane, token: str, path: Path) -> Path:
     return path
 
 
+def _agent_token(cp: ControlPlane, node: str) -> str:
+    """A token of the agent's service account bound to a pod on ``node``, as the kubelet mounts it: it carries
+    the node claim the admission policies read. Side effect: creates the pod (the caller deletes it)."""
+    api = cp.rest()
+    pod_name = f"agent-{node}"[:63]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": pod_name, "namespace": NS},
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": "dynamig-agent",
+            "containers": [{"name": "agent", "image": "example.invalid/dynamig:test"}],
+        },
+    }
+    created = api.request("POST", f"/api/v1/namespaces/{NS}/pods", pod)
+    bound = {"apiVersion": "v1", "kind": "Pod", "name": pod_name, "uid": created["metadata"]["uid"]}
+    request = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 3600, "boundObjectRef": bound},
+    }
+    token: str = api.request("POST", f"/api/v1/namespaces/{NS}/serviceaccounts/dynamig-agent/token", request)[
+        "status"
+    ]["token"]
+    return token
+
+
+def _allocated_claim(name: str, node: str, device: str = "gpu0-1g10gb-s0") -> dict[str, Any]:
+    """A claim whose status allocates one of this driver's devices on ``node``, as the scheduler writes it."""
+    claim = resource_claim(name, exactly('device.attributes["mig.dynamig.io"].profile == "1g.10gb"'))
+    claim["metadata"]["namespace"] = "default"
+    claim["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [{"request": "gpu", "driver": "mig.dynamig.io", "pool": node, "device": device}]
+            },
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                ]
+            },
+        }
+    }
+    return claim
+
+
+def _device_status(
+    node: str, driver: str = "mig.dynamig.io", device: str = "gpu0-1g10gb-s0"
+) -> dict[str, Any]:
+    return {
+        "driver": driver,
+        "pool": node,
+        "device": device,
+        "conditions": [
+            {
+                "type": "mig.dynamig.io/ready",
+                "status": "True",
+                "reason": "Ready",
+                "message": "cut",
+                "lastTransitionTime": "2026-12-01T00:00:00Z",
+            }
+        ],
+    }
+
+
+def test_an_agents_own_token_cannot_write_another_nodes_objects(
+    installed: ControlPlane, make_node: Callable[..., str], tmp_path: Path
+) -> None:
+    """Every write an agent can attempt on another node's objects, with its own node-bound token against the
+    real API server: each denied, with the policy's message; its own node's objects stay writable."""
+    cp = installed
+    a, b = make_node("vap-a"), make_node("vap-b")
+    kc = _token_kubeconfig(cp, _agent_token(cp, a), tmp_path / "agent.kubeconfig")
+    try:
+        _agent_cannot_write_another_nodes_objects(cp, kc, a, b)
+    finally:
+        cp.kubectl("delete", "pod", "-n", NS, f"agent-{a}"[:63], "--ignore-not-found", "--wait=false")
+        cp.kubectl("delete", "resourceslice", f"{b}-mig.dynamig.io-0", "--ignore-not-found")
+        cp.kubectl("delete", "gpupartition", f"{b}-gpu0", "--ignore-not-found")
+        for node in (a, b):
+            cp.kubectl("delete", "resourceclaim", "-n", "default", f"claim-{node}", "--ignore-not-found")
+
+
+def _agent_cannot_write_another_nodes_objects(cp: ControlPlane, kc: Path, a: str, b: str) -> None:
+
+    def as_agent(*args: str, obj: dict[str, Any] | None = None) -> subprocess.CompletedProcess[str]:
+        return cp.kubectl(
+            *args, f"--kubeconfig={kc}", input=yaml.safe_dump(obj) if obj else None, check=False
+        )  # the later --kubeconfig wins
+
+    # B's objects, as B's agent and the scheduler would have written them.
+    b_slice = _slice(b, f"{b}-mig.dynamig.io-0")
+    b_part = _partition(b, f"{b}-gpu0")
+    for obj in (b_slice, b_part):
+        cp.kubectl("create", "-f", "-", input=yaml.safe_dump(obj))
+    claims = {"on-b": _allocated_claim(f"claim-{b}", b), "on-a": _allocated_claim(f"claim-{a}", a)}
+    for claim in claims.values():
+        status = claim.pop("status")
+        cp.kubectl("create", "-f", "-", input=yaml.safe_dump(claim))
+        claim["status"] = status
+        cp.kubectl("replace", "--subresource=status", "-f", "-", input=yaml.safe_dump(claim))
+
+    def answered(which: str, entry: dict[str, Any], keep_allocation: bool = True) -> dict[str, Any]:
+        name = claims[which]["metadata"]["name"]
+        got: dict[str, Any] = yaml.safe_load(
+            cp.kubectl("get", "resourceclaim", "-n", "default", name, "-o", "yaml").stdout
+        )
+        got["status"]["devices"] = [entry]
+        if not keep_allocation:
+            del got["status"]["allocation"]
+        return got
+
+    def moved(obj: dict[str, Any], **spec: Any) -> dict[str, Any]:
+        got: dict[str, Any] = yaml.safe_load(
+            cp.kubectl("get", obj["kind"].lower(), obj["metadata"]["name"], "-o", "yaml").stdout
+        )
+        got["spec"] = {**got["spec"], **spec}
+        return got
+
+    other_pool = _slice(a, f"{a}-mig.dynamig.io-7")
+    other_pool["spec"]["pool"]["name"] = b
+    mine = f"the dynamig agent on node {a}"
+    denied = [
+        ("a slice on B", ("create", "-f", "-"), _slice(b, f"{b}-mig.dynamig.io-9"),
+         f"{mine} may not write ResourceSlices of node {b}"),
+        ("a slice on A in B's pool", ("create", "-f", "-"), other_pool,
+         f"{mine} may not write ResourceSlices of pool {b}"),
+        ("a slice on A under B's slice names", ("create", "-f", "-"), _slice(a, f"{b}-mig.dynamig.io-8"),
+         f"{mine} may only write ResourceSlices named {a}-mig.dynamig.io-*, not {b}-mig.dynamig.io-8"),
+        ("B's slice republished", ("replace", "-f", "-"),
+         moved(b_slice, pool={**b_slice["spec"]["pool"], "generation": 1000}),
+         f"{mine} may not write ResourceSlices of node {b}"),
+        ("B's slice deleted", ("delete", "resourceslice", b_slice["metadata"]["name"]), None,
+         f"{mine} may not write ResourceSlices of node {b}"),
+        ("a GpuPartition for B", ("create", "-f", "-"), _partition(b, f"{b}-gpu1"),
+         f"{mine} may not write GpuPartition {b}-gpu1 of node {b}"),
+        ("a GpuPartition named for B, labelled A", ("create", "-f", "-"), _partition(a, f"{b}-gpu2"),
+         f"{mine} may only write GpuPartitions named {a}-gpu<index>, not {b}-gpu2"),
+        ("B's GpuPartition deleted", ("delete", "gpupartition", f"{b}-gpu0"), None,
+         f"{mine} may not write GpuPartition {b}-gpu0 of node {b}"),
+        ("B's GpuPartition status", ("patch", "gpupartition", f"{b}-gpu0", "--subresource=status",
+         "--type=merge", "-p", '{"status":{"phase":"Stable"}}'), None,
+         f"{mine} may not write GpuPartition {b}-gpu0 of node {b}"),
+        # Claims: the API server's own granular status authorization (1.36) decides, per driver and node.
+        ("an answer on a claim allocated on B", ("replace", "--subresource=status", "-f", "-"),
+         answered("on-b", _device_status(b)),
+         'cannot arbitrary-node:update resource "resourceclaims/driver"'),
+        ("an answer for another driver", ("replace", "--subresource=status", "-f", "-"),
+         answered("on-a", _device_status(a, driver="gpu.nvidia.com")),
+         'resourceclaims.resource.k8s.io "gpu.nvidia.com" is forbidden'),
+        ("an answer in B's pool", ("replace", "--subresource=status", "-f", "-"),
+         answered("on-a", _device_status(b)), "must be an allocated device in the claim"),
+        ("a claim's allocation dropped", ("replace", "--subresource=status", "-f", "-"),
+         answered("on-a", _device_status(a), keep_allocation=False),
+         'cannot update resource "resourceclaims/binding"'),
+    ]  # fmt: skip
+    # A policy takes effect a moment after it is created: wait until the first case is denied.
+    deadline = time.monotonic() + 30
+    while as_agent("create", "--dry-run=server", "-f", "-", obj=denied[0][2]).returncode == 0:
+        assert time.monotonic() < deadline, "the node admission policy never took effect"
+        time.sleep(0.5)
+    wrong = []
+    for what, args, body, message in denied:
+        got = as_agent(*args, "--dry-run=server", obj=body)
+        if got.returncode == 0 or message not in got.stderr:
+            wrong.append(f"{what}: rc={got.returncode} {got.stderr.strip() or got.stdout.strip()}")
+    assert not wrong, "\n".join(wrong)
+
+    # Its own node's objects: every one of these writes goes through.
+    allowed: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+        (("create", "-f", "-"), _slice(a, f"{a}-mig.dynamig.io-0")),
+        (("create", "-f", "-"), _partition(a, f"{a}-gpu0")),
+        (("replace", "--subresource=status", "-f", "-"), answered("on-a", _device_status(a))),
+    ]
+    for args, body in allowed:
+        got = as_agent(*args, "--dry-run=server", obj=body)
+        assert got.returncode == 0, f"{args}: {got.stderr}"
+
+
 def _wait_for(what: str, check: Callable[[], bool], proc: subprocess.Popen[str], timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -788,38 +978,11 @@ def test_agent_and_operator_run_with_exactly_the_rbac_the_manifests_grant(
     cp = installed
     node = make_node("rbac", labels={"dynamig.io/managed": "true"})
     pod_name = f"agent-{node}"[:63]
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": pod_name, "namespace": NS},
-        "spec": {
-            "nodeName": node,
-            "serviceAccountName": "dynamig-agent",
-            "containers": [{"name": "agent", "image": "example.invalid/dynamig:test"}],
-        },
-    }
     api = cp.rest()
-    created = api.request("POST", f"/api/v1/namespaces/{NS}/pods", pod)
+    token = _agent_token(cp, node)
     policy = f"rbac-{node}"[:63]
     agent = operator = None
     try:
-        token = api.request(
-            "POST",
-            f"/api/v1/namespaces/{NS}/serviceaccounts/dynamig-agent/token",
-            {
-                "apiVersion": "authentication.k8s.io/v1",
-                "kind": "TokenRequest",
-                "spec": {
-                    "expirationSeconds": 3600,
-                    "boundObjectRef": {
-                        "apiVersion": "v1",
-                        "kind": "Pod",
-                        "name": pod_name,
-                        "uid": created["metadata"]["uid"],
-                    },
-                },
-            },
-        )["status"]["token"]
         agent_kc = _token_kubeconfig(cp, token, tmp_path / "agent.kubeconfig")
 
         # The policy holds for the real token too: another node's slice is refused. (A policy takes effect

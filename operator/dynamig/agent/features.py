@@ -14,6 +14,7 @@ docs/install.md says which versions get which inventory.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +38,9 @@ class InventorySupport:
 
 def probe_slices(node: str, driver: str = DRIVER_NAME) -> tuple[dict[str, Any], dict[str, Any]]:
     """The two ResourceSlices the probe dry-runs: counter sets, then a device consuming them. Pure."""
-    pool = {"name": f"{node}-feature-probe", "generation": 0, "resourceSliceCount": 2}
+    # The node's own pool and slice-name prefix, as the node admission policy requires of the agent; a
+    # dry run stores nothing, so the real pool is untouched.
+    pool = {"name": node, "generation": 0, "resourceSliceCount": 2}
 
     def body(part: str, spec: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -96,10 +99,21 @@ async def detect_inventory(api: KubeApi, node: str, driver: str = DRIVER_NAME) -
         got_devices = await api.dry_run_create_slice(devices)
     except Exception as exc:
         code = status_of(exc)
-        if code is None:
-            raise
+        message = _api_message(exc)
+        if code is None or code in (401, 403) or "ValidatingAdmissionPolicy" in message:
+            raise  # permissions or the node admission policy: a setup error, not a missing feature
         # 404: no resource.k8s.io/v1 at all; 422: the server rejects the fields outright (an older schema).
         return InventorySupport(
-            Inventory.INSTANCES, f"the API server refused the probe slice ({code}): publishing instances only"
+            Inventory.INSTANCES,
+            f"the API server refused the probe slice ({code}: {message}): publishing instances only",
         )
     return judge(got_counters, got_devices)
+
+
+def _api_message(exc: BaseException) -> str:
+    """The API server's message in an error answer, else ''. Pure."""
+    body = getattr(exc, "body", None)
+    try:
+        return str(json.loads(body).get("message", "")) if body else ""
+    except (ValueError, AttributeError):
+        return str(body)

@@ -171,6 +171,7 @@ class Reconciler:
         )  # one round at a time: rounds of different policies share the snapshot view
         self._windows: dict[str, int] = {}
         self.last_decisions: dict[str, RoundDecision] = {}
+        self._gpu_uids: dict[str, str] = {}  # GpuPartition name -> uid, from the latest snapshot (for Events)
 
     # ------------------------------------------------------------------------------------------ wake-ups
     def wake(self) -> None:
@@ -229,6 +230,7 @@ class Reconciler:
             snap = await self.kube.snapshot()
             now = self.clock()
             world = parse_world(snap, self.catalog)
+            self._gpu_uids = {p["metadata"]["name"]: p["metadata"].get("uid", "") for p in snap.partitions}
             raw = next((p for p in snap.policies if p["metadata"]["name"] == name), None)
             policy = next((p for p in world.policies if p.name == name), None)
             if policy is None or raw is None:
@@ -470,6 +472,15 @@ class Reconciler:
             conds = set_condition(
                 conds, "Reshaping", False, "Stable", "no GpuPartition is being reshaped", gen, stamp
             )
+        # Ready: valid and every governed GPU at its layout, so `kubectl wait --for=condition=Ready` works.
+        if problems:
+            ready = (False, "InvalidSpec", f"the spec is invalid: {'; '.join(str(p) for p in problems)}")
+        elif reshaping or written:
+            moving = reshaping or [w.gpu for w in written]
+            ready = (False, "Reshaping", f"waiting for agents on {', '.join(moving)}")
+        else:
+            ready = (True, "Stable", f"{len(mine)} governed GPU(s) at their layouts")
+        conds = set_condition(conds, "Ready", *ready, gen, stamp)
         old_demand: dict[str, Any] = dict(old.get("pendingDemand") or {})
         status: dict[str, Any] = {
             "observedGeneration": gen,
@@ -525,7 +536,13 @@ class Reconciler:
         await self.kube.post_event(ref, kind, reason, message, self.settings.events_namespace)
 
     async def _event_gpu(self, gpu: str, kind: str, reason: str, message: str) -> None:
-        ref = {"apiVersion": GROUP_VERSION, "kind": GPU_PARTITION_KIND, "name": gpu}
+        # kubectl describe finds an object's Events by uid: without it they exist but never show.
+        ref = {
+            "apiVersion": GROUP_VERSION,
+            "kind": GPU_PARTITION_KIND,
+            "name": gpu,
+            "uid": self._gpu_uids.get(gpu),
+        }
         await self.kube.post_event(ref, kind, reason, message, self.settings.events_namespace)
 
 
