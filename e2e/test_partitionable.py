@@ -92,6 +92,18 @@ async def bound_node(k: ScenarioApi, pod: str) -> str | None:
     return got.spec.node_name or None
 
 
+def burst_policy(pool: str) -> dict[str, Any]:
+    """The Dynamic policy both halves of the morning burst run under: the baseline, a short batch window,
+    both GPUs may change at once. Pure."""
+    return {
+        "nodeSelector": {"matchLabels": {"test-pool": pool}},
+        "mode": "Dynamic",
+        "baseline": {"A100-80GB": [{"profile": p, "start": s} for p, s in BASELINE]},
+        "batchWindowSeconds": 1,
+        "disruptionBudget": {"maxGpusReshaping": 2},
+    }
+
+
 async def burst(k: ScenarioApi, watch: AllocationWatch, pool: str, pods: list[str]) -> list[float]:
     """Create the inference pods at once; seconds from each pod's creation to its binding."""
     created: dict[str, float] = {}
@@ -139,16 +151,7 @@ async def test_morning_burst_books_placements_directly_and_is_compared_with_resh
         for g in gpus:
             await eventually(functools.partial(k.stable, g, layout_text(BASELINE)), f"{g} pre-cut")
         async with operator_running(crds.kubeconfig_path, OperatorMetrics()):
-            await k.create_policy(
-                policy,
-                {
-                    "nodeSelector": {"matchLabels": {"test-pool": pool}},
-                    "mode": "Dynamic",
-                    "baseline": {"A100-80GB": [{"profile": p, "start": s} for p, s in BASELINE]},
-                    "batchWindowSeconds": 1,
-                    "disruptionBudget": {"maxGpusReshaping": 2},
-                },
-            )
+            await k.create_policy(policy, burst_policy(pool))
             watch.start()
             try:
                 figures["instances"] = await burst(k, watch, pool, pods)
@@ -159,9 +162,10 @@ async def test_morning_burst_books_placements_directly_and_is_compared_with_resh
             finally:
                 await watch.stop()
                 await k.delete_policy(policy)
-    # The operator's Events show where a person looks for them (kubectl describe filters on the uid).
+    # The operator's and the agent's Events show where a person looks (kubectl describe filters on the uid).
     described = "".join(crds.kubectl("describe", "gpupartition", g).stdout for g in gpus)
-    assert "LayoutChanged" in described, described
+    for reason in ("LayoutChanged", "InstanceDestroyed", "InstanceCreated", "LayoutApplied"):
+        assert reason in described, (reason, described)
     await k.delete_pods(pods)
     await eventually(lambda: _no_pods(k), "the first burst's pods gone", within_s=60)
 
@@ -179,16 +183,7 @@ async def test_morning_burst_books_placements_directly_and_is_compared_with_resh
         for g in gpus:
             await eventually(functools.partial(k.stable, g), f"GpuPartition {g}", within_s=60)
             await k.set_layout(g, BASELINE)
-        await k.create_policy(
-            policy,
-            {
-                "nodeSelector": {"matchLabels": {"test-pool": pool}},
-                "mode": "Dynamic",
-                "baseline": {"A100-80GB": [{"profile": p, "start": s} for p, s in BASELINE]},
-                "batchWindowSeconds": 1,
-                "disruptionBudget": {"maxGpusReshaping": 2},
-            },
-        )
+        await k.create_policy(policy, burst_policy(pool))
         for g in gpus:  # the operator wrote the baseline and every profile of the model as offers
             part = await eventually(functools.partial(offering, k, g, layout_text(BASELINE)), f"{g} offering")
             assert set(A100_PROFILES) <= set(part["spec"]["offeredProfiles"]), part["spec"]
@@ -358,6 +353,13 @@ async def test_a_placement_taken_behind_the_agents_back_fails_the_binding_and_th
         assert watch.destroyed_while_allocated(history) == []
         assert not [e for e in history if e.kind == "destroy-gi" and e.start == start]  # intruder intact
         assert intruder in {i.mig_uuid for i in _instances(sim)}
+        # What happened is on the claim, where kubectl describe shows it.
+        described = await asyncio.to_thread(
+            crds.kubectl, "describe", "resourceclaim", "-n", namespace, "half"
+        )
+        assert "AllocationFailed" in described.stdout and "AllocationReady" in described.stdout, (
+            described.stdout
+        )
 
 
 def _create_behind_the_agents_back(sim: ModuleType, profile: str, start: int) -> str:

@@ -421,6 +421,7 @@ OPERATOR_DENIED = [
     ("update", "gpupartitionpolicies.dynamig.io", "--subresource=status"),
 ]
 AGENT_ALLOWED = [
+    ("create", "events", "-n", "default"),
     ("update", "resourceclaims.resource.k8s.io", "--subresource=status", "-n", "default"),
     ("create", "resourceslices.resource.k8s.io"),
     ("delete", "resourceslices.resource.k8s.io"),
@@ -436,7 +437,7 @@ AGENT_DENIED = [
     ("update", "resourceclaims.resource.k8s.io", "--subresource=binding", "-n", "default"),
     ("patch", "gpupartitions.dynamig.io"),
     ("update", "gpupartitions.dynamig.io"),
-    ("create", "events", "-n", "default"),
+    ("patch", "events", "-n", "default"),
     ("patch", "gpupartitionpolicies.dynamig.io"),
     ("update", "resourceclaims.resource.k8s.io", "-n", "default"),
     ("create", "pods", "-n", NS),

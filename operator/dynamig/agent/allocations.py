@@ -18,6 +18,7 @@ from dynamig.agent.binding import Cut, Failed, GpuState, Pending, Ready, decide,
 from dynamig.agent.kubeapi import allocated_devices
 from dynamig.agent.nvml_device import GpuInfo
 from dynamig.geometry.model import device_name
+from dynamig.kube.events import AGENT_COMPONENT, event_body
 from dynamig.kube.gpupartition import now_rfc3339
 from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
 
@@ -52,10 +53,19 @@ class AllocationAnswerer:
             written.append((p, answer))
             if isinstance(answer, Ready):
                 log.info("allocation of %s to %s: ready (%s)", p.device, p.claim, answer.mig_uuid)
+                event = ("Normal", "AllocationReady", f"{p.device} on node {s.node} is {answer.mig_uuid}")
             else:
                 log.warning(
                     "allocation of %s to %s failed: %s: %s", p.device, p.claim, answer.reason, answer.message
                 )
+                why = f"{p.device} on node {s.node}: {answer.reason}: {answer.message}"
+                event = ("Warning", "AllocationFailed", f"{why}; the scheduler books again")
+            # On the claim, where `kubectl describe resourceclaim` shows what its pod got or why it waits.
+            ref = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "namespace": p.namespace}
+            ref |= {"name": p.name, "uid": p.uid}
+            await self.agent.api.post_event(
+                event_body(ref, *event, p.namespace, AGENT_COMPONENT, now_rfc3339(), s.node)
+            )
         return written
 
     async def _observe(self, claims: list[dict[str, Any]]) -> tuple[dict[int, GpuInfo], list[GpuState]]:

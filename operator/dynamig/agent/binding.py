@@ -126,6 +126,7 @@ class Pending:
     name: str
     device: str
     generation: int = 0
+    uid: str = ""
 
     @property
     def claim(self) -> str:
@@ -159,6 +160,7 @@ def unanswered(
                     str(meta.get("name", "")),
                     str(r["device"]),
                     int(meta.get("generation") or 0),
+                    str(meta.get("uid", "")),
                 )
                 out.append((str(meta.get("creationTimestamp", "")), pending))
     return [p for _, p in sorted(out, key=lambda x: x[0])]

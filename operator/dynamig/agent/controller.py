@@ -45,6 +45,7 @@ from dynamig.agent.publisher import SlicePublisher
 from dynamig.agent.reconcile import GpuPlan, Observed, plan_gpu
 from dynamig.geometry.model import PlacedInstance, device_name
 from dynamig.kube.devices import MigDevice
+from dynamig.kube.events import AGENT_COMPONENT, event_body, gpu_partition_ref
 from dynamig.kube.gpupartition import (
     ConditionType,
     GpuPartition,
@@ -82,6 +83,7 @@ class AgentSettings:
     min_round_gap_seconds: float = 0.2  # rounds woken by watch events are at least this far apart
     watch: bool = True  # watch GpuPartitions and ResourceClaims to start rounds on changes
     inventory: Inventory | None = Inventory.INSTANCES  # None: ask the API server at start
+    events_namespace: str = "default"  # where Events about GpuPartitions (cluster-scoped) go
 
 
 @dataclass(slots=True)
@@ -95,6 +97,9 @@ class _GpuOutcome:
     busy: bool = False  # still reshaping: poll again soon
     instances: list[MigInstance] = field(default_factory=list)
     inventory: GpuInventory | None = None  # partitionable inventory: what to publish for this GPU
+    events: list[tuple[str, str, str]] = field(
+        default_factory=list
+    )  # (type, reason, message) done this round
 
 
 def node_owner_reference(node: str, uid: str) -> dict[str, Any] | None:
@@ -245,6 +250,7 @@ class NodeAgent:
         }
 
         outcomes: list[_GpuOutcome] = []
+        created: dict[str, GpuPartition] = {}
         for gpu in gpus:
             name = gpu_partition_name(node, gpu.index)
             try:
@@ -257,7 +263,7 @@ class NodeAgent:
                 continue
             part = parts.get(name)
             if part is None:
-                part = await self._create_partition(gpu, instances)
+                part = created[name] = await self._create_partition(gpu, instances)
             owner = node_owner
             if owner is None and gpu.uuid in foreign:
                 owner = f"driver {foreign[gpu.uuid]} publishes MIG devices of this GPU"
@@ -285,8 +291,10 @@ class NodeAgent:
             self._after_publish(outcomes, claims)
 
         for o in outcomes:
-            if o.status is not None and o.status != parts.get(o.name, _NO_PARTITION).status:
+            part = parts.get(o.name) or created.get(o.name, _NO_PARTITION)
+            if o.status is not None and o.status != part.status:
                 await self._write_status(o.name, o.status)
+            await self._post_events(part, o)
         self._export(outcomes)
         return any(o.busy for o in outcomes)
 
@@ -396,6 +404,7 @@ class NodeAgent:
         quiet = {p: t for (idx, p), t in self._quiet_since.items() if idx == gpu.index}
         plan = plan_gpu(model, desired, observed, quiet, now, settle, keep)
 
+        events: list[tuple[str, str, str]] = []
         if plan.acts:
             self._reshape_started.setdefault(gpu.index, now)
             fresh_claims: dict[str, list[str]] | None = None
@@ -417,6 +426,13 @@ class NodeAgent:
                     self.metrics.operation("destroy", "success")
                     self._quiet_since.pop((gpu.index, p), None)
                     log.info("destroyed %s on %s", dev, self.settings.node)
+                    events.append(
+                        (
+                            "Normal",
+                            "InstanceDestroyed",
+                            f"destroyed free {p.profile} at slice {p.start} ({dev})",
+                        )
+                    )
                 except self.devices.error_type as exc:
                     err = self.devices.error_name(exc)
                     self.metrics.operation("destroy", "error")
@@ -437,6 +453,9 @@ class NodeAgent:
                     await asyncio.to_thread(self.devices.create, gpu, p)
                     self.metrics.operation("create", "success")
                     log.info("created %s on %s", dev, self.settings.node)
+                    events.append(
+                        ("Normal", "InstanceCreated", f"created {p.profile} at slice {p.start} ({dev})")
+                    )
                 except self.devices.error_type as exc:
                     err = self.devices.error_name(exc)
                     self.metrics.operation("create", "error")
@@ -501,6 +520,7 @@ class NodeAgent:
             instances=instances,
             published=published,
             inventory=inventory,
+            events=events,
         )
         for i in instances:
             if i.placed in published:
@@ -650,6 +670,26 @@ class NodeAgent:
         for key in list(self._quiet_since):
             if key not in alive:
                 del self._quiet_since[key]
+
+    async def _post_events(self, part: GpuPartition, o: _GpuOutcome) -> None:
+        """Events on the GpuPartition, where `kubectl describe` shows them: what was cut or destroyed this
+        round, and each change of its Ready condition (a refused layout, a busy instance, a lost GPU, MIG
+        disabled, an NVML error, and the way back to LayoutApplied)."""
+        events = list(o.events)
+        before = part.status.condition(ConditionType.READY)
+        after = o.status.condition(ConditionType.READY) if o.status is not None else None
+        if after is not None and (
+            before is None or (before.status, before.reason) != (after.status, after.reason)
+        ):
+            calm = after.is_true or after.reason in (Reason.RESHAPING, Reason.DRAINING)
+            events.append(("Normal" if calm else "Warning", after.reason, after.message))
+        ref = gpu_partition_ref(o.name, part.metadata.uid)
+        for kind, reason, message in events:
+            body = event_body(
+                ref, kind, reason, message, self.settings.events_namespace, AGENT_COMPONENT, now_rfc3339(),
+                instance=self.settings.node,
+            )  # fmt: skip
+            await self.api.post_event(body)
 
     async def _write_status(self, name: str, status: GpuPartitionStatus) -> None:
         try:

@@ -128,6 +128,17 @@ class KubeApi:
 
         return await self._retry("patch gpupartition status", call)
 
+    async def post_event(self, body: dict[str, Any]) -> None:
+        """Create a core/v1 Event (see :func:`dynamig.kube.events.event_body`). Errors are logged, not raised:
+        an Event that cannot be posted must not stop the round."""
+        namespace = body["metadata"]["namespace"]
+        try:
+            await self._retry("post event", lambda: self.core.create_namespaced_event(namespace, body))
+        except (TimeoutError, ApiException, aiohttp.ClientError, ConnectionError) as exc:
+            log.warning(
+                "could not post event %s on %s: %s", body["reason"], body["involvedObject"]["name"], exc
+            )
+
     async def delete_partition(self, name: str) -> None:
         async def call() -> None:
             try:

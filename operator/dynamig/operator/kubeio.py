@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -20,6 +19,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
+from dynamig.kube.events import OPERATOR_COMPONENT, event_body
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, POLICY_PLURAL, VERSION
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,6 @@ T = TypeVar("T")
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSION = "v1"
 MERGE_PATCH = "application/merge-patch+json"
-COMPONENT = "dynamig-operator"
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -161,23 +160,7 @@ class KubeIO:
     ) -> None:
         """Create a core/v1 Event about ``involved`` (apiVersion, kind, name, namespace, uid). Errors are
         logged, not raised: an Event that cannot be posted must not stop the round."""
-        now = now_rfc3339()
-        name = f"{involved.get('name', 'object')}.{uuid.uuid4().hex[:16]}"
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": name[:253], "namespace": namespace},
-            "involvedObject": {k: v for k, v in involved.items() if v},
-            "type": event_type,
-            "reason": reason,
-            "message": message[:1024],
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": COMPONENT,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
+        body = event_body(involved, event_type, reason, message, namespace, OPERATOR_COMPONENT, now_rfc3339())
         try:
             await self._retry(lambda: self.core.create_namespaced_event(namespace, body))
         except (TimeoutError, ApiException, aiohttp.ClientError) as exc:

@@ -26,8 +26,9 @@ from pydantic import ValidationError
 
 from dynamig import DRIVER_NAME
 from dynamig.geometry.catalog import Catalog
+from dynamig.kube.events import gpu_partition_ref
 from dynamig.kube.gpupartition import Condition, layout_summary, set_condition
-from dynamig.kube.names import GPU_PARTITION_KIND, GROUP_VERSION, POLICY_KIND
+from dynamig.kube.names import GROUP_VERSION, POLICY_KIND
 from dynamig.kube.policy import (
     GpuPartitionPolicy,
     Mode,
@@ -537,12 +538,7 @@ class Reconciler:
 
     async def _event_gpu(self, gpu: str, kind: str, reason: str, message: str) -> None:
         # kubectl describe finds an object's Events by uid: without it they exist but never show.
-        ref = {
-            "apiVersion": GROUP_VERSION,
-            "kind": GPU_PARTITION_KIND,
-            "name": gpu,
-            "uid": self._gpu_uids.get(gpu),
-        }
+        ref = gpu_partition_ref(gpu, self._gpu_uids.get(gpu))
         await self.kube.post_event(ref, kind, reason, message, self.settings.events_namespace)
 
 
