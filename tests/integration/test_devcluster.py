@@ -325,3 +325,72 @@ def test_dev_cluster_cli_up_env_down(control_plane: ControlPlane, tmp_path: Path
     assert wait_for(lambda: not any(pid_alive(p) for p in pids), 10)
     assert sorted(p.name for p in state_dir.iterdir()) == ["lock"]
     assert cli("env").returncode == 1
+
+
+def test_dev_cluster_with_gpu_nodes_runs_dynamig_you_can_kubectl(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """`up --gpu-node` gives a cluster a newcomer can `kubectl apply -k manifests/examples` against: the CRDs,
+    the DeviceClass, Ready managed nodes, an agent per node, the operator; the example pods get MIG slices."""
+    state_dir = tmp_path / "state"
+    env = dict(os.environ, KUBEBUILDER_ASSETS=str(control_plane.binaries.directory))
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "dynamig", "dev-cluster", f"--state-dir={state_dir}", *args]
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180, check=False)
+
+    bad = cli("up", "--gpu-node", "n1=B200-999GB:1")
+    assert bad.returncode == 1 and "unknown GPU model 'B200-999GB'" in bad.stderr, bad.stderr
+    assert not (state_dir / "state.json").exists()  # nothing started
+
+    up = cli("up", "--gpu-node", "gpu-a=A100-80GB:2", "--gpu-node", "gpu-b=H100-80GB:1")
+    try:
+        assert up.returncode == 0, up.stderr
+        kubeconfig = up.stdout.strip()
+
+        def kubectl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+            argv = [str(control_plane.binaries.kubectl), f"--kubeconfig={kubeconfig}", *args]
+            return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=check)
+
+        assert kubectl("get", "deviceclass", "mig.dynamig.io", "-o", "name").stdout.strip()
+        nodes = kubectl("get", "nodes", "-l", "dynamig.io/managed=true", "-o", "name").stdout.split()
+        assert sorted(nodes) == ["node/gpu-a", "node/gpu-b"]
+        want = {"gpu-a-gpu0", "gpu-a-gpu1", "gpu-b-gpu0"}
+        assert wait_for(
+            lambda: (
+                want
+                <= set(
+                    kubectl("get", "gpart", "-o", "name")
+                    .stdout.replace("gpupartition.dynamig.io/", "")
+                    .split()
+                )
+            ),
+            60,
+        ), kubectl("get", "gpart").stdout
+        status = cli("status").stdout
+        for name in ("agent-gpu-a", "agent-gpu-b", "operator"):
+            assert f"{name}: pid" in status and "running" in status, status
+        assert "operator" in cli("logs").stdout.split()
+        assert "inventory for node gpu-a" in cli("logs", "agent-gpu-a").stdout
+
+        # What the README tells a newcomer to do next: the examples, and the pods get their MIG slices.
+        kubectl("create", "namespace", "dynamig-examples")
+        root = find_repo_root()
+        assert root is not None
+        kubectl("apply", "-k", str(root / "manifests" / "examples"))
+
+        def inference_bound() -> bool:
+            pods = json.loads(
+                kubectl("get", "pods", "-n", "dynamig-examples", "-l", "app=inference", "-o", "json").stdout
+            )
+            return len(pods["items"]) == 7 and all(p["spec"].get("nodeName") for p in pods["items"])
+
+        assert wait_for(inference_bound, 120), kubectl(
+            "get", "pods,resourceclaims", "-n", "dynamig-examples"
+        ).stdout
+        state = json.loads((state_dir / "state.json").read_text())
+        pids = [state["supervisor_pid"], *state["component_pids"].values(), *state["dynamig_pids"].values()]
+    finally:
+        down = cli("down")
+    assert down.returncode == 0, down.stderr
+    assert wait_for(lambda: not any(pid_alive(p) for p in pids), 15)

@@ -1,8 +1,10 @@
-"""``dynamig dev-cluster up|down|env|status``: a local control plane that outlives the command.
+"""``dynamig dev-cluster up|down|env|status|logs``: a local control plane that outlives the command.
 
 ``up`` builds the binaries when needed (progress on stderr), starts the cluster in the background and prints
-the kubeconfig path on stdout; ``env`` prints shell exports (``eval "$(dynamig dev-cluster env)"``); ``down``
-stops it and deletes its files; ``status`` says whether it runs.
+the kubeconfig path on stdout; with ``--gpu-node NAME=MODEL:COUNT`` it also runs dynamig on simulated GPU
+nodes (CRDs, DeviceClass, an agent per node, the operator). ``env`` prints shell exports
+(``eval "$(dynamig dev-cluster env)"``); ``down`` stops it and deletes its files; ``status`` says whether it
+runs and lists the agents and the operator; ``logs [COMPONENT]`` prints a component's log.
 """
 
 from __future__ import annotations
@@ -37,9 +39,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="run in this process until interrupted instead of in the background",
     )
+    up.add_argument(
+        "--gpu-node",
+        action="append",
+        default=[],
+        metavar="NAME=MODEL:COUNT[,MODEL:COUNT]",
+        help="a simulated GPU node (repeatable): registers it and runs its agent over simulated NVML; the "
+        "operator, the CRDs and the DeviceClass come with it. e.g. --gpu-node n1=A100-80GB:2",
+    )
     actions.add_parser("down", help="stop the cluster and delete its files")
     actions.add_parser("env", help="print shell exports for KUBECONFIG and PATH (kubectl)")
-    actions.add_parser("status", help="print whether the cluster runs, its server URL and log directory")
+    actions.add_parser(
+        "status", help="print whether the cluster runs, its server URL, log directory, agents and operator"
+    )
+    logs = actions.add_parser("logs", help="print a component's log (without COMPONENT: list them)")
+    logs.add_argument("component", nargs="?", help="e.g. operator, agent-n1, kube-apiserver")
     parser.set_defaults(func=run)
 
 
@@ -50,9 +64,9 @@ def run(args: argparse.Namespace) -> int:
     state_dir: Path = args.state_dir or default_state_dir(os.environ)
     try:
         if args.action == "up" and args.foreground:
-            return run_foreground(state_dir, _say)
+            return run_foreground(state_dir, _say, args.gpu_node)
         if args.action == "up":
-            started = up(state_dir, _say)
+            started = up(state_dir, _say, gpu_nodes=args.gpu_node)
             _say(f"ready in {started.start_seconds:.1f}s at {started.server_url}; logs in {started.log_dir}")
             _say('use it with: eval "$(dynamig dev-cluster env)"   stop it with: dynamig dev-cluster down')
             print(started.kubeconfig)
@@ -68,11 +82,36 @@ def run(args: argparse.Namespace) -> int:
         if args.action == "env":
             print(f"export KUBECONFIG={shlex.quote(state.kubeconfig)}")
             print(f'export PATH={shlex.quote(state.bin_dir)}:"$PATH"')
+        elif args.action == "logs":
+            return _logs(Path(state.log_dir), args.component)
         else:
             print(f"running: supervisor pid {state.supervisor_pid}, server {state.server_url}")
             print(f"kubeconfig: {state.kubeconfig}")
             print(f"logs: {state.log_dir}")
+            for name, pid in sorted(state.dynamig_pids.items()):
+                print(f"{name}: pid {pid}, {'running' if _running(pid) else 'exited'}")
         return 0
-    except (BinariesNotFoundError, RuntimeError) as exc:
+    except (BinariesNotFoundError, RuntimeError, ValueError) as exc:
         _say(f"error: {exc}")
         return 1
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def _logs(log_dir: Path, component: str | None) -> int:
+    """Print one component's log, or list the components that have one."""
+    names = sorted(p.stem for p in log_dir.glob("*.log"))
+    if component is None:
+        print("\n".join(names))
+        return 0
+    if component not in names:
+        _say(f"no log for {component!r}; there are: {', '.join(names)}")
+        return 1
+    sys.stdout.write((log_dir / f"{component}.log").read_text(errors="replace"))
+    return 0

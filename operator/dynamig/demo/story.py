@@ -109,21 +109,11 @@ async def _show_layouts(
     )
 
 
-def _crd_paths() -> list[Path]:
-    from dynamig.devcluster.binaries import find_repo_root
-
-    root = find_repo_root()
-    if root is None:
-        raise RuntimeError(
-            "dynamig demo runs from a source checkout (it applies crds/ and builds the control plane)"
-        )
-    return sorted((root / "crds").glob("*.yaml"))
-
-
 async def run_demo(options: DemoOptions, write: Callable[[str], None]) -> int:
     """Run the whole story; 0 when every step happened as told, 1 otherwise. Leaves nothing running."""
     from dynamig.backends.nvml import load_nvml
     from dynamig.devcluster import ControlPlane
+    from dynamig.devcluster.sandbox import install_crds
 
     report = Reporter(write)
     report.step("Local control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager)")
@@ -134,9 +124,7 @@ async def run_demo(options: DemoOptions, write: Callable[[str], None]) -> int:
     nvml.configure(gpus=list(options.gpus), state_file=None)
     try:
         report.timed("control plane ready", time.monotonic() - started)
-        for crd in _crd_paths():
-            cp.kubectl("apply", "-f", str(crd))
-        cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+        install_crds(cp)  # from the source checkout's crds/
         cp.kubectl("create", "namespace", NAMESPACE)
         await cp.aregister_node(NODE, labels={MANAGED_NODE_LABEL: "true", POOL_LABEL: "morning"})
         report.info(

@@ -22,13 +22,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from dynamig.devcluster import sandbox
 from dynamig.devcluster.binaries import find_binaries
 from dynamig.devcluster.controlplane import ControlPlane
+from dynamig.devcluster.processes import Component, stop_all
+from dynamig.devcluster.sandbox import parse_gpu_node
 
 Say = Callable[[str], None]
 
@@ -53,6 +56,8 @@ class ClusterState:
     log_dir: str
     component_pids: dict[str, int]
     start_seconds: float
+    gpu_nodes: list[str] = field(default_factory=list)  # the --gpu-node arguments it runs
+    dynamig_pids: dict[str, int] = field(default_factory=dict)  # agent-<node> / operator -> pid
 
     @classmethod
     def read(cls, state_dir: Path) -> ClusterState | None:
@@ -98,14 +103,23 @@ def _locked(state_dir: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def up(state_dir: Path, say: Say, *, timeout: float = 120.0) -> ClusterState:
+def up(state_dir: Path, say: Say, *, gpu_nodes: Sequence[str] = (), timeout: float = 120.0) -> ClusterState:
     """Start the dev cluster in the background unless it runs already; returns its state. Side effects.
 
-    Raises ``RuntimeError`` with the supervisor's log tail when the cluster does not come up.
+    ``gpu_nodes`` (``NAME=MODEL:COUNT[,MODEL:COUNT]``): simulated GPU nodes, each with its agent, plus the
+    operator, the CRDs and the DeviceClass. Raises ``RuntimeError`` with the supervisor's log tail when the
+    cluster does not come up, or when it runs already with other GPU nodes.
     """
+    for text in gpu_nodes:
+        parse_gpu_node(text)  # bad input fails here, before anything starts
     with _locked(state_dir):
         state = running_state(state_dir)
         if state is not None:
+            if list(gpu_nodes) and list(gpu_nodes) != state.gpu_nodes:
+                raise RuntimeError(
+                    f"the dev cluster runs already with GPU nodes {state.gpu_nodes or 'none'}; "
+                    "stop it first (dynamig dev-cluster down) to change them"
+                )
             say(f"dev cluster already running (supervisor pid {state.supervisor_pid})")
             return state
         _cleanup(state_dir)
@@ -125,6 +139,7 @@ def up(state_dir: Path, say: Say, *, timeout: float = 120.0) -> ClusterState:
                 f"--state-dir={state_dir}",
                 "up",
                 "--foreground",
+                *(f"--gpu-node={n}" for n in gpu_nodes),
             ]
             proc = subprocess.Popen(
                 argv,
@@ -162,8 +177,9 @@ def _relay_progress(log: Path, already: int, say: Say) -> int:
     return len(lines)
 
 
-def run_foreground(state_dir: Path, say: Say) -> int:
-    """Run the control plane until a signal arrives or a component dies; returns the exit code. Blocks."""
+def run_foreground(state_dir: Path, say: Say, gpu_nodes: Sequence[str] = ()) -> int:
+    """Run the control plane (and, with ``gpu_nodes``, dynamig on simulated GPU nodes) until a signal
+    arrives or a component dies; returns the exit code. Blocks."""
     stop_requested: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -173,8 +189,15 @@ def run_foreground(state_dir: Path, say: Say) -> int:
         signal.signal(sig, on_signal)
     state_dir.mkdir(parents=True, exist_ok=True)
     cp = ControlPlane(work_dir=state_dir / "cluster", progress=say)
+    nodes = [parse_gpu_node(n) for n in gpu_nodes]
+    dynamig: list[Component] = []
     try:
         cp.start()
+        if nodes:
+            sandbox.install(cp)
+            dynamig = sandbox.start(cp, nodes, state_dir)
+            names = ", ".join(n.name for n in nodes)
+            say(f"GPU nodes {names}: an agent each over simulated NVML, and the operator")
         ClusterState(
             supervisor_pid=os.getpid(),
             server_url=cp.server_url,
@@ -183,6 +206,8 @@ def run_foreground(state_dir: Path, say: Say) -> int:
             log_dir=str(cp.log_dir),
             component_pids=cp.pids,
             start_seconds=round(cp.start_seconds or 0.0, 2),
+            gpu_nodes=list(gpu_nodes),
+            dynamig_pids={c.name: c.pid for c in dynamig},
         ).write(state_dir)
         say(f"kubeconfig: {cp.kubeconfig_path}")
         while not stop_requested:
@@ -190,10 +215,17 @@ def run_foreground(state_dir: Path, say: Say) -> int:
                 dead = [name for name, pid in cp.pids.items() if not _pid_running(pid)]
                 say(f"component(s) exited: {', '.join(dead) or 'unknown'}; stopping the dev cluster")
                 return 1
+            for c in [c for c in dynamig if not c.running()]:
+                # A dynamig part that exits is reported (status shows it) but does not stop the cluster.
+                say(
+                    f"{c.name} exited with code {c.popen.returncode}; its log: {c.log_path}\n{c.log_tail(10)}"
+                )
+                dynamig.remove(c)
             time.sleep(0.5)
         say(f"signal {stop_requested[0]}: stopping the dev cluster")
         return 0
     finally:
+        stop_all(dynamig)
         cp.stop()
         with contextlib.suppress(FileNotFoundError):
             (state_dir / "state.json").unlink()
@@ -218,6 +250,15 @@ def _terminate(pid: int, timeout: float = 20.0) -> None:
     if _pid_running(pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def _alive_python(pid: int) -> bool:
+    """True when ``pid`` still runs a dynamig agent or operator (so a recycled pid is never touched)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"dynamig" in cmdline and (b"agent" in cmdline or b"operator" in cmdline)
 
 
 def _runs_binary_from(pid: int, bin_dir: str) -> bool:
@@ -250,6 +291,10 @@ def down(state_dir: Path, say: Say) -> bool:
                 say(f"stopping dev cluster (supervisor pid {state.supervisor_pid})")
                 _terminate(state.supervisor_pid)
             # Belt and braces: sweep the component process groups the state recorded.
+            for pid in state.dynamig_pids.values():
+                if _pid_running(pid) and _alive_python(pid):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(pid, signal.SIGKILL)
             for pid in state.component_pids.values():
                 if _runs_binary_from(pid, state.bin_dir):
                     with contextlib.suppress(ProcessLookupError, PermissionError):

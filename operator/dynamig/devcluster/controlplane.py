@@ -50,6 +50,10 @@ KUBE_CONTROLLERS = (
     "namespace-controller",
     "serviceaccount-controller",
     "clusterrole-aggregation-controller",
+    # Workloads people apply to the dev cluster (the examples' Deployment and Job) get their pods.
+    "deployment-controller",
+    "replicaset-controller",
+    "job-controller",
 )
 SERVICE_CIDR = "10.0.0.0/24"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"

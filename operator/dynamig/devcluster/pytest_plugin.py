@@ -137,12 +137,10 @@ def make_node(control_plane: ControlPlane, request: pytest.FixtureRequest) -> It
 @pytest.fixture
 def crds(control_plane: ControlPlane) -> ControlPlane:
     """Apply the repository's CRDs (idempotent) and wait until the API server serves them."""
-    from dynamig.devcluster.binaries import find_repo_root
+    from dynamig.devcluster.sandbox import install_crds
 
-    root = find_repo_root()
-    if root is None:
-        pytest.fail("the crds fixture needs a dynamig source checkout")
-    for path in sorted((root / "crds").glob("*.yaml")):
-        control_plane.kubectl("apply", "-f", str(path))
-    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+    try:
+        install_crds(control_plane)
+    except RuntimeError as exc:
+        pytest.fail(f"the crds fixture needs a dynamig source checkout: {exc}")
     return control_plane
