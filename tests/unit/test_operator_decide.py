@@ -187,6 +187,32 @@ def test_claims_go_to_a_gpu_that_may_be_cut_rather_than_wait_behind_a_cooldown()
     assert {v.reason for v in decision.verdicts} == {Reason.RESHAPE_SCHEDULED}
 
 
+def test_a_layout_the_agent_could_not_apply_is_not_rewritten_and_claims_go_elsewhere() -> None:
+    # gpu0's spec asks for 1g.10gb instances the agent could not create (NVML refused); rewriting the same
+    # layout each round would loop. The claims are planned on gpu1 instead; gpu0 is held with the reason.
+    failed = partition(0, [("3g.40gb", 0, "free"), ("3g.40gb", 4, "free")])
+    failed["spec"]["layout"] = [{"profile": "1g.10gb", "start": s} for s in range(7)]
+    failed["status"]["conditions"] = [
+        {"type": "Ready", "status": "False", "reason": "InsufficientResources", "observedGeneration": 1,
+         "message": "NVML refused to create 1g.10gb at memory slice 0",
+         "lastTransitionTime": "2027-01-15T07:00:00Z"}
+    ]  # fmt: skip
+    decision, gpus = run(
+        policy(disruptionBudget={"maxGpusReshaping": 2}), [failed, baseline_gpu(1)], burst(2)
+    )
+    assert gpus[0].failure and not gpus[0].in_flight
+    (w,) = decision.writes
+    assert w.gpu == "node-a-gpu1" and len(w.claims) == 2
+    assert (
+        "could not apply" in decision.held["node-a-gpu0"]
+        and "InsufficientResources" in decision.held["node-a-gpu0"]
+    )
+    alone, _ = run(policy(), [failed], burst(1))
+    assert alone.writes == ()
+    (v,) = alone.verdicts
+    assert v.reason is Reason.NO_CAPACITY and "the agent could not apply" in v.message
+
+
 def test_in_flight_gpu_is_not_written_again_and_its_new_instances_serve_claims() -> None:
     gpu = partition(0, [("1g.10gb", s, "free") for s in range(7)], gen=2)
     gpu["status"]["observedGeneration"] = 1  # the agent is still cutting: actual is still the baseline

@@ -225,11 +225,13 @@ def _cooling(g: GpuView, now: float, cooldown: int) -> bool:
 
 
 def _why_frozen(g: GpuView, now: float, cooldown: int) -> str:
-    """Why a GPU in flight or cooling down may not change this round. Pure."""
+    """Why a GPU in flight, failed or cooling down may not change this round. Pure."""
     if g.in_flight:
         return (
             f"{g.name} is still reshaping (generation {g.generation}, agent reported {g.observed_generation})"
         )
+    if g.failure:
+        return f"the agent could not apply {layout_summary(g.desired)} on {g.name} ({g.failure})"
     since = now - (g.last_written or now)
     left = _fmt_secs(cooldown - since)
     return f"{g.name} was reshaped {_fmt_secs(since)} ago; cooldown {cooldown}s ({left} left)"
@@ -298,7 +300,10 @@ def decide_round(inp: RoundInput) -> RoundDecision:
     # GPUs that could not be written this round are planned as they are, so demand goes where it can be cut
     # now instead of queueing behind a cooldown or a reshape in flight.
     cooling = {g.name: g for g in usable if _cooling(g, inp.now, spec.cooldown_seconds)}
-    frozen_gpus = [g for g in usable if g.in_flight or g.name in cooling]
+    # A GPU whose agent could not apply its current spec.layout is not written again (the agent retries it
+    # itself): rewriting the same layout every round would be a hot loop that serves nobody.
+    failed = {g.name: g for g in usable if g.failure and not g.in_flight}
+    frozen_gpus = [g for g in usable if g.in_flight or g.name in cooling or g.name in failed]
     frozen = frozenset(GpuKey(_planner_node(g), g.index) for g in frozen_gpus)
     planner_policy = replace(spec.to_planner(), frozen=frozen)
     started = time.perf_counter()
@@ -371,13 +376,14 @@ def decide_round(inp: RoundInput) -> RoundDecision:
                     f"the claim is planned again when they finish. Now: {_no_capacity(c, policy, usable)}"
                 )
                 verdicts.append(ClaimVerdict(c, Reason.RESHAPE_IN_PROGRESS, msg, profile))
-            elif cooling:
+            elif cooling or failed:
                 msg = (
                     f"no GPU of policy {policy.name} that may be cut now has room for the claim; "
-                    + "; ".join(held[name] for name in sorted(cooling))
-                    + "; the claim is planned again when the cooldown ends"
+                    + "; ".join(held[name] for name in sorted({*cooling, *failed}))
+                    + "; the claim is planned again when they may change"
                 )
-                verdicts.append(ClaimVerdict(c, Reason.WAITING_FOR_COOLDOWN, msg, profile))
+                reason = Reason.WAITING_FOR_COOLDOWN if cooling and not failed else Reason.NO_CAPACITY
+                verdicts.append(ClaimVerdict(c, reason, msg, profile))
             else:
                 verdicts.append(ClaimVerdict(c, Reason.NO_CAPACITY, _no_capacity(c, policy, usable), profile))
             continue
