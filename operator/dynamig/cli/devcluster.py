@@ -59,7 +59,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dynamig.devcluster import BinariesNotFoundError
-    from dynamig.devcluster.background import default_state_dir, down, run_foreground, running_state, up
+    from dynamig.devcluster.background import (
+        default_state_dir,
+        down,
+        pid_running,
+        run_foreground,
+        running_state,
+        up,
+    )
 
     state_dir: Path = args.state_dir or default_state_dir(os.environ)
     try:
@@ -89,19 +96,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"kubeconfig: {state.kubeconfig}")
             print(f"logs: {state.log_dir}")
             for name, pid in sorted(state.dynamig_pids.items()):
-                print(f"{name}: pid {pid}, {'running' if _running(pid) else 'exited'}")
+                print(f"{name}: pid {pid}, {'running' if pid_running(pid) else 'exited'}")
         return 0
     except (BinariesNotFoundError, RuntimeError, ValueError) as exc:
         _say(f"error: {exc}")
         return 1
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
 
 
 def _logs(log_dir: Path, component: str | None) -> int:

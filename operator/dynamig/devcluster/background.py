@@ -212,7 +212,7 @@ def run_foreground(state_dir: Path, say: Say, gpu_nodes: Sequence[str] = ()) -> 
         say(f"kubeconfig: {cp.kubeconfig_path}")
         while not stop_requested:
             if not cp.running():
-                dead = [name for name, pid in cp.pids.items() if not _pid_running(pid)]
+                dead = [name for name, pid in cp.pids.items() if not pid_running(pid)]
                 say(f"component(s) exited: {', '.join(dead) or 'unknown'}; stopping the dev cluster")
                 return 1
             for c in [c for c in dynamig if not c.running()]:
@@ -231,7 +231,8 @@ def run_foreground(state_dir: Path, say: Say, gpu_nodes: Sequence[str] = ()) -> 
             (state_dir / "state.json").unlink()
 
 
-def _pid_running(pid: int) -> bool:
+def pid_running(pid: int) -> bool:
+    """Whether a process ``pid`` exists (it may be another program if the pid was recycled)."""
     try:
         os.kill(pid, 0)
     except OSError:
@@ -243,11 +244,11 @@ def _terminate(pid: int, timeout: float = 20.0) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while _pid_running(pid) and time.monotonic() < deadline:
+    while pid_running(pid) and time.monotonic() < deadline:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
         time.sleep(0.1)
-    if _pid_running(pid):
+    if pid_running(pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 
@@ -292,7 +293,7 @@ def down(state_dir: Path, say: Say) -> bool:
                 _terminate(state.supervisor_pid)
             # Belt and braces: sweep the component process groups the state recorded.
             for pid in state.dynamig_pids.values():
-                if _pid_running(pid) and _alive_python(pid):
+                if pid_running(pid) and _alive_python(pid):
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(pid, signal.SIGKILL)
             for pid in state.component_pids.values():
