@@ -47,6 +47,7 @@ test: setup helm cdivalidate lint typecheck imports
 
 bench: setup
 	$(BIN)/python bench/planner_bench.py
+	$(BIN)/python bench/plan_input_bench.py
 
 clean:
 	rm -rf $(VENV) $(GEN_DIR) .mypy_cache .ruff_cache

@@ -262,3 +262,45 @@ def test_layout_with_two_instances_at_one_start_is_refused(crds: ControlPlane) -
     proc = crds.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(obj), check=False)
     assert proc.returncode != 0
     assert "two instances in spec.layout start at the same memory slice" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("condition", "field"),
+    [
+        ({"type": "Ready", "reason": "layout applied"}, "reason"),  # metav1.Condition: CamelCase, no spaces
+        ({"type": "Ready", "reason": ""}, "reason"),
+        ({"type": "not a type!", "reason": "LayoutApplied"}, "type"),
+    ],
+)
+def test_conditions_follow_metav1_condition_rules(
+    crds: ControlPlane, condition: dict[str, str], field: str
+) -> None:
+    cp = crds
+    node = _name("cond-node")
+    name = f"{node}-gpu0"
+    body = {
+        "apiVersion": "dynamig.io/v1alpha1",
+        "kind": "GpuPartition",
+        "metadata": {"name": name, "labels": {"dynamig.io/node": node}},
+        "spec": {"layout": []},
+    }
+    cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(body))
+    try:
+        good = {"status": "True", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+        for cond, ok in (({"type": "Ready", "reason": "LayoutApplied"}, True), (condition, False)):
+            patch = json.dumps({"status": {"conditions": [{**good, **cond}]}})
+            got = cp.kubectl(
+                "patch",
+                "gpupartition",
+                name,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                patch,
+                check=False,
+            )
+            assert (got.returncode == 0) == ok, got.stderr
+            if not ok:
+                assert f"status.conditions[0].{field}" in got.stderr, got.stderr
+    finally:
+        cp.kubectl("delete", "gpupartition", name, "--ignore-not-found")
