@@ -236,6 +236,18 @@ def test_kubectl_get_policies_columns(crds: ControlPlane) -> None:
         ),
         ({"cooldownSeconds": -5}, "spec.cooldownSeconds: Invalid value: -5"),
         ({"allowedProfiles": ["big"]}, "spec.allowedProfiles: not a MIG profile name"),
+        (
+            {"nodeSelector": {"matchLabels": {"gpu pool": "a"}}},
+            "spec.nodeSelector.matchLabels: every key must be",
+        ),
+        (
+            {"nodeSelector": {"matchLabels": {"pool": "a b"}}},
+            "spec.nodeSelector.matchLabels.pool: Invalid value",
+        ),
+        (
+            {"nodeSelector": {"matchExpressions": [{"key": "-pool", "operator": "Exists"}]}},
+            "spec.nodeSelector.matchExpressions[0].key: Invalid value",
+        ),
     ],
 )
 def test_invalid_policies_are_refused_with_a_message_naming_the_field(
