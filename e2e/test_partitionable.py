@@ -87,6 +87,23 @@ async def offering(k: ScenarioApi, gpu: str, layout: str) -> dict[str, Any] | No
     return part
 
 
+async def one_gpu_node(
+    k: ScenarioApi, sim: ModuleType, make_node: Callable[..., str], prefix: str, **sim_kw: Any
+) -> str:
+    """The DeviceClass, one simulated A100-80GB and a managed node for it; the node's name."""
+    await k.ensure_device_class()
+    sim.configure(gpus=["A100-80GB"], state_file=None, **sim_kw)
+    return make_node(prefix, labels={"dynamig.io/managed": "true"})
+
+
+async def offered(k: ScenarioApi, gpu: str, layout: list[tuple[str, int]], profiles: list[str]) -> None:
+    """Once the agent has made ``gpu``'s GpuPartition: offer ``profiles`` above ``layout`` and wait until the
+    agent publishes them."""
+    await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
+    await offer(k, gpu, layout, profiles)
+    await eventually(functools.partial(offering, k, gpu, layout_text(layout)), f"{gpu} offering")
+
+
 async def bound_node(k: ScenarioApi, pod: str) -> str | None:
     got = await k.core.read_namespaced_pod(pod, k.ns)
     return got.spec.node_name or None
@@ -261,14 +278,10 @@ async def test_two_claims_and_a_two_device_request_are_cut_on_one_gpu_and_the_po
     sim: ModuleType,
 ) -> None:
     k = ScenarioApi(kube_api, namespace)
-    await k.ensure_device_class()
-    sim.configure(gpus=["A100-80GB"], state_file=None)
-    node = make_node("pair", labels={"dynamig.io/managed": "true"})
+    node = await one_gpu_node(k, sim, make_node, "pair")
     gpu = f"{node}-gpu0"
     async with agent_running(kube_api, node, sim, partitionable(node)):
-        await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
-        await offer(k, gpu, [], A100_PROFILES)
-        await eventually(functools.partial(offering, k, gpu, ""), f"{gpu} offering")
+        await offered(k, gpu, [], A100_PROFILES)
         # One pod, two claims (a 2g.20gb and a pair of 1g.10gb from one request).
         await _create_claim(k, "one", {"firstAvailable": first_available(["2g.20gb"])})
         await _create_claim(
@@ -322,15 +335,11 @@ async def test_a_placement_taken_behind_the_agents_back_fails_the_binding_and_th
     someone else creates an instance there and runs a process on it. The binding fails, the scheduler
     books again, the pod binds; no instance is destroyed while allocated or busy."""
     k = ScenarioApi(kube_api, namespace)
-    await k.ensure_device_class()
-    sim.configure(gpus=["A100-80GB"], state_file=None)
-    node = make_node("race", labels={"dynamig.io/managed": "true"})
+    node = await one_gpu_node(k, sim, make_node, "race")
     gpu = f"{node}-gpu0"
     watch = AllocationWatch(k)
     async with agent_running(kube_api, node, sim, partitionable(node)) as agent:
-        await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
-        await offer(k, gpu, [], ["3g.40gb"])
-        await eventually(functools.partial(offering, k, gpu, ""), f"{gpu} offering")
+        await offered(k, gpu, [], ["3g.40gb"])
         watch.start()
         async with agent.lock:  # the agent is between rounds: nothing answers until the lock is released
             await _create_claim(k, "half", {"firstAvailable": first_available(["3g.40gb"])})
@@ -394,15 +403,11 @@ async def test_a_warm_instance_is_booked_with_no_create_on_the_path(
     sim: ModuleType,
 ) -> None:
     k = ScenarioApi(kube_api, namespace)
-    await k.ensure_device_class()
-    sim.configure(gpus=["A100-80GB"], state_file=None, create_latency_s=CREATE_LATENCY_S)
-    node = make_node("warm", labels={"dynamig.io/managed": "true"})
+    node = await one_gpu_node(k, sim, make_node, "warm", create_latency_s=CREATE_LATENCY_S)
     gpu = f"{node}-gpu0"
     warm = [("1g.10gb", 6)]
     async with agent_running(kube_api, node, sim, partitionable(node)):
-        await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
-        await offer(k, gpu, warm, A100_PROFILES)  # a warm pool of one 1g.10gb, pre-created
-        await eventually(functools.partial(offering, k, gpu, layout_text(warm)), f"{gpu} warm")
+        await offered(k, gpu, warm, A100_PROFILES)  # a warm pool of one 1g.10gb, pre-created
         history_start = len(sim.history())
         await _create_claim(k, "w", {"firstAvailable": first_available(["1g.10gb"])})
         await k.core.create_namespaced_pod(
@@ -425,14 +430,10 @@ async def test_an_agent_restarted_between_the_two_nvml_creates_answers_once_and_
     before its compute instance and its answer. A new agent completes that instance, answers the allocation
     once, and the pod binds, with nothing destroyed or left half-made."""
     k = ScenarioApi(kube_api, namespace)
-    await k.ensure_device_class()
-    sim.configure(gpus=["A100-80GB"], state_file=None)
-    node = make_node("restart", labels={"dynamig.io/managed": "true"})
+    node = await one_gpu_node(k, sim, make_node, "restart")
     gpu = f"{node}-gpu0"
     async with agent_running(kube_api, node, sim, partitionable(node)):
-        await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
-        await offer(k, gpu, [], ["2g.20gb"])
-        await eventually(functools.partial(offering, k, gpu, ""), f"{gpu} offering")
+        await offered(k, gpu, [], ["2g.20gb"])
     # The agent is gone; its slices stay, so the scheduler books a placement and waits for an answer.
     await _create_claim(k, "r", {"firstAvailable": first_available(["2g.20gb"])})
     await k.core.create_namespaced_pod(namespace, claim_pod("r", {"kubernetes.io/hostname": node}, claim="r"))

@@ -299,10 +299,10 @@ def decide_round(inp: RoundInput) -> RoundDecision:
     states = [replace(g.state(), node=_planner_node(g)) for g in usable]
     # GPUs that could not be written this round are planned as they are, so demand goes where it can be cut
     # now instead of queueing behind a cooldown or a reshape in flight.
-    cooling = {g.name: g for g in usable if _cooling(g, inp.now, spec.cooldown_seconds)}
+    cooling = {g.name for g in usable if _cooling(g, inp.now, spec.cooldown_seconds)}
     # A GPU whose agent could not apply its current spec.layout is not written again (the agent retries it
     # itself): rewriting the same layout every round would be a hot loop that serves nobody.
-    failed = {g.name: g for g in usable if g.failure and not g.in_flight}
+    failed = {g.name for g in usable if g.failure and not g.in_flight}
     frozen_gpus = [g for g in usable if g.in_flight or g.name in cooling or g.name in failed]
     frozen = frozenset(GpuKey(_planner_node(g), g.index) for g in frozen_gpus)
     planner_policy = replace(spec.to_planner(), frozen=frozen)
@@ -379,7 +379,7 @@ def decide_round(inp: RoundInput) -> RoundDecision:
             elif cooling or failed:
                 msg = (
                     f"no GPU of policy {policy.name} that may be cut now has room for the claim; "
-                    + "; ".join(held[name] for name in sorted({*cooling, *failed}))
+                    + "; ".join(held[name] for name in sorted(cooling | failed))
                     + "; the claim is planned again when they may change"
                 )
                 reason = Reason.WAITING_FOR_COOLDOWN if cooling and not failed else Reason.NO_CAPACITY
