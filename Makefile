@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PROTO_DIR := operator/dynamig/agent/plugin/proto
 GEN_DIR := operator/dynamig/agent/plugin/_generated
 
-.PHONY: setup demo test lint typecheck imports controlplane helm cdivalidate proto bench clean
+.PHONY: setup demo test lint typecheck imports controlplane node helm cdivalidate proto bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,6 +19,10 @@ proto: $(STAMP)
 
 controlplane:
 	@bash hack/build-control-plane.sh >/dev/null
+
+# The real test node: kubelet, containerd, runc, and the pause and busybox programs its images hold.
+node:
+	@bash hack/build-node.sh >/dev/null
 
 helm:
 	@bash hack/build-helm.sh >/dev/null
@@ -42,7 +46,7 @@ typecheck: $(STAMP) proto
 imports: $(STAMP)
 	$(BIN)/lint-imports
 
-test: setup helm cdivalidate lint typecheck imports
+test: setup node helm cdivalidate lint typecheck imports
 	$(BIN)/pytest -q -p no:cacheprovider
 
 bench: setup

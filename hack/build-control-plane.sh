@@ -16,6 +16,8 @@ K8S_TOOLS=(kube-apiserver kube-scheduler kube-controller-manager kubectl)
 RECIPE="2 (version ldflags)"
 
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
+# shellcheck source=hack/lib/k8s-module.sh
+source "$(dirname "$0")/lib/k8s-module.sh"
 
 have_all() {
   [ "$(cat "$BIN/.recipe" 2>/dev/null)" = "$RECIPE" ] || return 1
@@ -45,17 +47,7 @@ have_k8s() {
 }
 if ! have_k8s; then
   log "resolving k8s.io/kubernetes $K8S_VERSION"
-  gomod=$(cd "$work/k8s" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^\s*"GoMod": "\(.*\)",\?$/\1/p')
-  staging_version="v0${K8S_VERSION#v1}"
-  {
-    echo "module dynamig.io/control-plane"
-    echo
-    echo "go 1.26.0"
-    echo
-    echo "require k8s.io/kubernetes $K8S_VERSION"
-    echo
-    grep -E '^\s+k8s\.io/[a-z0-9-]+ v0\.0\.0$' "$gomod" | awk -v v="$staging_version" '{print "replace " $1 " => " $1 " " v}'
-  } > "$work/k8s/go.mod"
+  ldflags=$(k8s_wrapper_module "$work/k8s" "$K8S_VERSION")
   cat > "$work/k8s/tools.go" <<'GO'
 //go:build tools
 
@@ -68,14 +60,6 @@ import (
 	_ "k8s.io/kubernetes/cmd/kubectl"
 )
 GO
-  # Stamp the release version the way the Kubernetes release build does, so /version and `kubectl version`
-  # report it (otherwise they say v0.0.0-master).
-  major="${K8S_VERSION#v}"; major="${major%%.*}"
-  minor="${K8S_VERSION#v*.}"; minor="${minor%%.*}"
-  ldflags="-s -w"
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
-  done
   (cd "$work/k8s" && log "go mod tidy (k8s)" && go mod tidy >&2 \
      && log "go build kube-apiserver kube-scheduler kube-controller-manager kubectl" \
      && go build -trimpath -ldflags="$ldflags" -o "$stage/" \

@@ -158,3 +158,50 @@ def test_simulated_base_spec_never_replaces_a_foreign_one(devices: NvmlDevices, 
     plain.sync()
     assert plain.driver_root is None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cdi", "d2", "dev"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod of character devices needs root")
+def test_char_devices_carry_the_numbers_the_driver_documents(devices: NvmlDevices, tmp_path: Path) -> None:
+    """With ``char_devices`` the /dev entries are character devices a container runtime can inject, numbered
+    as NVIDIA documents: ``/dev/nvidia<minor>`` on the driver's fixed major 195, ``nvidiactl`` 195:255 and
+    ``nvidia-modeset`` 195:254 (the driver's README, "Installing the NVIDIA driver": device files); nvidia-uvm
+    and nvidia-caps on dynamic majors found in ``/proc/devices`` (the MIG user guide, "Device Nodes and
+    Capabilities": ``cat /proc/devices | grep nvidia-caps``), each cap node's minor the one its ``access``
+    file states. The plugin's reader finds the same major the simulated driver lists."""
+    proc, dev = tmp_path / "proc", tmp_path / "dev"
+    files = SimulatedDriverFiles(devices, proc_root=proc, dev_root=dev, char_devices=True)
+    gpu = devices.gpu(0)
+    assert gpu.minor is not None
+    inst = devices.create(gpu, PlacedInstance(0, "3g.40gb"))
+    assert inst.ci_id is not None
+    dev.mkdir()
+    (dev / f"nvidia{gpu.minor}").touch()  # an empty file left by an earlier run is replaced
+    files.sync()
+    files.sync()  # idempotent: existing nodes with the right numbers stay
+
+    def numbers(path: Path) -> tuple[int, int]:
+        st = path.lstat()
+        assert (st.st_mode & 0o170000) == 0o020000, f"{path} is not a character device"
+        return os.major(st.st_rdev), os.minor(st.st_rdev)
+
+    proc_devices = (proc / "devices").read_text()
+    caps_major = cdi.parse_char_major(proc_devices, "nvidia-caps")
+    assert cdi.parse_char_major(proc_devices, "nvidia") == 195
+    assert caps_major is not None and cdi.parse_char_major(proc_devices, "nvidia-uvm") is not None
+    assert numbers(dev / f"nvidia{gpu.minor}") == (195, gpu.minor)
+    assert numbers(dev / "nvidiactl") == (195, 255)
+    assert numbers(dev / "nvidia-modeset") == (195, 254)
+    prepared = PreparedInstance(
+        device_name="x",
+        mig_uuid=inst.mig_uuid,
+        parent_uuid=gpu.uuid,
+        gpu_index=0,
+        gpu_minor=gpu.minor,
+        gi_id=inst.gi_id,
+        ci_id=inst.ci_id,
+    )
+    minors = cdi.read_capability_minors(proc, prepared)
+    for minor in (minors.gi_access, minors.ci_access):
+        node = dev / "nvidia-caps" / f"nvidia-cap{minor}"
+        assert numbers(node) == (caps_major, minor)
+        assert node.stat().st_mode & 0o777 == 0o444

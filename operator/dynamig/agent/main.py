@@ -40,6 +40,8 @@ class SimulationOptions:
     state_file: Path | None = None  # shared with other processes (e.g. a restarted agent) when given
     create_latency_s: float = 0.0
     destroy_latency_s: float = 0.0
+    # Write the simulated driver's /dev entries as real character devices (root), for a container runtime.
+    char_devices: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -136,7 +138,11 @@ async def run_agent(options: AgentOptions) -> int:
                 from dynamig.agent.plugin.simfs import SimulatedDriverFiles, SimulatedDriverInstances
 
                 files = SimulatedDriverFiles(
-                    devices, proc_root=p.proc_root, dev_root=p.dev_root, base_spec=p.base_spec_path
+                    devices,
+                    proc_root=p.proc_root,
+                    dev_root=p.dev_root,
+                    base_spec=p.base_spec_path,
+                    char_devices=options.simulation is not None and options.simulation.char_devices,
                 )
                 instances = SimulatedDriverInstances(instances, files)
             plugin_server = await serve_plugin(p, instances, api_client)

@@ -54,6 +54,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="with --nvml simulated: seconds each GI/CI destruction takes",
     )
     p.add_argument(
+        "--sim-char-devices",
+        action="store_true",
+        help="with --nvml simulated: make the driver's /dev entries real character devices (root), so a "
+        "container runtime can inject them",
+    )
+    p.add_argument(
         "--kubeconfig",
         type=Path,
         default=None,
@@ -150,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
             state_file=args.state,
             create_latency_s=args.sim_create_latency,
             destroy_latency_s=args.sim_destroy_latency,
+            char_devices=args.sim_char_devices,
         )
     plugin = None
     serve_plugin = args.kubelet_plugin if args.kubelet_plugin is not None else args.nvml == "real"

@@ -38,7 +38,7 @@ import yaml
 
 from dynamig.devcluster.binaries import Binaries, find_binaries
 from dynamig.devcluster.pki import CertPair, ClusterPki, generate_pki
-from dynamig.devcluster.processes import Component, free_port, stop_all
+from dynamig.devcluster.processes import Component, free_port, stop_all, wait_for
 from dynamig.devcluster.rest import ApiError, RestClient
 
 if TYPE_CHECKING:
@@ -304,6 +304,8 @@ class ControlPlane:
                 # The default reconciler publishes the advertise address as the endpoint of the `kubernetes`
                 # Service, and Endpoints reject loopback addresses: nothing here needs that endpoint.
                 "--endpoint-reconciler-type=none",
+                # Real nodes (devcluster.node) are reached by IP: their names do not resolve here.
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
                 "--profiling=false",
             ],
         )
@@ -355,23 +357,12 @@ class ControlPlane:
 
     def _wait(self, comp: Component, deadline: float, probe: Callable[[], bool]) -> None:
         """Poll ``probe`` until it passes; fail fast when the process exits or the deadline passes."""
-        delay = 0.05
-        while True:
-            if not comp.running():
-                tail = comp.log_tail()
-                err = _PortInUseError if "address already in use" in tail else ControlPlaneError
-                code = comp.popen.returncode
-                raise err(f"{comp.name} exited with code {code}; log {comp.log_path}:\n{tail}")
-            if probe():
-                self._progress(f"{comp.name} healthy after {time.monotonic() - comp.started_at:.1f}s")
-                return
-            if time.monotonic() > deadline:
-                raise ControlPlaneError(
-                    f"{comp.name} not healthy after {self._start_timeout:.0f}s; log {comp.log_path}:\n"
-                    f"{comp.log_tail()}"
-                )
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
+
+        def fail(message: str) -> ControlPlaneError:
+            return (_PortInUseError if "address already in use" in message else ControlPlaneError)(message)
+
+        took = wait_for(comp, probe, deadline=deadline, what=f"{comp.name} healthy", fail=fail)
+        self._progress(f"{comp.name} healthy after {took:.1f}s")
 
     @staticmethod
     def _http_ok(port: int, path: str, *, tls: bool = False) -> bool:
@@ -408,6 +399,10 @@ class ControlPlane:
             path = wd / filename
             path.write_text(yaml.safe_dump(_kubeconfig(self.server_url, pki.ca, pair, user), sort_keys=False))
             path.chmod(0o600)
+
+    def kubeconfig_for(self, client: CertPair, user: str) -> dict[str, Any]:
+        """A kubeconfig dict for this cluster with ``client``'s certificate as ``user`` (no I/O)."""
+        return _kubeconfig(self.server_url, self.pki.ca, client, user)
 
     # ----------------------------------------------------------------------------------------- clients
     def rest(self) -> RestClient:

@@ -172,3 +172,27 @@ def generate_pki(directory: Path, *, service_ip: str = "10.0.0.1") -> ClusterPki
         service_account_key=sa_priv,
         service_account_pub=sa_pub,
     )
+
+
+def issue_client_cert(pki: ClusterPki, directory: Path, stem: str, user: str, group: str | None) -> CertPair:
+    """A client certificate for ``user`` (CN) in ``group`` (O), signed by the cluster CA; for a kubelet,
+    ``system:node:<name>`` in ``system:nodes``, which the Node authorizer and NodeRestriction know.
+    Side effects: writes ``<stem>.crt`` and ``<stem>.key`` (0600) into ``directory``, which must exist."""
+    ca_key = serialization.load_pem_private_key(pki.ca.key.read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise TypeError(f"{pki.ca.key} is not an EC key")
+    ca_cert = x509.load_pem_x509_certificate(pki.ca.cert.read_bytes())
+    key = _new_key()
+    cert = _issue(
+        subject=_name(user, group),
+        key=key,
+        issuer=ca_cert.subject,
+        issuer_key=ca_key,
+        is_ca=False,
+        usages=[ExtendedKeyUsageOID.CLIENT_AUTH],
+        sans=[],
+    )
+    pair = CertPair(cert=directory / f"{stem}.crt", key=directory / f"{stem}.key")
+    _write(pair.cert, cert.public_bytes(serialization.Encoding.PEM), private=False)
+    _write(pair.key, _key_pem(key), private=True)
+    return pair

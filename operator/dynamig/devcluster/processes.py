@@ -107,6 +107,32 @@ class Component:
         stop_all([self], timeout)
 
 
+def wait_for(
+    comp: Component,
+    probe: Callable[[], bool],
+    *,
+    deadline: float,
+    what: str,
+    fail: Callable[[str], BaseException],
+    tail_lines: int = 25,
+) -> float:
+    """Polls ``probe`` until it passes; returns the seconds since ``comp`` started. Raises ``fail(message)``,
+    the message naming ``what`` with the end of the component's log, when the process exits first or the
+    monotonic ``deadline`` passes."""
+    delay = 0.05
+    while not probe():
+        if not comp.running():
+            code = comp.popen.returncode
+            raise fail(
+                f"{comp.name} exited with code {code}; log {comp.log_path}:\n{comp.log_tail(tail_lines)}"
+            )
+        if time.monotonic() > deadline:
+            raise fail(f"{what} not seen in time; log {comp.log_path}:\n{comp.log_tail(tail_lines)}")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.5)
+    return time.monotonic() - comp.started_at
+
+
 def stop_all(components: Sequence[Component], timeout: float = 5.0) -> None:
     """Stop several components at once (SIGTERM all, one shared wait, SIGKILL the rest). Side effects."""
     for comp in components:

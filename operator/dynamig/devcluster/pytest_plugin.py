@@ -12,6 +12,9 @@ Registered once from the repository's root ``conftest.py`` (``pytest_plugins = [
 - ``make_node`` (function): ``make_node(prefix="node", labels=None, allocatable=None) -> str`` registers a
   Ready node with a unique name; the nodes (and, through the garbage collector, slices they own) are deleted
   on teardown.
+- ``real_node`` (module): a :class:`~dynamig.devcluster.node.RealNode` (kubelet + containerd) registered in
+  the session's control plane, with the CRDs and DeviceClass installed and its dynamig agent running over one
+  simulated A100-80GB; its Node is deleted on teardown. It fails, never skips, when this host cannot run it.
 
 A test using ``control_plane`` (directly or through these fixtures) is marked ``controlplane`` automatically,
 so ``pytest -m "not controlplane"`` runs everything that needs no Kubernetes.
@@ -35,8 +38,11 @@ from dynamig.devcluster.rest import ApiError
 if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient
 
+    from dynamig.devcluster.node import RealNode
+
 _CP_KEY = pytest.StashKey[ControlPlane]()
-_FIXTURES_NEEDING_CP = {"control_plane", "kube_api", "namespace", "make_node", "crds"}
+_FIXTURES_NEEDING_CP = {"control_plane", "kube_api", "namespace", "make_node", "crds", "real_node"}
+REAL_NODE_GPUS = "A100-80GB:1"
 
 MakeNode = Callable[..., str]
 
@@ -144,3 +150,25 @@ def crds(control_plane: ControlPlane) -> ControlPlane:
     except RuntimeError as exc:
         pytest.fail(f"the crds fixture needs a dynamig source checkout: {exc}")
     return control_plane
+
+
+@pytest.fixture(scope="module")
+def real_node(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[RealNode]:
+    """A kubelet + containerd node with dynamig's agent (simulated GPUs, real device nodes); see above."""
+    from dynamig.devcluster.node import RealNode
+    from dynamig.devcluster.sandbox import install
+    from dynamig.kube.names import MANAGED_NODE_LABEL
+
+    install(control_plane)
+    node = RealNode(control_plane, unique_name("real"))
+    node.start()
+    try:
+        control_plane.kubectl("label", "node", node.name, f"{MANAGED_NODE_LABEL}=true")
+        node.start_agent(
+            REAL_NODE_GPUS, control_plane.kubeconfig_path, "--interval=0.5", "--settle-seconds=0.3"
+        )
+        yield node
+    finally:
+        node.stop()
+        with contextlib.suppress(ApiError, OSError):
+            control_plane.delete_node(node.name)

@@ -28,8 +28,11 @@ Use it only with the simulated NVML: against real GPUs the driver owns these fil
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import shutil
+import stat
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -73,6 +76,20 @@ DRIVER_BINARIES = (
     "nvidia-cuda-mps-server",
 )
 _MOUNT_OPTIONS = ["ro", "nosuid", "nodev", "rbind", "rprivate"]
+# Character device majors of the simulated driver: 195 is the NVIDIA driver's fixed major (GPUs by minor,
+# nvidiactl 255, nvidia-modeset 254); nvidia-uvm and nvidia-caps get dynamic majors on a real host, read
+# from /proc/devices, so the simulated driver writes the two it chose into <proc_root>/devices.
+NVIDIA_MAJOR = 195
+NVIDIA_UVM_MAJOR = 510
+NVIDIA_CAPS_MAJOR = 511
+_CONTROL_NODE_NUMBERS = {
+    "nvidiactl": (NVIDIA_MAJOR, 255),
+    "nvidia-modeset": (NVIDIA_MAJOR, 254),
+    "nvidia-uvm": (NVIDIA_UVM_MAJOR, 0),
+    "nvidia-uvm-tools": (NVIDIA_UVM_MAJOR, 1),
+}
+_CHAR_MAJORS = {"nvidia": NVIDIA_MAJOR, "nvidia-uvm": NVIDIA_UVM_MAJOR, "nvidia-caps": NVIDIA_CAPS_MAJOR}
+PROC_DEVICES = "Character devices:\n" + "".join(f"{major} {name}\n" for name, major in _CHAR_MAJORS.items())
 
 
 def driver_files(version: str) -> tuple[str, ...]:
@@ -148,12 +165,21 @@ class SimulatedDriverFiles:
     the toolkit's node CDI spec and the driver files it names. Side effects: files."""
 
     def __init__(
-        self, devices: NvmlDevices, *, proc_root: Path, dev_root: Path, base_spec: Path | None = None
+        self,
+        devices: NvmlDevices,
+        *,
+        proc_root: Path,
+        dev_root: Path,
+        base_spec: Path | None = None,
+        char_devices: bool = False,
     ) -> None:
         self._devices = devices
         self.proc_root = proc_root
         self.dev_root = dev_root
         self.base_spec = base_spec
+        # Real character device nodes (mknod, needs root) instead of empty files: a container runtime
+        # injects only device nodes, so a node running real containers needs them.
+        self.char_devices = char_devices
         self._warned_foreign_spec = False
 
     @property
@@ -167,14 +193,17 @@ class SimulatedDriverFiles:
         """Makes the files match NVML: one set per GPU and per existing GI/CI; stale GI dirs removed; the
         base spec and driver files when ``base_spec`` is set."""
         (self.dev_root / "nvidia-caps").mkdir(parents=True, exist_ok=True)
+        if self.char_devices:
+            self.proc_root.mkdir(parents=True, exist_ok=True)
+            (self.proc_root / "devices").write_text(PROC_DEVICES)
         for node in CONTROL_DEVICE_NODES:
-            (self.dev_root / node).touch()
+            self._device_node(self.dev_root / node, *_CONTROL_NODE_NUMBERS[node])
         gpus = self._devices.gpus()
         if self.base_spec is not None:
             self._write_base_spec(gpus, self.base_spec)
         for gpu in gpus:
             minor = gpu.minor if gpu.minor is not None else gpu.index
-            (self.dev_root / f"nvidia{minor}").touch()
+            self._device_node(self.dev_root / f"nvidia{minor}", NVIDIA_MAJOR, minor)
             mig_dir = cdi.capabilities_dir(self.proc_root, minor) / "mig"
             wanted: set[str] = set()
             for inst in self._devices.instances(gpu):
@@ -218,7 +247,21 @@ class SimulatedDriverFiles:
     def _write(self, access: Path, minor: int) -> None:
         access.parent.mkdir(parents=True, exist_ok=True)
         access.write_text(_access_text(minor))
-        (self.dev_root / "nvidia-caps" / f"nvidia-cap{minor}").touch()
+        self._device_node(
+            self.dev_root / "nvidia-caps" / f"nvidia-cap{minor}", NVIDIA_CAPS_MAJOR, minor, 0o444
+        )
+
+    def _device_node(self, path: Path, major: int, minor: int, mode: int = 0o666) -> None:
+        if not self.char_devices:
+            path.touch()
+            return
+        with contextlib.suppress(FileNotFoundError):
+            st = path.lstat()
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(major, minor):
+                return
+            path.unlink()
+        os.mknod(path, mode | stat.S_IFCHR, os.makedev(major, minor))
+        os.chmod(path, mode)  # mknod's mode is filtered by the umask
 
 
 class SimulatedDriverInstances:

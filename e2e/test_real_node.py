@@ -1,0 +1,335 @@
+"""Pods that run: a real kubelet and containerd put each pod's MIG slice into its container.
+
+Real: the control plane (etcd, kube-apiserver, kube-scheduler with DRA allocation and binding conditions,
+kube-controller-manager), a kubelet and containerd 2.x with runc (CDI on) built from their modules, the
+pause and busybox images (built here, imported into containerd), the dynamig agent as its own process
+(feature probe, partitionable inventory, allocation answers, the kubelet DRA plugin registered through the
+kubelet's plugin-registration socket, CDI specs read by containerd's CDI cache).
+Simulated: the GPUs (simnvml, one A100-80GB; its state file's event history is the ground truth for what was
+created and destroyed) and the NVIDIA driver's files, which the agent writes as real character devices
+(major 195 for the GPU, the nvidia-caps major it lists in its /proc/devices) so runc can create them in
+the container. The container lists its NVIDIA device nodes with their numbers and prints its environment;
+the test reads that from the pod's log through the API server and the kubelet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import re
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from dynamig.agent.plugin import cdi
+from dynamig.demo.cluster import ScenarioApi, allocated_device
+from dynamig.devcluster import eventually
+from dynamig.devcluster.images import BUSYBOX_IMAGE
+from dynamig.devcluster.node import RealNode
+from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, VERSION
+
+pytestmark = pytest.mark.controlplane
+
+CONTROL_NODES = {"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"}
+# What the container reports: each NVIDIA device node with its numbers (busybox stat, hex), the NVIDIA and
+# dynamig environment, and whether the driver's files from the node's base CDI spec were mounted.
+REPORT = r"""
+for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -e "$f" ] && stat -c 'DEV %n %F %t:%T' "$f"; done
+env | grep -E '^(NVIDIA|DYNAMIG)_' | sed 's/^/ENV /'
+[ -e /usr/bin/nvidia-smi ] && echo 'FILE /usr/bin/nvidia-smi'
+echo REPORTED
+trap 'exit 0' TERM
+sleep 3600 & wait
+"""
+
+
+def report_pod(name: str, node: str, template: str) -> dict[str, Any]:
+    """A pod on ``node`` whose container reports what it sees, then waits (exits at once on SIGTERM). Pure."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "hostNetwork": True,  # no CNI on the test node
+            "automountServiceAccountToken": False,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 10,
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+            "containers": [
+                {
+                    "name": "report",
+                    "image": BUSYBOX_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", REPORT],
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+        },
+    }
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What one container reported."""
+
+    devices: dict[str, str]  # path -> "major:minor" (decimal)
+    env: dict[str, str]
+    files: set[str]
+
+
+def parse_report(log: str) -> Seen:
+    """The container's report, from its log. Pure."""
+    devices, env, files = {}, {}, set()
+    for line in log.splitlines():
+        if m := re.fullmatch(r"DEV (\S+) character special file ([0-9a-f]+):([0-9a-f]+)", line):
+            devices[m[1]] = f"{int(m[2], 16)}:{int(m[3], 16)}"
+        elif line.startswith("ENV ") and "=" in line:
+            key, _, value = line[4:].partition("=")
+            env[key] = value
+        elif line.startswith("FILE "):
+            files.add(line[5:])
+    return Seen(devices, env, files)
+
+
+class NodeScenario:
+    """API reads and writes of one test against the real node."""
+
+    def __init__(self, api: client.ApiClient, namespace: str, node: RealNode) -> None:
+        self.k = ScenarioApi(api, namespace)
+        self.node = node
+        self.gpu = f"{node.name}-gpu0"
+
+    async def offer(self, profiles: list[str]) -> None:
+        """What a Dynamic policy's operator writes: the profiles pods may book on the GPU."""
+        await eventually(functools.partial(self.k.stable, self.gpu), f"GpuPartition {self.gpu}", within_s=60)
+        await self.k.custom.patch_cluster_custom_object(
+            GROUP, VERSION, GPU_PARTITION_PLURAL, self.gpu, {"spec": {"offeredProfiles": profiles}},
+            _content_type="application/merge-patch+json",
+        )  # fmt: skip
+
+    async def run(self, name: str, profile: str) -> None:
+        template = f"{name}-{profile.replace('.', '-')}"
+        await self.k.claim_template(template, [profile])
+        await self.k.core.create_namespaced_pod(self.k.ns, report_pod(name, self.node.name, template))
+
+    async def reported(self, name: str) -> Seen | None:
+        pod = await self.k.core.read_namespaced_pod(name, self.k.ns)
+        if pod.status.phase in ("Failed", "Succeeded"):
+            raise AssertionError(f"pod {name} ended: {pod.status}")
+        if pod.status.phase != "Running":
+            return None
+        log = await self.k.core.read_namespaced_pod_log(name, self.k.ns)
+        return parse_report(log) if "REPORTED" in log else None
+
+    async def claim(self, pod_name: str) -> dict[str, Any]:
+        pod = await self.k.core.read_namespaced_pod(pod_name, self.k.ns)
+        (status,) = pod.status.resource_claim_statuses
+        claim: dict[str, Any] = await self.k.custom.get_namespaced_custom_object(
+            "resource.k8s.io", "v1", self.k.ns, "resourceclaims", status.resource_claim_name
+        )
+        return claim
+
+    async def instance_of(self, pod_name: str) -> dict[str, Any]:
+        """The GpuPartition's status entry for the instance the pod's claim was allocated."""
+        device = allocated_device(await self.claim(pod_name))
+        part = await self.k.partition(self.gpu)
+        for inst in part["status"]["instances"]:
+            if inst["deviceName"] == device:
+                return dict(inst)
+        raise AssertionError(f"{device} not in {self.gpu}'s status: {part['status']['instances']}")
+
+    def expected_devices(self, inst: dict[str, Any]) -> dict[str, str]:
+        """The device nodes a container of this instance must get: the control nodes, the parent GPU, and
+        the GI and CI capabilities with the minors the driver's capability files give. Side effect: reads
+        the simulated driver's procfs files."""
+        gi, ci = inst["gpuInstanceId"], inst["computeInstanceId"]
+        proc = self.node.proc_root
+        minors = [
+            int(path.read_text().split("DeviceFileMinor:")[1].split()[0])
+            for path in (cdi.gi_access_path(proc, 0, gi), cdi.ci_access_path(proc, 0, gi, ci))
+        ]
+        caps_major = cdi.parse_char_major((proc / "devices").read_text(), "nvidia-caps")
+        nvidia_major = cdi.parse_char_major((proc / "devices").read_text(), "nvidia")
+        uvm_major = cdi.parse_char_major((proc / "devices").read_text(), "nvidia-uvm")
+        return {
+            "/dev/nvidia0": f"{nvidia_major}:0",
+            "/dev/nvidiactl": f"{nvidia_major}:255",
+            "/dev/nvidia-modeset": f"{nvidia_major}:254",
+            "/dev/nvidia-uvm": f"{uvm_major}:0",
+            "/dev/nvidia-uvm-tools": f"{uvm_major}:1",
+            **{f"/dev/nvidia-caps/nvidia-cap{m}": f"{caps_major}:{m}" for m in minors},
+        }
+
+    async def container(self, pod_name: str) -> tuple[str, int]:
+        """The pod's one container: its runtime id and restart count, while it runs."""
+        pod = await self.k.core.read_namespaced_pod(pod_name, self.k.ns)
+        (status,) = pod.status.container_statuses
+        assert status.state.running is not None, status
+        return status.container_id, status.restart_count
+
+    async def has_instance(self, profile: str, start: int) -> bool | None:
+        part = await self.k.partition(self.gpu)
+        found = any(i["profile"] == profile and i["start"] == start for i in part["status"]["instances"])
+        return True if found else None
+
+    async def observed(self, generation: int) -> bool | None:
+        part = await self.k.partition(self.gpu)
+        return True if part["status"].get("observedGeneration") == generation else None
+
+    def nvml_history(self) -> list[dict[str, Any]]:
+        history: list[dict[str, Any]] = json.loads(self.node.nvml_state.read_text())["history"]
+        return history
+
+
+@pytest.fixture
+async def scenario(
+    real_node: RealNode, kube_api: client.ApiClient, namespace: str
+) -> AsyncIterator[NodeScenario]:
+    s = NodeScenario(kube_api, namespace, real_node)
+    yield s
+    # The kubelet finishes each pod (unprepares its claims) before the next test books the GPU again.
+    pods = (await s.k.core.list_namespaced_pod(namespace)).items
+    for p in pods:
+        await s.k.core.delete_namespaced_pod(p.metadata.name, namespace)
+
+    async def gone() -> bool | None:
+        return True if not (await s.k.core.list_namespaced_pod(namespace)).items else None
+
+    await eventually(gone, "the test's pods gone", within_s=60, every_s=0.5)
+
+
+async def test_each_pod_sees_exactly_its_own_mig_slice(scenario: NodeScenario) -> None:
+    s = scenario
+    await s.offer(["1g.10gb", "2g.20gb"])
+    t0 = time.monotonic()
+    await s.run("small", "1g.10gb")
+    await s.run("medium", "2g.20gb")
+    seen = {
+        name: await eventually(functools.partial(s.reported, name), f"pod {name} reporting", within_s=120)
+        for name in ("small", "medium")
+    }
+    print(f"\nreal node: two MIG pods created -> both containers reporting in {time.monotonic() - t0:.1f}s")
+    uuids = set()
+    for name, got in seen.items():
+        inst = await s.instance_of(name)
+        assert inst["state"] == "in-use", inst  # prepared by the kubelet for a running container
+        assert got.devices == s.expected_devices(inst), (name, got.devices, inst)
+        assert got.env["DYNAMIG_MIG_UUIDS"] == inst["migUUID"], (name, got.env, inst)
+        # The node's base CDI spec (the toolkit's, simulated) applied too: its env and the driver files.
+        assert got.env["NVIDIA_VISIBLE_DEVICES"] == "void"
+        assert "/usr/bin/nvidia-smi" in got.files
+        uuids.add(inst["migUUID"])
+        print(f"  {name}: {inst['profile']}@{inst['start']} {inst['migUUID']} -> {sorted(got.devices)}")
+    assert len(uuids) == 2
+    # Neither container has the other's capability nodes.
+    small_caps = {d for d in seen["small"].devices if "nvidia-caps" in d}
+    medium_caps = {d for d in seen["medium"].devices if "nvidia-caps" in d}
+    assert small_caps and medium_caps and not small_caps & medium_caps
+
+
+async def test_deleting_the_pod_unprepares_its_claim_and_frees_the_instance(scenario: NodeScenario) -> None:
+    s = scenario
+    await s.offer(["1g.10gb"])
+    await s.run("short", "1g.10gb")
+    await eventually(functools.partial(s.reported, "short"), "pod reporting", within_s=120)
+    claim = await s.claim("short")
+    uid = claim["metadata"]["uid"]
+    inst = await s.instance_of("short")
+    spec = cdi.spec_path(s.node.cdi_dir, uid)
+    assert spec.exists(), f"the claim's CDI spec {spec} is where containerd reads it"
+
+    await s.k.core.delete_namespaced_pod("short", s.k.ns)
+
+    async def pod_gone() -> bool | None:
+        try:
+            await s.k.core.read_namespaced_pod("short", s.k.ns)
+        except ApiException as e:
+            return True if e.status == 404 else None
+        return None
+
+    await eventually(pod_gone, "the pod deleted by its kubelet", within_s=60, every_s=0.3)
+    assert not spec.exists(), "NodeUnprepareResources removes the claim's CDI spec"
+
+    async def freed() -> dict[str, Any] | None:
+        part = await s.k.partition(s.gpu)
+        for i in part["status"]["instances"]:
+            if i["migUUID"] == inst["migUUID"] and i["state"] == "free" and not i.get("claims"):
+                return dict(i)
+        return None
+
+    await eventually(freed, "the instance free again", within_s=60, every_s=0.3)
+    destroyed = [
+        e for e in s.nvml_history() if e["kind"] == "destroy-ci" and e["mig_uuid"] == inst["migUUID"]
+    ]
+    assert not destroyed, "unprepare keeps the instance (free, bookable again)"
+
+
+async def test_kubelet_and_agent_restarts_leave_a_running_pod_alone(scenario: NodeScenario) -> None:
+    """Each restart: the pod keeps running in the same container, the plugin registers again (the next
+    pod's claim is prepared by the restarted side), and no instance is destroyed or re-created."""
+    s = scenario
+    await s.offer(["1g.10gb"])
+    await s.run("steady", "1g.10gb")
+    await eventually(functools.partial(s.reported, "steady"), "pod reporting", within_s=120)
+    inst = await s.instance_of("steady")
+    container = await s.container("steady")
+    events = len(s.nvml_history())
+
+    t0 = time.monotonic()
+    await asyncio.to_thread(s.node.stop_kubelet)
+    await asyncio.to_thread(s.node.start_kubelet)
+    await s.run("after-kubelet", "1g.10gb")
+    await eventually(functools.partial(s.reported, "after-kubelet"), "a pod after the kubelet restart", 120)
+    print(f"\nreal node: kubelet restarted, next MIG pod reporting after {time.monotonic() - t0:.1f}s")
+
+    t0 = time.monotonic()
+    await asyncio.to_thread(s.node.start_agent, *s.node.agent_args)
+    await s.run("after-agent", "1g.10gb")
+    await eventually(functools.partial(s.reported, "after-agent"), "a pod after the agent restart", 120)
+    print(f"real node: agent restarted, next MIG pod reporting after {time.monotonic() - t0:.1f}s")
+
+    assert await s.container("steady") == container, "the pod's container kept running through both restarts"
+    assert (await s.instance_of("steady"))["migUUID"] == inst["migUUID"]
+    since = s.nvml_history()[events:]
+    assert not [e for e in since if e["kind"].startswith("destroy")], since
+    created = [e["start"] for e in since if e["kind"] == "create-gi"]
+    assert inst["start"] not in created, f"the running pod's instance was re-created: {since}"
+    assert len(created) <= 2, f"at most one instance per new pod, nothing else: {since}"
+
+
+async def test_a_reshape_next_to_a_running_pod_never_touches_its_instance(scenario: NodeScenario) -> None:
+    s = scenario
+    await s.offer(["1g.10gb", "3g.40gb", "7g.80gb"])
+    await s.run("tenant", "1g.10gb")
+    await eventually(functools.partial(s.reported, "tenant"), "pod reporting", within_s=120)
+    inst = await s.instance_of("tenant")
+    container = await s.container("tenant")
+    events = len(s.nvml_history())
+
+    # A layout that keeps the pod's slice: the other half of the GPU becomes one 3g.40gb.
+    other_half = 4 if inst["start"] < 4 else 0
+    generation = await s.k.set_layout(s.gpu, [("3g.40gb", other_half)])
+    await eventually(
+        functools.partial(s.has_instance, "3g.40gb", other_half),
+        "the 3g.40gb cut next to the pod",
+        within_s=60,
+    )
+    # A layout that would need the pod's slice: refused for as long as the pod holds it.
+    generation = await s.k.set_layout(s.gpu, [("7g.80gb", 0)])
+    await eventually(functools.partial(s.observed, generation), "the agent's answer to 7g.80gb", within_s=60)
+    part = await s.k.partition(s.gpu)
+    st = part["status"]
+    print(f"\nreal node: 7g.80gb over a running pod -> {st.get('phase')}: {st.get('message')}")
+
+    assert await s.container("tenant") == container
+    since = s.nvml_history()[events:]
+    touched = [e for e in since if e.get("mig_uuid") == inst["migUUID"] or e.get("start") == inst["start"]]
+    assert not touched, f"the running pod's instance was touched: {touched}"
+    assert not [e for e in since if e["kind"] == "create-gi" and e["profile"] == "7g.80gb"]
