@@ -36,3 +36,36 @@ def test_demo_tells_the_story_and_leaves_nothing_running(tmp_path: os.PathLike[s
     assert "(all of them free at the time)" in out, out
     assert "nothing is left running" in out
     assert _control_plane_pids_under(str(tmp_path)) == []
+
+
+def _real_node_pids() -> set[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+    return {line.split()[0] for line in out.splitlines() if "/dynamig-node-" in line}
+
+
+def test_demo_on_a_real_node_runs_every_pod_on_its_own_slice(tmp_path: os.PathLike[str]) -> None:
+    """``dynamig demo --real-node``: the same story with a kubelet and containerd; each container prints the
+    MIG UUID and the capability device nodes it got, and all eight are distinct."""
+    before = _real_node_pids()
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "dynamig", "demo", "--real-node", "--cooldown", "3",
+         "--log-file", f"{tmp_path}/demo.log"],
+        capture_output=True, text=True, timeout=420, env=env, check=False,
+    )  # fmt: skip
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    print(out)
+    seen = re.findall(
+        r"^\s+((?:infer|train)-\d)\s+\+(\d+\.\d)s\s+(MIG-[0-9a-f-]+)\s+(nvidia-cap\d+) (nvidia-cap\d+)",
+        out,
+        re.M,
+    )
+    assert sorted(p for p, *_ in seen) == [*(f"infer-{i}" for i in range(7)), "train-0"], out
+    assert len({uuid for _, _, uuid, *_ in seen}) == 8, "eight containers, eight MIG UUIDs"
+    caps = [c for *_, gi, ci in seen for c in (gi, ci)]
+    assert len(set(caps)) == 16, "no capability node shared between two containers"
+    assert "(all of them free at the time)" in out, out
+    assert "nothing is left running" in out
+    assert _real_node_pids() - before == set(), "the kubelet, containerd and shims are gone"
+    assert _control_plane_pids_under(str(tmp_path)) == []

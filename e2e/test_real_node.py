@@ -17,10 +17,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import re
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -28,74 +26,17 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from dynamig.agent.plugin import cdi
-from dynamig.demo.cluster import ScenarioApi, allocated_device
+from dynamig.demo.cluster import ScenarioApi, allocated_device, claim_pod
 from dynamig.devcluster import eventually
-from dynamig.devcluster.images import BUSYBOX_IMAGE
-from dynamig.devcluster.node import RealNode
+from dynamig.devcluster.node import ContainerReport, RealNode, parse_report, runnable
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, VERSION
 
 pytestmark = pytest.mark.controlplane
 
-CONTROL_NODES = {"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"}
-# What the container reports: each NVIDIA device node with its numbers (busybox stat, hex), the NVIDIA and
-# dynamig environment, and whether the driver's files from the node's base CDI spec were mounted.
-REPORT = r"""
-for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -e "$f" ] && stat -c 'DEV %n %F %t:%T' "$f"; done
-env | grep -E '^(NVIDIA|DYNAMIG)_' | sed 's/^/ENV /'
-[ -e /usr/bin/nvidia-smi ] && echo 'FILE /usr/bin/nvidia-smi'
-echo REPORTED
-trap 'exit 0' TERM
-sleep 3600 & wait
-"""
-
 
 def report_pod(name: str, node: str, template: str) -> dict[str, Any]:
-    """A pod on ``node`` whose container reports what it sees, then waits (exits at once on SIGTERM). Pure."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "hostNetwork": True,  # no CNI on the test node
-            "automountServiceAccountToken": False,
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 10,
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-            "containers": [
-                {
-                    "name": "report",
-                    "image": BUSYBOX_IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": ["sh", "-c", REPORT],
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-        },
-    }
-
-
-@dataclass(frozen=True)
-class Seen:
-    """What one container reported."""
-
-    devices: dict[str, str]  # path -> "major:minor" (decimal)
-    env: dict[str, str]
-    files: set[str]
-
-
-def parse_report(log: str) -> Seen:
-    """The container's report, from its log. Pure."""
-    devices, env, files = {}, {}, set()
-    for line in log.splitlines():
-        if m := re.fullmatch(r"DEV (\S+) character special file ([0-9a-f]+):([0-9a-f]+)", line):
-            devices[m[1]] = f"{int(m[2], 16)}:{int(m[3], 16)}"
-        elif line.startswith("ENV ") and "=" in line:
-            key, _, value = line[4:].partition("=")
-            env[key] = value
-        elif line.startswith("FILE "):
-            files.add(line[5:])
-    return Seen(devices, env, files)
+    """A pod on ``node`` with one claim from ``template``, whose container reports what it sees. Pure."""
+    return runnable(claim_pod(name, {"kubernetes.io/hostname": node}, template=template))
 
 
 class NodeScenario:
@@ -119,14 +60,13 @@ class NodeScenario:
         await self.k.claim_template(template, [profile])
         await self.k.core.create_namespaced_pod(self.k.ns, report_pod(name, self.node.name, template))
 
-    async def reported(self, name: str) -> Seen | None:
+    async def reported(self, name: str) -> ContainerReport | None:
         pod = await self.k.core.read_namespaced_pod(name, self.k.ns)
         if pod.status.phase in ("Failed", "Succeeded"):
             raise AssertionError(f"pod {name} ended: {pod.status}")
         if pod.status.phase != "Running":
             return None
-        log = await self.k.core.read_namespaced_pod_log(name, self.k.ns)
-        return parse_report(log) if "REPORTED" in log else None
+        return parse_report(await self.k.core.read_namespaced_pod_log(name, self.k.ns))
 
     async def claim(self, pod_name: str) -> dict[str, Any]:
         pod = await self.k.core.read_namespaced_pod(pod_name, self.k.ns)
@@ -229,8 +169,7 @@ async def test_each_pod_sees_exactly_its_own_mig_slice(scenario: NodeScenario) -
         print(f"  {name}: {inst['profile']}@{inst['start']} {inst['migUUID']} -> {sorted(got.devices)}")
     assert len(uuids) == 2
     # Neither container has the other's capability nodes.
-    small_caps = {d for d in seen["small"].devices if "nvidia-caps" in d}
-    medium_caps = {d for d in seen["medium"].devices if "nvidia-caps" in d}
+    small_caps, medium_caps = set(seen["small"].capability_nodes), set(seen["medium"].capability_nodes)
     assert small_caps and medium_caps and not small_caps & medium_caps
 
 

@@ -20,6 +20,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--skip-baseline", action="store_true", help="stop after the training pod")
     p.add_argument(
+        "--real-node",
+        action="store_true",
+        help="run the pods on a real node (kubelet + containerd built from their modules; needs root) and "
+        "print what each container saw of its MIG slice",
+    )
+    p.add_argument(
         "--log-file",
         type=Path,
         default=None,
@@ -44,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
         cooldown_s=args.cooldown,
         return_to_baseline=not args.skip_baseline,
         log_file=log_file,
+        real_node=args.real_node,
     )
     try:
         return asyncio.run(run_demo(options, lambda line: print(line, flush=True)))

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -117,11 +117,18 @@ def claim_pod(
 class ScenarioApi:
     """The handful of API calls a scenario makes, in one namespace."""
 
-    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        namespace: str,
+        pod_shape: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> None:
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
         self.resource = client.ResourceV1Api(api)
         self.ns = namespace
+        # Pods are bound, never run, unless a real node runs them: then this makes them runnable there.
+        self.pod_shape = pod_shape
 
     async def ensure_device_class(self) -> None:
         await ensure_device_class(self.resource)
@@ -200,13 +207,14 @@ class ScenarioApi:
 
     async def pod(self, name: str, template: str, node_selector: dict[str, str]) -> None:
         body = claim_pod(name, node_selector, template=template, labels={"app": name.rsplit("-", 1)[0]})
-        await self.core.create_namespaced_pod(self.ns, body)
+        await self.core.create_namespaced_pod(self.ns, self.pod_shape(body) if self.pod_shape else body)
 
     async def delete_pods(self, names: list[str]) -> None:
-        """Delete at once: no kubelet runs to finish a graceful deletion."""
+        """Delete: gracefully where a kubelet runs the pods, at once where none would finish a deletion."""
+        grace = None if self.pod_shape else 0
         for n in names:
             with contextlib.suppress(ApiException):
-                await self.core.delete_namespaced_pod(n, self.ns, grace_period_seconds=0)
+                await self.core.delete_namespaced_pod(n, self.ns, grace_period_seconds=grace)
 
     async def claims(self) -> list[dict[str, Any]]:
         res = await self.custom.list_namespaced_custom_object(

@@ -10,6 +10,10 @@ The story, as a platform engineer lives it:
    ``Dynamic`` policy dynamig re-cuts the free 3g.40gb instances and the scheduler books every pod.
 3. A training pod asking ``3g.40gb`` fits into what is still free.
 4. The inference pods finish; after the cooldown the idle GPU returns to the baseline layout.
+
+With ``real_node`` the node is real (:class:`~dynamig.devcluster.node.RealNode`: a kubelet and containerd,
+root needed) and its agent runs as its own process beside it, as the DaemonSet would: the pods run, and the
+story prints when each container started and the MIG UUID and capability device nodes it saw.
 """
 
 from __future__ import annotations
@@ -17,17 +21,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from dynamig.backends.simnvml import SimEvent
 from dynamig.demo.cluster import AllocationWatch, ScenarioApi, allocated_device, layout_text
 from dynamig.demo.inprocess import agent_running, operator_running
 from dynamig.devcluster import eventually
+from dynamig.devcluster.node import ContainerReport, RealNode, parse_report, runnable
 from dynamig.kube.names import MANAGED_NODE_LABEL, gpu_partition_name
 
 log = logging.getLogger(__name__)
@@ -49,6 +56,7 @@ class DemoOptions:
     step_timeout_s: float = 180.0
     return_to_baseline: bool = True
     log_file: Path | None = None
+    real_node: bool = False
 
 
 class Reporter:
@@ -109,6 +117,43 @@ async def _show_layouts(
     )
 
 
+async def _show_containers(
+    api: ScenarioApi, report: Reporter, pods: list[str], since: float, within: float, label: str
+) -> None:
+    """Waits until each pod's container reported what it saw, then prints when it started (seconds after
+    ``since``, a wall-clock time), the MIG UUID it was given and its capability device nodes."""
+
+    async def reports() -> dict[str, tuple[float, ContainerReport]] | None:
+        seen = {}
+        for name in pods:
+            pod = await api.core.read_namespaced_pod(name, api.ns)
+            if pod.status.phase in ("Failed", "Succeeded"):
+                raise RuntimeError(f"pod {name} ended ({pod.status.phase}): {pod.status.message or ''}")
+            states = pod.status.container_statuses or []
+            if pod.status.phase != "Running" or not states or states[0].state.running is None:
+                return None
+            got = parse_report(await api.core.read_namespaced_pod_log(name, api.ns))
+            if got is None:
+                return None
+            seen[name] = (states[0].state.running.started_at.timestamp(), got)
+        return seen
+
+    seen = await eventually(reports, "every container running and reporting its devices", within, every_s=0.5)
+    report.timed(label, max(t for t, _ in seen.values()) - since)
+    report.table(
+        ("POD", "STARTED", "MIG UUID (as the container saw it)", "CAPABILITY NODES"),
+        [
+            (
+                name,
+                f"+{started - since:.1f}s",
+                got.env.get("DYNAMIG_MIG_UUIDS", "-"),
+                " ".join(n.rsplit("/", 1)[1] for n in got.capability_nodes),
+            )
+            for name, (started, got) in sorted(seen.items())
+        ],
+    )
+
+
 async def run_demo(options: DemoOptions, write: Callable[[str], None]) -> int:
     """Run the whole story; 0 when every step happened as told, 1 otherwise. Leaves nothing running."""
     from dynamig.backends.nvml import load_nvml
@@ -122,24 +167,63 @@ async def run_demo(options: DemoOptions, write: Callable[[str], None]) -> int:
     await asyncio.to_thread(cp.start)
     nvml: ModuleType = load_nvml("simulated")
     nvml.configure(gpus=list(options.gpus), state_file=None)
+    node: RealNode | None = None
     try:
         report.timed("control plane ready", time.monotonic() - started)
         install_crds(cp)  # from the source checkout's crds/
         cp.kubectl("create", "namespace", NAMESPACE)
-        await cp.aregister_node(NODE, labels={MANAGED_NODE_LABEL: "true", POOL_LABEL: "morning"})
+        labels = {MANAGED_NODE_LABEL: "true", POOL_LABEL: "morning"}
+        if options.real_node:
+            report.step("A real node: kubelet and containerd (CDI on), images built here")
+            node = RealNode(cp, NODE, progress=report.info)
+            await asyncio.to_thread(node.start)
+            cp.kubectl("label", "node", NODE, *(f"{k}={v}" for k, v in labels.items()))
+        else:
+            await cp.aregister_node(NODE, labels=labels)
         report.info(
             f"node {NODE} registered with {len(options.gpus)} simulated GPU(s): {', '.join(options.gpus)}"
         )
         async with cp.api_client() as api_client:
-            return await _story(options, report, cp, api_client, nvml)
+            return await _story(options, report, cp, api_client, _NodeAgent(nvml, node))
     finally:
         nvml.configure(gpus=[], state_file=None)
+        if node is not None:
+            await asyncio.to_thread(node.stop)
         await asyncio.to_thread(cp.stop)
         write("\nEverything stopped; nothing is left running.")
 
 
-async def _story(options: DemoOptions, report: Reporter, cp: Any, api_client: Any, nvml: ModuleType) -> int:
-    api = ScenarioApi(api_client, NAMESPACE)
+class _NodeAgent:
+    """The node's agent and the simulated GPUs' history: in this process over ``nvml``, or, on a real node,
+    the agent's own process, whose simulated NVML keeps its state (and history) in a file."""
+
+    def __init__(self, nvml: ModuleType, node: RealNode | None) -> None:
+        self.nvml = nvml
+        self.node = node
+
+    @contextlib.asynccontextmanager
+    async def running(self, api_client: Any, cp: Any, gpus: tuple[str, ...]) -> AsyncIterator[None]:
+        if self.node is None:
+            async with agent_running(api_client, NODE, self.nvml):
+                yield
+            return
+        quick = ("--interval=0.5", "--settle-seconds=0.3", "--reshape-poll=0.1")
+        spec = ",".join(f"{m}:1" for m in gpus)
+        await asyncio.to_thread(self.node.start_agent, spec, cp.kubeconfig_path, *quick)
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(self.node.stop_agent)
+
+    def history(self) -> list[SimEvent]:
+        if self.node is None:
+            return list(self.nvml.history())
+        doc = json.loads(self.node.nvml_state.read_text())
+        return [SimEvent(**e) for e in doc["history"]]
+
+
+async def _story(options: DemoOptions, report: Reporter, cp: Any, api_client: Any, agent: _NodeAgent) -> int:
+    api = ScenarioApi(api_client, NAMESPACE, pod_shape=runnable if agent.node is not None else None)
     await api.ensure_device_class()
     await api.claim_template("inference", list(options.inference_profiles))
     await api.claim_template("training", [options.training_profile])
@@ -149,7 +233,7 @@ async def _story(options: DemoOptions, report: Reporter, cp: Any, api_client: An
     selector = {POOL_LABEL: "morning"}
     watch = AllocationWatch(api)
 
-    async with agent_running(api_client, NODE, nvml):
+    async with agent.running(api_client, cp, options.gpus):
         report.step("8 AM: the admin pre-cuts every GPU as " + layout_text(baseline))
         t = time.monotonic()
         for name in gpus:
@@ -162,7 +246,7 @@ async def _story(options: DemoOptions, report: Reporter, cp: Any, api_client: An
             )
         report.timed("agent applied the layout through NVML", time.monotonic() - t)
         await _show_layouts(api, report, len(gpus))
-        history_start = len(nvml.history())
+        history_start = len(agent.history())
 
         async with operator_running(cp.kubeconfig_path):
             report.step(f"GpuPartitionPolicy {POLICY!r}: Dynamic, baseline {layout_text(baseline)}")
@@ -182,7 +266,7 @@ async def _story(options: DemoOptions, report: Reporter, cp: Any, api_client: An
             await eventually(governs, "the policy to govern the GPUs", within)
             watch.start()
             try:
-                ok = await _burst_training_release(options, report, api, nvml, watch, gpus, history_start)
+                ok = await _burst_training_release(options, report, api, agent, watch, gpus, history_start)
             finally:
                 await watch.stop()
     return 0 if ok else 1
@@ -192,7 +276,7 @@ async def _burst_training_release(
     options: DemoOptions,
     report: Reporter,
     api: ScenarioApi,
-    nvml: ModuleType,
+    agent: _NodeAgent,
     watch: AllocationWatch,
     gpus: list[str],
     history_start: int,
@@ -214,6 +298,8 @@ async def _burst_training_release(
     report.timed("burst to last allocation", max(watch.first_allocated.values()) - burst_at)
     report.table(("POD", "DEVICE (MIG slice)"), sorted(devices.items()))
     await _show_layouts(api, report, len(gpus), in_use=len(devices))
+    if agent.node is not None:
+        await _show_containers(api, report, inference, burst_at, within, "burst to last container started")
 
     report.step(f"10 AM: a training pod asking {options.training_profile}")
     train_at = time.time()
@@ -226,6 +312,10 @@ async def _burst_training_release(
     report.timed("training pod to allocation", time.time() - train_at)
     report.info(f"train-0 -> {train_dev}")
     await _show_layouts(api, report, len(gpus), in_use=len(devices) + 1)
+    if agent.node is not None:
+        await _show_containers(
+            api, report, ["train-0"], train_at, within, "training pod to container started"
+        )
 
     if options.return_to_baseline:
         report.step(
@@ -244,7 +334,7 @@ async def _burst_training_release(
         await _show_layouts(api, report, len(gpus))
         await api.delete_pods(["train-0"])
 
-    history = nvml.history()[history_start:]
+    history = agent.history()[history_start:]
     created = sum(1 for ev in history if ev.kind == "create-gi")
     destroyed = sum(1 for ev in history if ev.kind == "destroy-gi")
     bad = watch.destroyed_while_allocated(history)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from dynamig.devcluster.binaries import BinariesNotFoundError, build_tool
-from dynamig.devcluster.images import PAUSE_IMAGE, node_images
+from dynamig.devcluster.images import BUSYBOX_IMAGE, PAUSE_IMAGE, node_images
 from dynamig.devcluster.pki import issue_client_cert
 from dynamig.devcluster.processes import Component, free_port, stop_all, wait_for
 
@@ -43,6 +44,65 @@ if TYPE_CHECKING:
 NODE_TOOLS = ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr", "runc", "busybox", "pause")
 CONTAINERD_NAMESPACE = "k8s.io"  # the namespace containerd's CRI plugin keeps Kubernetes' images in
 REQUIRED_CGROUP_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "devices", "pids")
+
+
+# What a test container reports: each NVIDIA device node with its numbers (busybox stat, hex), the NVIDIA
+# and dynamig environment, and whether the driver's files from the node's base CDI spec were mounted; then
+# it waits, and exits at once on SIGTERM (a shell as PID 1 ignores it otherwise).
+DEVICE_REPORT = r"""
+for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -e "$f" ] && stat -c 'DEV %n %F %t:%T' "$f"; done
+env | grep -E '^(NVIDIA|DYNAMIG)_' | sed 's/^/ENV /'
+[ -e /usr/bin/nvidia-smi ] && echo 'FILE /usr/bin/nvidia-smi'
+echo REPORTED
+trap 'exit 0' TERM
+sleep 3600 & wait
+"""
+
+
+@dataclass(frozen=True)
+class ContainerReport:
+    """What a container running :data:`DEVICE_REPORT` saw."""
+
+    devices: dict[str, str]  # path -> "major:minor" (decimal)
+    env: dict[str, str]
+    files: set[str]
+
+    @property
+    def capability_nodes(self) -> list[str]:
+        return sorted(d for d in self.devices if d.startswith("/dev/nvidia-caps/"))
+
+
+def parse_report(log: str) -> ContainerReport | None:
+    """The report in a container's log; None until it is complete. Pure."""
+    if "REPORTED" not in log.splitlines():
+        return None
+    devices, env, files = {}, {}, set()
+    for line in log.splitlines():
+        if m := re.fullmatch(r"DEV (\S+) character special file ([0-9a-f]+):([0-9a-f]+)", line):
+            devices[m[1]] = f"{int(m[2], 16)}:{int(m[3], 16)}"
+        elif line.startswith("ENV ") and "=" in line:
+            key, _, value = line[4:].partition("=")
+            env[key] = value
+        elif line.startswith("FILE "):
+            files.add(line[5:])
+    return ContainerReport(devices, env, files)
+
+
+def runnable(pod: dict[str, Any]) -> dict[str, Any]:
+    """``pod`` made to run on a real test node: host network (no CNI), the local busybox image never
+    pulled, no service-account token, no restarts, each container running :data:`DEVICE_REPORT`. Pure."""
+    spec = dict(pod["spec"])
+    spec.update(
+        hostNetwork=True,
+        automountServiceAccountToken=False,
+        restartPolicy="Never",
+        terminationGracePeriodSeconds=10,
+    )
+    spec["containers"] = [
+        {**c, "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never", "command": ["sh", "-c", DEVICE_REPORT]}
+        for c in spec["containers"]
+    ]
+    return {**pod, "spec": spec}
 
 
 class NodeError(RuntimeError):
@@ -376,19 +436,21 @@ class RealNode:
         self.healthz_port = free_port()
         self.kubelet_port = free_port()
         config = self.work_dir / "kubelet-config.yaml"
-        config.write_text(
-            yaml.safe_dump(
-                kubelet_config(
-                    root=self.work_dir,
-                    address=self.ip,
-                    port=self.kubelet_port,
-                    healthz_port=self.healthz_port,
-                    runtime_socket=self.containerd_socket,
-                    cgroup_mode=cgroup_mode,
-                ),
-                sort_keys=False,
-            )
+        settings = kubelet_config(
+            root=self.work_dir,
+            address=self.ip,
+            port=self.kubelet_port,
+            healthz_port=self.healthz_port,
+            runtime_socket=self.containerd_socket,
+            cgroup_mode=cgroup_mode,
         )
+        header = (
+            "# failCgroupV1: false because this host mounts cgroup v1 (hybrid), which kubelet 1.36 refuses\n"
+            "# unless told (KEP-5573); cgroupsPerQOS off: one test node, nothing to reserve or evict.\n"
+            if cgroup_mode == "v1"
+            else ""
+        )
+        config.write_text(header + yaml.safe_dump(settings, sort_keys=False))
         self._kubelet_argv = [
             str(self.binaries["kubelet"]),
             f"--config={config}",

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from dynamig.devcluster.node import RealNode
 
 _CP_KEY = pytest.StashKey[ControlPlane]()
+_NODE_STARTS_KEY = pytest.StashKey[list[float]]()
 _FIXTURES_NEEDING_CP = {"control_plane", "kube_api", "namespace", "make_node", "crds", "real_node"}
 REAL_NODE_GPUS = "A100-80GB:1"
 
@@ -67,6 +68,12 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if cp is not None and cp.start_seconds is not None:
         terminalreporter.write_line(
             f"dynamig control plane: started in {cp.start_seconds:.1f}s; component logs were in {cp.log_dir}"
+        )
+    starts = config.stash.get(_NODE_STARTS_KEY, [])
+    if starts:
+        terminalreporter.write_line(
+            f"dynamig real node: started {len(starts)}x, {', '.join(f'{s:.1f}s' for s in starts)} "
+            "(containerd, image import, kubelet registered)"
         )
 
 
@@ -162,6 +169,8 @@ def real_node(control_plane: ControlPlane, request: pytest.FixtureRequest) -> It
     install(control_plane)
     node = RealNode(control_plane, unique_name("real"))
     node.start()
+    if node.start_seconds is not None:
+        request.config.stash.setdefault(_NODE_STARTS_KEY, []).append(node.start_seconds)
     try:
         control_plane.kubectl("label", "node", node.name, f"{MANAGED_NODE_LABEL}=true")
         node.start_agent(
