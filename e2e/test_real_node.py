@@ -123,6 +123,37 @@ class NodeScenario:
         part = await self.k.partition(self.gpu)
         return True if part["status"].get("observedGeneration") == generation else None
 
+    async def finish(self, pod_name: str) -> None:
+        """Deletes the pod and checks what its kubelet and the plugin do: the pod goes, NodeUnprepareResources
+        removes the claim's CDI spec, the instance is free again and was not destroyed."""
+        uid = (await self.claim(pod_name))["metadata"]["uid"]
+        inst = await self.instance_of(pod_name)
+        spec = cdi.spec_path(self.node.cdi_dir, uid)
+        assert spec.exists(), f"the claim's CDI spec {spec} is where containerd reads it"
+        await self.k.core.delete_namespaced_pod(pod_name, self.k.ns)
+
+        async def pod_gone() -> bool | None:
+            try:
+                await self.k.core.read_namespaced_pod(pod_name, self.k.ns)
+            except ApiException as e:
+                return True if e.status == 404 else None
+            return None
+
+        await eventually(pod_gone, f"pod {pod_name} deleted by its kubelet", within_s=60, every_s=0.3)
+        assert not spec.exists(), "NodeUnprepareResources removes the claim's CDI spec"
+
+        async def freed() -> dict[str, Any] | None:
+            part = await self.k.partition(self.gpu)
+            for i in part["status"]["instances"]:
+                if i["migUUID"] == inst["migUUID"] and i["state"] == "free" and not i.get("claims"):
+                    return dict(i)
+            return None
+
+        await eventually(freed, f"{pod_name}'s instance free again", within_s=60, every_s=0.3)
+        history = self.nvml_history()
+        destroyed = [e for e in history if e["kind"] == "destroy-ci" and e["mig_uuid"] == inst["migUUID"]]
+        assert not destroyed, "unprepare keeps the instance (free, bookable again)"
+
     def nvml_history(self) -> list[dict[str, Any]]:
         history: list[dict[str, Any]] = json.loads(self.node.nvml_state.read_text())["history"]
         return history
@@ -178,36 +209,7 @@ async def test_deleting_the_pod_unprepares_its_claim_and_frees_the_instance(scen
     await s.offer(["1g.10gb"])
     await s.run("short", "1g.10gb")
     await eventually(functools.partial(s.reported, "short"), "pod reporting", within_s=120)
-    claim = await s.claim("short")
-    uid = claim["metadata"]["uid"]
-    inst = await s.instance_of("short")
-    spec = cdi.spec_path(s.node.cdi_dir, uid)
-    assert spec.exists(), f"the claim's CDI spec {spec} is where containerd reads it"
-
-    await s.k.core.delete_namespaced_pod("short", s.k.ns)
-
-    async def pod_gone() -> bool | None:
-        try:
-            await s.k.core.read_namespaced_pod("short", s.k.ns)
-        except ApiException as e:
-            return True if e.status == 404 else None
-        return None
-
-    await eventually(pod_gone, "the pod deleted by its kubelet", within_s=60, every_s=0.3)
-    assert not spec.exists(), "NodeUnprepareResources removes the claim's CDI spec"
-
-    async def freed() -> dict[str, Any] | None:
-        part = await s.k.partition(s.gpu)
-        for i in part["status"]["instances"]:
-            if i["migUUID"] == inst["migUUID"] and i["state"] == "free" and not i.get("claims"):
-                return dict(i)
-        return None
-
-    await eventually(freed, "the instance free again", within_s=60, every_s=0.3)
-    destroyed = [
-        e for e in s.nvml_history() if e["kind"] == "destroy-ci" and e["mig_uuid"] == inst["migUUID"]
-    ]
-    assert not destroyed, "unprepare keeps the instance (free, bookable again)"
+    await s.finish("short")
 
 
 async def test_kubelet_and_agent_restarts_leave_a_running_pod_alone(scenario: NodeScenario) -> None:
@@ -241,6 +243,8 @@ async def test_kubelet_and_agent_restarts_leave_a_running_pod_alone(scenario: No
     created = [e["start"] for e in since if e["kind"] == "create-gi"]
     assert inst["start"] not in created, f"the running pod's instance was re-created: {since}"
     assert len(created) <= 2, f"at most one instance per new pod, nothing else: {since}"
+    # The restarted agent unprepares the claim it prepared before the restart: its checkpoint answers.
+    await s.finish("steady")
 
 
 async def test_a_reshape_next_to_a_running_pod_never_touches_its_instance(scenario: NodeScenario) -> None:
