@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PROTO_DIR := operator/dynamig/agent/plugin/proto
 GEN_DIR := operator/dynamig/agent/plugin/_generated
 
-.PHONY: setup demo test lint typecheck imports controlplane node helm cdivalidate proto bench clean
+.PHONY: setup demo test lint typecheck imports controlplane node helm cdivalidate promtool proto bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,10 @@ helm:
 cdivalidate:
 	@bash hack/build-cdi-validate.sh >/dev/null
 
+# Prometheus' promtool: the tests evaluate the alert rules and the DCGM join with Prometheus' own engine.
+promtool:
+	@bash hack/build-promtool.sh >/dev/null
+
 setup: $(STAMP) proto controlplane
 
 demo: setup
@@ -46,7 +50,7 @@ typecheck: $(STAMP) proto
 imports: $(STAMP)
 	$(BIN)/lint-imports
 
-test: setup node helm cdivalidate lint typecheck imports
+test: setup node helm cdivalidate promtool lint typecheck imports
 	$(BIN)/pytest -q -p no:cacheprovider
 
 bench: setup

@@ -10,12 +10,14 @@ bound, never run). Settle periods and poll intervals are shortened through the a
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -367,10 +369,10 @@ async def test_agent_publishes_reshapes_free_instances_and_keeps_allocated_ones(
         # 9. Metrics: DCGM-compatible instance labels, operations counted.
         text = generate_latest(agent.metrics.registry).decode()
         assert 'dynamig_build_info{version="' in text
-        assert 'GPU_I_PROFILE="7g.80gb"' in text and f'hostname="{node}"' in text and 'UUID="GPU-' in text
+        assert 'GPU_I_PROFILE="7g.80gb"' in text and f'Hostname="{node}"' in text and 'UUID="GPU-' in text
         ops = "dynamig_reshape_operations_total"
-        assert (sample(text, ops, hostname=node, operation="destroy", result="success") or 0) == 8
-        assert (sample(text, ops, hostname=node, operation="create", result="success") or 0) == 11
+        assert (sample(text, ops, Hostname=node, operation="destroy", result="success") or 0) == 8
+        assert (sample(text, ops, Hostname=node, operation="create", result="success") or 0) == 11
         assert "dynamig_reshape_duration_seconds_count" in text
 
         # 10. Uninstall: slices and GpuPartitions go, MIG stays as it is.
@@ -538,7 +540,16 @@ def _read_nvml(state: Path) -> list[tuple[str, int, str, bool]]:
     devices.init()
     try:
         gpu = devices.gpu(0)
-        return [(i.profile, i.start, i.mig_uuid, i.has_compute_instance) for i in devices.instances(gpu)]
+        for _ in range(20):
+            try:
+                return [
+                    (i.profile, i.start, i.mig_uuid, i.has_compute_instance) for i in devices.instances(gpu)
+                ]
+            except devices.error_type:
+                # The agent process changed an instance between two of our calls: the handles we hold went
+                # stale, as they would on a real GPU. Read again.
+                time.sleep(0.01)
+        raise AssertionError("the simulated GPU kept changing under every read")
     finally:
         devices.shutdown()
 
@@ -627,19 +638,20 @@ async def test_agent_killed_mid_reshape_converges_after_restart(
         converged_s = time.monotonic() - killed_at
         # The restarted process serves its metrics (port chosen by the OS, read from its log).
         port = int(re.findall(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", log.read_text())[-1])
-        text = await asyncio.to_thread(_http_get, f"http://127.0.0.1:{port}/metrics")
+
+        # The metrics follow at the end of the round that wrote the status.
+        async def exported() -> str | None:
+            text = await asyncio.to_thread(_http_get, f"http://127.0.0.1:{port}/metrics")
+            labels = {
+                "Hostname": node,
+                "GPU_I_PROFILE": "1g.10gb",
+                "mig_uuid": held_uuid,
+                "state": "allocated",
+            }
+            return text if sample(text, "dynamig_mig_instance_info", **labels) == 1.0 else None
+
+        text = await eventually(exported, "the held instance in the restarted agent's metrics", within_s=30)
         assert sample(text, "dynamig_build_info") == 1.0
-        assert (
-            sample(
-                text,
-                "dynamig_mig_instance_info",
-                hostname=node,
-                GPU_I_PROFILE="1g.10gb",
-                mig_uuid=held_uuid,
-                state="allocated",
-            )
-            == 1.0
-        )
         total_s = time.monotonic() - t_reshape
         after = await asyncio.to_thread(_read_nvml, state)
         # Nothing lost: the allocated instance is the same one (same MIG UUID), the claim still names it.
@@ -735,7 +747,7 @@ async def test_agent_keeps_instances_with_processes_and_degrades_lost_gpus(
         errors = "dynamig_nvml_errors_total"
         # The loss is seen where the round was when it happened: discovering GPUs or listing their instances.
         lost_errors = [
-            sample(text, errors, hostname=node, operation=op, error="GpuIsLost")
+            sample(text, errors, Hostname=node, operation=op, error="GpuIsLost")
             for op in ("discover", "list-instances")
         ]
         assert any(lost_errors), lost_errors
@@ -785,3 +797,46 @@ async def test_a_gpupartition_of_another_gpu_is_refused_until_deleted(
 
         p = await eventually(adopted, "new GPU adopted after the GpuPartition was deleted")
         assert p["spec"].get("layout", []) == [] and [e.kind for e in sim_nvml.history()] == []
+
+
+def _probe(url: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+async def test_a_hung_reconcile_round_fails_the_liveness_probe(
+    crd: ControlPlane, kube_api: client.ApiClient, make_node: Callable[..., str], tmp_path: Path
+) -> None:
+    """The agent process's /healthz and /readyz: ready after its first round; a round stuck in NVML (a GI
+    create that takes 30 s here) fails liveness once it is older than --liveness-max-round-age, with the
+    reason; /metrics is served by the same loop."""
+    api = Api(kube_api)
+    node = make_node("health", labels={"dynamig.io/managed": "true"})
+    name = f"{node}-gpu0"
+    state, log = tmp_path / "simnvml.json", tmp_path / "agent.log"
+    flags = ("--metrics-port", "0", "--metrics-address", "127.0.0.1", "--liveness-max-round-age", "3")
+    proc = start_agent_process(crd, node, "A100-80GB:1", state, log, "--sim-create-latency", "30", *flags)
+    try:
+        await eventually(lambda: api.partition(name), "GpuPartition of the agent process", within_s=60)
+        port = int(re.findall(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", log.read_text())[-1])
+        base = f"http://127.0.0.1:{port}"
+        assert (await asyncio.to_thread(_probe, f"{base}/healthz"))[0] == 200
+        assert (await asyncio.to_thread(_probe, f"{base}/readyz"))[0] == 200
+        assert "dynamig_build_info" in await asyncio.to_thread(_http_get, f"{base}/metrics")
+
+        await api.set_layout(name, "1g.10gb@0")  # the round that creates it blocks in NVML for 30 s
+        t0 = time.monotonic()
+
+        async def failing() -> dict[str, Any] | None:
+            code, body = await asyncio.to_thread(_probe, f"{base}/healthz")
+            return body if code == 503 else None
+
+        body = await eventually(failing, "/healthz failing on the stuck round", within_s=20, every_s=0.5)
+        print(f"\n/healthz failed {time.monotonic() - t0:.1f}s into a stuck round: {body['checks']}")
+        assert "no reconcile round finished" in body["checks"]["reconcile-loop"]
+        assert (await asyncio.to_thread(_probe, f"{base}/readyz"))[0] == 503
+    finally:
+        kill(proc)

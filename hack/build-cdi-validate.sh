@@ -17,23 +17,10 @@ CDI_VERSION="${DYNAMIG_CDI_VERSION:-v1.1.2}"
 JSONSCHEMA_VERSION="${DYNAMIG_CDI_JSONSCHEMA_VERSION:-v6.0.3}"
 # Bump when main.go below changes: a binary built from an older recipe is rebuilt.
 RECIPE=1
-CACHE_ROOT="${DYNAMIG_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dynamig}"
-OUT="$CACHE_ROOT/tools/cdi-validate-${CDI_VERSION}-r${RECIPE}"
-BIN="$OUT/bin/cdi-validate"
-
-if [ -x "$BIN" ]; then echo "$BIN"; exit 0; fi
-
 log() { echo "[build-cdi-validate] $*" >&2; }
-command -v go >/dev/null || { echo "go is required to build cdi-validate (or set DYNAMIG_CDI_VALIDATE)" >&2; exit 1; }
-
-export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
-work="$OUT/src"
-mkdir -p "$work" "$OUT/bin"
-if command -v flock >/dev/null; then
-  exec 9>"$OUT/.lock"
-  flock 9 || true
-  if [ -x "$BIN" ]; then echo "$BIN"; exit 0; fi  # another process built it while we waited
-fi
+# shellcheck source=hack/lib/go-tool.sh
+source "$(dirname "$0")/lib/go-tool.sh"
+go_tool_begin cdi-validate "cdi-validate-${CDI_VERSION}-r${RECIPE}"
 
 cat > "$work/go.mod" <<GOMOD
 module dynamig.io/tools/cdi-validate

@@ -59,3 +59,91 @@ def test_operator_serves_liveness_and_logs_json(control_plane: ControlPlane, tmp
     assert lines, "the operator logged nothing"
     records = [json.loads(line) for line in lines]  # every line is one JSON object
     assert all({"time", "level", "logger", "msg"} <= r.keys() for r in records)
+
+
+CREDENTIAL_PLUGIN = """import json, pathlib, sys
+pathlib.Path(sys.argv[2]).open("a").write("called\\n")
+print(json.dumps({"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+                  "status": {"token": pathlib.Path(sys.argv[1]).read_text().strip()}}))
+"""
+
+
+def test_operator_logs_in_through_an_exec_credential_plugin(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """A kubeconfig whose user is an exec credential plugin (as EKS, GKE and AKS write them): both halves of
+    the operator (Kopf's watches and the kubernetes-asyncio client) log in through it and the operator acts:
+    it writes a policy's status. The token is a real ServiceAccount token bound to cluster-admin."""
+    cp = control_plane
+    for crd in sorted((REPO / "crds").glob("*.yaml")):
+        cp.kubectl("apply", "-f", str(crd))
+    sa = f"exec-login-{os.getpid()}"
+    cp.kubectl("create", "serviceaccount", sa, "-n", "default")
+    cp.kubectl(
+        "create", "clusterrolebinding", sa, "--clusterrole=cluster-admin", f"--serviceaccount=default:{sa}"
+    )
+    token = cp.kubectl("create", "token", sa, "-n", "default", "--duration=1h").stdout.strip()
+    (tmp_path / "token").write_text(token)
+    (tmp_path / "plugin.py").write_text(CREDENTIAL_PLUGIN)
+    calls = tmp_path / "calls"
+    kubeconfig = tmp_path / "exec.kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "c",
+                        "cluster": {"server": cp.server_url, "certificate-authority": str(cp.pki.ca.cert)},
+                    }
+                ],
+                "users": [
+                    {
+                        "name": "u",
+                        "user": {
+                            "exec": {
+                                "apiVersion": "client.authentication.k8s.io/v1",
+                                "command": sys.executable,
+                                "args": [str(tmp_path / "plugin.py"), str(tmp_path / "token"), str(calls)],
+                                "interactiveMode": "Never",
+                            }
+                        },
+                    }
+                ],
+                "contexts": [{"name": "exec", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "exec",
+            }
+        )
+    )
+    policy = f"exec-login-{os.getpid()}"
+    cp.kubectl(
+        "apply", "-f", "-",
+        input=json.dumps({
+            "apiVersion": "dynamig.io/v1alpha1", "kind": "GpuPartitionPolicy", "metadata": {"name": policy},
+            "spec": {"mode": "DryRun", "nodeSelector": {"matchLabels": {"exec-login": "none"}}},
+        }),
+    )  # fmt: skip
+    log_path = tmp_path / "operator.log"
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dynamig", "operator", "--standalone", "--kubeconfig", str(kubeconfig)],
+            stdout=log, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        conditions = ""
+        while time.monotonic() < deadline and "Ready" not in conditions:
+            assert proc.poll() is None, log_path.read_text()
+            time.sleep(0.5)
+            conditions = cp.kubectl(
+                "get", "gpp", policy, "-o", "jsonpath={.status.conditions[*].type}", check=False
+            ).stdout
+        assert "Ready" in conditions, log_path.read_text()
+        assert calls.read_text().count("called") >= 2, "Kopf and the API client each ran the plugin"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        cp.kubectl("delete", "gpp", policy, "--wait=false", check=False)
+        cp.kubectl("delete", "clusterrolebinding", sa, check=False)

@@ -15,7 +15,9 @@ the API server); each one's Prometheus endpoint tells how many planning rounds i
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import re
 import signal
 import subprocess
@@ -382,3 +384,36 @@ async def test_with_peering_only_the_highest_priority_replica_acts(
         ):
             with contextlib.suppress(ApiException):
                 await k.custom.delete_cluster_custom_object(group, version, plural, name)
+
+
+async def test_deleting_a_policy_never_waits_for_the_operator(
+    crds: ControlPlane, kube_api: client.ApiClient
+) -> None:
+    """Policies carry no finalizer: one the operator served is deleted at once while no operator runs, and a
+    finalizer left by an older version is taken off by the running operator."""
+    k = ScenarioApi(kube_api, "default")
+    served, legacy = f"served-{uuid.uuid4().hex[:6]}", f"legacy-{uuid.uuid4().hex[:6]}"
+    spec = {"mode": "DryRun", "nodeSelector": {"matchLabels": {"no-such-pool": "x"}}}
+    old_finalizer = "operator.dynamig.io/finalizer"
+    async with operator_running(crds.kubeconfig_path, OperatorMetrics()):
+        await k.create_policy(served, spec)
+        await k.custom.create_cluster_custom_object(
+            GROUP, VERSION, "gpupartitionpolicies",
+            {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GpuPartitionPolicy",
+             "metadata": {"name": legacy, "finalizers": [old_finalizer]}, "spec": spec},
+        )  # fmt: skip
+
+        async def served_by_operator(name: str) -> dict[str, Any] | None:
+            p = await k.policy(name)
+            conditions = {c["type"] for c in (p.get("status") or {}).get("conditions") or []}
+            return p if "Ready" in conditions and not p["metadata"].get("finalizers") else None
+
+        for name in (served, legacy):
+            await eventually(functools.partial(served_by_operator, name), f"{name} served", within_s=60)
+    # No operator now: the delete returns as soon as the object is gone.
+    done = await asyncio.to_thread(
+        crds.kubectl, "delete", "gpp", served, legacy, "--timeout=20s", check=False, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    got = crds.kubectl("get", "gpp", served, legacy, "--ignore-not-found", "-o", "name").stdout
+    assert got.strip() == ""

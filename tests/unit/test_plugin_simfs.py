@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import yaml
@@ -26,6 +27,20 @@ from dynamig.agent.plugin.simfs import SIMULATED_SPEC_HEADER, SimulatedDriverFil
 from dynamig.backends.nvml import load_nvml
 from dynamig.backends.simnvml import DRIVER_VERSION
 from dynamig.geometry.model import PlacedInstance
+
+
+def _prepared(gpu: Any, inst: Any) -> PreparedInstance:
+    """What the plugin knows of an instance it prepares, from NVML's view of it. Pure."""
+    assert gpu.minor is not None and inst.ci_id is not None
+    return PreparedInstance(
+        device_name="x",
+        mig_uuid=inst.mig_uuid,
+        parent_uuid=gpu.uuid,
+        gpu_index=0,
+        gpu_minor=gpu.minor,
+        gi_id=inst.gi_id,
+        ci_id=inst.ci_id,
+    )
 
 
 @pytest.fixture
@@ -58,15 +73,7 @@ def test_sync_mirrors_nvml_and_the_plugin_reads_it(devices: NvmlDevices, tmp_pat
 
     for inst in (a, b):
         assert inst.ci_id is not None
-        prepared = PreparedInstance(
-            device_name="x",
-            mig_uuid=inst.mig_uuid,
-            parent_uuid=gpu.uuid,
-            gpu_index=0,
-            gpu_minor=gpu.minor,
-            gi_id=inst.gi_id,
-            ci_id=inst.ci_id,
-        )
+        prepared = _prepared(gpu, inst)
         minors = cdi.read_capability_minors(proc, prepared)
         assert minors == cdi.CapabilityMinors(
             gi_cap_minor(gpu.minor, inst.gi_id), ci_cap_minor(gpu.minor, inst.gi_id, inst.ci_id)
@@ -191,15 +198,7 @@ def test_char_devices_carry_the_numbers_the_driver_documents(devices: NvmlDevice
     assert numbers(dev / f"nvidia{gpu.minor}") == (195, gpu.minor)
     assert numbers(dev / "nvidiactl") == (195, 255)
     assert numbers(dev / "nvidia-modeset") == (195, 254)
-    prepared = PreparedInstance(
-        device_name="x",
-        mig_uuid=inst.mig_uuid,
-        parent_uuid=gpu.uuid,
-        gpu_index=0,
-        gpu_minor=gpu.minor,
-        gi_id=inst.gi_id,
-        ci_id=inst.ci_id,
-    )
+    prepared = _prepared(gpu, inst)
     minors = cdi.read_capability_minors(proc, prepared)
     for minor in (minors.gi_access, minors.ci_access):
         node = dev / "nvidia-caps" / f"nvidia-cap{minor}"

@@ -36,6 +36,7 @@ from typing import Any
 from dynamig import DRIVER_NAME
 from dynamig.agent.allocations import AllocationAnswerer
 from dynamig.agent.binding import Ready
+from dynamig.agent.claimcache import ClaimCache
 from dynamig.agent.features import InventorySupport, detect_inventory
 from dynamig.agent.kubeapi import KubeApi, allocated_devices, status_of
 from dynamig.agent.metrics import AgentMetrics, GpuSample, InstanceSample
@@ -102,6 +103,18 @@ class _GpuOutcome:
     )  # (type, reason, message) done this round
 
 
+def pods_by_claim(claims: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """``namespace/name`` of each claim -> the pods it is reserved for (``status.reservedFor``). Pure."""
+    out: dict[str, list[str]] = {}
+    for c in claims:
+        meta = c.get("metadata") or {}
+        reserved = (c.get("status") or {}).get("reservedFor") or []
+        pods = [str(r.get("name", "")) for r in reserved if r.get("resource") == "pods"]
+        if pods:
+            out[f"{meta.get('namespace', '')}/{meta.get('name', '')}"] = pods
+    return out
+
+
 def node_owner_reference(node: str, uid: str) -> dict[str, Any] | None:
     """An ownerReference to the Node (so the garbage collector removes our objects with it). Pure."""
     if not uid:
@@ -140,6 +153,8 @@ class NodeAgent:
         self._managed_logged: bool | None = None
         self._node_owner: dict[str, Any] | None = None
         self.rounds = 0
+        self.claim_cache: ClaimCache | None = None  # with settings.watch: rounds read claims from it
+        self.on_round: Callable[[], None] | None = None  # called after every round, failed or not
         self.answerer = AllocationAnswerer(self)
         self.support: InventorySupport | None = (
             None
@@ -160,16 +175,20 @@ class NodeAgent:
     async def run(self, stop: asyncio.Event) -> None:
         """Reconcile until ``stop`` is set. Errors end the round, not the loop.
 
-        With ``settings.watch`` a change of this node's GpuPartitions or of any ResourceClaim starts a round
-        at once; otherwise rounds only follow the poll intervals.
+        With ``settings.watch`` a change of the Node, its GpuPartitions or slices, or of a claim allocated on
+        its pool starts a round at once, and rounds read claims from the watched cache; otherwise rounds
+        list claims and only follow the poll intervals.
         """
         watchers: list[asyncio.Task[None]] = []
         if self.settings.watch:
             from dynamig.agent.watch import watch_tasks
 
+            self.claim_cache = ClaimCache(self.api, self.settings.driver, self.settings.node, self.wake)
             watchers = [
                 asyncio.create_task(c, name=f"agent-watch-{i}")
-                for i, c in enumerate(watch_tasks(self.api, self.settings.node, self.wake, stop))
+                for i, c in enumerate(
+                    [*watch_tasks(self.api, self.settings.node, self.wake, stop), self.claim_cache.run(stop)]
+                )
             ]
         try:
             await self._loop(stop)
@@ -191,6 +210,8 @@ class NodeAgent:
             except Exception:
                 self.metrics.reconcile_errors.labels(self.settings.node).inc()
                 log.exception("reconcile round failed; retrying")
+            if self.on_round is not None:
+                self.on_round()  # the liveness probe's evidence that the loop turns
             delay = self.settings.reshape_poll_seconds if busy else self.settings.interval_seconds
             waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
             try:
@@ -237,7 +258,8 @@ class NodeAgent:
 
         slices = await self.api.list_slices(node)
         foreign = foreign_mig_owners(slices, [g.uuid for g in gpus], self.settings.driver)
-        raw_claims = await self.api.list_claims()
+        cached = self.claim_cache.claims() if self.claim_cache is not None else None
+        raw_claims = cached if cached is not None else await self.api.list_claims()
         if self.partitionable and gpus:
             # Answer first: a pod waiting on its binding is the most urgent thing on the node.
             for _, answer in await self.answerer.answer_all(raw_claims):
@@ -295,7 +317,7 @@ class NodeAgent:
             if o.status is not None and o.status != part.status:
                 await self._write_status(o.name, o.status)
             await self._post_events(part, o)
-        self._export(outcomes)
+        self._export(outcomes, pods_by_claim(raw_claims))
         return any(o.busy for o in outcomes)
 
     # --- one GPU -------------------------------------------------------------------------------------
@@ -700,7 +722,7 @@ class NodeAgent:
                 return
             raise
 
-    def _export(self, outcomes: list[_GpuOutcome]) -> None:
+    def _export(self, outcomes: list[_GpuOutcome], pods: dict[str, list[str]]) -> None:
         samples: list[InstanceSample] = []
         gpus: list[GpuSample] = []
         for o in outcomes:
@@ -718,6 +740,7 @@ class NodeAgent:
                         mig_uuid=i.mig_uuid,
                         device=i.device_name,
                         state=str(i.state),
+                        claims=tuple((c, pod) for c in i.claims for pod in pods.get(c) or [""]),
                     )
                 )
         self.metrics.snapshot(tuple(samples), tuple(gpus))

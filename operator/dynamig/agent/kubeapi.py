@@ -205,12 +205,16 @@ class KubeApi:
 
     async def list_claims(self) -> list[dict[str, Any]]:
         """Every ResourceClaim in every namespace."""
+        return (await self.list_claims_at())[0]
 
-        async def call() -> list[dict[str, Any]]:
+    async def list_claims_at(self) -> tuple[list[dict[str, Any]], str]:
+        """Every ResourceClaim in every namespace, and the list's resourceVersion (to watch from)."""
+
+        async def call() -> tuple[list[dict[str, Any]], str]:
             res = await self.custom.list_cluster_custom_object(
                 RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims"
             )
-            return list(res.get("items", []))
+            return list(res.get("items", [])), str((res.get("metadata") or {}).get("resourceVersion", ""))
 
         return await self._retry("list resourceclaims", call)
 

@@ -19,10 +19,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from dynamig.agent.controller import AgentSettings, NodeAgent
 from dynamig.agent.devices_service import AgentMigInstances
+from dynamig.agent.health import Health
+from dynamig.agent.health import serve as serve_http
 from dynamig.agent.kubeapi import KubeApi
 from dynamig.agent.metrics import AgentMetrics
 from dynamig.agent.nvml_device import NvmlDevices
@@ -54,6 +56,7 @@ class AgentOptions:
     metrics_port: int | None = None  # None: no metrics server; 0: any free port
     uninstall: bool = False
     plugin: PluginSettings | None = None  # serve the kubelet DRA plugin with these settings
+    liveness_max_round_age_s: float = 180.0  # /healthz fails when no round finished for this long
 
 
 def parse_simulated_gpus(text: str) -> tuple[str, ...]:
@@ -123,11 +126,8 @@ async def run_agent(options: AgentOptions) -> int:
                 n_parts,
             )
             return 0
-        if options.metrics_port is not None:
-            started = start_http_server(options.metrics_port, addr=options.metrics_address, registry=registry)
-            http_server = started[0] if isinstance(started, tuple) else None
-            port = http_server.server_port if http_server is not None else options.metrics_port
-            log.info("metrics on http://%s:%d/metrics", options.metrics_address, port)
+        health = Health(max_round_age_s=options.liveness_max_round_age_s)
+        agent.on_round = health.round_finished
         instances: Any = AgentMigInstances(agent)
         if options.plugin is not None:
             from dynamig.agent.plugin import serve_plugin
@@ -145,7 +145,11 @@ async def run_agent(options: AgentOptions) -> int:
                     char_devices=options.simulation is not None and options.simulation.char_devices,
                 )
                 instances = SimulatedDriverInstances(instances, files)
-            plugin_server = await serve_plugin(p, instances, api_client)
+            plugin_server = await serve_plugin(p, instances, api_client, metrics.plugin_request)
+            health.plugin_sockets = (p.dra_socket, p.registration_socket)
+            health.plugin_registered = lambda: plugin_server.registered.is_set()
+        if options.metrics_port is not None:
+            http_server = await serve_http(health, registry, options.metrics_address, options.metrics_port)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -158,6 +162,6 @@ async def run_agent(options: AgentOptions) -> int:
         if plugin_server is not None:
             await plugin_server.stop()
         if http_server is not None:
-            http_server.shutdown()
+            await http_server.cleanup()
         devices.shutdown()
         await api_client.close()

@@ -1,8 +1,12 @@
 """Prometheus metrics of one node agent, on a registry passed in (no module globals).
 
 Names follow Prometheus conventions: ``dynamig_`` prefix, base units (seconds), ``_total`` counters, and a
-``dynamig_build_info`` gauge. MIG instance series carry the DCGM exporter's labels (``UUID`` of the parent
-GPU, ``GPU_I_PROFILE``, ``GPU_I_ID``, ``hostname``) so dashboards can join them with DCGM's.
+``dynamig_build_info`` gauge. Series carry the DCGM exporter's label names where they mean the same thing
+(``Hostname``, ``gpu``, ``UUID`` of the parent GPU, ``GPU_I_PROFILE``, ``GPU_I_ID``); the DRA device is
+``dra_device`` (DCGM's ``device`` is ``nvidia<N>``). ``dynamig_mig_instance_claim_info`` names the claim and
+pod of each allocated instance, so ``on(Hostname, UUID, GPU_I_ID) group_left(namespace, pod)`` attributes
+DCGM's per-instance utilisation to pods, which the DCGM exporter cannot do for MIG devices created on the
+fly. Error counters are created at zero for this node, so the first failure is a change an alert sees.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ class InstanceSample:
     mig_uuid: str
     device: str
     state: str  # free | allocated | in-use
+    claims: tuple[tuple[str, str], ...] = ()  # (namespace/claim, pod) holding the instance
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,29 +55,40 @@ class _SnapshotCollector(Collector):
         build.add_metric([__version__], 1.0)
         yield build
         counts: dict[tuple[str, str, str], int] = {}
+        dcgm = ["Hostname", "gpu", "UUID", "GPU_I_PROFILE", "GPU_I_ID"]
         info = GaugeMetricFamily(
             "dynamig_mig_instance_info",
             "One series per MIG instance; labels compatible with the DCGM exporter.",
-            labels=["hostname", "gpu", "UUID", "GPU_I_PROFILE", "GPU_I_ID", "mig_uuid", "device", "state"],
+            labels=[*dcgm, "mig_uuid", "dra_device", "state"],
+        )
+        claim_info = GaugeMetricFamily(
+            "dynamig_mig_instance_claim_info",
+            "One series per allocated MIG instance and claim (and pod, once reserved): join with DCGM "
+            "series on Hostname, UUID and GPU_I_ID to attribute them to pods.",
+            labels=[*dcgm, "mig_uuid", "dra_device", "namespace", "claim", "pod"],
         )
         for i in self.instances:
             key = (str(i.gpu_index), i.profile, i.state)
             counts[key] = counts.get(key, 0) + 1
             labels = [self.hostname, str(i.gpu_index), i.gpu_uuid, i.profile, str(i.gi_id)]
             info.add_metric([*labels, i.mig_uuid, i.device, i.state], 1.0)
+            for claim, pod in i.claims:
+                namespace, _, name = claim.partition("/")
+                claim_info.add_metric([*labels, i.mig_uuid, i.device, namespace, name, pod], 1.0)
         by_state = GaugeMetricFamily(
             "dynamig_mig_instances",
             "MIG instances that exist, by GPU, profile and state (free, allocated, in-use).",
-            labels=["hostname", "gpu", "profile", "state"],
+            labels=["Hostname", "gpu", "profile", "state"],
         )
         for (gpu, profile, state), n in sorted(counts.items()):
             by_state.add_metric([self.hostname, gpu, profile, state], float(n))
         yield by_state
         yield info
+        yield claim_info
         phase = GaugeMetricFamily(
             "dynamig_gpu_partition_phase",
             "1 for the current phase of each GPU's partition.",
-            labels=["hostname", "gpu", "UUID", "phase"],
+            labels=["Hostname", "gpu", "UUID", "phase"],
         )
         for g in self.gpus:
             phase.add_metric([self.hostname, str(g.gpu_index), g.gpu_uuid, g.phase], 1.0)
@@ -90,47 +106,77 @@ class AgentMetrics:
         self.reshape_operations = Counter(
             "dynamig_reshape_operations_total",
             "MIG instance operations carried out by the agent.",
-            ["hostname", "operation", "result"],
+            ["Hostname", "operation", "result"],
             registry=registry,
         )
         self.reshape_duration = Histogram(
             "dynamig_reshape_duration_seconds",
             "Time from a GPU leaving Stable to being Stable again.",
-            ["hostname"],
+            ["Hostname"],
             buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300),
             registry=registry,
         )
         self.nvml_errors = Counter(
             "dynamig_nvml_errors_total",
             "NVML calls that failed, by operation and NVML error.",
-            ["hostname", "operation", "error"],
+            ["Hostname", "operation", "error"],
             registry=registry,
         )
         self.kept_busy = Counter(
             "dynamig_busy_instances_kept_total",
             "Times an instance marked for removal was kept because a claim or a process held it.",
-            ["hostname"],
+            ["Hostname"],
             registry=registry,
         )
         self.slice_publishes = Counter(
             "dynamig_resourceslice_publishes_total",
             "Pool generations written to the API.",
-            ["hostname"],
+            ["Hostname"],
             registry=registry,
         )
         self.binding_answers = Counter(
             "dynamig_binding_answers_total",
             "Allocations answered through binding conditions: ready (the instance exists), failed (the "
             "scheduler releases the allocation and retries).",
-            ["hostname", "answer"],
+            ["Hostname", "answer"],
             registry=registry,
         )
         self.reconcile_errors = Counter(
             "dynamig_reconcile_errors_total",
             "Reconcile rounds that ended in an error.",
-            ["hostname"],
+            ["Hostname"],
             registry=registry,
         )
+
+        self.plugin_requests = Counter(
+            "dynamig_kubelet_plugin_requests_total",
+            "Claims the kubelet asked the DRA plugin to prepare or unprepare, by result (ok, error).",
+            ["Hostname", "operation", "result"],
+            registry=registry,
+        )
+        self.plugin_request_duration = Histogram(
+            "dynamig_kubelet_plugin_request_duration_seconds",
+            "Time the DRA plugin took to answer one NodePrepareResources or NodeUnprepareResources call.",
+            ["Hostname", "operation"],
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+            registry=registry,
+        )
+        # Zero series for this node: an alert on increase() fires at the first failure, not the second.
+        self.reconcile_errors.labels(hostname)
+        self.kept_busy.labels(hostname)
+        self.slice_publishes.labels(hostname)
+        for answer in ("ready", "failed"):
+            self.binding_answers.labels(hostname, answer)
+        for op in ("prepare", "unprepare"):
+            self.plugin_request_duration.labels(hostname, op)
+            for result in ("ok", "error"):
+                self.plugin_requests.labels(hostname, op, result)
+
+    def plugin_request(self, operation: str, results: list[str], seconds: float) -> None:
+        """One kubelet call: each claim's result (ok, error), and how long the call took."""
+        for result in results:
+            self.plugin_requests.labels(self.hostname, operation, result).inc()
+        self.plugin_request_duration.labels(self.hostname, operation).observe(seconds)
 
     def operation(self, operation: str, result: str) -> None:
         self.reshape_operations.labels(self.hostname, operation, result).inc()

@@ -1,5 +1,5 @@
-"""Wake the reconcile loop on changes: watches of the Node (its labels), its GpuPartitions and ResourceSlices,
-and of ResourceClaims (allocations decide what is busy).
+"""Wake the reconcile loop on changes: watches of the Node (its labels), its GpuPartitions and ResourceSlices
+(ResourceClaims have their own cache and wake the loop for this node's claims only: ``claimcache``).
 
 The loop also polls (``AgentSettings.interval_seconds``), so a watch that breaks only delays a round; each
 watch restarts after an error with a short backoff. Side effects: API watch connections.
@@ -44,7 +44,7 @@ async def _watch_forever(
 def watch_tasks(
     api: KubeApi, node: str, wake: Callable[[], None], stop: asyncio.Event
 ) -> list[Coroutine[Any, Any, None]]:
-    """Coroutines watching ``node``'s GpuPartitions and slices and all claims, calling ``wake`` on events."""
+    """Coroutines watching ``node``, its GpuPartitions and its slices, calling ``wake`` on events."""
 
     def partitions(w: watch.Watch) -> Any:
         return w.stream(
@@ -53,15 +53,6 @@ def watch_tasks(
             VERSION,
             GPU_PARTITION_PLURAL,
             label_selector=f"{NODE_LABEL}={node}",
-            timeout_seconds=300,
-        )
-
-    def claims(w: watch.Watch) -> Any:
-        return w.stream(
-            api.custom.list_cluster_custom_object,
-            RESOURCE_GROUP,
-            RESOURCE_VERSION,
-            "resourceclaims",
             timeout_seconds=300,
         )
 
@@ -81,6 +72,5 @@ def watch_tasks(
     return [
         _watch_forever("node", nodes, wake, stop),
         _watch_forever("gpupartitions", partitions, wake, stop),
-        _watch_forever("resourceclaims", claims, wake, stop),
         _watch_forever("resourceslices", slices, wake, stop),
     ]

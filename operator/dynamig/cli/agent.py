@@ -128,6 +128,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=None,
         help="the driver/nvidia directory itself, e.g. /host/proc/driver/nvidia (overrides --proc-root)",
     )
+    p.add_argument(
+        "--liveness-max-round-age",
+        type=float,
+        default=180.0,
+        help="seconds without a finished reconcile round after which /healthz fails (and the kubelet "
+        "restarts the agent)",
+    )
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--log-format", choices=("text", "json"), default="text")
     p.set_defaults(func=run)
@@ -189,5 +196,6 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         uninstall=args.uninstall,
         plugin=plugin,
+        liveness_max_round_age_s=args.liveness_max_round_age,
     )
     return asyncio.run(run_agent(options))

@@ -11,7 +11,6 @@ and another takes over when it stops (at once on a clean exit, after Kopf's peer
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 
@@ -21,8 +20,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--kubeconfig",
         type=Path,
         default=None,
-        help="kubeconfig path (default: $KUBECONFIG, else in-cluster service account)",
+        help="kubeconfig path (default: every path in $KUBECONFIG, else ~/.kube/config, else the in-cluster "
+        "service account); exec credential plugins work",
     )
+    parser.add_argument("--context", default=None, help="kubeconfig context (default: the current one)")
     parser.add_argument("--peering", default="dynamig", help="ClusterKopfPeering name shared by the replicas")
     parser.add_argument(
         "--priority",
@@ -60,11 +61,9 @@ def run(args: argparse.Namespace) -> int:
     from dynamig.operator.handlers import run_operator
     from dynamig.operator.settings import OperatorSettings
 
-    kubeconfig = args.kubeconfig
-    if kubeconfig is None and os.environ.get("KUBECONFIG"):
-        kubeconfig = Path(os.environ["KUBECONFIG"].split(os.pathsep)[0])
     settings = OperatorSettings(
-        kubeconfig=kubeconfig,
+        kubeconfig=args.kubeconfig,
+        context=args.context,
         standalone=args.standalone,
         peering_name=args.peering,
         priority=args.priority if args.priority is not None else random.SystemRandom().randint(1, 2**31 - 1),

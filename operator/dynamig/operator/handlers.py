@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import kopf
-import yaml
 from kubernetes_asyncio import client, config
 
 from dynamig.geometry.catalog import Catalog, load_catalog
@@ -40,10 +41,11 @@ def build_registry(reconciler: Reconciler, settings: OperatorSettings) -> kopf.O
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)  # type: ignore[untyped-decorator]
-    def login(**_: Any) -> kopf.ConnectionInfo | None:
-        if settings.kubeconfig is None:
+    async def login(**_: Any) -> kopf.ConnectionInfo | None:
+        # Kopf calls this again when the API answers 401, so an exec plugin's expired token is renewed.
+        if not kubeconfig_available(settings):
             return kopf.login_with_service_account()
-        return connection_from_kubeconfig(settings.kubeconfig)
+        return connection_info(await client_configuration(settings))
 
     @kopf.daemon(GROUP, VERSION, POLICY_PLURAL, registry=registry, cancellation_timeout=10.0)  # type: ignore[untyped-decorator]
     async def policy_loop(name: str, stopped: kopf.DaemonStopped, **_: Any) -> None:
@@ -51,6 +53,8 @@ def build_registry(reconciler: Reconciler, settings: OperatorSettings) -> kopf.O
 
     def wake(**_: Any) -> None:
         reconciler.wake()
+
+    _without_finalizers(registry)
 
     for group, version, plural in (
         (GROUP, VERSION, POLICY_PLURAL),
@@ -64,40 +68,59 @@ def build_registry(reconciler: Reconciler, settings: OperatorSettings) -> kopf.O
     return registry
 
 
-def connection_from_kubeconfig(path: Path) -> kopf.ConnectionInfo:
-    """Kopf credentials from the current context of a kubeconfig (client certificates or a token). Reads the
-    file."""
-    doc = yaml.safe_load(path.read_text())
-    ctx_name = doc.get("current-context")
-    ctx = next(c["context"] for c in doc["contexts"] if c["name"] == ctx_name)
-    cluster = next(c["cluster"] for c in doc["clusters"] if c["name"] == ctx["cluster"])
-    user: dict[str, Any] = next(
-        (u["user"] for u in doc.get("users") or [] if u["name"] == ctx.get("user")), {}
+def _without_finalizers(registry: kopf.OperatorRegistry) -> None:
+    """Kopf puts a finalizer on every object a daemon serves, so that it can stop the daemon before the
+    object goes; then `kubectl delete gpp` hangs whenever no operator runs. A policy loop needs no such
+    guarantee (it ends when its policy is gone), so the daemon is registered as not needing one, and Kopf
+    removes the finalizer from policies that still carry it."""
+    spawning = registry._spawning  # Kopf has no public switch for this
+    handlers = spawning._handlers
+    if not handlers or not all(
+        dataclasses.is_dataclass(h) and hasattr(h, "requires_finalizer") for h in handlers
+    ):
+        raise RuntimeError("Kopf's daemon registry changed shape; cannot drop the policy finalizer")
+    spawning._handlers = [dataclasses.replace(h, requires_finalizer=False) for h in handlers]
+
+
+def kubeconfig_available(settings: OperatorSettings) -> bool:
+    """Whether a kubeconfig is to be used (kubectl's order): the flag, ``$KUBECONFIG``, ``~/.kube/config``;
+    otherwise the in-cluster service account. Reads the environment."""
+    return (
+        settings.kubeconfig is not None
+        or bool(os.environ.get("KUBECONFIG"))
+        or Path("~/.kube/config").expanduser().is_file()
     )
-    base = path.parent
 
-    def rel(p: str | None) -> str | None:
-        return str((base / p).resolve()) if p else None
 
+async def client_configuration(settings: OperatorSettings) -> client.Configuration:
+    """Credentials as kubectl finds them, loaded by kubernetes-asyncio: contexts, every ``$KUBECONFIG`` path,
+    embedded data and exec credential plugins (EKS, GKE, AKS); else in-cluster. Runs an exec plugin if any."""
+    conf = client.Configuration()
+    if kubeconfig_available(settings):
+        await config.load_kube_config(
+            config_file=str(settings.kubeconfig) if settings.kubeconfig is not None else None,
+            context=settings.context,
+            client_configuration=conf,
+        )
+    else:
+        config.load_incluster_config(client_configuration=conf)
+    return conf
+
+
+def connection_info(conf: client.Configuration) -> kopf.ConnectionInfo:
+    """Kopf's credentials from a kubernetes-asyncio Configuration. Pure."""
+    scheme, _, token = str(
+        conf.api_key.get("BearerToken") or conf.api_key.get("authorization") or ""
+    ).partition(" ")
     return kopf.ConnectionInfo(
-        server=cluster["server"],
-        ca_path=rel(cluster.get("certificate-authority")),
-        ca_data=_b64(cluster.get("certificate-authority-data")),
-        insecure=cluster.get("insecure-skip-tls-verify"),
-        certificate_path=rel(user.get("client-certificate")),
-        certificate_data=_b64(user.get("client-certificate-data")),
-        private_key_path=rel(user.get("client-key")),
-        private_key_data=_b64(user.get("client-key-data")),
-        token=user.get("token"),
-        scheme="Bearer" if user.get("token") else None,
-        default_namespace=ctx.get("namespace"),
+        server=conf.host,
+        ca_path=conf.ssl_ca_cert,
+        insecure=not conf.verify_ssl,
+        certificate_path=conf.cert_file,
+        private_key_path=conf.key_file,
+        scheme=scheme or None,
+        token=token or None,
     )
-
-
-def _b64(data: str | None) -> bytes | None:
-    import base64
-
-    return base64.b64decode(data) if data else None
 
 
 def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
@@ -119,11 +142,7 @@ def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
 @contextlib.asynccontextmanager
 async def api_client(settings: OperatorSettings) -> AsyncIterator[client.ApiClient]:
     """A kubernetes-asyncio ApiClient from the kubeconfig, or in-cluster credentials when none is given."""
-    conf = client.Configuration()
-    if settings.kubeconfig is not None:
-        await config.load_kube_config(config_file=str(settings.kubeconfig), client_configuration=conf)
-    else:
-        config.load_incluster_config(client_configuration=conf)
+    conf = await client_configuration(settings)
     async with client.ApiClient(configuration=conf) as api:
         yield api
 

@@ -11,7 +11,9 @@ from pathlib import Path
 class OperatorSettings:
     """How the operator connects, coordinates with other replicas, and reports.
 
-    - ``kubeconfig``: path of a kubeconfig; None uses the in-cluster service account.
+    - ``kubeconfig``, ``context``: a kubeconfig path and context, read the way kubectl reads them (exec
+      credential plugins included); with no path, ``$KUBECONFIG`` (every path in it) or
+      ``~/.kube/config``, and with neither, the in-cluster service account.
     - ``standalone``: act without Kopf peering (a single replica; tests and demos). Otherwise replicas
       coordinate through the cluster-wide ``ClusterKopfPeering`` object named ``peering_name``: only the
       replica with the highest ``priority`` acts, the others stay paused until it goes away.
@@ -25,6 +27,7 @@ class OperatorSettings:
     """
 
     kubeconfig: Path | None = None
+    context: str | None = None
     standalone: bool = False
     peering_name: str = "dynamig"
     priority: int = 0

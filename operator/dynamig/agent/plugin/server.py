@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -41,15 +43,24 @@ def _refs(request: Any) -> list[ClaimRef]:
     return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in request.claims]
 
 
+# Told after each kubelet call: the operation (prepare, unprepare), each claim's result (ok, error), seconds.
+RequestObserver = Callable[[str, list[str], float], None]
+
+
 class DraServicer:
     """``DRAPlugin`` for one API version; ``pb`` is that version's generated messages module."""
 
-    def __init__(self, driver: MigDriver, pb: ModuleType) -> None:
+    def __init__(self, driver: MigDriver, pb: ModuleType, observe: RequestObserver | None = None) -> None:
         self._driver = driver
         self._pb = pb
+        self._observe = observe or (lambda _op, _results, _seconds: None)
 
     async def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        t0 = time.monotonic()
         results = await self._driver.prepare(_refs(request))
+        self._observe(
+            "prepare", ["error" if r.error else "ok" for r in results.values()], time.monotonic() - t0
+        )
         response = self._pb.NodePrepareResourcesResponse()
         for uid, result in results.items():
             entry = response.claims[uid]  # creates the map entry
@@ -66,7 +77,9 @@ class DraServicer:
         return response
 
     async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        t0 = time.monotonic()
         errors = await self._driver.unprepare(_refs(request))
+        self._observe("unprepare", ["error" if e else "ok" for e in errors.values()], time.monotonic() - t0)
         response = self._pb.NodeUnprepareResourcesResponse()
         for uid, error in errors.items():
             entry = response.claims[uid]
@@ -167,6 +180,7 @@ async def serve_plugin(
     settings: PluginSettings,
     instances: MigInstances,
     api_client: ApiClient,
+    observe: RequestObserver | None = None,
 ) -> PluginServer:
     """Starts the kubelet DRA plugin for ``settings.node_name`` and returns it running.
 
@@ -187,8 +201,11 @@ async def serve_plugin(
     dra_server = await _start_unix_server(
         settings.dra_socket,
         [
-            (stubs.dra_v1_grpc.add_DRAPluginServicer_to_server, DraServicer(driver, stubs.dra_v1)),
-            (stubs.dra_v1beta1_grpc.add_DRAPluginServicer_to_server, DraServicer(driver, stubs.dra_v1beta1)),
+            (stubs.dra_v1_grpc.add_DRAPluginServicer_to_server, DraServicer(driver, stubs.dra_v1, observe)),
+            (
+                stubs.dra_v1beta1_grpc.add_DRAPluginServicer_to_server,
+                DraServicer(driver, stubs.dra_v1beta1, observe),
+            ),
         ],
     )
     registration = RegistrationServicer(settings, stubs.registration)

@@ -1,0 +1,179 @@
+"""dynamig's metrics as Prometheus evaluates them: Prometheus' own PromQL engine and rule checker
+(``promtool``, built from github.com/prometheus/prometheus by ``hack/build-promtool.sh``).
+
+- The join the DCGM exporter cannot make for MIG devices created on the fly: a DCGM per-instance series
+  (labels as dcgm-exporter writes them: ``Hostname``, ``UUID`` of the parent GPU, ``gpu``, ``GPU_I_ID``,
+  ``GPU_I_PROFILE``, ``device=nvidia<N>``, ``modelName``) multiplied ``on(Hostname, UUID, GPU_I_ID)
+  group_left(namespace, pod)`` with the agent's ``dynamig_mig_instance_claim_info`` gives the pod, evaluated
+  by ``promtool test rules`` over the series the agent's registry exposes.
+- The chart's PrometheusRule (rendered by helm) passes ``promtool check rules``, and each alert on an agent
+  error counter fires on the first error, because the counters start at zero.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from dynamig.agent.metrics import AgentMetrics, InstanceSample
+from dynamig.devcluster.binaries import BinariesNotFoundError, build_tool
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "manifests" / "helm" / "dynamig"
+GPU_UUID = "GPU-7c4f0e2a-1b3d-4e5f-8a9b-0c1d2e3f4a5b"
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    try:
+        return str(build_tool("build-promtool.sh"))
+    except BinariesNotFoundError as exc:
+        pytest.fail(f"promtool could not be built from its Go module (make promtool): {exc}")
+
+
+def _series(text: str, family: str) -> list[str]:
+    """The exposition's samples of ``family`` as PromQL series selectors. Pure."""
+    out = []
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == family:
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+                out.append(f"{s.name}{{{labels}}}")
+    return out
+
+
+def test_dcgm_utilisation_joins_to_the_pod_through_the_claim_info(promtool: str, tmp_path: Path) -> None:
+    metrics = AgentMetrics(CollectorRegistry(), "gpu-node-a")
+    metrics.snapshot(
+        (
+            InstanceSample(
+                0,
+                GPU_UUID,
+                "1g.10gb",
+                9,
+                "MIG-aaaa",
+                "gpu0-1g10gb-s6",
+                "in-use",
+                (("ml/infer-x", "infer-0"),),
+            ),
+            InstanceSample(0, GPU_UUID, "3g.40gb", 2, "MIG-bbbb", "gpu0-3g40gb-s0", "free"),
+        ),
+        (),
+    )
+    text = generate_latest(metrics.registry).decode()
+    (claim_series,) = _series(text, "dynamig_mig_instance_claim_info")
+    dcgm = (
+        'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{Hostname="gpu-node-a",UUID="{u}",gpu="0",GPU_I_ID="{gi}",'
+        'GPU_I_PROFILE="{p}",device="nvidia0",modelName="NVIDIA A100-SXM4-80GB"}}'
+    )
+    tests: dict[str, Any] = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": claim_series, "values": "1x5"},
+                    {"series": dcgm.format(u=GPU_UUID, gi=9, p="1g.10gb"), "values": "0.75x5"},
+                    {"series": dcgm.format(u=GPU_UUID, gi=2, p="3g.40gb"), "values": "0.5x5"},
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": "DCGM_FI_PROF_GR_ENGINE_ACTIVE * on(Hostname, UUID, GPU_I_ID) "
+                        "group_left(namespace, pod) dynamig_mig_instance_claim_info",
+                        "eval_time": "3m",
+                        "exp_samples": [
+                            {
+                                "labels": "{"
+                                + ",".join(
+                                    [
+                                        'Hostname="gpu-node-a"',
+                                        f'UUID="{GPU_UUID}"',
+                                        'gpu="0"',
+                                        'GPU_I_ID="9"',
+                                        'GPU_I_PROFILE="1g.10gb"',
+                                        'device="nvidia0"',
+                                        'modelName="NVIDIA A100-SXM4-80GB"',
+                                        'namespace="ml"',
+                                        'pod="infer-0"',
+                                    ]
+                                )
+                                + "}",
+                                "value": 0.75,
+                            }
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "join_test.yaml"
+    path.write_text(yaml.safe_dump(tests, sort_keys=False))
+    proc = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_chart_alert_rules_pass_promtool_and_fire_on_the_first_agent_error(
+    promtool: str, tmp_path: Path
+) -> None:
+    helm = str(build_tool("build-helm.sh"))
+    rendered = subprocess.run(
+        [helm, "template", "dynamig", str(CHART), "--set", "metrics.prometheusRule.enabled=true",
+         "--set", "metrics.prometheusRule.skipCapabilityCheck=true"],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    (rule,) = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "PrometheusRule"]
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}, sort_keys=False))
+    checked = subprocess.run(
+        [promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+    # The agent's plugin error counter, as its registry exposes it: 0 from the start, then one error.
+    metrics = AgentMetrics(CollectorRegistry(), "gpu-node-a")
+    zero = _series(generate_latest(metrics.registry).decode(), "dynamig_kubelet_plugin_requests_total")
+    errors = [s for s in zero if 'result="error"' in s and 'operation="prepare"' in s]
+    assert len(errors) == 1, zero
+    test = {
+        "rule_files": [str(rules)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": errors[0], "values": "0 0 0 1 1 1 1"}],
+                "alert_rule_test": [
+                    {"eval_time": "2m", "alertname": "DynamigKubeletPluginErrors", "exp_alerts": []},
+                    {
+                        "eval_time": "4m",
+                        "alertname": "DynamigKubeletPluginErrors",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "warning",
+                                    "Hostname": "gpu-node-a",
+                                    "operation": "prepare",
+                                },
+                                "exp_annotations": {
+                                    "summary": "The kubelet plugin on gpu-node-a failed to prepare claims "
+                                    "in the last 10 minutes; their pods cannot start.",
+                                    "description": "The agent's log and the pods' Events "
+                                    "(FailedPrepareDynamicResources) say why.",
+                                },
+                            }
+                        ],
+                    },
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "alert_test.yaml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False))
+    proc = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
