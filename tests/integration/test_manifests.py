@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -399,6 +400,8 @@ OPERATOR_ALLOWED = [
     ("create", "events", "-n", "default"),
     ("create", "events.events.k8s.io", "-n", "team-a"),
     ("patch", "clusterkopfpeerings.kopf.dev"),
+    ("patch", "gpupartitions.dynamig.io", "--subresource=status"),
+    ("list", "leases.coordination.k8s.io", "-n", NS),
     ("watch", "customresourcedefinitions.apiextensions.k8s.io"),
 ]
 OPERATOR_DENIED = [
@@ -409,12 +412,13 @@ OPERATOR_DENIED = [
     ("delete", "pods", "-n", "default"),
     ("create", "gpupartitions.dynamig.io"),
     ("delete", "gpupartitions.dynamig.io"),
-    ("patch", "gpupartitions.dynamig.io", "--subresource=status"),
+    ("update", "gpupartitions.dynamig.io", "--subresource=status"),
     ("delete", "gpupartitionpolicies.dynamig.io"),
     ("get", "secrets", "-n", NS),
     ("list", "secrets", "--all-namespaces"),
     ("patch", "nodes"),
     ("create", "leases.coordination.k8s.io", "-n", NS),
+    ("list", "leases.coordination.k8s.io", "--all-namespaces"),
     ("create", "customresourcedefinitions.apiextensions.k8s.io"),
     ("create", "deviceclasses.resource.k8s.io"),
     ("update", "gpupartitions.dynamig.io"),
@@ -429,6 +433,8 @@ AGENT_ALLOWED = [
     ("create", "gpupartitions.dynamig.io"),
     ("patch", "gpupartitions.dynamig.io", "--subresource=status"),
     ("get", "nodes"),
+    ("create", "leases.coordination.k8s.io", "-n", NS),
+    ("patch", "leases.coordination.k8s.io", "-n", NS),
 ]
 AGENT_DENIED = [
     ("patch", "resourceslices.resource.k8s.io"),
@@ -448,6 +454,8 @@ AGENT_DENIED = [
     ("create", "deviceclasses.resource.k8s.io"),
     ("patch", "clusterkopfpeerings.kopf.dev"),
     ("get", "leases.coordination.k8s.io", "-n", NS),
+    ("delete", "leases.coordination.k8s.io", "-n", NS),
+    ("create", "leases.coordination.k8s.io", "-n", "kube-node-lease"),
 ]
 
 
@@ -979,6 +987,8 @@ def test_agent_and_operator_run_with_exactly_the_rbac_the_manifests_grant(
     cp = installed
     node = make_node("rbac", labels={"dynamig.io/managed": "true"})
     pod_name = f"agent-{node}"[:63]
+    # As in their pods: the namespace from the downward API (the heartbeat Leases live there).
+    pod_env = {**os.environ, "POD_NAMESPACE": NS}
     api = cp.rest()
     token = _agent_token(cp, node)
     policy = f"rbac-{node}"[:63]
@@ -1031,6 +1041,7 @@ def test_agent_and_operator_run_with_exactly_the_rbac_the_manifests_grant(
             stderr=subprocess.STDOUT,
             text=True,
             cwd=ROOT,
+            env=pod_env,
         )
 
         def published() -> bool:
@@ -1043,6 +1054,9 @@ def test_agent_and_operator_run_with_exactly_the_rbac_the_manifests_grant(
             return bool(proc.stdout.strip()) and part.stdout.strip() == "Stable"
 
         _wait_for("the agent to publish its GPU", published, agent)
+        # Its heartbeat, written with its own token and the chart's Role, where the operator reads it.
+        lease = json.loads(cp.kubectl("get", "lease", "-n", NS, f"dynamig-agent-{node}", "-o", "json").stdout)
+        assert lease["spec"]["holderIdentity"] == node
 
         cp.kubectl(
             "apply",
@@ -1085,6 +1099,7 @@ def test_agent_and_operator_run_with_exactly_the_rbac_the_manifests_grant(
             stderr=subprocess.STDOUT,
             text=True,
             cwd=ROOT,
+            env=pod_env,
         )
 
         def governed() -> bool:

@@ -63,6 +63,7 @@ from dynamig.kube.gpupartition import (
     parse_gpu_partition,
     set_condition,
 )
+from dynamig.kube.heartbeat import DEFAULT_LEASE_SECONDS, lease_body
 from dynamig.kube.inventory import GpuInventory, Instance, InventoryError, Occupancy, offered_devices
 from dynamig.kube.names import GPU_INDEX_LABEL, NODE_LABEL, PRODUCT_LABEL, gpu_partition_name
 
@@ -85,6 +86,8 @@ class AgentSettings:
     watch: bool = True  # watch GpuPartitions and ResourceClaims to start rounds on changes
     inventory: Inventory | None = Inventory.INSTANCES  # None: ask the API server at start
     events_namespace: str = "default"  # where Events about GpuPartitions (cluster-scoped) go
+    lease_namespace: str | None = None  # where the agent keeps its heartbeat Lease (None: no heartbeat)
+    lease_seconds: int = DEFAULT_LEASE_SECONDS  # renewed every third of this
 
 
 @dataclass(slots=True)
@@ -155,6 +158,7 @@ class NodeAgent:
         self.rounds = 0
         self.claim_cache: ClaimCache | None = None  # with settings.watch: rounds read claims from it
         self.on_round: Callable[[], None] | None = None  # called after every round, failed or not
+        self._lease_renewed = 0.0
         self.answerer = AllocationAnswerer(self)
         self.support: InventorySupport | None = (
             None
@@ -212,6 +216,7 @@ class NodeAgent:
                 log.exception("reconcile round failed; retrying")
             if self.on_round is not None:
                 self.on_round()  # the liveness probe's evidence that the loop turns
+            await self._heartbeat()
             delay = self.settings.reshape_poll_seconds if busy else self.settings.interval_seconds
             waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
             try:
@@ -219,6 +224,20 @@ class NodeAgent:
             finally:
                 for w in waiters:
                     w.cancel()
+
+    async def _heartbeat(self) -> None:
+        """Renew the node's Lease when a third of it has passed (the operator's evidence the agent lives)."""
+        namespace = self.settings.lease_namespace
+        now = time.time()
+        if namespace is None or now - self._lease_renewed < self.settings.lease_seconds / 3:
+            return
+        try:
+            await self.api.renew_lease(
+                lease_body(self.settings.node, namespace, now, self.settings.lease_seconds)
+            )
+            self._lease_renewed = now
+        except Exception as exc:  # a missed renewal is retried next round; the lease outlives a few
+            log.warning("could not renew the agent lease in namespace %s: %s", namespace, exc)
 
     async def reconcile_once(self) -> bool:
         """One round over every GPU. Returns True while some GPU still reshapes (poll again soon)."""

@@ -54,6 +54,7 @@ class KubeApi:
         self.api_client = api_client
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
+        self.coordination = client.CoordinationV1Api(api_client)
         self._attempts = attempts
         self._max_wait = max_wait_s
 
@@ -127,6 +128,23 @@ class KubeApi:
             return obj
 
         return await self._retry("patch gpupartition status", call)
+
+    async def renew_lease(self, body: dict[str, Any]) -> None:
+        """Write the agent's Lease (``dynamig.kube.heartbeat.lease_body``): patch its spec, create it when
+        missing."""
+        meta = body["metadata"]
+
+        async def call() -> None:
+            try:
+                await self.coordination.patch_namespaced_lease(
+                    meta["name"], meta["namespace"], {"spec": body["spec"]}, _content_type=MERGE_PATCH
+                )
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                await self.coordination.create_namespaced_lease(meta["namespace"], body)
+
+        await self._retry("renew lease", call)
 
     async def post_event(self, body: dict[str, Any]) -> None:
         """Create a core/v1 Event (see :func:`dynamig.kube.events.event_body`). Errors are logged, not raised:

@@ -129,6 +129,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the driver/nvidia directory itself, e.g. /host/proc/driver/nvidia (overrides --proc-root)",
     )
     p.add_argument(
+        "--lease-namespace",
+        default=os.environ.get("POD_NAMESPACE") or "default",
+        help="namespace of the node's heartbeat Lease dynamig-agent-<node> (default $POD_NAMESPACE, else "
+        "default); the operator stops waiting for GPUs whose agent stops renewing it",
+    )
+    p.add_argument("--lease-seconds", type=int, default=60, help="heartbeat Lease duration in seconds")
+    p.add_argument(
         "--liveness-max-round-age",
         type=float,
         default=180.0,
@@ -188,6 +195,8 @@ def run(args: argparse.Namespace) -> int:
             inventory={"partitionable": Inventory.PARTITIONABLE, "instances": Inventory.INSTANCES}.get(
                 args.inventory
             ),
+            lease_namespace=args.lease_namespace or None,
+            lease_seconds=args.lease_seconds,
         ),
         nvml=args.nvml,
         simulation=simulation,

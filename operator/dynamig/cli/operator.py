@@ -11,6 +11,7 @@ and another takes over when it stops (at once on a clean exit, after Kopf's peer
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 
@@ -39,6 +40,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--resync-seconds", type=float, default=30.0, help="replan at least this often")
     parser.add_argument(
         "--events-namespace", default="default", help="namespace for Events about cluster-scoped objects"
+    )
+    parser.add_argument(
+        "--agent-lease-namespace",
+        default=None,
+        help="namespace of the agents' heartbeat Leases (default $POD_NAMESPACE, else default)",
     )
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
@@ -71,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         metrics_host=args.metrics_host,
         resync_seconds=args.resync_seconds,
         events_namespace=args.events_namespace,
+        agent_lease_namespace=args.agent_lease_namespace or os.environ.get("POD_NAMESPACE") or "default",
         log_level=args.log_level,
         liveness_endpoint=args.liveness,
     )

@@ -108,7 +108,11 @@ class GpuView:
 
 
 def _gpu_view(
-    gp: GpuPartition, raw: Mapping[str, Any], catalog: Catalog, allocated: Mapping[str, frozenset[str]]
+    gp: GpuPartition,
+    raw: Mapping[str, Any],
+    catalog: Catalog,
+    allocated: Mapping[str, frozenset[str]],
+    silent: Mapping[str, str],
 ) -> GpuView:
     st = gp.status
     labels = gp.metadata.labels
@@ -148,6 +152,9 @@ def _gpu_view(
         unusable = f"MIG mode is {st.mig_mode.value}"
     elif managed is not None and not managed.is_true:
         unusable = f"not managed: {managed.message or managed.reason}"
+    if node in silent:
+        # Nothing planned on it and nothing awaited from it: a layout it never applies holds no budget.
+        unusable, in_flight = silent[node], False
     ready = st.condition(ConditionType.READY)
     failure = ""
     if (
@@ -194,8 +201,10 @@ def parse_inventory(
     objs: Iterable[Mapping[str, Any]],
     catalog: Catalog,
     allocated: Mapping[str, frozenset[str]] | None = None,
+    silent: Mapping[str, str] | None = None,
 ) -> tuple[GpuView, ...]:
     """GpuViews from raw GpuPartition dicts, sorted by (node, index). ``allocated``: node -> device names
-    that claim allocations name (see :func:`allocated_devices`). Pure."""
-    views = [_gpu_view(parse_gpu_partition(dict(o)), o, catalog, allocated or {}) for o in objs]
+    that claim allocations name (see :func:`allocated_devices`); ``silent``: node -> why its agent counts as
+    gone (``dynamig.kube.heartbeat.silent_agents``): its GPUs are unusable and not in flight. Pure."""
+    views = [_gpu_view(parse_gpu_partition(dict(o)), o, catalog, allocated or {}, silent or {}) for o in objs]
     return tuple(sorted(views, key=lambda v: (v.node, v.index, v.name)))

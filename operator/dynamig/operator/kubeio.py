@@ -20,7 +20,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from dynamig.kube.events import OPERATOR_COMPONENT, event_body
-from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, POLICY_PLURAL, VERSION
+from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, NODE_LABEL, POLICY_PLURAL, VERSION
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -52,6 +52,7 @@ class Snapshot:
     pods: tuple[dict[str, Any], ...]
     claims: tuple[dict[str, Any], ...]
     device_classes: tuple[dict[str, Any], ...]
+    leases: tuple[dict[str, Any], ...] = ()  # the agents' heartbeat Leases (dynamig.kube.heartbeat)
 
 
 class KubeIO:
@@ -61,6 +62,7 @@ class KubeIO:
         self.api_client = api_client
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
+        self.coordination = client.CoordinationV1Api(api_client)
         self._attempts = attempts
 
     async def _retry(self, call: Callable[[], Awaitable[T]]) -> T:
@@ -90,17 +92,36 @@ class KubeIO:
 
         return await self._retry(call)
 
-    async def snapshot(self) -> Snapshot:
-        """List everything a round needs, concurrently."""
-        policies, partitions, nodes, pods, claims, classes = await asyncio.gather(
+    async def _list_leases(self, namespace: str) -> tuple[dict[str, Any], ...]:
+        async def call() -> tuple[dict[str, Any], ...]:
+            resp = await self.coordination.list_namespaced_lease(
+                namespace, label_selector=NODE_LABEL, _preload_content=False
+            )
+            return tuple(json.loads(await resp.read()).get("items") or ())
+
+        try:
+            return await self._retry(call)
+        except ApiException as exc:  # not allowed to read them: no agent is judged silent
+            log.warning("cannot list agent leases in namespace %s: %s", namespace, exc.reason)
+            return ()
+
+    async def snapshot(self, lease_namespace: str | None = None) -> Snapshot:
+        """List everything a round needs, concurrently (the agents' Leases from ``lease_namespace``)."""
+
+        async def no_leases() -> tuple[dict[str, Any], ...]:
+            return ()
+
+        leases_call = self._list_leases(lease_namespace) if lease_namespace else no_leases()
+        policies, partitions, nodes, pods, claims, classes, leases = await asyncio.gather(
             self._list_custom(GROUP, VERSION, POLICY_PLURAL),
             self._list_custom(GROUP, VERSION, GPU_PARTITION_PLURAL),
             self._list_core("list_node"),
             self._list_core("list_pod_for_all_namespaces", field_selector="status.phase=Pending"),
             self._list_custom(RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims"),
             self._list_custom(RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses"),
+            leases_call,
         )
-        return Snapshot(policies, partitions, nodes, pods, claims, classes)
+        return Snapshot(policies, partitions, nodes, pods, claims, classes, leases)
 
     async def write_spec(
         self,
@@ -137,6 +158,21 @@ class KubeIO:
     ) -> dict[str, Any]:
         """Merge-patch a GpuPartition's ``spec.layout`` (and annotations); see :meth:`write_spec`."""
         return await self.write_spec(name, {"layout": layout}, annotations, resource_version)
+
+    async def patch_partition_conditions(self, name: str, conditions: list[dict[str, Any]]) -> None:
+        """Replace a GpuPartition's ``status.conditions`` (the whole list, as read and edited)."""
+
+        async def call() -> None:
+            await self.custom.patch_cluster_custom_object_status(
+                GROUP, VERSION, GPU_PARTITION_PLURAL, name, {"status": {"conditions": conditions}},
+                _content_type=MERGE_PATCH,
+            )  # fmt: skip
+
+        try:
+            await self._retry(call)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
     async def patch_policy_status(self, name: str, status: Mapping[str, Any]) -> None:
         async def call() -> None:

@@ -50,6 +50,11 @@ class OperatorMetrics:
         self.governed_gpus = Gauge(
             "dynamig_operator_governed_gpus", "GPUs governed by each policy", ["policy"], registry=r
         )
+        self.silent_agents = Gauge(
+            "dynamig_operator_silent_agents",
+            "Nodes whose agent stopped renewing its heartbeat Lease (their GPUs are left out of planning).",
+            registry=r,
+        )
 
     def set_pending(self, policy: str, counts: dict[tuple[str, str], int]) -> None:
         """Replace the policy's pending-demand series with ``(profile, reason) -> devices``."""

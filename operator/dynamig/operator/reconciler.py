@@ -28,6 +28,7 @@ from dynamig import DRIVER_NAME
 from dynamig.geometry.catalog import Catalog
 from dynamig.kube.events import gpu_partition_ref
 from dynamig.kube.gpupartition import Condition, layout_summary, set_condition
+from dynamig.kube.heartbeat import silent_agents
 from dynamig.kube.names import GROUP_VERSION, POLICY_KIND
 from dynamig.kube.policy import (
     GpuPartitionPolicy,
@@ -70,6 +71,7 @@ class _Memory:
     awaiting: dict[str, tuple[str, int, float]] = field(default_factory=dict)  # GPU -> (policy, gen, t)
     told: dict[str, tuple[str, str, float]] = field(default_factory=dict)  # claim uid -> (reason, gpu, t)
     problems: dict[str, str] = field(default_factory=dict)  # policy -> last problems text
+    silent: set[str] = field(default_factory=set)  # GPUs already reported as having a silent agent
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,15 +115,17 @@ def assign_claims(
     return out
 
 
-def parse_world(snap: Snapshot, catalog: Catalog) -> World:
-    """Parse a snapshot into a :class:`World`. Pure."""
+def parse_world(snap: Snapshot, catalog: Catalog, now: float | None = None) -> World:
+    """Parse a snapshot into a :class:`World`; with ``now`` (epoch seconds), GPUs of nodes whose agent
+    Lease ran out are unusable. Pure."""
     policies: list[GpuPartitionPolicy] = []
     for raw in snap.policies:
         try:
             policies.append(parse_policy(raw))
         except ValidationError as exc:
             log.warning("skipping malformed policy %s: %s", raw.get("metadata", {}).get("name"), exc)
-    gpus = parse_inventory(snap.partitions, catalog, allocated_devices(snap.claims, DRIVER_NAME))
+    silent = silent_agents(snap.leases, now) if now is not None else {}
+    gpus = parse_inventory(snap.partitions, catalog, allocated_devices(snap.claims, DRIVER_NAME), silent)
     node_labels = {
         str(n["metadata"]["name"]): dict(n["metadata"].get("labels") or {})
         for n in snap.nodes
@@ -228,9 +232,11 @@ class Reconciler:
     async def round(self, name: str) -> RoundDecision | None:
         """Read, decide and act for policy ``name``. Returns the decision (None if the policy is gone)."""
         async with self._lock:
-            snap = await self.kube.snapshot()
+            snap = await self.kube.snapshot(self.settings.agent_lease_namespace)
             now = self.clock()
-            world = parse_world(snap, self.catalog)
+            wall = time.time()
+            world = parse_world(snap, self.catalog, wall)
+            await self._report_silent_agents(world, snap, wall)
             self._gpu_uids = {p["metadata"]["name"]: p["metadata"].get("uid", "") for p in snap.partitions}
             raw = next((p for p in snap.policies if p["metadata"]["name"] == name), None)
             policy = next((p for p in world.policies if p.name == name), None)
@@ -255,6 +261,43 @@ class Reconciler:
             self._update_metrics(name, mine, decision)
             self.last_decisions[name] = decision
             return decision
+
+    async def _report_silent_agents(self, world: World, snap: Snapshot, wall: float) -> None:
+        """Once per GPU whose agent went silent: Ready becomes Unknown (reason AgentSilent) and a Warning
+        Event says why its policy no longer waits for it; forgotten when the agent is back (it then writes
+        Ready itself)."""
+        silent = silent_agents(snap.leases, wall)
+        self.metrics.silent_agents.set(len(silent))
+        raw = {p["metadata"]["name"]: p for p in snap.partitions}
+        for g in world.gpus:
+            if g.node not in silent:
+                self._memory.silent.discard(g.name)
+                continue
+            if g.name in self._memory.silent:
+                continue
+            self._memory.silent.add(g.name)
+            reason = silent[g.node]
+            conditions = [
+                c
+                for c in ((raw.get(g.name) or {}).get("status") or {}).get("conditions") or []
+                if c.get("type") != "Ready"
+            ]
+            conditions.append(
+                {
+                    "type": "Ready",
+                    "status": "Unknown",
+                    "reason": "AgentSilent",
+                    "message": f"{reason}; its layout is not planned or awaited until it is back",
+                    "lastTransitionTime": now_rfc3339(),
+                    "observedGeneration": g.generation,
+                }
+            )
+            await self.kube.patch_partition_conditions(g.name, conditions)
+            await self._event_gpu(
+                g.name, "Warning", "AgentSilent", f"{reason}: {g.name} is left out of planning"
+            )
+            self._memory.awaiting.pop(g.name, None)
+            log.warning("%s: %s; left out of planning", g.name, reason)
 
     def _track_claims(self, world: World, snap: Snapshot, now: float) -> None:
         mem = self._memory

@@ -24,6 +24,8 @@ class OperatorSettings:
     - ``event_repeat_seconds``: a pending claim whose verdict did not change gets its Event again after this.
     - ``liveness_endpoint``: where Kopf serves its liveness probe (None: not served).
     - ``events_namespace``: namespace of Events about cluster-scoped objects (policies, GpuPartitions).
+    - ``agent_lease_namespace``: where the agents keep their heartbeat Leases; a GPU whose agent's Lease ran
+      out is left out of planning and frees its policy's disruption budget (None: Leases are not read).
     """
 
     kubeconfig: Path | None = None
@@ -37,5 +39,6 @@ class OperatorSettings:
     resync_seconds: float = 30.0
     event_repeat_seconds: float = 300.0
     events_namespace: str = "default"
+    agent_lease_namespace: str | None = "default"
     log_level: str = "INFO"
     liveness_endpoint: str | None = None  # e.g. "http://0.0.0.0:8080/healthz": Kopf's probe of its own loop

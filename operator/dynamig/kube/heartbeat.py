@@ -1,0 +1,64 @@
+"""The node agent's heartbeat: one coordination.k8s.io/v1 Lease per node, as the kubelet keeps its node
+Lease. The agent renews it; the operator reads it and stops waiting for a node whose agent went silent (a
+GPU left mid-reshape by a dead agent would otherwise hold its policy's disruption budget for ever). Pure.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from dynamig.kube.names import NODE_LABEL
+
+LEASE_PREFIX = "dynamig-agent-"
+DEFAULT_LEASE_SECONDS = 60
+# A lease this much past its end is silent (clock skew between the agent's node and the operator's).
+GRACE_SECONDS = 5.0
+
+
+def lease_name(node: str) -> str:
+    return f"{LEASE_PREFIX}{node}"
+
+
+def micro_time(epoch: float) -> str:
+    """A ``MicroTime`` as the API writes it: RFC 3339 UTC with microseconds. Pure."""
+    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def lease_body(node: str, namespace: str, now: float, duration_s: int) -> dict[str, Any]:
+    """The agent's Lease as renewed at ``now``. Pure."""
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": lease_name(node), "namespace": namespace, "labels": {NODE_LABEL: node}},
+        "spec": {"holderIdentity": node, "leaseDurationSeconds": duration_s, "renewTime": micro_time(now)},
+    }
+
+
+def _epoch(text: str) -> float | None:
+    try:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def silent_agents(leases: Iterable[Mapping[str, Any]], now: float) -> dict[str, str]:
+    """Node -> why its agent counts as silent, for every agent Lease past its end (plus the grace). A node
+    without a Lease is not listed: an agent that does not keep one is not judged by it. Pure."""
+    out: dict[str, str] = {}
+    for lease in leases:
+        meta = lease.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        node = (meta.get("labels") or {}).get(NODE_LABEL) or name.removeprefix(LEASE_PREFIX)
+        spec = lease.get("spec") or {}
+        renewed = _epoch(str(spec.get("renewTime") or ""))
+        duration = float(spec.get("leaseDurationSeconds") or DEFAULT_LEASE_SECONDS)
+        if not name.startswith(LEASE_PREFIX) or renewed is None:
+            continue
+        silent_for = now - renewed
+        if silent_for > duration + GRACE_SECONDS:
+            out[node] = (
+                f"the agent on {node} has not renewed its lease for {silent_for:.0f}s (lease {duration:.0f}s)"
+            )
+    return out
