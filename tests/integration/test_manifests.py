@@ -157,12 +157,28 @@ def test_plain_manifests_and_chart_crds_are_in_sync(helm: str) -> None:
             "cluster does not serve monitoring.coreos.com/v1 ServiceMonitor",
         ),
         ("operator.peering.name=Not_A_Label", "operator.peering.name must be a DNS label"),
+        ("operator.healthPort=8080", "operator.healthPort and operator.metricsPort are both 8080"),
+        (
+            "agent.updateStrategy.rollingUpdate.maxSurge=1",
+            "agent.updateStrategy.rollingUpdate.maxSurge must be 0, got 1",
+        ),
     ],
 )
 def test_bad_values_fail_rendering_with_a_message_naming_the_key(helm: str, value: str, message: str) -> None:
     proc = render(helm, value, check=False)
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr
+
+
+def test_the_default_namespace_is_refused(helm: str) -> None:
+    proc = subprocess.run(
+        [helm, "template", "dynamig", str(CHART), "--namespace", "default"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "the release namespace is default: install dynamig in a namespace of its own" in proc.stderr
+    # A surge of 0, as the default strategy has it spelled out, is fine.
+    assert render(helm, "agent.updateStrategy.rollingUpdate.maxSurge=0").returncode == 0
 
 
 @pytest.mark.parametrize(
@@ -1193,3 +1209,14 @@ def test_example_claims_accept_the_profiles_their_comments_promise(
                 ok.add(profile.name)
         accepted.append(ok)
     assert accepted == expected
+
+
+def test_the_agent_goes_only_to_nodes_with_an_nvidia_gpu(helm: str) -> None:
+    objs = docs(render(helm).stdout)
+    agent = find(objs, "DaemonSet")
+    terms = agent["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    keys = {e["key"] for t in terms for e in t["matchExpressions"]}
+    assert keys == {"feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present"}
+    assert agent["spec"]["template"]["spec"]["nodeSelector"] == {"dynamig.io/managed": "true"}

@@ -124,7 +124,8 @@ def test_the_chart_alert_rules_pass_promtool_and_fire_on_the_first_agent_error(
 ) -> None:
     helm = str(build_tool("build-helm.sh"))
     rendered = subprocess.run(
-        [helm, "template", "dynamig", str(CHART), "--set", "metrics.prometheusRule.enabled=true",
+        [helm, "template", "dynamig", str(CHART), "--namespace", "dynamig-system",
+         "--set", "metrics.prometheusRule.enabled=true",
          "--set", "metrics.prometheusRule.skipCapabilityCheck=true"],
         capture_output=True, text=True, timeout=120, check=True,
     ).stdout  # fmt: skip

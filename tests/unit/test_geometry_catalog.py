@@ -189,3 +189,13 @@ def test_media_engine_variants_are_named_apart() -> None:
     assert device_name(0, "1g.24gb+me", 3) == "gpu0-1g24gb-me-s3"
     assert device_name(0, "1g.24gb-me", 3) == "gpu0-1g24gb-nome-s3"
     assert device_name(1, "2g.48gb+gfx", 0) == "gpu1-2g48gb-gfx-s0"
+
+
+def test_model_keys_are_matched_case_insensitively_when_typed() -> None:
+    from dynamig.geometry.catalog import load_catalog
+
+    catalog = load_catalog()
+    assert catalog.model("a100-80gb").key == "A100-80GB"
+    assert "a100-80gb" not in catalog  # membership stays exact: stored keys are canonical
+    with pytest.raises(KeyError, match="unknown GPU model 'a100-90gb'"):
+        catalog.model("a100-90gb")

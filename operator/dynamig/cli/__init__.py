@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -15,9 +17,25 @@ from collections.abc import Sequence
 _COMMAND_MODULES = ("plan", "geometry", "devcluster", "agent", "operator", "demo", "simulate", "doctor")
 
 
+def plain(text: str | None) -> str | None:
+    """A docstring as --help shows it: reST roles and literals (``x``, :func:`x`) turned into plain text."""
+    if text is None:
+        return None
+    return re.sub(r":[a-z]+:`([^`]*)`", r"\1", text).replace("``", "")
+
+
+DESCRIPTION = (
+    "Re-cut NVIDIA MIG GPUs while the cluster runs, driven by what pending Kubernetes workloads ask for "
+    "through Dynamic Resource Allocation."
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dynamig", description=__doc__.splitlines()[0] if __doc__ else None)
-    sub = parser.add_subparsers(dest="command", required=True)
+    from dynamig import __version__
+
+    parser = argparse.ArgumentParser(prog="dynamig", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"dynamig {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _COMMAND_MODULES:
         try:
             module = importlib.import_module(f"dynamig.cli.{name}")
@@ -33,7 +51,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: each sub-command sets ``func(args) -> int`` as its handler."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    result: int = args.func(args)
+    try:
+        result: int = args.func(args)
+    except BrokenPipeError:
+        # The reader went away (`dynamig geometry ... | head`): not our error; silence the flush at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     return result
 
 

@@ -142,7 +142,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="seconds without a finished reconcile round after which /healthz fails (and the kubelet "
         "restarts the agent)",
     )
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="log level (default INFO)",
+    )
     p.add_argument("--log-format", choices=("text", "json"), default="text")
     p.set_defaults(func=run)
 
@@ -157,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from dynamig.agent.plugin.settings import PluginSettings
     from dynamig.cli._logging import configure_logging
+    from dynamig.geometry.catalog import load_catalog
     from dynamig.kube.gpupartition import Inventory
 
     configure_logging(args.log_level, args.log_format)
@@ -165,8 +172,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     simulation = None
     if args.nvml == "simulated":
+        catalog = load_catalog()
+        try:
+            keys = tuple(catalog.model(key).key for key in parse_simulated_gpus(args.simulate_gpus))
+        except (KeyError, ValueError) as exc:
+            logging.error("--simulate-gpus: %s", exc.args[0])
+            return 2
         simulation = SimulationOptions(
-            gpus=parse_simulated_gpus(args.simulate_gpus),
+            gpus=keys,
             state_file=args.state,
             create_latency_s=args.sim_create_latency,
             destroy_latency_s=args.sim_destroy_latency,

@@ -35,6 +35,7 @@ from dynamig.agent.nvml_catalog import (
     show,
 )
 from dynamig.agent.nvml_device import GpuInfo, MigInstance, NvmlDevices
+from dynamig.cli import plain
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.model import PlacedInstance, Profile
 
@@ -50,7 +51,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "doctor",
         help="check this node's MIG profiles against the catalog through NVML (read-only unless --mutate)",
-        description=__doc__.split("\n\n")[1] if __doc__ else None,
+        description=plain(__doc__.split("\n\n")[1] if __doc__ else None),
     )
     p.add_argument(
         "--nvml",

@@ -46,7 +46,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=None,
         help="namespace of the agents' heartbeat Leases (default $POD_NAMESPACE, else default)",
     )
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="log level (default INFO)",
+    )
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
     parser.add_argument(
         "--liveness",

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from dynamig.cli import plain
 from dynamig.geometry.catalog import Catalog, load_catalog
 from dynamig.kube.inventory import (
     GpuInventory,
@@ -40,7 +41,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "plan",
         help="plan MIG layouts for a scenario file, offline",
-        description=__doc__.splitlines()[0] if __doc__ else None,
+        description=plain(__doc__.splitlines()[0] if __doc__ else None),
     )
     parser.add_argument("-f", "--file", required=True, help="scenario YAML or JSON ('-' for stdin)")
     parser.add_argument("-o", "--output", choices=("json", "table"), default="table")

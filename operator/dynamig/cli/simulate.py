@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dynamig.cli import plain
+
 if TYPE_CHECKING:
     from dynamig.simulate.runner import PaperRun, TraceReport
 
@@ -27,7 +29,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "simulate",
         help="trace-driven comparison of dynamig with static MIG and first-fit",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(

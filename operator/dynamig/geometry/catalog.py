@@ -117,11 +117,14 @@ class Catalog:
         return tuple(self._models.values())
 
     def model(self, key: str) -> GpuModel:
-        """The model with catalog key ``key``; KeyError listing the known keys otherwise."""
-        try:
-            return self._models[key]
-        except KeyError:
-            raise KeyError(f"unknown GPU model {key!r} (known: {', '.join(self._models)})") from None
+        """The model with catalog key ``key``, matched case-insensitively when no key matches exactly (what a
+        person types: ``a100-80gb``); KeyError listing the known keys otherwise."""
+        found = self._models.get(key)
+        if found is None:
+            found = next((m for k, m in self._models.items() if k.lower() == key.lower()), None)
+        if found is None:
+            raise KeyError(f"unknown GPU model {key!r} (known: {', '.join(self._models)})")
+        return found
 
     def __contains__(self, key: object) -> bool:
         return key in self._models

@@ -16,6 +16,9 @@ instead of producing objects the API server or the pods would reject later.
 {{- if and $v.image.digest (not (hasPrefix "sha256:" $v.image.digest)) -}}
 {{- fail (printf "image.digest must look like sha256:<hex>, got %q" $v.image.digest) -}}
 {{- end -}}
+{{- if eq .Release.Namespace "default" -}}
+{{- fail "the release namespace is default: install dynamig in a namespace of its own (e.g. --namespace dynamig-system --create-namespace); the agent runs privileged and its Roles, Leases and Events live there" -}}
+{{- end -}}
 {{- if not (or $v.operator.enabled $v.agent.enabled) -}}
 {{- fail "operator.enabled and agent.enabled are both false: nothing to deploy" -}}
 {{- end -}}
@@ -25,6 +28,9 @@ instead of producing objects the API server or the pods would reject later.
 {{- end -}}
 {{- if or (lt (int $v.operator.metricsPort) 1) (gt (int $v.operator.metricsPort) 65535) -}}
 {{- fail (printf "operator.metricsPort must be a port number (1-65535), got %v" $v.operator.metricsPort) -}}
+{{- end -}}
+{{- if eq (int $v.operator.healthPort) (int $v.operator.metricsPort) -}}
+{{- fail (printf "operator.healthPort and operator.metricsPort are both %v: the liveness probe and /metrics need ports of their own" $v.operator.metricsPort) -}}
 {{- end -}}
 {{- if not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" (toString $v.operator.peering.name)) -}}
 {{- fail (printf "operator.peering.name must be a DNS label, got %q" (toString $v.operator.peering.name)) -}}
@@ -48,6 +54,11 @@ instead of producing objects the API server or the pods would reject later.
 {{- end -}}
 {{- if or (lt (int $v.agent.metricsPort) 1) (gt (int $v.agent.metricsPort) 65535) -}}
 {{- fail (printf "agent.metricsPort must be a port number (1-65535), got %v" $v.agent.metricsPort) -}}
+{{- end -}}
+{{- with (($v.agent.updateStrategy).rollingUpdate) -}}
+{{- if and (hasKey . "maxSurge") (not (has (toString .maxSurge) (list "0" "0%"))) -}}
+{{- fail (printf "agent.updateStrategy.rollingUpdate.maxSurge must be 0, got %v: two agents on one node would serve the same kubelet plugin sockets and GPUs" .maxSurge) -}}
+{{- end -}}
 {{- end -}}
 {{- if empty $v.agent.nodeSelector -}}
 {{- fail "agent.nodeSelector is empty: the privileged agent would run on every node; select GPU nodes (default dynamig.io/managed: \"true\")" -}}

@@ -1,0 +1,38 @@
+"""The ``dynamig`` command line as a person meets it: --version, help without reST markup, checked log
+levels, model keys in any case, and a closed pipe that is not a crash. Runs the installed entry point."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from dynamig import __version__
+from dynamig.cli import plain
+
+
+def dynamig(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dynamig", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_version_and_plain_help() -> None:
+    assert dynamig("--version").stdout.strip() == f"dynamig {__version__}"
+    for command in ("--help", "plan --help", "simulate --help", "doctor --help", "agent --help"):
+        out = dynamig(*command.split()).stdout
+        assert out and "``" not in out and ":func:" not in out, command
+    assert plain("``dynamig plan`` calls :func:`plan_round`") == "dynamig plan calls plan_round"
+
+
+def test_log_levels_are_checked_and_model_keys_take_any_case() -> None:
+    bad = dynamig("agent", "--node", "n1", "--log-level", "loud")
+    assert bad.returncode == 2 and "invalid choice: 'LOUD'" in bad.stderr
+    assert dynamig("geometry", "profiles", "--model", "h100-80gb").stdout.startswith("H100-80GB:")
+
+
+def test_a_closed_pipe_ends_quietly() -> None:
+    proc = subprocess.run(
+        f"{sys.executable} -m dynamig geometry profiles --model A100-80GB | head -1",
+        shell=True, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.stdout.startswith("A100-80GB:") and "Traceback" not in proc.stderr
