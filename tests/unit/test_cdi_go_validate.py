@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 
+from dynamig.agent.devices_service import prepared_instance
 from dynamig.agent.nvml_device import NvmlDevices
 from dynamig.agent.plugin import cdi
 from dynamig.agent.plugin.cdi_base import read_base_spec
 from dynamig.agent.plugin.cdi_validation import SCHEMA_DIR, spec_errors
-from dynamig.agent.plugin.instances import PreparedInstance
 from dynamig.agent.plugin.simfs import SimulatedDriverFiles
 from dynamig.backends.nvml import load_nvml
 from dynamig.devcluster.binaries import BinariesNotFoundError, build_tool
@@ -79,15 +79,7 @@ def claim_spec(
     out = []
     for p, inst in zip(placed, made, strict=True):
         assert inst.ci_id is not None
-        prepared = PreparedInstance(
-            device_name=device_name(0, p.profile, p.start),
-            mig_uuid=inst.mig_uuid,
-            parent_uuid=gpu.uuid,
-            gpu_index=0,
-            gpu_minor=gpu.minor,
-            gi_id=inst.gi_id,
-            ci_id=inst.ci_id,
-        )
+        prepared = prepared_instance(device_name(0, p.profile, p.start), gpu, inst)
         uuids = tuple(i.mig_uuid for i in made)
         out.append(cdi.CdiDevice(prepared, cdi.read_capability_minors(files.proc_root, prepared), uuids))
     return out

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from dynamig import DRIVER_NAME
+from dynamig.agent.devices_service import prepared_instance
 from dynamig.agent.nvml_device import MigInstance, NvmlDevices
 from dynamig.agent.plugin import cdi
 from dynamig.agent.plugin.checkpoint import CheckpointStore
@@ -72,15 +73,7 @@ class Instances:
     def _prepared(self, name: str, inst: MigInstance) -> PreparedInstance:
         gpu = self._devices.gpu(0)
         assert gpu.minor is not None and inst.ci_id is not None
-        return PreparedInstance(
-            device_name=name,
-            mig_uuid=inst.mig_uuid,
-            parent_uuid=gpu.uuid,
-            gpu_index=0,
-            gpu_minor=gpu.minor,
-            gi_id=inst.gi_id,
-            ci_id=inst.ci_id,
-        )
+        return prepared_instance(name, gpu, inst)
 
     async def release(self, name: str) -> None:
         self.released.append(name)

@@ -36,3 +36,24 @@ def test_a_closed_pipe_ends_quietly() -> None:
         shell=True, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.stdout.startswith("A100-80GB:") and "Traceback" not in proc.stderr
+
+
+def test_log_lines_carry_utc_time_and_the_object_they_are_about() -> None:
+    import json
+    import logging
+
+    from dynamig.cli._logging import JsonFormatter, TextFormatter
+
+    ref = {"apiVersion": "dynamig.io/v1alpha1", "kind": "GpuPartitionPolicy", "name": "morning", "uid": "u-1"}
+    record = logging.makeLogRecord(
+        {"name": "kopf.objects", "levelname": "WARNING", "msg": "Handler %s failed", "args": ("policy_loop",),
+         "created": 1_800_000_000.25, "k8s_ref": {**ref, "namespace": None}}
+    )  # fmt: skip
+    entry = json.loads(JsonFormatter().format(record))
+    assert entry["time"] == "2027-01-15T08:00:00.250Z"
+    assert entry["object"] == {"kind": "GpuPartitionPolicy", "name": "morning", "uid": "u-1"}
+    assert entry["msg"] == "Handler policy_loop failed"
+    text = TextFormatter().format(record)
+    assert text.startswith(
+        "2027-01-15T08:00:00.250Z WARNING kopf.objects: [GpuPartitionPolicy/morning] Handler"
+    )

@@ -13,34 +13,19 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import pytest
 import yaml
 
+from dynamig.agent.devices_service import prepared_instance
 from dynamig.agent.nvml_device import NvmlDevices
 from dynamig.agent.plugin import cdi
 from dynamig.agent.plugin.cdi_base import read_base_spec
 from dynamig.agent.plugin.cdi_validation import spec_errors
-from dynamig.agent.plugin.instances import PreparedInstance
 from dynamig.agent.plugin.simfs import SIMULATED_SPEC_HEADER, SimulatedDriverFiles, ci_cap_minor, gi_cap_minor
 from dynamig.backends.nvml import load_nvml
 from dynamig.backends.simnvml import DRIVER_VERSION
 from dynamig.geometry.model import PlacedInstance
-
-
-def _prepared(gpu: Any, inst: Any) -> PreparedInstance:
-    """What the plugin knows of an instance it prepares, from NVML's view of it. Pure."""
-    assert gpu.minor is not None and inst.ci_id is not None
-    return PreparedInstance(
-        device_name="x",
-        mig_uuid=inst.mig_uuid,
-        parent_uuid=gpu.uuid,
-        gpu_index=0,
-        gpu_minor=gpu.minor,
-        gi_id=inst.gi_id,
-        ci_id=inst.ci_id,
-    )
 
 
 @pytest.fixture
@@ -73,7 +58,7 @@ def test_sync_mirrors_nvml_and_the_plugin_reads_it(devices: NvmlDevices, tmp_pat
 
     for inst in (a, b):
         assert inst.ci_id is not None
-        prepared = _prepared(gpu, inst)
+        prepared = prepared_instance("x", gpu, inst)
         minors = cdi.read_capability_minors(proc, prepared)
         assert minors == cdi.CapabilityMinors(
             gi_cap_minor(gpu.minor, inst.gi_id), ci_cap_minor(gpu.minor, inst.gi_id, inst.ci_id)
@@ -135,15 +120,7 @@ def test_simulated_base_spec_is_shaped_like_nvidia_ctk_and_points_at_real_files(
     inst = devices.create(gpu, PlacedInstance(6, "1g.10gb"))
     files.sync()
     assert gpu.minor is not None and inst.ci_id is not None
-    prepared = PreparedInstance(
-        device_name="gpu0-1g10gb-s6",
-        mig_uuid=inst.mig_uuid,
-        parent_uuid=gpu.uuid,
-        gpu_index=0,
-        gpu_minor=gpu.minor,
-        gi_id=inst.gi_id,
-        ci_id=inst.ci_id,
-    )
+    prepared = prepared_instance("gpu0-1g10gb-s6", gpu, inst)
     minors = cdi.read_capability_minors(tmp_path / "proc", prepared)
     spec = cdi.build_spec("uid-1", [cdi.CdiDevice(prepared, minors)], dev, base)
     assert spec_errors(spec) == []
@@ -198,7 +175,7 @@ def test_char_devices_carry_the_numbers_the_driver_documents(devices: NvmlDevice
     assert numbers(dev / f"nvidia{gpu.minor}") == (195, gpu.minor)
     assert numbers(dev / "nvidiactl") == (195, 255)
     assert numbers(dev / "nvidia-modeset") == (195, 254)
-    prepared = _prepared(gpu, inst)
+    prepared = prepared_instance("x", gpu, inst)
     minors = cdi.read_capability_minors(proc, prepared)
     for minor in (minors.gi_access, minors.ci_access):
         node = dev / "nvidia-caps" / f"nvidia-cap{minor}"

@@ -31,7 +31,8 @@ from dynamig.geometry.model import PlacedInstance, placement_of
 log = logging.getLogger(__name__)
 
 
-def _prepared(name: str, gpu: GpuInfo, inst: MigInstance) -> PreparedInstance:
+def prepared_instance(name: str, gpu: GpuInfo, inst: MigInstance) -> PreparedInstance:
+    """What the plugin hands on of an NVML instance (device ``name``); InstanceError without a CI. Pure."""
     if inst.ci_id is None or not inst.mig_uuid:
         raise InstanceError(f"{name}: GPU instance {inst.gi_id} has no compute instance")
     return PreparedInstance(
@@ -71,7 +72,7 @@ class AgentMigInstances:
             gpu, placed = await self._resolve(name)
             for inst in await asyncio.to_thread(self.agent.devices.instances, gpu):
                 if inst.placed == placed and inst.whole is not None:
-                    return _prepared(name, gpu, inst)
+                    return prepared_instance(name, gpu, inst)
             return None
 
     async def ensure(self, device_name: str) -> PreparedInstance:
@@ -118,7 +119,7 @@ class AgentMigInstances:
                 log.info("created %s for a claim being prepared", name)
             agent.prepared.add(name)
         agent.wake()
-        return _prepared(name, gpu, found)
+        return prepared_instance(name, gpu, found)
 
     async def release(self, device_name: str) -> None:
         """Stop counting the device as prepared and refresh status. Never destroys. Side effects: status."""

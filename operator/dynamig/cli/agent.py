@@ -16,6 +16,8 @@ import logging
 import os
 from pathlib import Path
 
+from dynamig.cli._logging import add_logging_arguments
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("agent", help="run the node agent (NVML reconcile, ResourceSlices, DRA plugin)")
@@ -142,14 +144,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="seconds without a finished reconcile round after which /healthz fails (and the kubelet "
         "restarts the agent)",
     )
-    p.add_argument(
-        "--log-level",
-        default="INFO",
-        type=str.upper,
-        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-        help="log level (default INFO)",
-    )
-    p.add_argument("--log-format", choices=("text", "json"), default="text")
+    add_logging_arguments(p)
     p.set_defaults(func=run)
 
 

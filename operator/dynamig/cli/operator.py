@@ -14,6 +14,8 @@ import argparse
 import os
 from pathlib import Path
 
+from dynamig.cli._logging import add_logging_arguments
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("operator", help="run the operator that reshapes MIG GPUs for pending claims")
@@ -46,14 +48,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=None,
         help="namespace of the agents' heartbeat Leases (default $POD_NAMESPACE, else default)",
     )
-    parser.add_argument(
-        "--log-level",
-        default="INFO",
-        type=str.upper,
-        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-        help="log level (default INFO)",
-    )
-    parser.add_argument("--log-format", choices=("text", "json"), default="text")
+    add_logging_arguments(parser)
     parser.add_argument(
         "--liveness",
         default=None,
