@@ -19,7 +19,7 @@ from typing import Any
 from kubernetes_asyncio import watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from dynamig.agent.kubeapi import RESOURCE_GROUP, RESOURCE_VERSION, KubeApi
+from dynamig.agent.kubeapi import RESOURCE_GROUP, RESOURCE_VERSION, KubeApi, allocated_devices
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +28,7 @@ WATCH_TIMEOUT_S = 300
 
 def allocated_on(claim: dict[str, Any] | None, driver: str, pool: str) -> bool:
     """True when the claim's allocation names a device of ``driver`` in ``pool``. Pure."""
-    alloc = ((claim or {}).get("status") or {}).get("allocation") or {}
-    results = (alloc.get("devices") or {}).get("results") or []
-    return any(r.get("driver") == driver and r.get("pool") == pool for r in results)
+    return claim is not None and bool(allocated_devices([claim], driver, pool))
 
 
 def _key(claim: dict[str, Any]) -> str:

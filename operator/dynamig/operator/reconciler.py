@@ -85,6 +85,7 @@ class World:
     pending: tuple[PendingClaim, ...]
     claim_owner: Mapping[str, str]  # claim key -> policy name
     allocated: frozenset[str]
+    silent: Mapping[str, str] = field(default_factory=dict)  # node -> why its agent counts as gone
 
 
 def assign_claims(
@@ -150,7 +151,9 @@ def parse_world(snap: Snapshot, catalog: Catalog, now: float | None = None) -> W
         products,
     )
     owner = assign_claims(tuple(policies), gpus, ownership, demand.pending)
-    return World(tuple(policies), gpus, node_labels, ownership, demand.pending, owner, demand.allocated)
+    return World(
+        tuple(policies), gpus, node_labels, ownership, demand.pending, owner, demand.allocated, silent
+    )
 
 
 class Reconciler:
@@ -234,9 +237,8 @@ class Reconciler:
         async with self._lock:
             snap = await self.kube.snapshot(self.settings.agent_lease_namespace)
             now = self.clock()
-            wall = time.time()
-            world = parse_world(snap, self.catalog, wall)
-            await self._report_silent_agents(world, snap, wall)
+            world = parse_world(snap, self.catalog, time.time())  # Lease times are wall-clock
+            await self._report_silent_agents(world, snap)
             self._gpu_uids = {p["metadata"]["name"]: p["metadata"].get("uid", "") for p in snap.partitions}
             raw = next((p for p in snap.policies if p["metadata"]["name"] == name), None)
             policy = next((p for p in world.policies if p.name == name), None)
@@ -262,11 +264,11 @@ class Reconciler:
             self.last_decisions[name] = decision
             return decision
 
-    async def _report_silent_agents(self, world: World, snap: Snapshot, wall: float) -> None:
+    async def _report_silent_agents(self, world: World, snap: Snapshot) -> None:
         """Once per GPU whose agent went silent: Ready becomes Unknown (reason AgentSilent) and a Warning
         Event says why its policy no longer waits for it; forgotten when the agent is back (it then writes
         Ready itself)."""
-        silent = silent_agents(snap.leases, wall)
+        silent = world.silent
         self.metrics.silent_agents.set(len(silent))
         raw = {p["metadata"]["name"]: p for p in snap.partitions}
         for g in world.gpus:
