@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PROTO_DIR := operator/dynamig/agent/plugin/proto
 GEN_DIR := operator/dynamig/agent/plugin/_generated
 
-.PHONY: setup demo test lint typecheck imports controlplane node helm cdivalidate promtool proto bench clean
+.PHONY: setup demo test lint typecheck imports controlplane node helm cdivalidate promtool proto bench clean lock release
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -56,6 +56,19 @@ test: setup node helm cdivalidate promtool lint typecheck imports
 bench: setup
 	$(BIN)/python bench/planner_bench.py
 	$(BIN)/python bench/plan_input_bench.py
+
+# Hash-pinned lock files the image installs with --require-hashes: the runtime dependencies of pyproject.toml
+# (no extras) and the build stage's tools. Keeps the current pins where they still fit; UPGRADE=1 takes the
+# newest versions the ranges allow.
+LOCK_FLAGS := --universal --python-version 3.11 --generate-hashes --custom-compile-command "make lock" $(if $(UPGRADE),--upgrade)
+lock: $(STAMP)
+	$(BIN)/uv pip compile --quiet $(LOCK_FLAGS) pyproject.toml -o requirements/runtime.lock
+	$(BIN)/uv pip compile --quiet $(LOCK_FLAGS) requirements/build.in -c requirements/runtime.lock -o requirements/build.lock
+
+# Chart package, single install manifest, image build context, SBOM and checksums into dist/release/, from a
+# clean tree (ALLOW_DIRTY=1 builds from a dirty one, its revision marked -dirty).
+release: $(STAMP) helm
+	@bash hack/release.sh
 
 clean:
 	rm -rf $(VENV) $(GEN_DIR) .mypy_cache .ruff_cache

@@ -483,6 +483,43 @@ async def test_agent_refuses_gpus_of_another_mig_owner(
         await eventually(lambda: _no_slices(api, node), "slices withdrawn after opting out")
 
 
+async def test_agent_refuses_a_node_where_the_nvidia_device_plugin_advertises_gpus(
+    crd: ControlPlane,
+    kube_api: client.ApiClient,
+    make_node: Callable[..., str],
+    sim_nvml: ModuleType,
+) -> None:
+    """The device plugin's nvidia.com/gpu in the node's allocatable: both GPUs refused (Managed=False),
+    nothing published, and a Warning Event on the Node, where `kubectl describe node` shows it; once the
+    plugin is off, the agent manages the GPUs and says so on the Node."""
+    api = Api(kube_api)
+    node = make_node("devplugin", labels={"dynamig.io/managed": "true"})
+    status = {"status": {"allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "2"}}}
+    await api.core.patch_node_status(node, status)
+    async with agent_running(kube_api, node, sim_nvml, agent_settings(node)):
+
+        async def refused() -> list[dict[str, Any]] | None:
+            parts = await api.partitions(node)
+            managed = [(condition(p, "Managed") or {}).get("status") for p in parts]
+            return parts if managed == ["False", "False"] else None
+
+        for part in await eventually(refused, "both GPUs refused"):
+            managed = condition(part, "Managed") or {}
+            assert managed["reason"] == "ForeignMigOwner", managed
+            assert "NVIDIA device plugin advertises nvidia.com/gpu=2" in managed["message"], managed
+        await asyncio.sleep(1.0)
+        assert await api.published(node) == {}
+        described = await asyncio.to_thread(crd.kubectl, "describe", "node", node)
+        assert "ForeignMigOwner" in described.stdout and "device plugin" in described.stdout, described.stdout
+
+        # The device plugin is turned off for this node: its resource goes to zero.
+        status["status"]["allocatable"]["nvidia.com/gpu"] = "0"
+        await api.core.patch_node_status(node, status)
+        await eventually(lambda: _all_stable(api, node, 2), "both GPUs managed again")
+        described = await asyncio.to_thread(crd.kubectl, "describe", "node", node)
+        assert "ForeignMigOwnerResolved" in described.stdout, described.stdout
+
+
 async def _no_slices(api: Api, node: str) -> bool | None:
     return True if not await api.slices(node) else None
 

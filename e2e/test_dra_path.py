@@ -25,7 +25,10 @@ from dynamig.devcluster import eventually
 from dynamig.geometry.catalog import load_catalog
 from dynamig.kube.devices import MigDevice
 from dynamig.kube.names import DEVICE_CLASS_NAME
+from dynamig.kube.policy import parse_policy
 from dynamig.kube.slices import build_resource_slices
+from dynamig.operator.decide import Reason, RoundInput, decide_round
+from dynamig.operator.demand import extract_demand, parse_device_classes
 
 pytestmark = pytest.mark.controlplane
 
@@ -190,3 +193,43 @@ async def test_claim_no_published_device_satisfies_is_unschedulable(
     await cluster.resource.create_namespaced_resource_claim_template(namespace, template)
     await cluster.core.create_namespaced_pod(namespace, pod("greedy", mig_node.name, "whole"))
     await cluster.expect_unschedulable("greedy")
+
+
+async def test_a_claim_the_scheduler_fails_on_is_reported_and_never_planned_for(
+    kube_api: client.ApiClient,
+    namespace: str,
+    mig_node: MigNode,
+) -> None:
+    """A selector that fails at run time (an attribute the devices lack, read without a guard): the real
+    scheduler marks the pod SchedulerError, not Unschedulable. The operator's demand reading, fed the pod and
+    claim as the API server returns them, gives a SchedulerError verdict with the scheduler's message and
+    plans nothing for it."""
+    cluster = Cluster(kube_api, namespace)
+    broken = choice("broken", "1g.10gb")
+    broken["selectors"] = [{"cel": {"expression": f'device.attributes["{DRIVER}"].rackPosition == "a1"'}}]
+    await cluster.resource.create_namespaced_resource_claim_template(
+        namespace, claim_template("broken", [broken])
+    )
+    await cluster.core.create_namespaced_pod(namespace, pod("broken", mig_node.name, "broken"))
+    cond = await eventually(lambda: cluster.unschedulable("broken"), "broken pod reported by the scheduler")
+    assert cond.reason == "SchedulerError", (cond.reason, cond.message)
+    assert "rackPosition" in cond.message, cond.message
+
+    claim = await eventually(lambda: cluster.claim_of("broken"), "claim of broken created")
+    raw_pod = kube_api.sanitize_for_serialization(await cluster.core.read_namespaced_pod("broken", namespace))
+    raw_claim = kube_api.sanitize_for_serialization(claim)
+    raw_classes = kube_api.sanitize_for_serialization(await cluster.resource.list_device_class())["items"]
+    a100 = load_catalog().model("A100-80GB")
+    demand = extract_demand(
+        [raw_claim], [raw_pod], parse_device_classes(raw_classes), (a100,), {mig_node.name: {}}
+    )
+    (pending,) = demand.pending
+    assert pending.scheduler_error == cond.message
+    policy = parse_policy(
+        {"metadata": {"name": "p", "creationTimestamp": "2026-01-01T00:00:00Z"}, "spec": {"mode": "Dynamic"}}
+    )
+    decision = decide_round(RoundInput(policy, (), (), (pending,), time.time(), {}, load_catalog()))
+    (verdict,) = decision.verdicts
+    assert verdict.reason == Reason.SCHEDULER_ERROR and verdict.warning
+    assert cond.message in verdict.message and "does not reshape" in verdict.message
+    assert decision.writes == () and decision.planned == ()

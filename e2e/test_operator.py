@@ -187,6 +187,10 @@ async def test_morning_burst_training_static_and_return_to_baseline(
                 st = await eventually(disabled, "the policy status to explain the Static burst", within_s=60)
                 assert st["pendingDemand"]["byProfile"] == {"1g.10gb": 7}
                 await asyncio.sleep(3)  # give a wrongly-acting operator time to misbehave
+                oldest = metrics.registry.get_sample_value(
+                    "dynamig_operator_oldest_pending_claim_age_seconds", {"policy": policy}
+                )
+                assert oldest is not None and 2 <= oldest < 120, oldest
                 for pod in static:
                     claim = await k.claim_of(pod)
                     assert allocated_device(claim) is None

@@ -419,6 +419,60 @@ async def test_a_warm_instance_is_booked_with_no_create_on_the_path(
         assert [e.kind for e in sim.history()[history_start:] if e.kind.startswith("create")] == []
 
 
+async def test_an_allocated_instance_recut_behind_the_agents_back_is_reported_on_the_gpu_and_the_claim(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+) -> None:
+    """Someone destroys the instance a running pod holds and creates it again at the same place: same
+    device name, new MIG UUID, and the pod's containers point at the old one. `kubectl describe` shows it on
+    the GpuPartition and on the claim, once."""
+    k = ScenarioApi(kube_api, namespace)
+    node = await one_gpu_node(k, sim, make_node, "recut")
+    gpu = f"{node}-gpu0"
+    async with agent_running(kube_api, node, sim, partitionable(node)) as agent:
+        await offered(k, gpu, [], A100_PROFILES)
+        await _create_claim(k, "held", {"firstAvailable": first_available(["1g.10gb"])})
+        await k.core.create_namespaced_pod(
+            namespace, claim_pod("held", {"kubernetes.io/hostname": node}, claim="held")
+        )
+        assert await eventually(lambda: bound_node(k, "held"), "the pod bound", within_s=60) == node
+        device = allocated_device(await _allocated(k, "held"))
+        assert device is not None
+        start = int(device.rsplit("-s", 1)[1])
+        (before,) = [i.mig_uuid for i in _instances(sim) if i.start == start]
+        await agent.reconcile_once()  # a round that sees the instance held under its first UUID
+        async with agent.lock:  # between rounds: the agent sees only the outcome
+            after = _recut_behind_the_agents_back(sim, "1g.10gb", start)
+        assert after != before
+        await agent.reconcile_once()
+        await agent.reconcile_once()
+
+        gpart = await asyncio.to_thread(crds.kubectl, "describe", "gpupartition", gpu)
+        lines = [x for x in gpart.stdout.splitlines() if "AllocatedInstanceReplaced" in x]
+        assert len(lines) == 1, gpart.stdout
+        claim = await asyncio.to_thread(crds.kubectl, "describe", "resourceclaim", "-n", namespace, "held")
+        text = " ".join(claim.stdout.split())
+        assert "AllocatedInstanceReplaced" in text and after in text and before in text, claim.stdout
+
+
+def _recut_behind_the_agents_back(sim: ModuleType, profile: str, start: int) -> str:
+    """Destroy the instance at ``start`` and create ``profile`` there again, straight through NVML."""
+    from dynamig.agent.nvml_device import NvmlDevices
+    from dynamig.geometry.catalog import load_catalog
+
+    devices = NvmlDevices(sim, load_catalog())
+    devices.init()
+    try:
+        gpu = devices.gpu(0)
+        devices.destroy(gpu, PlacedInstance(start, profile))
+        return str(devices.create(gpu, PlacedInstance(start, profile)).mig_uuid)
+    finally:
+        devices.shutdown()
+
+
 async def test_an_agent_restarted_between_the_two_nvml_creates_answers_once_and_orphans_nothing(
     crds: ControlPlane,
     kube_api: client.ApiClient,

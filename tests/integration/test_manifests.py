@@ -30,6 +30,7 @@ import yaml
 from dynamig.demo.cluster import exactly, resource_claim
 from dynamig.devcluster import ControlPlane
 from dynamig.devcluster.binaries import BinariesNotFoundError, build_tool
+from dynamig.kube.heartbeat import lease_body
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "manifests" / "helm" / "dynamig"
@@ -327,6 +328,32 @@ def test_rendered_manifests_pass_server_side_dry_run(installed: ControlPlane) ->
     assert "Warning" not in proc.stderr, proc.stderr
 
 
+def test_metrics_network_policy_selects_the_pods_and_their_metrics_port(
+    installed: ControlPlane, helm: str
+) -> None:
+    """Off by default; on, one NetworkPolicy per part whose selector matches that part's pods and whose port
+    is the pods' named metrics port, accepted by the real API server."""
+    assert not [o for o in docs(render(helm).stdout) if o["kind"] == "NetworkPolicy"]
+    peer = "metrics.networkPolicy.from[0].podSelector.matchLabels.app=prometheus"
+    objs = docs(render(helm, "metrics.networkPolicy.enabled=true", peer).stdout)
+    policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    assert len(policies) == 2
+    for workload in (find(objs, "Deployment"), find(objs, "DaemonSet")):
+        pod = workload["spec"]["template"]
+        ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+        selecting = [
+            np
+            for np in policies
+            if np["spec"]["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+        ]
+        assert len(selecting) == 1, workload["kind"]
+        (rule,) = selecting[0]["spec"]["ingress"]
+        assert {p["port"] for p in rule["ports"]} == {"metrics"} <= ports
+        assert rule["from"] == [{"podSelector": {"matchLabels": {"app": "prometheus"}}}]
+    proc = installed.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(policies))
+    assert proc.stdout.count("networkpolicy.networking.k8s.io/") == 2, proc.stdout
+
+
 def test_examples_pass_server_side_dry_run(installed: ControlPlane) -> None:
     installed.kubectl("create", "namespace", "dynamig-examples", check=False)
     try:
@@ -442,6 +469,7 @@ OPERATOR_DENIED = [
 ]
 AGENT_ALLOWED = [
     ("create", "events", "-n", "default"),
+    ("patch", "events", "-n", "default"),
     ("update", "resourceclaims.resource.k8s.io", "--subresource=status", "-n", "default"),
     ("create", "resourceslices.resource.k8s.io"),
     ("delete", "resourceslices.resource.k8s.io"),
@@ -459,7 +487,7 @@ AGENT_DENIED = [
     ("update", "resourceclaims.resource.k8s.io", "--subresource=binding", "-n", "default"),
     ("patch", "gpupartitions.dynamig.io"),
     ("update", "gpupartitions.dynamig.io"),
-    ("patch", "events", "-n", "default"),
+    ("delete", "events", "-n", "default"),
     ("patch", "gpupartitionpolicies.dynamig.io"),
     ("update", "resourceclaims.resource.k8s.io", "-n", "default"),
     ("create", "pods", "-n", NS),
@@ -874,6 +902,7 @@ def test_an_agents_own_token_cannot_write_another_nodes_objects(
         cp.kubectl("delete", "pod", "-n", NS, f"agent-{a}"[:63], "--ignore-not-found", "--wait=false")
         cp.kubectl("delete", "resourceslice", f"{b}-mig.dynamig.io-0", "--ignore-not-found")
         cp.kubectl("delete", "gpupartition", f"{b}-gpu0", "--ignore-not-found")
+        cp.kubectl("delete", "lease", "-n", NS, f"dynamig-agent-{b}", "--ignore-not-found")
         for node in (a, b):
             cp.kubectl("delete", "resourceclaim", "-n", "default", f"claim-{node}", "--ignore-not-found")
 
@@ -888,7 +917,8 @@ def _agent_cannot_write_another_nodes_objects(cp: ControlPlane, kc: Path, a: str
     # B's objects, as B's agent and the scheduler would have written them.
     b_slice = _slice(b, f"{b}-mig.dynamig.io-0")
     b_part = _partition(b, f"{b}-gpu0")
-    for obj in (b_slice, b_part):
+    b_lease = lease_body(b, NS, time.time(), 60)
+    for obj in (b_slice, b_part, b_lease):
         cp.kubectl("create", "-f", "-", input=yaml.safe_dump(obj))
     claims = {"on-b": _allocated_claim(f"claim-{b}", b), "on-a": _allocated_claim(f"claim-{a}", a)}
     for claim in claims.values():
@@ -914,6 +944,8 @@ def _agent_cannot_write_another_nodes_objects(cp: ControlPlane, kc: Path, a: str
         got["spec"] = {**got["spec"], **spec}
         return got
 
+    a_lease_held_as_b = lease_body(a, NS, time.time(), 60)
+    a_lease_held_as_b["spec"]["holderIdentity"] = b
     other_pool = _slice(a, f"{a}-mig.dynamig.io-7")
     other_pool["spec"]["pool"]["name"] = b
     mine = f"the dynamig agent on node {a}"
@@ -938,6 +970,16 @@ def _agent_cannot_write_another_nodes_objects(cp: ControlPlane, kc: Path, a: str
         ("B's GpuPartition status", ("patch", "gpupartition", f"{b}-gpu0", "--subresource=status",
          "--type=merge", "-p", '{"status":{"phase":"Stable"}}'), None,
          f"{mine} may not write GpuPartition {b}-gpu0 of node {b}"),
+        # A patch, as the agent renews (kubectl patch would GET first, which RBAC refuses).
+        ("B's Lease renewed",
+         ("apply", "--server-side", "--force-conflicts", "--field-manager=agent", "-f", "-"),
+         lease_body(b, NS, time.time(), 60),
+         f"{mine} may only write Lease dynamig-agent-{a}, not dynamig-agent-{b}"),
+        ("a Lease for B", ("create", "-f", "-"), lease_body(b, NS, time.time(), 60) | {"metadata": {
+            "name": f"dynamig-agent-{b}x", "namespace": NS}},
+         f"{mine} may only write Lease dynamig-agent-{a}, not dynamig-agent-{b}x"),
+        ("its own Lease held as B", ("create", "-f", "-"), a_lease_held_as_b,
+         f"{mine} may only hold its Lease as {a} (holderIdentity and the dynamig.io/node label)"),
         # Claims: the API server's own granular status authorization (1.36) decides, per driver and node.
         ("an answer on a claim allocated on B", ("replace", "--subresource=status", "-f", "-"),
          answered("on-b", _device_status(b)),
@@ -967,6 +1009,7 @@ def _agent_cannot_write_another_nodes_objects(cp: ControlPlane, kc: Path, a: str
     allowed: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         (("create", "-f", "-"), _slice(a, f"{a}-mig.dynamig.io-0")),
         (("create", "-f", "-"), _partition(a, f"{a}-gpu0")),
+        (("create", "-f", "-"), lease_body(a, NS, time.time(), 60)),
         (("replace", "--subresource=status", "-f", "-"), answered("on-a", _device_status(a))),
     ]
     for args, body in allowed:

@@ -5,13 +5,15 @@
   (labels as dcgm-exporter writes them: ``Hostname``, ``UUID`` of the parent GPU, ``gpu``, ``GPU_I_ID``,
   ``GPU_I_PROFILE``, ``device=nvidia<N>``, ``modelName``) multiplied ``on(Hostname, UUID, GPU_I_ID)
   group_left(namespace, pod)`` with the agent's ``dynamig_mig_instance_claim_info`` gives the pod, evaluated
-  by ``promtool test rules`` over the series the agent's registry exposes.
+  by ``promtool test rules`` over the series the agent's registry exposes; the dashboard's panel built on
+  that join returns the pod too.
 - The chart's PrometheusRule (rendered by helm) passes ``promtool check rules``, and each alert on an agent
   error counter fires on the first error, because the counters start at zero.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,13 @@ def _series(text: str, family: str) -> list[str]:
                 labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
                 out.append(f"{s.name}{{{labels}}}")
     return out
+
+
+def _dashboard_expr(title: str) -> str:
+    dash = json.loads((ROOT / "dashboards" / "dynamig.json").read_text())
+    (panel,) = [p for p in dash["panels"] if p["title"] == title]
+    (target,) = panel["targets"]
+    return str(target["expr"])
 
 
 def test_dcgm_utilisation_joins_to_the_pod_through_the_claim_info(promtool: str, tmp_path: Path) -> None:
@@ -108,7 +117,21 @@ def test_dcgm_utilisation_joins_to_the_pod_through_the_claim_info(promtool: str,
                                 "value": 0.75,
                             }
                         ],
-                    }
+                    },
+                    {
+                        # The dashboard's panel, as Grafana sends it with every node selected.
+                        "expr": _dashboard_expr("Graphics engine activity by pod (DCGM)").replace(
+                            "$node", ".*"
+                        ),
+                        "eval_time": "3m",
+                        "exp_samples": [
+                            {
+                                "labels": '{Hostname="gpu-node-a",GPU_I_PROFILE="1g.10gb",namespace="ml",'
+                                'pod="infer-0"}',
+                                "value": 0.75,
+                            }
+                        ],
+                    },
                 ],
             }
         ],
@@ -136,6 +159,14 @@ def test_the_chart_alert_rules_pass_promtool_and_fire_on_the_first_agent_error(
         [promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
+    # Every alert says where to look and links a runbook that exists in docs/operations.md.
+    runbooks = (ROOT / "docs" / "operations.md").read_text()
+    for group in rule["spec"]["groups"]:
+        for r in group["rules"]:
+            notes = r["annotations"]
+            assert {"summary", "description", "runbook_url"} <= notes.keys(), r["alert"]
+            anchor = notes["runbook_url"].split("#", 1)[1]
+            assert anchor == r["alert"].lower() and f"#### {r['alert']}\n" in runbooks, r["alert"]
 
     # The agent's plugin error counter, as its registry exposes it: 0 from the start, then one error.
     metrics = AgentMetrics(CollectorRegistry(), "gpu-node-a")
@@ -166,6 +197,7 @@ def test_the_chart_alert_rules_pass_promtool_and_fire_on_the_first_agent_error(
                                     "in the last 10 minutes; their pods cannot start.",
                                     "description": "The agent's log and the pods' Events "
                                     "(FailedPrepareDynamicResources) say why.",
+                                    "runbook_url": "docs/operations.md#dynamigkubeletpluginerrors",
                                 },
                             }
                         ],

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,9 +31,12 @@ def _free_port() -> int:
         return port
 
 
-def test_operator_serves_liveness_and_logs_json(control_plane: ControlPlane, tmp_path: Path) -> None:
+def test_operator_serves_liveness_and_logs_json(
+    control_plane: ControlPlane, make_node: Callable[..., str], tmp_path: Path
+) -> None:
     for crd in sorted((REPO / "crds").glob("*.yaml")):
         control_plane.kubectl("apply", "-f", str(crd))
+    make_node("log-volume")  # a watch event for the operator's wake handlers, which it must not log at INFO
     url = f"http://127.0.0.1:{_free_port()}/healthz"
     log_path = tmp_path / "operator.log"
     with log_path.open("w") as log:
@@ -59,6 +63,8 @@ def test_operator_serves_liveness_and_logs_json(control_plane: ControlPlane, tmp
     assert lines, "the operator logged nothing"
     records = [json.loads(line) for line in lines]  # every line is one JSON object
     assert all({"time", "level", "logger", "msg"} <= r.keys() for r in records)
+    chatter = [r["msg"] for r in records if r["msg"].startswith("Handler 'wake-")]
+    assert chatter == [], chatter[:3]
 
 
 CREDENTIAL_PLUGIN = """import json, pathlib, sys

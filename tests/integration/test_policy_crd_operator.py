@@ -272,6 +272,23 @@ async def test_operator_turns_pending_claims_into_layouts_and_explains(
                 )
                 or 0
             ) >= 2
+
+            # 8. A warm pool with no room beside the baselines (two 3g.40gb fill an A100-80GB): reported,
+            #    planning goes on.
+            await k.custom.patch_cluster_custom_object(
+                GROUP, VERSION, "gpupartitionpolicies", policy, {"spec": {"warmPool": {"1g.10gb": 2}}},
+                _content_type="application/merge-patch+json",
+            )  # fmt: skip
+
+            async def warm_refused() -> dict[str, Any] | None:
+                st = (await k.policy(policy)).get("status") or {}
+                valid = {c["type"]: c for c in st.get("conditions") or []}.get("Valid")
+                return valid if valid and valid["reason"] == "WarmPoolTooLarge" else None
+
+            cond = await eventually(warm_refused, "Valid=False, WarmPoolTooLarge")
+            assert cond["status"] == "False" and "2x 1g.10gb asked, 0 fit" in cond["message"], cond
+            warn = [e for e in await k.events(policy, "default") if e["reason"] == "WarmPoolTooLarge"]
+            assert warn and warn[0]["type"] == "Warning", warn
         finally:
             for name in (policy, late, bad):
                 await k.delete_policy(name)

@@ -15,13 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from dynamig.agent.kubeapi import allocated_devices, is_transient
+from dynamig.agent.kubeapi import allocated_devices
 from dynamig.agent.main import parse_simulated_gpus
 from dynamig.agent.ownership import foreign_mig_owners, node_is_managed, node_mig_owner
 from dynamig.agent.reconcile import Observed, plan_gpu
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.layout import enumerate_layouts, parse_layout
 from dynamig.geometry.model import PlacedInstance
+from dynamig.kube.apicalls import is_transient
 from dynamig.kube.devices import MigDevice
 from dynamig.kube.gpupartition import (
     GpuPartitionStatus,
@@ -164,6 +165,10 @@ def test_ownership_rules() -> None:
     assert not node_is_managed({"dynamig.io/managed": "false"}) and not node_is_managed({})
     assert node_mig_owner({"nvidia.com/mig.config": "all-1g.10gb"}) is not None
     assert node_mig_owner({}) is None
+    # The NVIDIA device plugin's resources, whole GPUs or MIG devices; zero means it is off for the node.
+    mig_plugin = node_mig_owner({}, {"cpu": "8", "nvidia.com/mig-1g.10gb": "7"})
+    assert mig_plugin is not None and "nvidia.com/mig-1g.10gb=7" in mig_plugin
+    assert node_mig_owner({}, {"nvidia.com/gpu": "0", "example.com/gpu": "2"}) is None
     nvidia_slice = {
         "spec": {
             "driver": "gpu.nvidia.com",

@@ -57,3 +57,15 @@ def test_log_lines_carry_utc_time_and_the_object_they_are_about() -> None:
     assert text.startswith(
         "2027-01-15T08:00:00.250Z WARNING kopf.objects: [GpuPartitionPolicy/morning] Handler"
     )
+
+
+def test_a_dev_only_command_without_its_extra_says_which_extra_to_install() -> None:
+    """As in the runtime image, where cryptography (the local control plane's PKI) is not installed."""
+    code = (
+        "import sys; sys.modules['cryptography'] = None\n"  # makes `import cryptography` fail as if absent
+        "from dynamig.cli import main\n"
+        "sys.exit(main(['dev-cluster', 'status']))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "pip install 'dynamig[devcluster]'" in proc.stderr, proc.stderr

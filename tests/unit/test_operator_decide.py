@@ -13,7 +13,12 @@ from typing import Any
 
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.model import PlacedInstance
-from dynamig.kube.policy import check_spec_against_catalog, parse_policy, resolve_ownership
+from dynamig.kube.policy import (
+    check_spec_against_catalog,
+    parse_policy,
+    resolve_ownership,
+    warm_pool_shortfall,
+)
 from dynamig.operator.decide import Reason, RoundDecision, RoundInput, decide_round
 from dynamig.operator.demand import PendingClaim, extract_demand, parse_device_classes
 from dynamig.operator.inventory import GpuView, allocated_devices, parse_inventory
@@ -543,3 +548,20 @@ def test_a_second_round_with_the_written_state_writes_nothing() -> None:
     second, gpus = run(pol, _apply(parts, first), burst(1), idle={})
     assert second.offers == () and second.writes == () and second.planned == ()
     assert not any(g.in_flight for g in gpus)
+
+
+def test_a_warm_pool_that_cannot_fit_beside_the_baselines_is_reported() -> None:
+    a100 = CATALOG.model("A100-80GB")
+    # Two 3g.40gb halves use every memory slice of an A100-80GB: no 1g.10gb fits beside them.
+    full = parse_policy(policy(warmPool={"1g.10gb": 2})).spec
+    why = warm_pool_shortfall(full, [a100, a100])
+    assert why is not None and "2x 1g.10gb asked, 0 fit" in why and "2 governed GPU(s)" in why
+    # A 3g.40gb and a 1g.10gb: three more 1g.10gb fit beside them, and the baseline's own one counts too.
+    half = [{"profile": "3g.40gb", "start": 4}, {"profile": "1g.10gb", "start": 0}]
+    roomy = parse_policy(policy(warmPool={"1g.10gb": 4}, baseline={"A100-80GB": half})).spec
+    assert warm_pool_shortfall(roomy, [a100]) is None
+    too_many = parse_policy(policy(warmPool={"1g.10gb": 5}, baseline={"A100-80GB": half})).spec
+    assert "5x 1g.10gb asked, 4 fit" in (warm_pool_shortfall(too_many, [a100]) or "")
+    # No baseline: the whole GPU is there for it.
+    bare = parse_policy(policy(warmPool={"1g.10gb": 7}, baseline={})).spec
+    assert warm_pool_shortfall(bare, [a100]) is None

@@ -146,6 +146,21 @@ def test_allocated_claim_or_scheduled_pod_is_not_demand() -> None:
     assert snap.allocated == frozenset({"uid-c1"})
 
 
+def test_a_claim_the_scheduler_fails_on_is_kept_with_its_error_unless_another_pod_just_waits() -> None:
+    failing = pod("p1", "c1")
+    failing["status"]["conditions"][0] |= {"reason": "SchedulerError", "message": "no such key: rack"}
+    (pc,) = demand([inference_claim("c1")], [failing]).pending
+    assert pc.scheduler_error == "no such key: rack"
+    assert not pc.pods[0].unschedulable
+    # A second pod of the same claim that is merely unschedulable: plannable demand again.
+    (pc,) = demand([inference_claim("c1")], [failing, pod("p2", "c1")]).pending
+    assert pc.scheduler_error == ""
+    # Bound already (nodeName set): not pending, whatever the stale condition says.
+    bound = pod("p3", "c2", nodeName="n1")
+    bound["status"]["conditions"][0]["reason"] = "SchedulerError"
+    assert demand([inference_claim("c2")], [bound]).pending == ()
+
+
 def test_claim_without_a_pod_is_not_demand() -> None:
     assert demand([inference_claim("lonely")], []).pending == ()
 

@@ -130,7 +130,9 @@ def test_metrics_series_are_replaced_and_forgotten() -> None:
     now = {"policy": "p", "profile": "2g.20gb", "reason": "ReshapeScheduled"}
     assert r.get_sample_value("dynamig_operator_pending_devices", gone) is None
     assert r.get_sample_value("dynamig_operator_pending_devices", now) == 1
-    m.set_governed("p", 4)
+    m.set_governed("p", 4, 42.5)
+    assert r.get_sample_value("dynamig_operator_oldest_pending_claim_age_seconds", {"policy": "p"}) == 42.5
     m.forget_policy("p")
     assert r.get_sample_value("dynamig_operator_governed_gpus", {"policy": "p"}) is None
+    assert r.get_sample_value("dynamig_operator_oldest_pending_claim_age_seconds", {"policy": "p"}) is None
     assert r.get_sample_value("dynamig_operator_build_info", {"version": "0.1.0"}) == 1

@@ -18,9 +18,9 @@ from dynamig.agent.binding import Cut, Failed, GpuState, Pending, Ready, decide,
 from dynamig.agent.kubeapi import allocated_devices
 from dynamig.agent.nvml_device import GpuInfo
 from dynamig.geometry.model import device_name
-from dynamig.kube.events import AGENT_COMPONENT, event_body
-from dynamig.kube.gpupartition import now_rfc3339
+from dynamig.kube.events import AGENT_COMPONENT, claim_ref, event_body
 from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
+from dynamig.kube.times import now_rfc3339
 
 if TYPE_CHECKING:
     from dynamig.agent.controller import NodeAgent
@@ -61,8 +61,7 @@ class AllocationAnswerer:
                 why = f"{p.device} on node {s.node}: {answer.reason}: {answer.message}"
                 event = ("Warning", "AllocationFailed", f"{why}; the scheduler books again")
             # On the claim, where `kubectl describe resourceclaim` shows what its pod got or why it waits.
-            ref = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "namespace": p.namespace}
-            ref |= {"name": p.name, "uid": p.uid}
+            ref = claim_ref(p.namespace, p.name, p.uid)
             await self.agent.api.post_event(
                 event_body(ref, *event, p.namespace, AGENT_COMPONENT, now_rfc3339(), s.node)
             )

@@ -38,15 +38,17 @@ from dynamig.agent.allocations import AllocationAnswerer
 from dynamig.agent.binding import Ready
 from dynamig.agent.claimcache import ClaimCache
 from dynamig.agent.features import InventorySupport, detect_inventory
-from dynamig.agent.kubeapi import KubeApi, allocated_devices, status_of
+from dynamig.agent.kubeapi import KubeApi, allocated_devices
 from dynamig.agent.metrics import AgentMetrics, GpuSample, InstanceSample
 from dynamig.agent.nvml_device import GpuInfo, MigInstance, NvmlDevices
 from dynamig.agent.ownership import foreign_mig_owners, node_is_managed, node_mig_owner
 from dynamig.agent.publisher import SlicePublisher
 from dynamig.agent.reconcile import GpuPlan, Observed, plan_gpu
+from dynamig.agent.uuidwatch import AllocatedUuids, UuidChange
 from dynamig.geometry.model import PlacedInstance, device_name
+from dynamig.kube.apicalls import status_of
 from dynamig.kube.devices import MigDevice
-from dynamig.kube.events import AGENT_COMPONENT, event_body, gpu_partition_ref
+from dynamig.kube.events import AGENT_COMPONENT, claim_ref, event_body, gpu_partition_ref
 from dynamig.kube.gpupartition import (
     ConditionType,
     GpuPartition,
@@ -59,13 +61,13 @@ from dynamig.kube.gpupartition import (
     Reason,
     build_gpu_partition,
     layout_summary,
-    now_rfc3339,
     parse_gpu_partition,
     set_condition,
 )
 from dynamig.kube.heartbeat import DEFAULT_LEASE_SECONDS, lease_body
 from dynamig.kube.inventory import GpuInventory, Instance, InventoryError, Occupancy, offered_devices
 from dynamig.kube.names import GPU_INDEX_LABEL, NODE_LABEL, PRODUCT_LABEL, gpu_partition_name
+from dynamig.kube.times import now_rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +152,8 @@ class NodeAgent:
         self.publisher = SlicePublisher(api, settings.node, settings.driver)
         self.lock = asyncio.Lock()
         self.prepared: set[str] = set()  # device names the kubelet plugin prepared (in use by a pod)
+        self.allocated_uuids = AllocatedUuids()  # reports allocated instances changed outside dynamig
+        self._node_problems: dict[str, str] = {}  # Event reason -> node-wide problem already told
         self._quiet_since: dict[InstanceKey, float] = {}
         self._reshape_started: dict[int, float] = {}
         self._wake = asyncio.Event()
@@ -248,7 +252,7 @@ class NodeAgent:
         node = self.settings.node
         self.rounds += 1
         meta = await self.api.node_meta(node)
-        labels = meta[0] if meta is not None else {}
+        labels = meta.labels if meta is not None else {}
         if meta is None or not node_is_managed(labels):
             if self._managed_logged is not False:
                 log.warning("node %s does not exist or lacks dynamig.io/managed=true; not managing it", node)
@@ -261,9 +265,10 @@ class NodeAgent:
         if self.support is None:
             self.support = await detect_inventory(self.api, node, self.settings.driver)
             log.info("inventory for node %s: %s (%s)", node, self.support.inventory.value, self.support.why)
-        self._node_owner = node_owner_reference(node, meta[1])
+        self._node_owner = node_owner_reference(node, meta.uid)
         self.publisher.owner = self._node_owner
-        node_owner = node_mig_owner(labels)
+        node_owner = node_mig_owner(labels, meta.allocatable)
+        await self._tell_node(meta.uid, "ForeignMigOwner", node_owner)
 
         gpus: list[GpuInfo] = []
         unreadable: dict[int, str] = {}
@@ -274,6 +279,7 @@ class NodeAgent:
             self.metrics.nvml_error("discover", self.devices.error_name(exc))
             lost_reason = f"NVML discovery failed: {exc}"
             log.error("%s", lost_reason)
+        await self._tell_node(meta.uid, "NvmlError", lost_reason or None)
 
         slices = await self.api.list_slices(node)
         foreign = foreign_mig_owners(slices, [g.uuid for g in gpus], self.settings.driver)
@@ -292,6 +298,7 @@ class NodeAgent:
 
         outcomes: list[_GpuOutcome] = []
         created: dict[str, GpuPartition] = {}
+        replaced: list[UuidChange] = []
         for gpu in gpus:
             name = gpu_partition_name(node, gpu.index)
             try:
@@ -308,7 +315,13 @@ class NodeAgent:
             owner = node_owner
             if owner is None and gpu.uuid in foreign:
                 owner = f"driver {foreign[gpu.uuid]} publishes MIG devices of this GPU"
-            outcomes.append(await self._reconcile_gpu(gpu, part, instances, claims, owner))
+            gpu_outcome = await self._reconcile_gpu(gpu, part, instances, claims, owner)
+            now_uuids = {device_name(i.gpu_index, i.profile, i.start): i.mig_uuid for i in instances}
+            for change in self.allocated_uuids.update(f"gpu{gpu.index}-", now_uuids, claims):
+                log.warning("%s: %s", name, change.message())
+                gpu_outcome.events.append(("Warning", change.reason, change.message()))
+                replaced.append(change)
+            outcomes.append(gpu_outcome)
 
         for index, error in unreadable.items():
             self.metrics.nvml_error("discover", error.split(":", 1)[0])
@@ -336,6 +349,7 @@ class NodeAgent:
             if o.status is not None and o.status != part.status:
                 await self._write_status(o.name, o.status)
             await self._post_events(part, o)
+        await self._tell_holders(replaced, raw_claims)
         self._export(outcomes, pods_by_claim(raw_claims))
         return any(o.busy for o in outcomes)
 
@@ -731,6 +745,44 @@ class NodeAgent:
                 instance=self.settings.node,
             )  # fmt: skip
             await self.api.post_event(body)
+
+    async def _tell_node(self, uid: str, reason: str, problem: str | None) -> None:
+        """Node-wide states on the Node, where `kubectl describe node` shows them: a Warning when one starts
+        or changes, a Normal ``<reason>Resolved`` when it ends. Each change once."""
+        before = self._node_problems.get(reason)
+        if problem == before:
+            return
+        if problem is None:
+            self._node_problems.pop(reason, None)
+            kind, why, text = "Normal", f"{reason}Resolved", f"resolved: {before}"
+        else:
+            self._node_problems[reason] = problem
+            kind, why, text = "Warning", reason, problem
+        log.log(logging.WARNING if problem else logging.INFO, "node %s: %s", self.settings.node, text)
+        ref = {"apiVersion": "v1", "kind": "Node", "name": self.settings.node, "uid": uid}
+        body = event_body(
+            ref, kind, why, text, self.settings.events_namespace, AGENT_COMPONENT, now_rfc3339(),
+            instance=self.settings.node,
+        )  # fmt: skip
+        await self.api.post_event(body)
+
+    async def _tell_holders(self, changes: list[UuidChange], raw_claims: list[dict[str, Any]]) -> None:
+        """The claims whose instance changed behind the agent's back get the Event too: their owners look at
+        `kubectl describe resourceclaim`, not at GpuPartitions."""
+        if not changes:
+            return
+        uids = {
+            f"{m.get('namespace', '')}/{m.get('name', '')}": str(m.get("uid", ""))
+            for m in (c.get("metadata") or {} for c in raw_claims)
+        }
+        for change in changes:
+            for holder in change.holders:
+                namespace, name = holder.split("/", 1)
+                body = event_body(
+                    claim_ref(namespace, name, uids.get(holder)), "Warning", change.reason, change.message(),
+                    namespace, AGENT_COMPONENT, now_rfc3339(), instance=self.settings.node,
+                )  # fmt: skip
+                await self.api.post_event(body)
 
     async def _write_status(self, name: str, status: GpuPartitionStatus) -> None:
         try:

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dynamig import DRIVER_NAME
-from dynamig.agent.kubeapi import KubeApi, status_of
+from dynamig.agent.kubeapi import KubeApi
+from dynamig.kube.apicalls import status_of
 from dynamig.kube.gpupartition import Inventory
 from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
 

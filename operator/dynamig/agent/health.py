@@ -2,8 +2,9 @@
 loop (aiohttp), so a blocked loop fails every probe instead of a side thread answering for it.
 
 ``/healthz`` (liveness) is 200 while the reconcile loop has finished a round (successful or not) within
-``max_round_age_s`` and, where the kubelet plugin is served, its sockets are in place; a hung round or a
-removed socket makes it 503 with the reason, and the kubelet restarts the container. ``/readyz`` is 200 once
+``max_round_age_s`` and, where the kubelet plugin is served, both its sockets answer the gRPC health check
+(SERVING); a hung round, a removed socket or a gRPC server that no longer answers makes it 503 with the
+reason, and the kubelet restarts the container. ``/readyz`` is 200 once
 the first round finished and the kubelet has registered the plugin (when served): before that the node's
 pods cannot get devices from it. Bodies are JSON: ``{"ok": bool, "checks": {name: reason-or-"ok"}}``.
 """
@@ -14,9 +15,8 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -33,7 +33,7 @@ class Health:
     clock: Callable[[], float] = time.monotonic
     started_at: float = field(default=0.0)
     last_round_at: float | None = None
-    plugin_sockets: tuple[Path, ...] = ()  # where the kubelet plugin serves, when it does
+    plugin_probe: Callable[[], Awaitable[str]] | None = None  # "ok" or why the plugin is not serving
     plugin_registered: Callable[[], bool] | None = None
 
     def __post_init__(self) -> None:
@@ -42,8 +42,8 @@ class Health:
     def round_finished(self) -> None:
         self.last_round_at = self.clock()
 
-    def liveness(self) -> dict[str, str]:
-        """Check name -> "ok" or why not. Pure but for the clock and stat calls."""
+    async def liveness(self) -> dict[str, str]:
+        """Check name -> "ok" or why not. Side effect: the plugin probe."""
         now = self.clock()
         since = now - (self.last_round_at if self.last_round_at is not None else self.started_at)
         checks = {
@@ -51,13 +51,12 @@ class Health:
             if since <= self.max_round_age_s
             else f"no reconcile round finished for {since:.0f}s (limit {self.max_round_age_s:.0f}s)"
         }
-        if self.plugin_sockets:
-            missing = [str(p) for p in self.plugin_sockets if not p.exists()]
-            checks["kubelet-plugin"] = "ok" if not missing else f"socket gone: {', '.join(missing)}"
+        if self.plugin_probe is not None:
+            checks["kubelet-plugin"] = await self.plugin_probe()
         return checks
 
-    def readiness(self) -> dict[str, str]:
-        checks = self.liveness()
+    async def readiness(self) -> dict[str, str]:
+        checks = await self.liveness()
         checks["first-round"] = "ok" if self.last_round_at is not None else "no reconcile round finished yet"
         if self.plugin_registered is not None:
             registered = self.plugin_registered()
@@ -81,10 +80,10 @@ async def serve(health: Health, registry: CollectorRegistry, address: str, port:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(_request: web.Request) -> web.Response:
-        return _answer(health.liveness())
+        return _answer(await health.liveness())
 
     async def readyz(_request: web.Request) -> web.Response:
-        return _answer(health.readiness())
+        return _answer(await health.readiness())
 
     app = web.Application()
     app.add_routes([web.get("/metrics", metrics), web.get("/healthz", healthz), web.get("/readyz", readyz)])

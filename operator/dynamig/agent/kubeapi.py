@@ -8,9 +8,9 @@ A transient error is a 5xx or 429 from the API server, or a connection/timeout e
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aiohttp
@@ -24,6 +24,8 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from dynamig.kube.apicalls import MERGE_PATCH, is_transient, patch_event
+from dynamig.kube.events import EventCorrelator, deliver
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, VERSION
 
 log = logging.getLogger(__name__)
@@ -32,19 +34,13 @@ T = TypeVar("T")
 
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSION = "v1"
-MERGE_PATCH = "application/merge-patch+json"
 
 
-def is_transient(exc: BaseException) -> bool:
-    """True for errors worth retrying: 5xx/429 answers, connection errors and timeouts. Pure."""
-    if isinstance(exc, ApiException):
-        return exc.status is not None and (exc.status >= 500 or exc.status == 429 or exc.status == 0)
-    return isinstance(exc, aiohttp.ClientError | asyncio.TimeoutError | ConnectionError)
-
-
-def status_of(exc: BaseException) -> int | None:
-    """The HTTP status of an API error, else None. Pure."""
-    return exc.status if isinstance(exc, ApiException) else None
+@dataclass(frozen=True)
+class NodeFacts:
+    labels: dict[str, str]
+    uid: str
+    allocatable: dict[str, str]
 
 
 class KubeApi:
@@ -55,6 +51,7 @@ class KubeApi:
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
         self.coordination = client.CoordinationV1Api(api_client)
+        self.events = EventCorrelator()
         self._attempts = attempts
         self._max_wait = max_wait_s
 
@@ -72,17 +69,18 @@ class KubeApi:
 
     # --- nodes ---------------------------------------------------------------------------------------
 
-    async def node_meta(self, name: str) -> tuple[dict[str, str], str] | None:
-        """The node's (labels, uid); None when the Node does not exist."""
+    async def node_meta(self, name: str) -> NodeFacts | None:
+        """The node's labels, uid and allocatable resources; None when the Node does not exist."""
 
-        async def call() -> tuple[dict[str, str], str] | None:
+        async def call() -> NodeFacts | None:
             try:
                 node = await self.core.read_node(name)
             except ApiException as exc:
                 if exc.status == 404:
                     return None
                 raise
-            return dict(node.metadata.labels or {}), str(node.metadata.uid or "")
+            allocatable = dict((node.status.allocatable if node.status else None) or {})
+            return NodeFacts(dict(node.metadata.labels or {}), str(node.metadata.uid or ""), allocatable)
 
         return await self._retry("read node", call)
 
@@ -147,11 +145,18 @@ class KubeApi:
         await self._retry("renew lease", call)
 
     async def post_event(self, body: dict[str, Any]) -> None:
-        """Create a core/v1 Event (see :func:`dynamig.kube.events.event_body`). Errors are logged, not raised:
-        an Event that cannot be posted must not stop the round."""
+        """Post a core/v1 Event (see :func:`dynamig.kube.events.event_body`), or count a repeat on the earlier
+        one. Errors are logged, not raised: an Event that cannot be posted must not stop the round."""
         namespace = body["metadata"]["namespace"]
+
+        async def create(b: dict[str, Any]) -> object:
+            return await self._retry("post event", lambda: self.core.create_namespaced_event(namespace, b))
+
+        async def patch(name: str, change: dict[str, Any]) -> bool:
+            return await patch_event(self.core, namespace, name, change)
+
         try:
-            await self._retry("post event", lambda: self.core.create_namespaced_event(namespace, body))
+            await deliver(self.events, body, create, patch)
         except (TimeoutError, ApiException, aiohttp.ClientError, ConnectionError) as exc:
             log.warning(
                 "could not post event %s on %s: %s", body["reason"], body["involvedObject"]["name"], exc

@@ -130,7 +130,7 @@ async def run_agent(options: AgentOptions) -> int:
         agent.on_round = health.round_finished
         instances: Any = AgentMigInstances(agent)
         if options.plugin is not None:
-            from dynamig.agent.plugin import serve_plugin
+            from dynamig.agent.plugin import probe_sockets, serve_plugin
 
             p = options.plugin
             if options.nvml == "simulated":
@@ -146,7 +146,7 @@ async def run_agent(options: AgentOptions) -> int:
                 )
                 instances = SimulatedDriverInstances(instances, files)
             plugin_server = await serve_plugin(p, instances, api_client, metrics.plugin_request)
-            health.plugin_sockets = (p.dra_socket, p.registration_socket)
+            health.plugin_probe = lambda: probe_sockets(plugin_server.sockets)
             health.plugin_registered = lambda: plugin_server.registered.is_set()
         if options.metrics_port is not None:
             http_server = await serve_http(health, registry, options.metrics_address, options.metrics_port)

@@ -1,14 +1,16 @@
 """Who controls a GPU's MIG layout: this agent, or another MIG owner it must not fight. Pure functions.
 
 Another owner is recognised by
-- the NVIDIA MIG manager's node label ``nvidia.com/mig.config`` (it re-applies its own layout), or
+- the NVIDIA MIG manager's node label ``nvidia.com/mig.config`` (it re-applies its own layout),
+- the NVIDIA device plugin's extended resources in the node's allocatable (``nvidia.com/gpu``,
+  ``nvidia.com/mig-<profile>``): it hands the same GPUs to pods outside DRA, or
 - a ResourceSlice of another driver (e.g. the NVIDIA DRA driver ``gpu.nvidia.com``) on the same node that
   publishes MIG devices whose parent is the GPU: an attribute named ``parentUUID`` equal to the GPU UUID.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dynamig import DRIVER_NAME
@@ -22,11 +24,27 @@ def node_is_managed(labels: dict[str, str]) -> bool:
     return labels.get(MANAGED_NODE_LABEL, "").lower() == "true"
 
 
-def node_mig_owner(labels: dict[str, str]) -> str | None:
+def device_plugin_resources(allocatable: Mapping[str, str]) -> dict[str, str]:
+    """The NVIDIA device plugin's extended resources the node advertises (non-zero). Pure."""
+    return {
+        name: str(qty)
+        for name, qty in sorted(allocatable.items())
+        if (name == "nvidia.com/gpu" or name.startswith("nvidia.com/mig-")) and str(qty) not in ("0", "")
+    }
+
+
+def node_mig_owner(labels: Mapping[str, str], allocatable: Mapping[str, str] | None = None) -> str | None:
     """A sentence naming the node-wide foreign MIG owner, or None. Pure."""
     value = labels.get(NVIDIA_MIG_CONFIG_LABEL)
     if value is not None:
         return f"node label {NVIDIA_MIG_CONFIG_LABEL}={value} says the NVIDIA MIG manager controls MIG here"
+    advertised = device_plugin_resources(allocatable or {})
+    if advertised:
+        listed = ", ".join(f"{k}={v}" for k, v in advertised.items())
+        return (
+            f"the NVIDIA device plugin advertises {listed} on this node and would hand the same GPUs to "
+            "other pods; turn it off on dynamig nodes (see docs/install.md)"
+        )
     return None
 
 

@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dynamig import DRIVER_NAME
-from dynamig.agent.kubeapi import KubeApi, status_of
+from dynamig.agent.kubeapi import KubeApi
+from dynamig.kube.apicalls import status_of
 from dynamig.kube.inventory import GpuInventory, build_inventory_slices
 from dynamig.kube.slices import CONTENT_ANNOTATION, build_resource_slices
 

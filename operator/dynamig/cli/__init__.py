@@ -47,12 +47,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Packages outside the runtime install (requirements/runtime.lock), with the extra that brings each.
+DEV_ONLY_PACKAGES = {"cryptography": "devcluster", "matplotlib": "sim"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: each sub-command sets ``func(args) -> int`` as its handler."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         result: int = args.func(args)
+    except ModuleNotFoundError as exc:
+        if exc.name not in DEV_ONLY_PACKAGES:
+            raise
+        # The runtime image leaves out what only the local control plane, the demo and plots need.
+        print(
+            f"dynamig {args.command}: needs {exc.name}, which this install leaves out: "
+            f"pip install 'dynamig[{DEV_ONLY_PACKAGES[exc.name]}]'",
+            file=sys.stderr,
+        )
+        return 1
     except BrokenPipeError:
         # The reader went away (`dynamig geometry ... | head`): not our error; silence the flush at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -9,7 +9,6 @@ Ownership of fields: the node agent creates the object and owns ``status``; the 
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -220,11 +219,6 @@ def layout_summary(layout: Layout | list[PlacedInstance]) -> str:
     """``1g.10gb@0,1g.10gb@1,3g.40gb@4`` (``-`` for none). Pure."""
     items = normalize_layout(layout)
     return ",".join(f"{p.profile}@{p.start}" for p in items) if items else "-"
-
-
-def now_rfc3339() -> str:
-    """Current UTC time in the RFC 3339 form Kubernetes uses (seconds precision)."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def set_condition(

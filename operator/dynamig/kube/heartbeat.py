@@ -5,11 +5,11 @@ GPU left mid-reshape by a dead agent would otherwise hold its policy's disruptio
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dynamig.kube.names import NODE_LABEL
+from dynamig.kube.times import micro_time, parse_time
 
 LEASE_PREFIX = "dynamig-agent-"
 DEFAULT_LEASE_SECONDS = 60
@@ -19,11 +19,6 @@ GRACE_SECONDS = 5.0
 
 def lease_name(node: str) -> str:
     return f"{LEASE_PREFIX}{node}"
-
-
-def micro_time(epoch: float) -> str:
-    """A ``MicroTime`` as the API writes it: RFC 3339 UTC with microseconds. Pure."""
-    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def lease_body(node: str, namespace: str, now: float, duration_s: int) -> dict[str, Any]:
@@ -36,13 +31,6 @@ def lease_body(node: str, namespace: str, now: float, duration_s: int) -> dict[s
     }
 
 
-def _epoch(text: str) -> float | None:
-    try:
-        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 def silent_agents(leases: Iterable[Mapping[str, Any]], now: float) -> dict[str, str]:
     """Node -> why its agent counts as silent, for every agent Lease past its end (plus the grace). A node
     without a Lease is not listed: an agent that does not keep one is not judged by it. Pure."""
@@ -52,7 +40,7 @@ def silent_agents(leases: Iterable[Mapping[str, Any]], now: float) -> dict[str, 
         name = str(meta.get("name", ""))
         node = (meta.get("labels") or {}).get(NODE_LABEL) or name.removeprefix(LEASE_PREFIX)
         spec = lease.get("spec") or {}
-        renewed = _epoch(str(spec.get("renewTime") or ""))
+        renewed = parse_time(str(spec.get("renewTime") or ""))
         duration = float(spec.get("leaseDurationSeconds") or DEFAULT_LEASE_SECONDS)
         if not name.startswith(LEASE_PREFIX) or renewed is None:
             continue

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from dynamig.geometry.catalog import Catalog
+from dynamig.geometry.layout import free_starts
 from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, normalize_layout
 from dynamig.planner.model import Policy, Strategy
 
@@ -225,6 +226,31 @@ def check_spec_against_catalog(spec: PolicySpec, catalog: Catalog) -> list[SpecP
         if why is not None:
             problems.append(SpecProblem(field_name, why))
     return problems
+
+
+def warm_pool_shortfall(spec: PolicySpec, models: Sequence[GpuModel]) -> str | None:
+    """Why the warm pool cannot be kept on the governed GPUs (one model per GPU), each at its baseline, or
+    None when it fits. Instances go into free slices beside the baseline, as the planner keeps them. Pure."""
+    layouts = [list(spec.baseline_layout(m.key) or ()) for m in models]
+    short: list[str] = []
+    for name in sorted(spec.warm_pool):
+        want = spec.warm_pool[name]
+        placed = sum(1 for layout in layouts for i in layout if i.profile == name)  # the planner counts these
+        for model, layout in zip(models, layouts, strict=True):
+            while placed < want and model.has_profile(name):
+                starts = free_starts(model, layout, name)
+                if not starts:
+                    break
+                layout.append(PlacedInstance(starts[0], name))
+                placed += 1
+        if placed < want:
+            short.append(f"{want}x {name} asked, {placed} fit")
+    if not short:
+        return None
+    return (
+        f"spec.warmPool does not fit the {len(models)} governed GPU(s) beside their baselines: "
+        f"{'; '.join(short)}"
+    )
 
 
 # ---------------------------------------------------------------------------------- overlapping policies

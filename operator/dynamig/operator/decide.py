@@ -55,10 +55,17 @@ class Reason(StrEnum):
     RESHAPE_DISABLED = "ReshapeDisabled"
     WOULD_RESHAPE = "WouldReshape"
     POLICY_INVALID = "PolicyInvalid"
+    SCHEDULER_ERROR = "SchedulerError"
 
 
 WARNING_REASONS = frozenset(
-    {Reason.NO_CAPACITY, Reason.PROFILE_NOT_ALLOWED, Reason.NO_MATCHING_PROFILE, Reason.NO_ELIGIBLE_NODE}
+    {
+        Reason.NO_CAPACITY,
+        Reason.PROFILE_NOT_ALLOWED,
+        Reason.NO_MATCHING_PROFILE,
+        Reason.NO_ELIGIBLE_NODE,
+        Reason.SCHEDULER_ERROR,
+    }
 )
 
 
@@ -219,6 +226,21 @@ def _profile_verdict(
     return None
 
 
+def _scheduler_error_verdict(claim: PendingClaim) -> ClaimVerdict | None:
+    """The scheduler fails on the claim itself: cutting instances cannot help, so it is not planned for."""
+    if not claim.scheduler_error:
+        return None
+    return ClaimVerdict(
+        claim,
+        Reason.SCHEDULER_ERROR,
+        f"kube-scheduler fails on this claim ({claim.scheduler_error}); dynamig does not reshape for it, "
+        "since no layout helps until the claim is fixed (a CEL runtime error in a selector, e.g. an "
+        "attribute some devices lack: guard it with device.attributes[...].?name.orValue(...); or a request "
+        "over the API's limits)",
+        _first_profile(claim),
+    )
+
+
 def _cooling(g: GpuView, now: float, cooldown: int) -> bool:
     """Was the GPU's layout written less than the cooldown ago? Pure."""
     return g.last_written is not None and now - g.last_written < cooldown
@@ -265,7 +287,7 @@ def decide_round(inp: RoundInput) -> RoundDecision:
 
     plannable: list[PendingClaim] = []
     for c in inp.claims:
-        early = _profile_verdict(c, policy, usable)
+        early = _scheduler_error_verdict(c) or _profile_verdict(c, policy, usable)
         if early is not None:
             verdicts.append(early)
         else:

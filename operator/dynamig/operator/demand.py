@@ -3,7 +3,9 @@
 A claim is *pending demand* when
 
 1. it has no ``status.allocation``,
-2. a pod that uses it is unschedulable (``PodScheduled=False``, reason ``Unschedulable``), and
+2. a pod that uses it is unschedulable (``PodScheduled=False``, reason ``Unschedulable``; or reason
+   ``SchedulerError``, where the scheduler failed on the claim itself, which is reported and never planned
+   for: see :attr:`PendingClaim.scheduler_error`), and
 3. one of its requests targets a DeviceClass whose selectors select driver ``mig.dynamig.io``.
 
 For each request, and each ``firstAvailable`` alternative in order, the profiles it accepts are found by
@@ -108,6 +110,9 @@ class PodRef:
     node_selector: Mapping[str, str]
     required_terms: tuple[Mapping[str, Any], ...]  # nodeSelectorTerms of required node affinity (ORed)
     scheduling_message: str = ""
+    # PodScheduled=False/SchedulerError: the scheduler failed on the pod (a CEL runtime error in a claim's
+    # selector, a request over the API's limits), not for want of a device.
+    scheduler_error: bool = False
 
 
 def parse_pod(pod: Mapping[str, Any]) -> PodRef:
@@ -115,11 +120,12 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRef:
     meta = pod["metadata"]
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
-    unschedulable = False
+    unschedulable = scheduler_error = False
     message = ""
     for cond in status.get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
             unschedulable = cond.get("reason") == "Unschedulable"
+            scheduler_error = cond.get("reason") == "SchedulerError"
             message = str(cond.get("message") or "")
     affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
         "requiredDuringSchedulingIgnoredDuringExecution"
@@ -132,6 +138,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRef:
         node_selector=dict(spec.get("nodeSelector") or {}),
         required_terms=tuple(affinity.get("nodeSelectorTerms") or ()),
         scheduling_message=message,
+        scheduler_error=scheduler_error and not spec.get("nodeName"),
     )
 
 
@@ -340,6 +347,14 @@ class PendingClaim:
     nodes: frozenset[str] | None  # nodes every pod of the claim may run on; None: no constraint
     created: str = ""  # claim creationTimestamp
 
+    @property
+    def scheduler_error(self) -> str:
+        """The scheduler's error message when it fails on the claim's pods (and none is merely
+        unschedulable): no layout helps until the claim is fixed. Empty otherwise."""
+        if any(p.unschedulable for p in self.pods):
+            return ""
+        return next((p.scheduling_message or "SchedulerError" for p in self.pods if p.scheduler_error), "")
+
     def planner_demands(
         self, allowed: frozenset[str] | None = None, models: frozenset[str] | None = None
     ) -> tuple[ClaimDemand, ...]:
@@ -390,7 +405,7 @@ def extract_demand(
             allocated.add(cref.uid)
             continue
         claim_pods = tuple(users.get((cref.namespace, cref.name), ()))
-        if not any(p.unschedulable for p in claim_pods):
+        if not any(p.unschedulable or p.scheduler_error for p in claim_pods):
             continue
         req_demands: list[RequestDemand] = []
         requests = parse_requests(claim)

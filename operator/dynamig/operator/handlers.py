@@ -64,7 +64,7 @@ def build_registry(reconciler: Reconciler, settings: OperatorSettings) -> kopf.O
         ("", "v1", "pods"),
         ("", "v1", "nodes"),
     ):
-        kopf.on.event(group, version, plural, registry=registry, id=f"wake-{plural}")(wake)
+        kopf.on.event(group, version, plural, registry=registry, id=f"{WAKE_PREFIX}{plural}")(wake)
     return registry
 
 
@@ -123,6 +123,28 @@ def connection_info(conf: client.Configuration) -> kopf.ConnectionInfo:
     )
 
 
+WAKE_PREFIX = "wake-"
+
+
+class QuietWakeHandlers(logging.Filter):
+    """Kopf logs "Handler 'wake-pods' succeeded." at INFO for every watch event it hands to a wake handler:
+    thousands of lines an hour on a busy cluster, saying nothing. They are kept at DEBUG only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.INFO or not isinstance(record.msg, str):
+            return True
+        if not (record.msg.startswith(f"Handler '{WAKE_PREFIX}") and record.msg.endswith("succeeded.")):
+            return True
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+def quiet_kopf_watch_logs() -> None:
+    """Side effect: installs :class:`QuietWakeHandlers` on Kopf's per-object logger (once)."""
+    objects = logging.getLogger("kopf.objects")
+    if not any(isinstance(f, QuietWakeHandlers) for f in objects.filters):
+        objects.addFilter(QuietWakeHandlers())
+
+
 def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
     """Kopf's settings: progress kept in annotations (the CRD status schema has no place for Kopf's own)."""
     ks = kopf.OperatorSettings()
@@ -162,6 +184,7 @@ async def run_operator(
     """
     metrics = metrics or OperatorMetrics()
     catalog = catalog or load_catalog()
+    quiet_kopf_watch_logs()
     server = None
     if settings.metrics_port is not None:
         from prometheus_client import start_http_server

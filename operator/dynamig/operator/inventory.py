@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from dynamig import API_GROUP
@@ -32,20 +31,11 @@ from dynamig.kube.gpupartition import (
 )
 from dynamig.kube.names import GPU_INDEX_LABEL, NODE_LABEL
 from dynamig.kube.policy import GpuIdentity, check_layout_fits
+from dynamig.kube.times import parse_time
 from dynamig.planner.model import CurrentInstance, GpuState
 
 # Written by the operator on a GpuPartition whenever it writes spec.layout (RFC 3339): cooldown starts here.
 LAYOUT_WRITTEN_ANNOTATION = f"{API_GROUP}/layout-written-at"
-
-
-def parse_time(text: str | None) -> float | None:
-    """RFC 3339 (``2026-01-01T10:00:00Z``) to epoch seconds; None if empty or malformed. Pure."""
-    if not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,11 +7,9 @@ happens in the pure modules). Transient API errors (5xx, 429, connection errors)
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import aiohttp
@@ -19,27 +17,16 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
-from dynamig.kube.events import OPERATOR_COMPONENT, event_body
+from dynamig.kube.apicalls import MERGE_PATCH, is_transient, list_items, patch_event
+from dynamig.kube.events import OPERATOR_COMPONENT, EventCorrelator, deliver, event_body
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, NODE_LABEL, POLICY_PLURAL, VERSION
+from dynamig.kube.times import now_rfc3339
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSION = "v1"
-MERGE_PATCH = "application/merge-patch+json"
-
-
-def is_transient(exc: BaseException) -> bool:
-    """5xx/429 answers, connection errors and timeouts are worth retrying. Pure."""
-    if isinstance(exc, ApiException):
-        return exc.status is not None and (exc.status >= 500 or exc.status in (0, 429))
-    return isinstance(exc, aiohttp.ClientError | asyncio.TimeoutError | ConnectionError)
-
-
-def now_rfc3339(micro: bool = False) -> str:
-    fmt = "%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ"
-    return datetime.now(UTC).strftime(fmt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +50,7 @@ class KubeIO:
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
         self.coordination = client.CoordinationV1Api(api_client)
+        self.events = EventCorrelator()
         self._attempts = attempts
 
     async def _retry(self, call: Callable[[], Awaitable[T]]) -> T:
@@ -86,9 +74,7 @@ class KubeIO:
     async def _list_core(self, what: str, **kwargs: Any) -> tuple[dict[str, Any], ...]:
         async def call() -> tuple[dict[str, Any], ...]:
             method = getattr(self.core, what)
-            resp = await method(_preload_content=False, **kwargs)
-            body = json.loads(await resp.read())
-            return tuple(body.get("items") or ())
+            return await list_items(await method(_preload_content=False, **kwargs))
 
         return await self._retry(call)
 
@@ -97,7 +83,7 @@ class KubeIO:
             resp = await self.coordination.list_namespaced_lease(
                 namespace, label_selector=NODE_LABEL, _preload_content=False
             )
-            return tuple(json.loads(await resp.read()).get("items") or ())
+            return await list_items(resp)
 
         try:
             return await self._retry(call)
@@ -194,11 +180,19 @@ class KubeIO:
         message: str,
         namespace: str,
     ) -> None:
-        """Create a core/v1 Event about ``involved`` (apiVersion, kind, name, namespace, uid). Errors are
-        logged, not raised: an Event that cannot be posted must not stop the round."""
+        """Post a core/v1 Event about ``involved`` (apiVersion, kind, name, namespace, uid), or count a repeat
+        on the earlier one. Errors are logged, not raised: an Event that cannot be posted must not stop the
+        round."""
         body = event_body(involved, event_type, reason, message, namespace, OPERATOR_COMPONENT, now_rfc3339())
+
+        async def create(b: dict[str, Any]) -> object:
+            return await self._retry(lambda: self.core.create_namespaced_event(namespace, b))
+
+        async def patch(name: str, change: dict[str, Any]) -> bool:
+            return await patch_event(self.core, namespace, name, change)
+
         try:
-            await self._retry(lambda: self.core.create_namespaced_event(namespace, body))
+            await deliver(self.events, body, create, patch)
         except (TimeoutError, ApiException, aiohttp.ClientError) as exc:
             log.warning("could not post event %s on %s: %s", reason, involved.get("name"), exc)
 

@@ -50,6 +50,12 @@ class OperatorMetrics:
         self.governed_gpus = Gauge(
             "dynamig_operator_governed_gpus", "GPUs governed by each policy", ["policy"], registry=r
         )
+        self.oldest_pending = Gauge(
+            "dynamig_operator_oldest_pending_claim_age_seconds",
+            "Age of the oldest claim a policy has pending (since the claim's creation; 0 when none)",
+            ["policy"],
+            registry=r,
+        )
         self.silent_agents = Gauge(
             "dynamig_operator_silent_agents",
             "Nodes whose agent stopped renewing its heartbeat Lease (their GPUs are left out of planning).",
@@ -70,8 +76,10 @@ class OperatorMetrics:
         self.set_pending(policy, {})
         if policy in self._governed_series:
             self.governed_gpus.remove(policy)
+            self.oldest_pending.remove(policy)
             self._governed_series.discard(policy)
 
-    def set_governed(self, policy: str, gpus: int) -> None:
+    def set_governed(self, policy: str, gpus: int, oldest_pending_s: float) -> None:
         self.governed_gpus.labels(policy=policy).set(gpus)
+        self.oldest_pending.labels(policy=policy).set(oldest_pending_s)
         self._governed_series.add(policy)

@@ -37,7 +37,9 @@ from dynamig.kube.policy import (
     check_spec_against_catalog,
     parse_policy,
     resolve_ownership,
+    warm_pool_shortfall,
 )
+from dynamig.kube.times import now_rfc3339, parse_time
 from dynamig.operator.decide import (
     ClaimVerdict,
     LayoutWrite,
@@ -49,7 +51,7 @@ from dynamig.operator.decide import (
 )
 from dynamig.operator.demand import PendingClaim, extract_demand, parse_device_classes
 from dynamig.operator.inventory import LAYOUT_WRITTEN_ANNOTATION, GpuView, allocated_devices, parse_inventory
-from dynamig.operator.kubeio import KubeIO, Snapshot, now_rfc3339
+from dynamig.operator.kubeio import KubeIO, Snapshot
 from dynamig.operator.metrics import OperatorMetrics
 from dynamig.operator.settings import OperatorSettings
 
@@ -258,9 +260,11 @@ class Reconciler:
             partitions = {p["metadata"]["name"]: p for p in snap.partitions}
             written = await self._apply_writes(policy, decision.writes, decision.offers, partitions, now)
             await self._tell_claims(decision.verdicts, now)
-            await self._report_problems(policy, raw, problems)
-            await self._update_status(policy, raw, world, mine, decision, written, problems, now)
-            self._update_metrics(name, mine, decision)
+            models = [g.model for g in mine if g.model is not None and not g.unusable]
+            warm = warm_pool_shortfall(policy.spec, models) if models and not problems else None
+            await self._report_problems(policy, problems, warm)
+            await self._update_status(policy, raw, world, mine, decision, written, problems, warm, now)
+            self._update_metrics(name, mine, decision, time.time())  # claim creation times are wall-clock
             self.last_decisions[name] = decision
             return decision
 
@@ -453,14 +457,18 @@ class Reconciler:
                 await self.kube.post_event(pod_ref, kind, v.reason.value, msg, pod.namespace)
 
     async def _report_problems(
-        self, policy: GpuPartitionPolicy, raw: Mapping[str, Any], problems: tuple[Any, ...]
+        self, policy: GpuPartitionPolicy, problems: tuple[Any, ...], warm_shortfall: str | None
     ) -> None:
+        """A Warning Event when what is wrong with the spec changes: problems stop planning (InvalidSpec); a
+        warm pool too large for the governed GPUs does not (WarmPoolTooLarge: as much as fits is kept)."""
         text = "; ".join(str(p) for p in problems)
+        reason = "InvalidSpec" if text else "WarmPoolTooLarge"
+        text = text or warm_shortfall or ""
         if self._memory.problems.get(policy.name) == text:
             return
         self._memory.problems[policy.name] = text
         if text:
-            await self._event_policy(policy, "Warning", "InvalidSpec", text)
+            await self._event_policy(policy, "Warning", reason, text)
 
     async def _update_status(
         self,
@@ -471,6 +479,7 @@ class Reconciler:
         decision: RoundDecision,
         written: tuple[LayoutWrite, ...],
         problems: tuple[Any, ...],
+        warm_shortfall: str | None,
         now: float,
     ) -> None:
         old: dict[str, Any] = dict(raw.get("status") or {})
@@ -480,6 +489,8 @@ class Reconciler:
         if problems:
             text = "; ".join(str(p) for p in problems)
             conds = set_condition(conds, "Valid", False, "InvalidSpec", text, gen, stamp)
+        elif warm_shortfall:
+            conds = set_condition(conds, "Valid", False, "WarmPoolTooLarge", warm_shortfall, gen, stamp)
         else:
             conds = set_condition(
                 conds, "Valid", True, "Valid", "the spec fits the GPU models it governs", gen, stamp
@@ -564,13 +575,17 @@ class Reconciler:
         if _differs(old, status):
             await self.kube.patch_policy_status(policy.name, status)
 
-    def _update_metrics(self, name: str, mine: tuple[GpuView, ...], decision: RoundDecision) -> None:
+    def _update_metrics(
+        self, name: str, mine: tuple[GpuView, ...], decision: RoundDecision, now: float
+    ) -> None:
         counts: dict[tuple[str, str], int] = {}
         for v in decision.verdicts:
             key = (v.profile or "none", v.reason.value)
             counts[key] = counts.get(key, 0) + sum(r.count for r in v.claim.requests)
         self.metrics.set_pending(name, counts)
-        self.metrics.set_governed(name, len(mine))
+        created = [parse_time(v.claim.created) for v in decision.verdicts]
+        oldest = max((now - t for t in created if t is not None), default=0.0)
+        self.metrics.set_governed(name, len(mine), max(0.0, oldest))
 
     async def _event_policy(self, policy: GpuPartitionPolicy, kind: str, reason: str, message: str) -> None:
         ref = {

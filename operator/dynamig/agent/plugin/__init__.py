@@ -18,7 +18,7 @@ from dynamig.agent.plugin.instances import (
     PreparedInstance,
     UnknownDevice,
 )
-from dynamig.agent.plugin.server import PluginServer, serve_plugin
+from dynamig.agent.plugin.server import PluginServer, probe_sockets, serve_plugin
 from dynamig.agent.plugin.settings import PluginSettings
 from dynamig.agent.plugin.stubs import StubsMissingError
 
@@ -32,5 +32,6 @@ __all__ = [
     "PreparedInstance",
     "StubsMissingError",
     "UnknownDevice",
+    "probe_sockets",
     "serve_plugin",
 ]

@@ -4,7 +4,9 @@ The kubelet's plugin watcher finds ``<kubelet-root>/plugins_registry/<driver>-re
 and learns the DRA endpoint ``<kubelet-root>/plugins/<driver>/dra.sock`` and the services it serves
 (``v1.DRAPlugin``, ``v1beta1.DRAPlugin``); it then calls NodePrepareResources / NodeUnprepareResources there.
 The DRA socket is served before the registration socket appears, and the registration socket is removed
-first on stop, so the kubelet never learns of an endpoint that does not answer.
+first on stop, so the kubelet never learns of an endpoint that does not answer. Both sockets also serve the
+standard gRPC health service (``grpc.health.v1.Health``): the agent's liveness probe calls it over the
+sockets, so a gRPC server that stopped answering fails the probe, not only a socket file that disappeared.
 
 Start it with :func:`serve_plugin`; stop it with :meth:`PluginServer.stop`.
 """
@@ -15,12 +17,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from grpc_health.v1 import _async as health_aio  # health.aio; the type stubs predate it
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dynamig.agent.plugin.checkpoint import CheckpointStore
 from dynamig.agent.plugin.claims import ClaimReader, ClaimRef
@@ -129,8 +134,8 @@ class PluginServer:
         self,
         settings: PluginSettings,
         driver: MigDriver,
-        dra_server: grpc.aio.Server,
-        registration_server: grpc.aio.Server,
+        dra_server: _UnixServer,
+        registration_server: _UnixServer,
         registration: RegistrationServicer,
     ) -> None:
         self.settings = settings
@@ -139,6 +144,7 @@ class PluginServer:
         self._registration_server = registration_server
         self._registration = registration
         self._stopped = False
+        self.sockets = (settings.dra_socket, settings.registration_socket)
 
     @property
     def registered(self) -> asyncio.Event:
@@ -155,25 +161,54 @@ class PluginServer:
         if self._stopped:
             return
         self._stopped = True
-        await self._registration_server.stop(grace_s)
+        for server in (self._registration_server, self._dra_server):
+            await server.health.enter_graceful_shutdown()  # NOT_SERVING to anyone still asking
+        await self._registration_server.grpc.stop(grace_s)
         _remove_socket(self.settings.registration_socket)
-        await self._dra_server.stop(grace_s)
+        await self._dra_server.grpc.stop(grace_s)
         _remove_socket(self.settings.dra_socket)
 
     async def wait(self) -> None:
         """Returns when the DRA server terminates."""
-        await self._dra_server.wait_for_termination()
+        await self._dra_server.grpc.wait_for_termination()
 
 
-async def _start_unix_server(path: Path, register: list[tuple[Any, Any]]) -> grpc.aio.Server:
+@dataclass(frozen=True)
+class _UnixServer:
+    grpc: grpc.aio.Server
+    health: health_aio.HealthServicer
+
+
+async def _start_unix_server(path: Path, register: list[tuple[Any, Any]]) -> _UnixServer:
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_socket(path)  # a stale socket from a previous run would make bind fail
     server = grpc.aio.server()
     for add, servicer in register:
         add(servicer, server)
+    checker = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(checker, server)
     server.add_insecure_port(f"unix://{path}")
     await server.start()
-    return server
+    await checker.set(health.OVERALL_HEALTH, health_pb2.HealthCheckResponse.SERVING)
+    return _UnixServer(server, checker)
+
+
+async def probe_sockets(paths: Sequence[Path], timeout_s: float = 2.0) -> str:
+    """ "ok" when every socket answers the gRPC health check with SERVING, else why not (the first failure).
+    Side effect: connects to the sockets."""
+    for path in paths:
+        if not path.exists():
+            return f"socket gone: {path}"
+        async with grpc.aio.insecure_channel(f"unix://{path}") as channel:
+            try:
+                answer = await health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service=health.OVERALL_HEALTH), timeout=timeout_s
+                )
+            except grpc.aio.AioRpcError as exc:
+                return f"{path}: health check failed: {exc.code().name}: {exc.details()}"
+        if answer.status != health_pb2.HealthCheckResponse.SERVING:
+            return f"{path}: {health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)}"
+    return "ok"
 
 
 async def serve_plugin(
@@ -215,7 +250,7 @@ async def serve_plugin(
             [(stubs.registration_grpc.add_RegistrationServicer_to_server, registration)],
         )
     except BaseException:
-        await dra_server.stop(None)
+        await dra_server.grpc.stop(None)
         _remove_socket(settings.dra_socket)
         raise
     log.info(

@@ -1,0 +1,49 @@
+"""What the agent and the operator share about talking to the API server: which errors are worth retrying,
+the merge-patch content type, and counting a repeated Event on its earlier copy."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def is_transient(exc: BaseException) -> bool:
+    """5xx/429 answers, connection errors and timeouts are worth retrying. Pure."""
+    if isinstance(exc, ApiException):
+        return exc.status is not None and (exc.status >= 500 or exc.status in (0, 429))
+    return isinstance(exc, aiohttp.ClientError | asyncio.TimeoutError | ConnectionError)
+
+
+def status_of(exc: BaseException) -> int | None:
+    """The HTTP status of an API error, else None. Pure."""
+    return exc.status if isinstance(exc, ApiException) else None
+
+
+async def patch_event(core: client.CoreV1Api, namespace: str, name: str, change: dict[str, Any]) -> bool:
+    """Merge ``change`` (count, lastTimestamp) into Event ``name``; False when it is gone (expired)."""
+    try:
+        await core.patch_namespaced_event(name, namespace, change, _content_type=MERGE_PATCH)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+async def list_items(resp: Any) -> tuple[dict[str, Any], ...]:
+    """The items of a LIST read with ``_preload_content=False`` (raw JSON, no model objects: much less CPU on
+    big lists). kubernetes-asyncio checks the status only when it preloads, so it is checked here: a 403 or
+    a 500 is an error, not an empty list."""
+    body = await resp.read()
+    if not 200 <= resp.status <= 299:
+        exc = ApiException(status=resp.status, reason=resp.reason)
+        exc.body = body
+        raise exc
+    return tuple(json.loads(body).get("items") or ())
