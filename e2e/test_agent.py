@@ -35,19 +35,20 @@ from dynamig.agent.nvml_device import NvmlDevices
 from dynamig.demo.cluster import claim_pod, ensure_device_class, exactly, resource_claim
 from dynamig.demo.inprocess import agent_running
 from dynamig.devcluster import ControlPlane, eventually
+from dynamig.devcluster.sandbox import install_crds
 from dynamig.geometry.catalog import load_catalog
+from dynamig.operator.teardown import uninstall
 
 pytestmark = pytest.mark.controlplane
 
 DRIVER = "mig.dynamig.io"
 REPO = Path(__file__).resolve().parent.parent
-CRD = REPO / "crds" / "gpupartitions.yaml"
 
 
 def install_crd(cp: ControlPlane) -> None:
-    """Apply the GpuPartition CRD and wait until it is served (idempotent)."""
-    cp.kubectl("apply", "-f", str(CRD))
-    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/gpupartitions.dynamig.io")
+    """Apply the CRDs (the agent's GpuPartition; the policy one `dynamig uninstall` reads) and wait until
+    GpuPartitions are served (idempotent)."""
+    install_crds(cp)
     deadline = time.monotonic() + 30
     while cp.kubectl("get", "gpupartitions", check=False).returncode != 0:  # storage may still initialise
         assert time.monotonic() < deadline, "GpuPartition storage not ready"
@@ -375,11 +376,17 @@ async def test_agent_publishes_reshapes_free_instances_and_keeps_allocated_ones(
         assert (sample(text, ops, Hostname=node, operation="create", result="success") or 0) == 11
         assert "dynamig_reshape_duration_seconds_count" in text
 
-        # 10. Uninstall: slices and GpuPartitions go, MIG stays as it is.
+        # 10. Uninstall (no policy governs these GPUs: their layouts stay): the agent withdraws its slices
+        #     and reports, then slices and GpuPartitions go; MIG stays as it is.
         nvml_before = (layout(agent, 0), layout(agent, 1))
-        await agent.uninstall()
+        report = await uninstall(
+            kube_api, load_catalog(), leave="baseline", namespace=None, operator_deployment=None,
+            timeout_s=30, nodes=frozenset({node}), poll_s=0.2,
+        )  # fmt: skip
+        assert sorted(report.cleaned) == [f"{node}-gpu0", f"{node}-gpu1"] and report.complete, report
         assert await api.slices(node) == [] and await api.partitions(node) == []
         assert (layout(agent, 0), layout(agent, 1)) == nvml_before
+        assert agent.uninstalled
     print("\nagent scenario timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in timings.items()))
 
 
@@ -713,13 +720,19 @@ async def test_agent_killed_mid_reshape_converges_after_restart(
         assert {d["attributes"]["mig.dynamig.io/uuid"]["string"] for d in published.values()} == {
             u for _, _, u, _ in after
         }
-        second.send_signal(signal.SIGTERM)
-        assert second.wait(timeout=30) == 0
-        # Uninstall: slices and GpuPartitions go; the MIG layout stays.
-        remover = start_agent_process(crd, node, "H100-80GB:1", state, log, "--uninstall")
-        assert remover.wait(timeout=60) == 0
+        # Uninstall, as the chart's hook runs it: the agent reports; slices and GpuPartitions go; MIG stays.
+        remover = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "dynamig", "uninstall", f"--kubeconfig={crd.kubeconfig_path}",
+             f"--node={node}", "--timeout=30"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert remover.returncode == 0, remover.stdout + remover.stderr
+        assert f"{node}-gpu0: left with {target}; cleaned by its agent" in remover.stdout, remover.stdout
         assert await api.slices(node) == [] and await api.partitions(node) == []
         assert await asyncio.to_thread(_read_nvml, state) == after
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(timeout=30) == 0
         print(
             f"\nkilled while destroying at {mid_layout}, then while creating at {mid2_layout}; converged "
             f"{converged_s:.2f}s after the first kill ({total_s:.2f}s after the new layout)"

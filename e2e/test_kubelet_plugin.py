@@ -229,7 +229,9 @@ async def node(crds: None, kube_api: client.ApiClient, make_node: Callable[..., 
         yield n
     finally:
         await n.stop_plugin()
-        await agent.uninstall()
+        await agent.publisher.remove()
+        for part in await agent.api.list_partitions(f"dynamig.io/node={name}"):
+            await agent.api.delete_partition(part["metadata"]["name"])
         devices.shutdown()
         shutil.rmtree(root, ignore_errors=True)
 

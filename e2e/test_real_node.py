@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -276,3 +278,83 @@ async def test_a_reshape_next_to_a_running_pod_never_touches_its_instance(scenar
     touched = [e for e in since if e.get("mig_uuid") == inst["migUUID"] or e.get("start") == inst["start"]]
     assert not touched, f"the running pod's instance was touched: {touched}"
     assert not [e for e in since if e["kind"] == "create-gi" and e["profile"] == "7g.80gb"]
+
+
+# Keep this test last in the module: it uninstalls dynamig from the module's node.
+async def test_uninstall_leaves_the_gpu_at_its_baseline_and_nothing_on_the_node(
+    scenario: NodeScenario,
+) -> None:
+    """What the chart's pre-delete hook runs, against the real kubelet and containerd: the running pod keeps
+    its container and its MIG instance, the rest of the GPU goes to the policy's baseline, and the node is
+    left without dynamig's slices, sockets, checkpoint, CDI specs or device nodes; the GpuPartitions are gone
+    and the policy deletes at once."""
+    s, node, cp = scenario, scenario.node, scenario.node.cluster
+    await s.offer(["1g.10gb"])
+    await s.run("stays", "1g.10gb")
+    await eventually(functools.partial(s.reported, "stays"), "pod reporting", within_s=120)
+    inst = await s.instance_of("stays")
+    container = await s.container("stays")
+    events = len(s.nvml_history())
+    other_half = 4 if inst["start"] < 4 else 0
+    label = f"uninstall-test={s.k.ns}"
+    await asyncio.to_thread(cp.kubectl, "label", "node", node.name, label)
+    policy = f"uninstall-{s.k.ns}"[:63]
+    await s.k.create_policy(
+        policy,
+        {
+            "mode": "Static",
+            "nodeSelector": {"matchLabels": {"uninstall-test": s.k.ns}},
+            "baseline": {"A100-80GB": [{"profile": "3g.40gb", "start": other_half}]},
+        },
+    )
+    assert (node.kubelet_root / "plugins_registry" / "mig.dynamig.io-reg.sock").exists()
+    assert list(node.cdi_dir.glob("k8s.mig.dynamig.io-claim_*")), "the running pod's claim has a CDI spec"
+
+    t0 = time.monotonic()
+    argv = [
+        sys.executable,
+        "-m",
+        "dynamig",
+        "uninstall",
+        f"--kubeconfig={cp.kubeconfig_path}",
+        "--timeout=90",
+        f"--node={node.name}",  # the session's other nodes are other tests' business
+    ]
+    done = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=180)
+    print(f"\nreal node: dynamig uninstall took {time.monotonic() - t0:.1f}s:\n{done.stdout}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{s.gpu}: left with 3g.40gb@{other_half}; cleaned by its agent" in done.stdout, done.stdout
+
+    # The workload: same container, same instance; the other half cut to the baseline.
+    assert await s.container("stays") == container
+    since = s.nvml_history()[events:]
+    assert not [e for e in since if e.get("mig_uuid") == inst["migUUID"]], since
+    live: dict[tuple[int, int], tuple[str, int]] = {}  # (gpu, GI id) -> (profile, start), from NVML's history
+    for e in s.nvml_history():
+        if e["kind"] == "create-gi":
+            live[(e["gpu_index"], e["gi_id"])] = (e["profile"], e["start"])
+        elif e["kind"] == "destroy-gi":
+            live.pop((e["gpu_index"], e["gi_id"]), None)
+    assert set(live.values()) == {(inst["profile"], inst["start"]), ("3g.40gb", other_half)}, live
+
+    # The node: nothing of dynamig's left on its paths.
+    leftovers = [
+        *node.kubelet_root.glob("plugins/mig.dynamig.io/*"),
+        *node.kubelet_root.glob("plugins_registry/mig.dynamig.io*"),
+        *node.cdi_dir.glob("k8s.mig.dynamig.io-*"),
+        *node.dev_root.glob("nvidia*"),
+        *node.dev_root.glob("nvidia-caps/*"),
+        *node.proc_root.glob("driver/nvidia/capabilities/*"),
+    ]
+    assert leftovers == [], leftovers
+    # The cluster: no slices or GpuPartitions of the node, and the policy goes without waiting.
+    gparts = await asyncio.to_thread(cp.kubectl, "get", "gpupartitions", "-o", "name")
+    assert s.gpu not in gparts.stdout
+    slices = await asyncio.to_thread(
+        cp.kubectl, "get", "resourceslices", f"--field-selector=spec.nodeName={node.name}", "-o", "name"
+    )
+    assert slices.stdout.strip() == "", slices.stdout
+    await asyncio.to_thread(cp.kubectl, "delete", "gpupartitionpolicy", policy, "--timeout=10s")
+    # Without the plugin the kubelet cannot unprepare the pod's claim: a pod left running at uninstall is
+    # removed with a forced delete (docs/operations.md says so).
+    await s.k.core.delete_namespaced_pod("stays", s.k.ns, grace_period_seconds=0)

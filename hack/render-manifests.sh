@@ -43,7 +43,9 @@ header="# Rendered from manifests/helm/dynamig by hack/render-manifests.sh; do n
 } > "$out/deploy/crds/crds.yaml"
 {
   echo "$header"
-  render --set crds.install=false
+  # No Helm hooks: kubectl would run the pre-delete uninstall Job at once (docs/operations.md: run
+  # `dynamig uninstall` before `kubectl delete -k manifests/deploy`).
+  render --set crds.install=false --no-hooks
 } > "$out/deploy/dynamig.yaml"
 cat > "$out/deploy/crds/kustomization.yaml" <<'YAML'
 # CRDs only: `kubectl apply --server-side -k manifests/deploy/crds` before the rest, so the objects of the

@@ -782,7 +782,8 @@ def test_helm_upgrade_updates_the_crds_and_uninstall_keeps_them(
         run_helm("upgrade", HELM_RELEASE, str(chart), "-f", str(values))
         assert "Canary" not in _crd_columns(cp, "gpupartitions.dynamig.io")
 
-        run_helm("uninstall", HELM_RELEASE)
+        # No kubelet here runs the pre-delete hook's Job; `dynamig uninstall` itself runs on the real node.
+        run_helm("uninstall", HELM_RELEASE, "--no-hooks")
         # helm.sh/resource-policy: keep leaves the CRDs (and every object of their kinds) in place.
         for crd in crds:
             cp.kubectl("get", "crd", crd)
@@ -790,7 +791,7 @@ def test_helm_upgrade_updates_the_crds_and_uninstall_keeps_them(
         assert gone.returncode != 0 and "NotFound" in gone.stderr
     finally:
         subprocess.run(
-            [helm, "uninstall", HELM_RELEASE, "--namespace", HELM_NS],
+            [helm, "uninstall", HELM_RELEASE, "--namespace", HELM_NS, "--no-hooks"],
             capture_output=True,
             text=True,
             timeout=120,
@@ -1263,3 +1264,79 @@ def test_the_agent_goes_only_to_nodes_with_an_nvidia_gpu(helm: str) -> None:
     keys = {e["key"] for t in terms for e in t["matchExpressions"]}
     assert keys == {"feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present"}
     assert agent["spec"]["template"]["spec"]["nodeSelector"] == {"dynamig.io/managed": "true"}
+
+
+# ------------------------------------------------------------------------------------------------ removal
+def test_the_uninstall_hook_renders_for_helm_only_and_its_job_parses(helm: str) -> None:
+    """A pre-delete hook in the chart (off with uninstall.hook=false), never in the plain manifests (kubectl
+    would run it at once), whose Job passes only arguments `dynamig uninstall` accepts."""
+    from dynamig.cli import build_parser
+
+    objs = docs(render(helm, "uninstall.leave=empty", "uninstall.timeoutSeconds=60").stdout)
+    hooks = [o for o in objs if "helm.sh/hook" in (o["metadata"].get("annotations") or {})]
+    assert {o["kind"] for o in hooks} == {
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Job",
+    }  # fmt: skip
+    assert {o["metadata"]["annotations"]["helm.sh/hook"] for o in hooks} == {"pre-delete"}
+    job = find(hooks, "Job")
+    weights = {o["kind"]: int(o["metadata"]["annotations"]["helm.sh/hook-weight"]) for o in hooks}
+    assert all(weights[k] < weights["Job"] for k in weights if k != "Job"), "RBAC exists before the Job"
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    parsed = build_parser().parse_args(args)
+    assert (parsed.command, parsed.leave, parsed.timeout, parsed.allow_unreported) == (
+        "uninstall",
+        "empty",
+        60,
+        True,
+    )
+    assert parsed.operator_deployment == find(objs, "Deployment")["metadata"]["name"]
+    assert not [o for o in docs(render(helm, "uninstall.hook=false").stdout) if o["kind"] == "Job"]
+    assert not [o for o in deploy_objects() if "helm.sh/hook" in (o["metadata"].get("annotations") or {})]
+
+
+def test_the_uninstall_hook_runs_with_exactly_its_rbac(
+    installed: ControlPlane, helm: str, make_node: Callable[..., str], tmp_path: Path
+) -> None:
+    """`dynamig uninstall` as the hook's service account, against the real API server: its RBAC is enough
+    (a 403 would fail it) and no broader than the table below; a node whose agent is gone does not block."""
+    cp = installed
+    hooks = [
+        o for o in docs(render(helm).stdout)
+        if "helm.sh/hook" in (o["metadata"].get("annotations") or {}) and o["kind"] != "Job"
+    ]  # fmt: skip
+    cp.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(hooks))
+    sa = find(hooks, "ServiceAccount")["metadata"]["name"]
+    who = f"system:serviceaccount:{NS}:{sa}"
+    allowed = [
+        ("patch", "deployments.apps/dynamig-operator", "--subresource=scale", "-n", NS),
+        ("list", "leases.coordination.k8s.io", "-n", NS),
+        ("delete", "gpupartitions.dynamig.io"),
+        ("delete", "resourceslices.resource.k8s.io"),
+    ]
+    denied = [
+        ("patch", "deployments.apps/other", "--subresource=scale", "-n", NS),
+        ("delete", "gpupartitionpolicies.dynamig.io"),
+        ("create", "resourceslices.resource.k8s.io"),
+        ("get", "secrets", "-n", NS),
+        ("patch", "nodes"),
+    ]
+    for verbs, expect in ((allowed, "yes"), (denied, "no")):
+        for args in verbs:
+            got = cp.kubectl("auth", "can-i", *args, f"--as={who}", check=False).stdout.strip()
+            assert got == expect, (args, got)
+
+    node = make_node("uninstall-rbac")
+    part = _partition(node, f"{node}-gpu0")
+    cp.kubectl("create", "-f", "-", input=yaml.safe_dump(part))
+    token = json.loads(cp.kubectl("create", "token", sa, "-n", NS, "-o", "json").stdout)["status"]["token"]
+    kubeconfig = _token_kubeconfig(cp, token, tmp_path / "hook.kubeconfig")
+    done = subprocess.run(
+        [sys.executable, "-m", "dynamig", "uninstall", f"--kubeconfig={kubeconfig}", f"--namespace={NS}",
+         "--operator-deployment=dynamig-operator", f"--node={node}", "--timeout=3"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stdout + done.stderr  # the agent never reported: listed, not fatal
+    assert f"{node}-gpu0: left with" in done.stdout and "NOT reported" in done.stdout, done.stdout
+    gone = cp.kubectl("get", "gpupartition", f"{node}-gpu0", check=False)
+    assert gone.returncode != 0 and "NotFound" in gone.stderr
+    cp.kubectl("delete", "-f", "-", "--ignore-not-found", input=yaml.safe_dump_all(hooks))

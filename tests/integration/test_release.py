@@ -533,12 +533,12 @@ def test_release_manifest_and_chart_install_on_the_control_plane(
         )
         cp.kubectl("get", "-n", name, f"deployment/{name}-operator", f"daemonset/{name}-agent")
         cp.kubectl("get", f"clusterrole/{name}-operator", f"clusterkopfpeering/{name}")
-        run_helm("uninstall", name)
+        run_helm("uninstall", name, "--no-hooks")  # no kubelet here runs the pre-delete hook's Job
         gone = cp.kubectl("get", f"clusterrole/{name}-operator", check=False)
         assert gone.returncode != 0 and "NotFound" in gone.stderr
     finally:
         subprocess.run(
-            [helm, "uninstall", name, "--namespace", name, "--ignore-not-found"],
+            [helm, "uninstall", name, "--namespace", name, "--ignore-not-found", "--no-hooks"],
             capture_output=True,
             text=True,
             timeout=120,

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,7 +66,13 @@ from dynamig.kube.gpupartition import (
 )
 from dynamig.kube.heartbeat import DEFAULT_LEASE_SECONDS, lease_body
 from dynamig.kube.inventory import GpuInventory, Instance, InventoryError, Occupancy, offered_devices
-from dynamig.kube.names import GPU_INDEX_LABEL, NODE_LABEL, PRODUCT_LABEL, gpu_partition_name
+from dynamig.kube.names import (
+    GPU_INDEX_LABEL,
+    NODE_LABEL,
+    PRODUCT_LABEL,
+    UNINSTALL_ANNOTATION,
+    gpu_partition_name,
+)
 from dynamig.kube.times import now_rfc3339
 
 log = logging.getLogger(__name__)
@@ -162,6 +168,9 @@ class NodeAgent:
         self.rounds = 0
         self.claim_cache: ClaimCache | None = None  # with settings.watch: rounds read claims from it
         self.on_round: Callable[[], None] | None = None  # called after every round, failed or not
+        # Removes what the agent made on the node (plugin files) when dynamig is uninstalled; returns them.
+        self.on_uninstall: Callable[[], Awaitable[list[str]]] | None = None
+        self.uninstalled = False  # done: the node is left alone until the agent is deleted
         self._lease_renewed = 0.0
         self.answerer = AllocationAnswerer(self)
         self.support: InventorySupport | None = (
@@ -251,6 +260,8 @@ class NodeAgent:
     async def _round(self) -> bool:
         node = self.settings.node
         self.rounds += 1
+        if self.uninstalled:
+            return False
         meta = await self.api.node_meta(node)
         labels = meta.labels if meta is not None else {}
         if meta is None or not node_is_managed(labels):
@@ -295,6 +306,7 @@ class NodeAgent:
             p.name: p
             for p in (parse_gpu_partition(o) for o in await self.api.list_partitions(f"{NODE_LABEL}={node}"))
         }
+        leaving = any(UNINSTALL_ANNOTATION in p.metadata.annotations for p in parts.values())
 
         outcomes: list[_GpuOutcome] = []
         created: dict[str, GpuPartition] = {}
@@ -310,6 +322,8 @@ class NodeAgent:
                     outcomes.append(self._lost(part, f"NVML cannot read GPU {gpu.index}: {exc}"))
                 continue
             part = parts.get(name)
+            if part is None and leaving:
+                continue  # dynamig is being removed: no new GpuPartitions
             if part is None:
                 part = created[name] = await self._create_partition(gpu, instances)
             owner = node_owner
@@ -333,7 +347,10 @@ class NodeAgent:
             if name not in seen:
                 outcomes.append(self._lost(part, lost_reason or "NVML no longer reports this GPU"))
 
-        if self.partitionable:
+        if leaving:
+            if await self.publisher.remove():  # nothing more to book here, whatever the inventory
+                log.info("uninstalling: withdrew the ResourceSlices of node %s", node)
+        elif self.partitionable:
             inventory = [o.inventory for o in outcomes if o.inventory is not None]
             if await self.publisher.sync_inventory(inventory, existing=slices):
                 self.metrics.slice_publishes.labels(node).inc()
@@ -351,7 +368,27 @@ class NodeAgent:
             await self._post_events(part, o)
         await self._tell_holders(replaced, raw_claims)
         self._export(outcomes, pods_by_claim(raw_claims))
-        return any(o.busy for o in outcomes)
+        busy = any(o.busy for o in outcomes)
+        if leaving and not busy:
+            await self._finish_uninstall(parts, outcomes)
+        return busy
+
+    async def _finish_uninstall(self, parts: dict[str, GpuPartition], outcomes: list[_GpuOutcome]) -> None:
+        """The layouts written for the removal are applied (busy instances stay): remove the node's files and
+        say so on every GpuPartition, which is what `dynamig uninstall` waits for."""
+        removed = await self.on_uninstall() if self.on_uninstall is not None else []
+        latest = {o.name: o.status for o in outcomes if o.status is not None}
+        message = f"slices withdrawn, {len(removed)} file(s) removed from node {self.settings.node}"
+        stamp = now_rfc3339()
+        for name, part in parts.items():
+            status = latest.get(name) or part.status
+            conds = set_condition(
+                status.conditions, ConditionType.UNINSTALLED, True, Reason.NODE_CLEANED, message,
+                part.metadata.generation, stamp,
+            )  # fmt: skip
+            await self._write_status(name, status.model_copy(update={"conditions": conds}))
+        self.uninstalled = True
+        log.info("uninstalled from node %s: %s", self.settings.node, message)
 
     # --- one GPU -------------------------------------------------------------------------------------
 
@@ -815,14 +852,3 @@ class NodeAgent:
                     )
                 )
         self.metrics.snapshot(tuple(samples), tuple(gpus))
-
-    # --- uninstall -----------------------------------------------------------------------------------
-
-    async def uninstall(self) -> tuple[int, int]:
-        """Delete this node's slices and GpuPartitions; leave MIG as it is. Returns (slices, partitions)."""
-        async with self.lock:
-            n_slices = await self.publisher.remove()
-            parts = await self.api.list_partitions(f"{NODE_LABEL}={self.settings.node}")
-            for p in parts:
-                await self.api.delete_partition(p["metadata"]["name"])
-            return n_slices, len(parts)

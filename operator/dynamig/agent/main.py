@@ -3,8 +3,9 @@
 ``run_agent(options)`` is what ``dynamig agent`` calls. It loads NVML (the real library or the simulated
 one), connects to the API (kubeconfig from the flag, ``$KUBECONFIG``, ``~/.kube/config`` or the in-cluster
 service account), serves metrics, optionally serves the kubelet DRA plugin, and reconciles until SIGTERM or
-SIGINT. With ``uninstall`` it deletes the node's ResourceSlices and GpuPartitions and exits, leaving MIG as
-it is. The environment is read here only.
+SIGINT. When ``dynamig uninstall`` marks the node's GpuPartitions, the agent withdraws its slices, applies the
+layouts written with the mark and removes the plugin's files from the node (see ``NodeAgent.on_uninstall``).
+The environment is read here only.
 """
 
 from __future__ import annotations
@@ -54,7 +55,6 @@ class AgentOptions:
     kubeconfig: Path | None = None
     metrics_address: str = "0.0.0.0"
     metrics_port: int | None = None  # None: no metrics server; 0: any free port
-    uninstall: bool = False
     plugin: PluginSettings | None = None  # serve the kubelet DRA plugin with these settings
     liveness_max_round_age_s: float = 180.0  # /healthz fails when no round finished for this long
 
@@ -117,18 +117,10 @@ async def run_agent(options: AgentOptions) -> int:
         api = KubeApi(api_client)
         devices.init()
         agent = NodeAgent(settings, api, devices, metrics)
-        if options.uninstall:
-            n_slices, n_parts = await agent.uninstall()
-            log.info(
-                "uninstalled from %s: %d ResourceSlice(s), %d GpuPartition(s) deleted; MIG left as is",
-                settings.node,
-                n_slices,
-                n_parts,
-            )
-            return 0
         health = Health(max_round_age_s=options.liveness_max_round_age_s)
         agent.on_round = health.round_finished
         instances: Any = AgentMigInstances(agent)
+        sim_files: Any = None
         if options.plugin is not None:
             from dynamig.agent.plugin import probe_sockets, serve_plugin
 
@@ -137,7 +129,7 @@ async def run_agent(options: AgentOptions) -> int:
                 # No kernel driver makes /dev and /proc entries for simulated GPUs: write stand-ins.
                 from dynamig.agent.plugin.simfs import SimulatedDriverFiles, SimulatedDriverInstances
 
-                files = SimulatedDriverFiles(
+                sim_files = files = SimulatedDriverFiles(
                     devices,
                     proc_root=p.proc_root,
                     dev_root=p.dev_root,
@@ -148,6 +140,20 @@ async def run_agent(options: AgentOptions) -> int:
             plugin_server = await serve_plugin(p, instances, api_client, metrics.plugin_request)
             health.plugin_probe = lambda: probe_sockets(plugin_server.sockets)
             health.plugin_registered = lambda: plugin_server.registered.is_set()
+
+            async def remove_node_files() -> list[str]:
+                """Uninstall: the sockets first (the kubelet stops calling), then the files; the probes stop
+                looking at the plugin, so the kubelet does not restart the agent to serve it again."""
+                from dynamig.agent.plugin.teardown import remove_node_files as remove_plugin_files
+
+                health.plugin_probe = health.plugin_registered = None
+                await plugin_server.stop()
+                removed = [str(f) for f in remove_plugin_files(p)]
+                if sim_files is not None:
+                    removed += [str(f) for f in sim_files.remove()]
+                return removed
+
+            agent.on_uninstall = remove_node_files
         if options.metrics_port is not None:
             http_server = await serve_http(health, registry, options.metrics_address, options.metrics_port)
         stop = asyncio.Event()

@@ -14,7 +14,9 @@ import sys
 from collections.abc import Sequence
 
 # module name under dynamig.cli -> exposes register(subparsers: argparse._SubParsersAction) -> None
-_COMMAND_MODULES = ("plan", "geometry", "devcluster", "agent", "operator", "demo", "simulate", "doctor")
+_COMMAND_MODULES = (
+    "plan", "geometry", "devcluster", "agent", "operator", "uninstall", "demo", "simulate", "doctor",
+)  # fmt: skip
 
 
 def plain(text: str | None) -> str | None:

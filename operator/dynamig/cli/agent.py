@@ -5,7 +5,6 @@ Examples::
 
     dynamig agent --node gpu-node-1                                  # real NVML, in-cluster config
     dynamig agent --node n1 --nvml simulated --simulate-gpus H100-80GB:2 --kubeconfig kc.yaml
-    dynamig agent --node n1 --uninstall                              # remove slices and GpuPartitions
 """
 
 from __future__ import annotations
@@ -93,11 +92,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="Prometheus metrics port (0: any free port, -1: no metrics server)",
     )
     p.add_argument("--metrics-address", default="0.0.0.0", help="address the metrics server binds")
-    p.add_argument(
-        "--uninstall",
-        action="store_true",
-        help="delete this node's ResourceSlices and GpuPartitions and exit; MIG is left as is",
-    )
     p.add_argument(
         "--kubelet-plugin",
         action=argparse.BooleanOptionalAction,
@@ -211,7 +205,6 @@ def run(args: argparse.Namespace) -> int:
         kubeconfig=args.kubeconfig,
         metrics_address=args.metrics_address,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
-        uninstall=args.uninstall,
         plugin=plugin,
         liveness_max_round_age_s=args.liveness_max_round_age,
     )

@@ -228,6 +228,24 @@ class ControlPlane:
             stop_all([comps["etcd"]], timeout=5.0)
         self._components = {}
 
+    def restart(self, *names: str, down_seconds: float = 0.0) -> float:
+        """Stop the named components (SIGTERM, then SIGKILL), leave them down ``down_seconds``, start them
+        again with the same arguments, ports and etcd data, and wait until the API server is ready. Returns
+        the seconds from the restart to ready. Side effects: processes (a fault for chaos tests)."""
+        stop_all([self._components[n] for n in names], timeout=5.0)
+        time.sleep(down_seconds)
+        t0 = time.monotonic()
+        for name in ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager"):
+            if name in names:
+                old = self._components[name]
+                argv = old.popen.args
+                assert isinstance(argv, list)  # spawned from a list (_spawn)
+                self._components[name] = Component.spawn(name, argv, log_path=old.log_path, cwd=self.work_dir)
+        admin = self.rest()
+        deadline = time.monotonic() + self._start_timeout
+        self._wait(self._components["kube-apiserver"], deadline, lambda: self._rest_ok(admin, "/readyz"))
+        return time.monotonic() - t0
+
     def __enter__(self) -> ControlPlane:
         return self.start()
 

@@ -56,12 +56,14 @@ class ConditionType(StrEnum):
     LAYOUT_VALID = "LayoutValid"  # spec.layout is valid for this GPU model
     MANAGED = "Managed"  # the agent may manage this GPU (no other MIG owner, MIG enabled)
     HEALTHY = "Healthy"  # NVML can reach the GPU
+    UNINSTALLED = "Uninstalled"  # the agent withdrew this GPU and removed its files from the node
 
 
 class Reason(StrEnum):
     """CamelCase reasons used in conditions."""
 
     LAYOUT_APPLIED = "LayoutApplied"
+    NODE_CLEANED = "NodeCleaned"
     RESHAPING = "Reshaping"
     DRAINING = "Draining"
     INSTANCE_BUSY = "InstanceBusy"
@@ -178,6 +180,7 @@ class ObjectMeta(_Model):
     generation: int = 0
     resource_version: str = ""
     labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
     creation_timestamp: str | None = None
 
 

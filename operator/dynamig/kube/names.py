@@ -22,6 +22,9 @@ MANAGED_NODE_LABEL = f"{API_GROUP}/managed"
 NODE_LABEL = f"{API_GROUP}/node"
 GPU_INDEX_LABEL = f"{API_GROUP}/gpu-index"
 PRODUCT_LABEL = f"{API_GROUP}/product"
+# Set on every GpuPartition by `dynamig uninstall` (the chart's pre-delete hook): the node's agent stops
+# publishing, applies the layout written with it, removes what it made on the node and reports Uninstalled.
+UNINSTALL_ANNOTATION = f"{API_GROUP}/uninstall"
 
 
 def gpu_partition_name(node: str, gpu_index: int) -> str:

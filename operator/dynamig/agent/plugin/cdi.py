@@ -181,6 +181,15 @@ def create_capability_nodes(dev_root: Path, proc_root: Path, minors: CapabilityM
     return created
 
 
+def record_created_nodes(ledger: Path, nodes: Sequence[Path]) -> None:
+    """Appends ``nodes`` to the ledger of device nodes this plugin made (uninstall removes exactly those,
+    never the ones the driver or nvidia-modprobe made). Side effect: a file."""
+    if nodes:
+        ledger.parent.mkdir(parents=True, exist_ok=True)
+        with ledger.open("a") as out:
+            out.writelines(f"{n}\n" for n in nodes)
+
+
 def cdi_device_name(claim_uid: str, device_name: str) -> str:
     """CDI device name of one device of a claim. Pure."""
     return f"{claim_uid}-{device_name}"

@@ -216,8 +216,10 @@ class MigDriver:
         for d, inst in pairs:
             minors = cdi.read_capability_minors(s.proc_root, inst)
             try:
-                for node in cdi.create_capability_nodes(s.dev_root, s.proc_root, minors):
+                created = cdi.create_capability_nodes(s.dev_root, s.proc_root, minors)
+                for node in created:
                     log.info("created capability device node %s for %s", node, d.device)
+                cdi.record_created_nodes(s.device_node_ledger, created)
             except OSError as exc:
                 raise InstanceError(f"device {d.device}: cannot create its nvidia-caps node: {exc}") from exc
             nodes = cdi.device_nodes(inst, minors) + (cdi.CONTROL_NODES if base is None else ())

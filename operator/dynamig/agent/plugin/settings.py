@@ -67,6 +67,11 @@ class PluginSettings:
     def checkpoint_path(self) -> Path:
         return (self.state_dir or self.plugin_dir) / "checkpoint.json"
 
+    @property
+    def device_node_ledger(self) -> Path:
+        """The capability device nodes the plugin created (one path per line), removed on uninstall."""
+        return (self.state_dir or self.plugin_dir) / "created-device-nodes"
+
     def validate(self) -> None:
         """Raises ValueError naming the first problem (socket paths too long for AF_UNIX, empty node)."""
         if not self.node_name:

@@ -220,6 +220,36 @@ class SimulatedDriverFiles:
                     if child.name not in wanted:
                         shutil.rmtree(child)
 
+    def remove(self) -> list[Path]:
+        """Removes every stand-in this class wrote (the simulated driver going away with dynamig); a base
+        spec it did not write stays. Returns what was removed."""
+        removed: list[Path] = []
+        candidates = [self.dev_root / n for n in CONTROL_DEVICE_NODES]
+        candidates += sorted(self.dev_root.glob("nvidia[0-9]*"))
+        candidates += sorted((self.dev_root / "nvidia-caps").glob("nvidia-cap*"))
+        if self.char_devices:
+            candidates.append(self.proc_root / "devices")
+        for path in candidates:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed.append(path)
+        caps = self.proc_root / "driver" / "nvidia" / "capabilities"
+        if caps.is_dir():
+            shutil.rmtree(caps)
+            removed.append(caps)
+        for directory in (self.dev_root / "nvidia-caps", caps.parent, caps.parent.parent):
+            with contextlib.suppress(OSError):  # only when empty
+                directory.rmdir()
+                removed.append(directory)
+        spec, root = self.base_spec, self.driver_root
+        if spec is not None and spec.is_file() and spec.read_text().startswith(SIMULATED_SPEC_HEADER):
+            spec.unlink()
+            removed.append(spec)
+            if root is not None and root.is_dir():
+                shutil.rmtree(root)
+                removed.append(root)
+        return removed
+
     def _write_base_spec(self, gpus: Sequence[GpuInfo], path: Path) -> None:
         root = self.driver_root
         assert root is not None
