@@ -30,6 +30,7 @@ import yaml
 from dynamig.demo.cluster import exactly, resource_claim
 from dynamig.devcluster import ControlPlane
 from dynamig.devcluster.binaries import BinariesNotFoundError, build_tool
+from dynamig.devcluster.helmrelease import adopt_crds, forget_release
 from dynamig.kube.heartbeat import lease_body
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -169,6 +170,30 @@ def test_bad_values_fail_rendering_with_a_message_naming_the_key(helm: str, valu
     proc = render(helm, value, check=False)
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr
+
+
+def test_a_namespace_that_would_refuse_the_privileged_agent_is_refused(
+    control_plane: ControlPlane, helm: str
+) -> None:
+    """The agent runs privileged: a namespace enforcing `restricted` (or `baseline`) would refuse its pods.
+    Refused when the chart would create such a namespace, and when installing into an existing one (helm's
+    lookup of the real namespace)."""
+    made = render(helm, "namespace.create=true", "namespace.podSecurityEnforce=restricted", check=False)
+    assert made.returncode != 0
+    expected = 'namespace.podSecurityEnforce is "restricted": the agent runs privileged'
+    assert expected in made.stderr, made.stderr
+    ns = "dynamig-psa-restricted"
+    control_plane.kubectl("create", "namespace", ns)
+    try:
+        control_plane.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=baseline")
+        proc = subprocess.run(
+            [helm, "install", "psa", str(CHART), "--namespace", ns, "--dry-run=server"],
+            capture_output=True, text=True, timeout=120, env=control_plane.env(), check=False,
+        )  # fmt: skip
+        assert proc.returncode != 0
+        assert f'namespace {ns} enforces the "baseline" Pod Security level' in proc.stderr, proc.stderr
+    finally:
+        control_plane.kubectl("delete", "namespace", ns, "--wait=false")
 
 
 def test_the_default_namespace_is_refused(helm: str) -> None:
@@ -752,16 +777,7 @@ def test_helm_upgrade_updates_the_crds_and_uninstall_keeps_them(
     # The CRDs already exist (applied above): mark them adoptable by the release, as a user moving from
     # the plain manifests to Helm would.
     crds = ("gpupartitions.dynamig.io", "gpupartitionpolicies.dynamig.io")
-    for crd in crds:
-        cp.kubectl("label", "--overwrite", "crd", crd, "app.kubernetes.io/managed-by=Helm")
-        cp.kubectl(
-            "annotate",
-            "--overwrite",
-            "crd",
-            crd,
-            f"meta.helm.sh/release-name={HELM_RELEASE}",
-            f"meta.helm.sh/release-namespace={HELM_NS}",
-        )
+    adopt_crds(cp, crds, HELM_RELEASE, HELM_NS)
     try:
         run_helm("install", HELM_RELEASE, str(chart), "--create-namespace", "-f", str(values))
         assert "Canary" not in _crd_columns(cp, "gpupartitions.dynamig.io")
@@ -790,27 +806,7 @@ def test_helm_upgrade_updates_the_crds_and_uninstall_keeps_them(
         gone = cp.kubectl("get", "clusterrole", f"{HELM_RELEASE}-operator", check=False)
         assert gone.returncode != 0 and "NotFound" in gone.stderr
     finally:
-        subprocess.run(
-            [helm, "uninstall", HELM_RELEASE, "--namespace", HELM_NS, "--no-hooks"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=env,
-            check=False,
-        )
-        cp.kubectl("delete", "namespace", HELM_NS, "--ignore-not-found", "--wait=false", check=False)
-        for crd in crds:
-            cp.kubectl("label", "crd", crd, "app.kubernetes.io/managed-by-", check=False)
-            cp.kubectl(
-                "annotate",
-                "crd",
-                crd,
-                "meta.helm.sh/release-name-",
-                "meta.helm.sh/release-namespace-",
-                check=False,
-            )
-        # Leave the CRDs exactly as the repository defines them for the rest of the session.
-        cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+        forget_release(cp, helm, HELM_RELEASE, HELM_NS, crds, ROOT / "crds")
 
 
 # ------------------------------------------------------------------------------------------------ components

@@ -34,6 +34,7 @@ from packaging.utils import canonicalize_name
 
 from dynamig.devcluster import ControlPlane
 from dynamig.devcluster.binaries import BinariesNotFoundError, build_tool
+from dynamig.devcluster.helmrelease import adopt_crds, forget_release
 from dynamig.devcluster.pytest_plugin import unique_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -511,16 +512,7 @@ def test_release_manifest_and_chart_install_on_the_control_plane(
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return proc.stdout
 
-    for crd in DYNAMIG_CRDS:
-        cp.kubectl("label", "--overwrite", "crd", crd, "app.kubernetes.io/managed-by=Helm")
-        cp.kubectl(
-            "annotate",
-            "--overwrite",
-            "crd",
-            crd,
-            f"meta.helm.sh/release-name={name}",
-            f"meta.helm.sh/release-namespace={name}",
-        )
+    adopt_crds(cp, DYNAMIG_CRDS, name, name)
     try:
         run_helm(
             "install", name, str(release / f"dynamig-{VERSION}.tgz"), "--create-namespace", "-f", str(values)
@@ -537,24 +529,4 @@ def test_release_manifest_and_chart_install_on_the_control_plane(
         gone = cp.kubectl("get", f"clusterrole/{name}-operator", check=False)
         assert gone.returncode != 0 and "NotFound" in gone.stderr
     finally:
-        subprocess.run(
-            [helm, "uninstall", name, "--namespace", name, "--ignore-not-found", "--no-hooks"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=cp.env(),
-            check=False,
-        )
-        cp.kubectl("delete", "namespace", name, "--ignore-not-found", "--wait=false", check=False)
-        for crd in DYNAMIG_CRDS:
-            cp.kubectl("label", "crd", crd, "app.kubernetes.io/managed-by-", check=False)
-            cp.kubectl(
-                "annotate",
-                "crd",
-                crd,
-                "meta.helm.sh/release-name-",
-                "meta.helm.sh/release-namespace-",
-                check=False,
-            )
-        # Leave the CRDs exactly as the repository defines them for the rest of the session.
-        cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+        forget_release(cp, helm, name, name, DYNAMIG_CRDS, ROOT / "crds")

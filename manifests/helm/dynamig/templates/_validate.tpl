@@ -60,6 +60,16 @@ instead of producing objects the API server or the pods would reject later.
 {{- fail (printf "agent.updateStrategy.rollingUpdate.maxSurge must be 0, got %v: two agents on one node would serve the same kubelet plugin sockets and GPUs" .maxSurge) -}}
 {{- end -}}
 {{- end -}}
+{{- if and $v.namespace.create (ne (toString $v.namespace.podSecurityEnforce) "privileged") -}}
+{{- fail (printf "namespace.podSecurityEnforce is %q: the agent runs privileged (NVML, /dev, host paths) and its pods would be refused; use privileged (the operator's pod passes restricted on its own)" (toString $v.namespace.podSecurityEnforce)) -}}
+{{- end -}}
+{{- /* An existing namespace (helm install -n NS): read its Pod Security label; offline rendering sees none. */ -}}
+{{- with (lookup "v1" "Namespace" "" .Release.Namespace) -}}
+{{- $enforce := index (.metadata.labels | default dict) "pod-security.kubernetes.io/enforce" | default "" -}}
+{{- if and $enforce (ne $enforce "privileged") (not $v.namespace.create) -}}
+{{- fail (printf "namespace %s enforces the %q Pod Security level (label pod-security.kubernetes.io/enforce): the agent runs privileged and its pods would be refused; label the namespace privileged or install dynamig in another one" .metadata.name $enforce) -}}
+{{- end -}}
+{{- end -}}
 {{- if empty $v.agent.nodeSelector -}}
 {{- fail "agent.nodeSelector is empty: the privileged agent would run on every node; select GPU nodes (default dynamig.io/managed: \"true\")" -}}
 {{- end -}}
