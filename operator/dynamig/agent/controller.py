@@ -98,6 +98,9 @@ class AgentSettings:
     lease_seconds: int = DEFAULT_LEASE_SECONDS  # renewed every third of this
 
 
+ERROR_BACKOFF_MAX_S = 30.0
+
+
 @dataclass(slots=True)
 class _GpuOutcome:
     """What one GPU contributes to this round: devices to publish and the status to write."""
@@ -216,6 +219,7 @@ class NodeAgent:
 
     async def _loop(self, stop: asyncio.Event) -> None:
         last = 0.0
+        failures = 0  # consecutive failed rounds
         while not stop.is_set():
             # Bursts of watch events make at most one round per min_round_gap_seconds.
             await asyncio.sleep(max(0.0, self.settings.min_round_gap_seconds - (self.clock() - last)))
@@ -224,14 +228,22 @@ class NodeAgent:
             busy = True
             try:
                 busy = await self.reconcile_once()
+                failures = 0
             except Exception:
+                failures += 1
                 self.metrics.reconcile_errors.labels(self.settings.node).inc()
-                log.exception("reconcile round failed; retrying")
+                log.exception("reconcile round failed (%d in a row); retrying", failures)
             if self.on_round is not None:
                 self.on_round()  # the liveness probe's evidence that the loop turns
             await self._heartbeat()
             delay = self.settings.reshape_poll_seconds if busy else self.settings.interval_seconds
-            waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
+            events = [stop, self._wake]
+            if failures:
+                # A round that keeps failing (API errors, a bug) backs off, and watch events do not cut the
+                # wait short: a hot loop would load the API server and fill the log.
+                delay = min(self.settings.reshape_poll_seconds * 2**failures, ERROR_BACKOFF_MAX_S)
+                events = [stop]
+            waiters = [asyncio.ensure_future(e.wait()) for e in events]
             try:
                 await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
             finally:
