@@ -27,10 +27,12 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dynamig.agent.controller import AgentSettings, NodeAgent
+from dynamig.agent.kubeapi import KubeApi
+from dynamig.agent.metrics import AgentMetrics
 from dynamig.agent.nvml_device import NvmlDevices
 from dynamig.demo.cluster import claim_pod, ensure_device_class, exactly, resource_claim
 from dynamig.demo.inprocess import agent_running
@@ -890,3 +892,43 @@ async def test_a_hung_reconcile_round_fails_the_liveness_probe(
         assert (await asyncio.to_thread(_probe, f"{base}/readyz"))[0] == 503
     finally:
         kill(proc)
+
+
+class _BrokenGpuAgent(NodeAgent):
+    """An agent whose work on GPU 1 raises what no API or NVML error is (a bug, a state nobody foresaw)."""
+
+    async def _reconcile_gpu(self, gpu: Any, *args: Any) -> Any:
+        if gpu.index == 1:
+            raise ValueError("an unforeseen state")
+        return await super()._reconcile_gpu(gpu, *args)
+
+
+async def test_a_gpu_whose_round_raises_does_not_stop_the_nodes_other_gpus(
+    crd: ControlPlane,
+    kube_api: client.ApiClient,
+    make_node: Callable[..., str],
+    sim_nvml: ModuleType,
+) -> None:
+    api = Api(kube_api)
+    node = make_node("onebroken", labels={"dynamig.io/managed": "true"})
+    devices = NvmlDevices(sim_nvml, load_catalog())
+    devices.init()
+    try:
+        agent = _BrokenGpuAgent(
+            agent_settings(node), KubeApi(kube_api), devices, AgentMetrics(CollectorRegistry(), node)
+        )
+        await agent.reconcile_once()  # creates both GpuPartitions; GPU 1's round raises
+        await agent.reconcile_once()  # does not raise: the round went on with GPU 0
+        gen = await api.set_layout(f"{node}-gpu0", "7g.80gb@0")
+        await agent.reconcile_once()
+        await agent.reconcile_once()
+        p0, p1 = await api.partition(f"{node}-gpu0"), await api.partition(f"{node}-gpu1")
+        assert stable_at(p0, gen) and layout_of(p0 or {}) == "7g.80gb@0", p0
+        ready = condition(p1 or {}, "Ready") or {}
+        assert (ready.get("reason"), (p1 or {})["status"]["phase"]) == ("ReconcileError", "Degraded"), p1
+        assert "an unforeseen state" in ready["message"]
+        assert set(await api.published(node)) == {"gpu0-7g80gb-s0"}, "GPU 1 is offered to nobody"
+        errors = agent.metrics.registry.get_sample_value("dynamig_reconcile_errors_total", {"Hostname": node})
+        assert errors == 4
+    finally:
+        devices.shutdown()

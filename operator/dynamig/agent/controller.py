@@ -46,7 +46,7 @@ from dynamig.agent.publisher import SlicePublisher
 from dynamig.agent.reconcile import GpuPlan, Observed, plan_gpu
 from dynamig.agent.uuidwatch import AllocatedUuids, UuidChange
 from dynamig.geometry.model import PlacedInstance, device_name
-from dynamig.kube.apicalls import status_of
+from dynamig.kube.apicalls import is_transient, status_of
 from dynamig.kube.devices import MigDevice
 from dynamig.kube.events import AGENT_COMPONENT, claim_ref, event_body, gpu_partition_ref
 from dynamig.kube.gpupartition import (
@@ -341,7 +341,16 @@ class NodeAgent:
             owner = node_owner
             if owner is None and gpu.uuid in foreign:
                 owner = f"driver {foreign[gpu.uuid]} publishes MIG devices of this GPU"
-            gpu_outcome = await self._reconcile_gpu(gpu, part, instances, claims, owner)
+            try:
+                gpu_outcome = await self._reconcile_gpu(gpu, part, instances, claims, owner)
+            except Exception as exc:
+                if status_of(exc) is not None or is_transient(exc):
+                    raise  # the API server: every GPU of the round would meet it; the round backs off
+                # Anything else is this GPU's own trouble: the node's other GPUs go on being served.
+                self.metrics.reconcile_errors.labels(node).inc()
+                log.exception("%s: reconcile failed; the node's other GPUs go on", name)
+                outcomes.append(self._failed(part, f"reconciling this GPU failed: {exc!r}"))
+                continue
             now_uuids = {device_name(i.gpu_index, i.profile, i.start): i.mig_uuid for i in instances}
             for change in self.allocated_uuids.update(f"gpu{gpu.index}-", now_uuids, claims):
                 log.warning("%s: %s", name, change.message())
@@ -433,6 +442,17 @@ class NodeAgent:
         conds = set_condition(old.conditions, ConditionType.HEALTHY, False, Reason.GPU_LOST, why, gen, now)
         conds = set_condition(conds, ConditionType.READY, False, Reason.GPU_LOST, why, gen, now)
         status = old.model_copy(
+            update={"phase": Phase.DEGRADED, "message": why, "conditions": conds, "free_slices": 0}
+        )
+        return _GpuOutcome(name=part.name, status=status)
+
+    def _failed(self, part: GpuPartition, why: str) -> _GpuOutcome:
+        """A GPU whose round raised: Degraded and offered to nobody until a round succeeds again."""
+        gen, stamp = part.metadata.generation, now_rfc3339()
+        conds = set_condition(
+            part.status.conditions, ConditionType.READY, False, Reason.RECONCILE_ERROR, why, gen, stamp
+        )
+        status = part.status.model_copy(
             update={"phase": Phase.DEGRADED, "message": why, "conditions": conds, "free_slices": 0}
         )
         return _GpuOutcome(name=part.name, status=status)

@@ -80,6 +80,7 @@ class Reason(StrEnum):
     GPU_REPLACED = "GpuReplaced"
     GPU_PRESENT = "GpuPresent"
     NVML_ERROR = "NvmlError"
+    RECONCILE_ERROR = "ReconcileError"
 
 
 class _Model(BaseModel):
