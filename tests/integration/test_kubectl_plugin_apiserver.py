@@ -32,6 +32,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from dynamig.demo.cluster import ScenarioApi, claim_pod, first_available
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.kube.names import GROUP, VERSION
+from dynamig.kube.slices import build_resource_slices
 
 pytestmark = pytest.mark.controlplane
 VENV_BIN = Path(sys.executable).parent
@@ -130,17 +131,10 @@ async def gpu(
 
 
 def slice_body(name: str, driver: str, node: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": name},
-        "spec": {
-            "driver": driver,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": [],
-        },
-    }
+    """An empty slice of ``driver`` in ``node``'s pool, named ``name``, as the slice builder makes it."""
+    (made,) = build_resource_slices(node, 1, [], driver)
+    made["metadata"] = {"name": name}
+    return made
 
 
 async def test_plan_verify_export_and_must_gather_on_a_live_cluster(

@@ -32,6 +32,7 @@ from dynamig.devcluster import ControlPlane
 from dynamig.devcluster.binaries import BinariesNotFoundError, build_tool
 from dynamig.devcluster.helmrelease import adopt_crds, forget_release
 from dynamig.kube.heartbeat import lease_body
+from dynamig.kube.slices import build_resource_slices
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "manifests" / "helm" / "dynamig"
@@ -544,17 +545,10 @@ def test_rbac_least_privilege(installed: ControlPlane) -> None:
 
 
 def _slice(node: str, name: str, driver: str = "mig.dynamig.io") -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": name},
-        "spec": {
-            "driver": driver,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": [],
-        },
-    }
+    """An empty slice of ``driver`` in ``node``'s pool, named ``name``, as the slice builder makes it."""
+    (made,) = build_resource_slices(node, 1, [], driver)
+    made["metadata"] = {"name": name}
+    return made
 
 
 def _partition(node: str, name: str) -> dict[str, Any]:
