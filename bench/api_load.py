@@ -49,6 +49,7 @@ from dynamig.geometry.catalog import load_catalog
 from dynamig.kube.names import MANAGED_NODE_LABEL
 from dynamig.operator.metrics import OperatorMetrics
 from dynamig.operator.settings import OperatorSettings
+from dynamig.simulate.trace import percentile
 
 NAMESPACE = "load"
 POOL_LABEL = "dynamig.io/load-pool"
@@ -60,15 +61,6 @@ omitStages: ["ResponseStarted", "ResponseComplete", "Panic"]
 rules:
 - level: Metadata
 """
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile; 0 for no values. Pure."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = max(1, -(-len(ordered) * q // 100))
-    return ordered[int(rank) - 1]
 
 
 def requests_total(cp: ControlPlane) -> float:

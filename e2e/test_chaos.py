@@ -67,8 +67,8 @@ from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.layout import free_starts
 from dynamig.geometry.model import PlacedInstance, placement_of
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, NODE_LABEL, VERSION
+from dynamig.simulate.trace import percentile
 from test_agent import kill, start_agent_process
-from test_partitionable import percentile
 
 pytestmark = pytest.mark.chaos
 

@@ -41,6 +41,7 @@ from dynamig.geometry.model import PlacedInstance
 from dynamig.kube.gpupartition import Inventory
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, VERSION
 from dynamig.operator.metrics import OperatorMetrics
+from dynamig.simulate.trace import percentile
 
 pytestmark = pytest.mark.controlplane
 
@@ -56,13 +57,6 @@ def sim() -> Iterator[ModuleType]:
     module: ModuleType = load_nvml("simulated")
     yield module
     module.configure(gpus=[], state_file=None)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile. Pure."""
-    ordered = sorted(values)
-    rank = max(1, -(-len(ordered) * q // 100))
-    return ordered[int(rank) - 1]
 
 
 def partitionable(node: str) -> AgentSettings:
