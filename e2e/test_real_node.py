@@ -355,6 +355,6 @@ async def test_uninstall_leaves_the_gpu_at_its_baseline_and_nothing_on_the_node(
     )
     assert slices.stdout.strip() == "", slices.stdout
     await asyncio.to_thread(cp.kubectl, "delete", "gpupartitionpolicy", policy, "--timeout=10s")
-    # Without the plugin the kubelet cannot unprepare the pod's claim: a pod left running at uninstall is
-    # removed with a forced delete (docs/operations.md says so).
+    # Without the plugin the kubelet cannot unprepare the pod's claim (SyncTerminatingPod retries
+    # NodeUnprepareResources before finishing the pod): a pod left running at uninstall is force-deleted.
     await s.k.core.delete_namespaced_pod("stays", s.k.ns, grace_period_seconds=0)

@@ -349,7 +349,8 @@ class NodeAgent:
                 # Anything else is this GPU's own trouble: the node's other GPUs go on being served.
                 self.metrics.reconcile_errors.labels(node).inc()
                 log.exception("%s: reconcile failed; the node's other GPUs go on", name)
-                outcomes.append(self._failed(part, f"reconciling this GPU failed: {exc!r}"))
+                why = f"reconciling this GPU failed: {exc!r}"
+                outcomes.append(self._degraded(part, why, Reason.RECONCILE_ERROR, ConditionType.READY))
                 continue
             now_uuids = {device_name(i.gpu_index, i.profile, i.start): i.mig_uuid for i in instances}
             for change in self.allocated_uuids.update(f"gpu{gpu.index}-", now_uuids, claims):
@@ -435,27 +436,20 @@ class NodeAgent:
         log.info("created GpuPartition %s adopting %d instance(s)", name, len(instances))
         return parse_gpu_partition(created)
 
-    def _lost(self, part: GpuPartition, why: str) -> _GpuOutcome:
-        now = now_rfc3339()
-        old = part.status
-        gen = part.metadata.generation
-        conds = set_condition(old.conditions, ConditionType.HEALTHY, False, Reason.GPU_LOST, why, gen, now)
-        conds = set_condition(conds, ConditionType.READY, False, Reason.GPU_LOST, why, gen, now)
-        status = old.model_copy(
-            update={"phase": Phase.DEGRADED, "message": why, "conditions": conds, "free_slices": 0}
-        )
-        return _GpuOutcome(name=part.name, status=status)
-
-    def _failed(self, part: GpuPartition, why: str) -> _GpuOutcome:
-        """A GPU whose round raised: Degraded and offered to nobody until a round succeeds again."""
+    def _degraded(self, part: GpuPartition, why: str, reason: str, *conditions: str) -> _GpuOutcome:
+        """A GPU the round could not act on: Degraded, ``conditions`` False with ``reason``, offered to
+        nobody until a round succeeds again."""
         gen, stamp = part.metadata.generation, now_rfc3339()
-        conds = set_condition(
-            part.status.conditions, ConditionType.READY, False, Reason.RECONCILE_ERROR, why, gen, stamp
-        )
+        conds = part.status.conditions
+        for ctype in conditions:
+            conds = set_condition(conds, ctype, False, reason, why, gen, stamp)
         status = part.status.model_copy(
             update={"phase": Phase.DEGRADED, "message": why, "conditions": conds, "free_slices": 0}
         )
         return _GpuOutcome(name=part.name, status=status)
+
+    def _lost(self, part: GpuPartition, why: str) -> _GpuOutcome:
+        return self._degraded(part, why, Reason.GPU_LOST, ConditionType.HEALTHY, ConditionType.READY)
 
     def observe(self, instances: list[MigInstance], claims: dict[str, list[str]]) -> tuple[Observed, ...]:
         """NVML's instances as the reshape protocol and the binding answer see them: with the claims that

@@ -2,8 +2,9 @@
 
 Another owner is recognised by
 - the NVIDIA MIG manager's node label ``nvidia.com/mig.config`` (it re-applies its own layout),
-- the NVIDIA device plugin's extended resources in the node's allocatable (``nvidia.com/gpu``,
-  ``nvidia.com/mig-<profile>``): it hands the same GPUs to pods outside DRA, or
+- the NVIDIA device plugin's extended resources in the node's allocatable (``nvidia.com/gpu``, and
+  ``nvidia.com/mig-<profile>`` under its "mixed" MIG strategy, as NVIDIA/k8s-device-plugin's README names
+  them): it hands the same GPUs to pods outside DRA, or
 - a ResourceSlice of another driver (e.g. the NVIDIA DRA driver ``gpu.nvidia.com``) on the same node that
   publishes MIG devices whose parent is the GPU: an attribute named ``parentUUID`` equal to the GPU UUID.
 """
