@@ -876,7 +876,11 @@ async def test_a_hung_reconcile_round_fails_the_liveness_probe(
         port = int(re.findall(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", log.read_text())[-1])
         base = f"http://127.0.0.1:{port}"
         assert (await asyncio.to_thread(_probe, f"{base}/healthz"))[0] == 200
-        assert (await asyncio.to_thread(_probe, f"{base}/readyz"))[0] == 200
+
+        async def ready() -> bool | None:  # the GpuPartition appears during the first round, not after it
+            return True if (await asyncio.to_thread(_probe, f"{base}/readyz"))[0] == 200 else None
+
+        await eventually(ready, "/readyz once the first round finished", within_s=30, every_s=0.2)
         assert "dynamig_build_info" in await asyncio.to_thread(_http_get, f"{base}/metrics")
 
         await api.set_layout(name, "1g.10gb@0")  # the round that creates it blocks in NVML for 30 s
