@@ -581,3 +581,97 @@ async def test_without_the_features_the_agent_keeps_the_instances_inventory(
 
 async def _support(agent: Any) -> Inventory | None:
     return agent.support.inventory if agent.support is not None else None
+
+
+async def _published_profiles(k: ScenarioApi, node: str) -> set[str]:
+    """Profiles of the devices the node's ResourceSlices publish, as the scheduler reads them."""
+    res = await k.custom.list_cluster_custom_object(
+        "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node}"
+    )
+    return {
+        d["attributes"]["mig.dynamig.io/profile"]["string"]
+        for sl in res["items"]
+        for d in sl["spec"].get("devices") or []
+        if "mig.dynamig.io/profile" in (d.get("attributes") or {})
+    }
+
+
+async def test_an_idle_node_is_kept_for_a_waiting_two_gpu_claim_and_a_small_pod_waits_for_it(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+) -> None:
+    """A claim for two whole GPUs waits while a node with two idle GPUs exists (its pod asks for more CPU
+    than the node has: the operator does not look at CPU, so it sees a waiting two-GPU claim). The operator
+    keeps the node for it: its GPUs offer only 7g.80gb, and the real scheduler leaves a 1g.10gb pod pending
+    instead of splitting the node. Once the two-GPU claim is gone the node offers every profile again and the
+    small pod binds."""
+    k = ScenarioApi(kube_api, namespace)
+    await k.ensure_device_class()
+    sim.configure(gpus=["A100-80GB", "A100-80GB"], state_file=None)
+    pool = uuid.uuid4().hex[:8]
+    node = make_node("kept", labels={"dynamig.io/managed": "true", "test-pool": pool})
+    gpus = [f"{node}-gpu0", f"{node}-gpu1"]
+    policy = f"kept-{pool}"
+    async with (
+        agent_running(kube_api, node, sim, partitionable(node)),
+        operator_running(crds.kubeconfig_path, OperatorMetrics()),
+    ):
+        await k.create_policy(
+            policy,
+            {
+                "nodeSelector": {"matchLabels": {"test-pool": pool}},
+                "mode": "Dynamic",
+                "batchWindowSeconds": 1,
+            },
+        )
+        for g in gpus:
+            await eventually(functools.partial(offering, k, g, ""), f"{g} offering", within_s=60)
+        assert {"1g.10gb", "7g.80gb"} <= await _published_profiles(k, node)
+
+        await _create_claim(k, "pair", exactly('device.attributes["mig.dynamig.io"].profile == "7g.80gb"', 2))
+        body = claim_pod("pair", {"kubernetes.io/hostname": node}, claim="pair")
+        body["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "1000"}  # the node has 64
+        await k.core.create_namespaced_pod(namespace, body)
+
+        async def kept() -> bool | None:
+            parts = [await k.partition(g) for g in gpus]
+            if any(p["spec"].get("offeredProfiles") != ["7g.80gb"] for p in parts):
+                return None
+            return True if await _published_profiles(k, node) == {"7g.80gb"} else None
+
+        await eventually(kept, "the idle node kept for the two-GPU claim", within_s=60)
+        described = crds.kubectl("describe", "gpupartition", gpus[0]).stdout
+        assert f"idle node kept for waiting multi-GPU claim {namespace}/pair" in described, described
+
+        await _create_claim(k, "small", {"firstAvailable": first_available(["1g.10gb"])})
+        await k.core.create_namespaced_pod(
+            namespace, claim_pod("small", {"kubernetes.io/hostname": node}, claim="small")
+        )
+
+        # the scheduler tries it (Unschedulable: no 1g.10gb device) and leaves the node whole
+        async def tried() -> bool | None:
+            pod = await k.core.read_namespaced_pod("small", namespace)
+            conds = {c.type: c for c in pod.status.conditions or []}
+            cond = conds.get("PodScheduled")
+            return True if cond is not None and cond.reason == "Unschedulable" else None
+
+        await eventually(tried, "the small pod found unschedulable", within_s=30)
+        assert await bound_node(k, "small") is None
+
+        await k.delete_pods(["pair"])
+        await k.custom.delete_namespaced_custom_object(
+            "resource.k8s.io", "v1", namespace, "resourceclaims", "pair"
+        )
+        assert await eventually(lambda: bound_node(k, "small"), "the small pod bound", within_s=60) == node
+        claim = await k.custom.get_namespaced_custom_object(
+            "resource.k8s.io", "v1", namespace, "resourceclaims", "small"
+        )
+        assert "-1g10gb-" in (allocated_device(claim) or "")
+        for g in gpus:  # the node offers every profile again
+            part = await k.partition(g)
+            assert set(A100_PROFILES) <= set(part["spec"]["offeredProfiles"]), part["spec"]
+        await k.delete_policy(policy)
+    await k.delete_pods(["small"])

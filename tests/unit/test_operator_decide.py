@@ -565,3 +565,58 @@ def test_a_warm_pool_that_cannot_fit_beside_the_baselines_is_reported() -> None:
     # No baseline: the whole GPU is there for it.
     bare = parse_policy(policy(warmPool={"1g.10gb": 7}, baseline={})).spec
     assert warm_pool_shortfall(bare, [a100]) is None
+
+
+def on_node(part: dict[str, Any], node: str) -> dict[str, Any]:
+    part["metadata"]["name"] = f"{node}-gpu{part['status']['gpuIndex']}"
+    part["status"]["node"] = node
+    return part
+
+
+def multi(count: int, first: str = "7g.80gb", fallback: str = "4g.40gb") -> PendingClaim:
+    (claim,) = burst(1, first, fallback)
+    return dataclasses.replace(
+        claim,
+        requests=tuple(dataclasses.replace(r, matches=_with_count(r.matches, count)) for r in claim.requests),
+    )
+
+
+def test_an_idle_node_is_kept_for_a_waiting_multi_gpu_claim_and_released_after() -> None:
+    empty: list[tuple[str, int, str]] = []
+    parts = [
+        on_node(booked_gpu(0, [("1g.10gb", 6, "allocated")]), "node-a"),  # busy: never kept
+        on_node(booked_gpu(1, empty), "node-a"),
+        *(on_node(booked_gpu(i, empty), "node-b") for i in range(2)),  # smallest idle node that holds 2
+        *(on_node(booked_gpu(i, empty), "node-c") for i in range(4)),
+    ]
+    decision, _ = run(policy(), parts, (multi(2),))
+    kept = {o.gpu: o for o in decision.offers}
+    # only node-b's GPUs change: they offer just what the claim accepts, and say for whom
+    assert sorted(kept) == ["node-b-gpu0", "node-b-gpu1"]
+    assert {(o.profiles, o.kept_for) for o in kept.values()} == {(("4g.40gb", "7g.80gb"), "ml/infer-0")}
+    assert decision.writes == ()
+
+    # a claim held to node-c keeps node-c instead; a claim of one device keeps nothing
+    decision, _ = run(policy(), parts, on_nodes((multi(2),), "node-c"))
+    assert sorted(o.gpu for o in decision.offers) == [f"node-c-gpu{i}" for i in range(4)]
+    assert run(policy(), parts, burst(3, "7g.80gb", "4g.40gb"))[0].offers == ()
+    # four devices fit node-c only; two claims of two take node-b, then node-c
+    assert sorted({o.gpu[:6] for o in run(policy(), parts, (multi(4),))[0].offers}) == ["node-c"]
+    two_claims = (
+        multi(2),
+        dataclasses.replace(multi(2), claim=dataclasses.replace(multi(2).claim, name="x")),
+    )
+    assert sorted({o.gpu[:6] for o in run(policy(), parts, two_claims)[0].offers}) == ["node-b", "node-c"]
+
+    # once the claim is no longer pending (allocated there), the next round offers everything again
+    for part in parts[2:4]:
+        part["spec"]["offeredProfiles"] = ["4g.40gb", "7g.80gb"]
+    parts[2]["status"]["instances"] = [
+        {"profile": "7g.80gb", "start": 0, "deviceName": "gpu0-7g.80gb-s0", "state": "allocated"}
+    ]
+    decision, _ = run(policy(), parts, ())
+    assert {o.gpu: o.profiles for o in decision.offers} == {
+        "node-b-gpu0": A100_PROFILES,
+        "node-b-gpu1": A100_PROFILES,
+    }
+    assert all(o.kept_for == "" for o in decision.offers)

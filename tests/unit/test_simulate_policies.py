@@ -275,5 +275,17 @@ def test_dynamig_keeps_a_whole_idle_node_for_a_waiting_multi_gpu_claim() -> None
     alloc.set_pending([multi])
     one = alloc.place(Job("one", 0.0, None, ("7g.80gb",)), 0.0)
     assert one is not None and one.node == 1  # the small node, not the 8-GPU one
-    assert alloc.place(Job("two", 0.0, None, ("7g.80gb",)), 0.0) is None  # waits rather than split it
+    # the kept node offers only 7g.80gb (its offeredProfiles): a small claim waits rather than split it
+    assert alloc.place(Job("two", 0.0, None, ("1g.10gb", "2g.20gb")), 0.0) is None
     assert alloc.place(multi, 0.0) is not None
+
+
+def test_a_kept_node_still_serves_a_single_claim_for_the_profile_it_offers() -> None:
+    # as on a real node: no device selector can tell a request's count, so a one-GPU 7g.80gb claim may
+    # take a device of the kept node, which then no longer holds the 8-GPU claim
+    spec = ClusterSpec((NodeSpec("big", 8, "A100-80GB"),))
+    alloc = DynamigAllocator(Cluster(spec), Policy(), reshape_latency_s=0.0, cooldown_s=0.0)
+    multi = Job("multi", 0.0, None, ("7g.80gb",), count=8)
+    alloc.set_pending([multi])
+    assert alloc.place(Job("whole", 0.0, None, ("7g.80gb",)), 0.0) is not None
+    assert alloc.place(multi, 0.0) is None

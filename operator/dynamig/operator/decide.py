@@ -38,6 +38,7 @@ from dynamig.operator.demand import PendingClaim, RequestDemand
 from dynamig.operator.inventory import GpuView
 from dynamig.planner import plan
 from dynamig.planner.model import Assignment, ClaimDemand, GpuKey, GpuPlan, PlanResult
+from dynamig.planner.reserve import IdleNode, WaitingClaim, keep_idle_nodes
 
 
 class Reason(StrEnum):
@@ -102,6 +103,7 @@ class OfferWrite:
     model: str
     before: tuple[str, ...] | None
     profiles: tuple[str, ...]
+    kept_for: str = ""  # the waiting multi-GPU claim the idle node is kept for ("" when not kept)
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,19 +297,20 @@ def decide_round(inp: RoundInput) -> RoundDecision:
 
     booked = _Fleet([g for g in usable if g.partitionable], _allowed(policy))
     ahead = _Fleet([g for g in usable if not g.partitionable], _allowed(policy))
-    offers, planned_offers = _offers(policy, booked.gpus)
+    # Split plannable claims by inventory first: idle partitionable nodes are kept for the multi-GPU claims
+    # the scheduler books there.
+    to_book: list[PendingClaim] = []
+    to_plan: list[PendingClaim] = []
+    for c in plannable:
+        only_booked = booked.can_serve(c) and not ahead.can_serve(c)
+        (to_book if only_booked else to_plan).append(c)
+    offers, planned_offers = _offers(policy, booked.gpus, to_book)
 
     if spec.mode == Mode.STATIC:
         verdicts.extend(_static_verdict(c, policy, usable) for c in plannable)
         return RoundDecision((), (), tuple(verdicts), offers=offers)
 
     # Claims only partitionable GPUs can serve are left to the scheduler; the rest are planned ahead.
-    to_book: list[PendingClaim] = []
-    to_plan: list[PendingClaim] = []
-    for c in plannable:
-        only_booked = booked.can_serve(c) and not ahead.can_serve(c)
-        (to_book if only_booked else to_plan).append(c)
-
     models = _models(ahead.gpus)
     demands_of = {c.claim.key: _demands(c, policy, models) for c in to_plan}
     if booked:
@@ -479,22 +482,59 @@ def _planner_node(g: GpuView) -> str:
 
 
 def _offers(
-    policy: GpuPartitionPolicy, gpus: Sequence[GpuView]
+    policy: GpuPartitionPolicy, gpus: Sequence[GpuView], waiting: Sequence[PendingClaim] = ()
 ) -> tuple[tuple[OfferWrite, ...], tuple[OfferWrite, ...]]:
-    """(offeredProfiles writes due now, what Dynamic would offer: reported in DryRun). Pure."""
+    """(offeredProfiles writes due now, what Dynamic would offer: reported in DryRun). Pure.
+
+    In ``Dynamic`` a GPU offers the policy's allowed profiles of its model, except on an idle node kept for a
+    waiting multi-GPU claim (``dynamig.planner.reserve``): there only the profiles that claim accepts."""
     allowed = _allowed(policy)
     mode = policy.spec.mode
+    kept = _kept_nodes(gpus, waiting, allowed)
     writes: list[OfferWrite] = []
     planned: list[OfferWrite] = []
     for g in gpus:
         assert g.model is not None
         full = tuple(p.name for p in g.model.profiles if allowed is None or p.name in allowed)
+        claim = kept.get(g.node)
+        if claim is not None:
+            full = tuple(p for p in full if p in claim.profiles)
+        why = claim.name if claim is not None else ""
         want = full if mode == Mode.DYNAMIC else ()  # Static and DryRun: only instances that exist
         if mode == Mode.DRY_RUN:
-            planned.append(OfferWrite(g.name, g.node, g.model.key, g.offered, full))
+            planned.append(OfferWrite(g.name, g.node, g.model.key, g.offered, full, why))
         if g.offered is None or frozenset(g.offered) != frozenset(want):
-            writes.append(OfferWrite(g.name, g.node, g.model.key, g.offered, want))
+            writes.append(OfferWrite(g.name, g.node, g.model.key, g.offered, want, why if want else ""))
     return tuple(writes), tuple(planned)
+
+
+def _kept_nodes(
+    gpus: Sequence[GpuView], waiting: Sequence[PendingClaim], allowed: frozenset[str] | None
+) -> Mapping[str, WaitingClaim]:
+    """Idle nodes kept for waiting claims of several devices (all on one node), by node. Pure."""
+    multi = [c for c in waiting if sum(r.count for r in c.requests) > 1]
+    if not multi:
+        return {}
+    by_node: dict[str, list[GpuView]] = {}
+    for g in gpus:
+        by_node.setdefault(g.node, []).append(g)
+    idle = [
+        IdleNode(
+            node,
+            tuple(
+                frozenset(p.name for p in g.model.profiles if allowed is None or p.name in allowed)
+                for g in gs
+                if g.model is not None
+            ),
+        )
+        for node, gs in sorted(by_node.items())
+        if not any(g.busy or g.claims_on for g in gs)
+    ]
+    claims = [
+        WaitingClaim(c.claim.key, sum(r.count for r in c.requests), frozenset(_alts(c, allowed)), c.nodes)
+        for c in multi
+    ]
+    return keep_idle_nodes(idle, claims)
 
 
 @dataclass(frozen=True, slots=True)

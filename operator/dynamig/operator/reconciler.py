@@ -404,6 +404,8 @@ class Reconciler:
                 before = ", ".join(o.before) if o.before else "none"
                 after = ", ".join(o.profiles) or "none (existing instances only)"
                 msg = f"policy {policy.name} ({policy.spec.mode.value}): offered profiles {before} -> {after}"
+                if o.kept_for:
+                    msg += f" (idle node kept for waiting multi-GPU claim {o.kept_for})"
                 log.info("%s: %s", gpu, msg)
                 await self._event_gpu(gpu, "Normal", "OffersChanged", msg)
             if w is None:

@@ -109,8 +109,8 @@ class OfferAllocator(Allocator):
         """The node's offers of ``profile`` in the order the scheduler books them."""
         raise NotImplementedError
 
-    def skip_node(self, node: int, job: Job) -> bool:
-        """True: the scheduler must not use ``node`` for ``job`` now (beyond GPU-type constraints)."""
+    def skip_node(self, node: int, job: Job, profile: str) -> bool:
+        """True: ``node`` does not offer ``profile`` to ``job`` now (beyond GPU-type constraints)."""
         return False
 
     # -- index maintenance ---------------------------------------------------------------------------------
@@ -156,7 +156,11 @@ class OfferAllocator(Allocator):
             if v != self._version[node] or node not in hosts:
                 continue  # stale; the node's current entry is elsewhere in the heap
             keep.append(entry)
-            if hosts[node] >= count and self.cluster.allows(job, node) and not self.skip_node(node, job):
+            if (
+                hosts[node] >= count
+                and self.cluster.allows(job, node)
+                and not self.skip_node(node, job, profile)
+            ):
                 found = node
                 break
         for entry in keep:

@@ -7,8 +7,9 @@ What the simulation does, as the operator, the agents and the scheduler would:
   instances first, then new placements, then re-cuts that destroy free instances. The scheduler books the
   first that matches on the node it picks. A booked placement is created after a binding round trip and
   the create latency; a node's agent creates one instance after another.
-- Node choice consolidates: nodes already in use first (in node order), then the smallest idle node;
-  while multi-GPU claims wait, a single-GPU claim does not take an idle node such a claim needs.
+- Node choice consolidates: nodes already in use first (in node order), then the smallest idle node.
+  While multi-GPU claims wait, one idle node is kept for each and offers only that claim's profiles
+  (``dynamig.planner.reserve.keep_idle_nodes``, the function the operator writes ``offeredProfiles`` with).
 - Instances are kept when jobs end, so they serve the next job of that shape with no create.
 - Jobs that nothing on offer fits stay pending. With a warm pool or a baseline (or ``plan_pending``),
   demand is batched for a window and one planning round (``dynamig.planner.plan``) re-cuts free space,
@@ -27,6 +28,7 @@ from dynamig.geometry.catalog import Catalog
 from dynamig.geometry.model import Layout, normalize_layout
 from dynamig.planner import ClaimDemand, CurrentInstance, GpuState, Policy, plan
 from dynamig.planner.ranking import GpuOffers, OfferKind, RankedOffer, rank_offers
+from dynamig.planner.reserve import IdleNode, WaitingClaim, keep_idle_nodes
 from dynamig.simulate.allocators import Allocation, Replan
 from dynamig.simulate.booking import Offer, OfferAllocator
 from dynamig.simulate.cluster import Cluster, Gpu, Instance
@@ -67,16 +69,18 @@ class DynamigAllocator(OfferAllocator):
         self._not_ready: set[Instance] = set()
         self._rank_cache: dict[_RankKey, tuple[RankedOffer, ...]] = {}
         self._published: dict[int, tuple[RankedOffer, ...]] = {}  # node -> its list since it republished
-        self._multi_waiting: list[int] = []  # device counts of pending multi-GPU claims
-        self._idle_by_size: dict[int, int] = {}
+        self._kept_for: dict[int, frozenset[str]] = {}  # idle node kept for a multi-GPU claim -> its profiles
+        self._node_pos = {name: n for n, name in enumerate(cluster.node_names)}
         super().__init__(cluster, reshape_latency_s, bind_rtt_s)
         self._allowed = (
             frozenset(self.profiles)
             if policy.allowed_profiles is None
             else frozenset(policy.allowed_profiles) & frozenset(self.profiles)
         )
+        self._model_profiles = {  # per model, the profiles its GPUs may offer
+            key: frozenset(p.name for p in m.profiles) & self._allowed for key, m in cluster.models.items()
+        }
         for gpus in cluster.nodes:
-            self._idle_by_size[len(gpus)] = self._idle_by_size.get(len(gpus), 0) + 1
             for gpu in gpus:
                 for placed in initial:
                     cluster.create(gpu, placed.profile, placed.start, 0.0, 0.0)
@@ -105,16 +109,35 @@ class DynamigAllocator(OfferAllocator):
         return (0, node) if self.node_busy[node] else (1, self.node_size[node], node)
 
     def set_pending(self, jobs: Iterable[Job]) -> None:
-        self._multi_waiting = sorted(j.count for j in jobs if j.count > 1)
+        # idle nodes kept for the waiting multi-GPU claims, chosen as the operator chooses them
+        multi = [j for j in jobs if j.count > 1]
+        self._kept_for = {}
+        if not multi:
+            return
+        names = self.cluster.node_names
+        idle = [
+            IdleNode(names[n], tuple(self._model_profiles[g.model.key] for g in self.cluster.nodes[n]))
+            for n in range(len(names))
+            if not self.node_busy[n]
+        ]
+        waiting = [
+            WaitingClaim(
+                j.name,
+                j.count,
+                frozenset(j.alternatives),
+                None
+                if not j.gpu_types
+                else frozenset(names[n] for n in range(len(names)) if self.cluster.allows(j, n)),
+            )
+            for j in multi
+        ]
+        kept = keep_idle_nodes(idle, waiting)
+        self._kept_for = {self._node_pos[name]: claim.profiles for name, claim in kept.items()}
 
-    def skip_node(self, node: int, job: Job) -> bool:
-        if job.count > 1 or not self._multi_waiting or self.node_busy[node]:
-            return False
-        smallest = self._multi_waiting[0]
-        if self.node_size[node] < smallest:
-            return False
-        idle = sum(n for size, n in self._idle_by_size.items() if size >= smallest)
-        return idle <= len(self._multi_waiting)
+    def skip_node(self, node: int, job: Job, profile: str) -> bool:
+        # a kept node offers only the profiles of the claim it is kept for (its spec.offeredProfiles)
+        kept = self._kept_for.get(node)
+        return kept is not None and profile not in kept
 
     def _gpu_offers(self, gpu: Gpu) -> GpuOffers:
         return GpuOffers(
@@ -191,18 +214,6 @@ class DynamigAllocator(OfferAllocator):
         if job.name in self._claims:  # booked something else at once: its planned instances go free
             self.touch(self._drop(job.name))
         return self.book(job, picked, now)
-
-    def book(self, job: Job, picked: Sequence[Offer], now: float) -> Allocation:
-        for node in {o.gpu.node_pos for o in picked}:
-            if not self.node_busy[node]:
-                self._idle_by_size[self.node_size[node]] -= 1
-        return super().book(job, picked, now)
-
-    def _release(self, job: Job, alloc: Allocation, now: float) -> None:
-        super()._release(job, alloc, now)
-        for node in {i.gpu.node_pos for i in alloc.instances}:
-            if not self.node_busy[node]:
-                self._idle_by_size[self.node_size[node]] += 1
 
     def withdraw(self, job: Job, now: float) -> None:
         self.touch(self._drop(job.name))
