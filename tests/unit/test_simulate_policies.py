@@ -21,7 +21,7 @@ from dynamig.simulate import alibaba
 from dynamig.simulate.allocators import Allocator, StaticAllocator
 from dynamig.simulate.booking import HamiReserveAllocator, NvidiaDynamicMigAllocator
 from dynamig.simulate.cluster import Cluster
-from dynamig.simulate.dynamig_policy import DynamigAllocator
+from dynamig.simulate.dynamig_policy import NODE_ORDERS, DynamigAllocator
 from dynamig.simulate.engine import SimConfig, simulate
 from dynamig.simulate.runner import DynamigSettings, allocator_factories, run_paper_protocol
 from dynamig.simulate.static_layouts import whole
@@ -289,3 +289,19 @@ def test_a_kept_node_still_serves_a_single_claim_for_the_profile_it_offers() -> 
     alloc.set_pending([multi])
     assert alloc.place(Job("whole", 0.0, None, ("7g.80gb",)), 0.0) is not None
     assert alloc.place(multi, 0.0) is None
+
+
+def test_node_order_pack_fills_a_node_in_use_and_spread_takes_the_least_busy() -> None:
+    spec = ClusterSpec((NodeSpec("a", 2, "A100-80GB"), NodeSpec("b", 2, "A100-80GB")))
+    nodes = {}
+    for order in NODE_ORDERS:
+        alloc = DynamigAllocator(
+            Cluster(spec), Policy(), reshape_latency_s=0.0, cooldown_s=0.0, node_order=order
+        )
+        first = alloc.place(Job("one", 0.0, None, ("3g.40gb",)), 0.0)
+        second = alloc.place(Job("two", 0.0, None, ("3g.40gb",)), 0.0)
+        assert first is not None and second is not None
+        nodes[order] = (first.node, second.node)
+    assert nodes == {"pack": (0, 0), "spread": (0, 1)}
+    with pytest.raises(ValueError, match="node_order"):
+        DynamigAllocator(Cluster(spec), Policy(), reshape_latency_s=0.0, cooldown_s=0.0, node_order="random")

@@ -36,6 +36,11 @@ from dynamig.simulate.trace import Job
 
 _RankKey = tuple[tuple[int, Layout, Layout], ...]
 
+# How the scheduler picks among nodes that can serve a claim. "pack": nodes in use first, then the smallest
+# idle node (kube-scheduler with a packing score, e.g. NodeResourcesFit MostAllocated); "spread": the least
+# busy node first (its default LeastAllocated), measured to show what the packing order is worth.
+NODE_ORDERS = ("pack", "spread")
+
 
 class DynamigAllocator(OfferAllocator):
     """Ranked offers plus planner rounds; see the module docstring for what is simulated."""
@@ -56,7 +61,11 @@ class DynamigAllocator(OfferAllocator):
         max_claims: int = 500,
         catalog: Catalog | None = None,
         plan_pending: bool = False,
+        node_order: str = "pack",
     ) -> None:
+        if node_order not in NODE_ORDERS:
+            raise ValueError(f"node_order must be one of {', '.join(NODE_ORDERS)}, not {node_order!r}")
+        self.node_order = node_order
         self.policy = policy
         # Offers already include every placement free space allows (re-cuts too), so a round for claims
         # they could not place finds nothing new; by default rounds run for the warm pool and baseline only.
@@ -103,6 +112,8 @@ class DynamigAllocator(OfferAllocator):
         return [i for i in gpu.instances if not self._kept(i)]
 
     def node_key(self, node: int, profile: str) -> tuple[int, ...]:
+        if self.node_order == "spread":  # kube-scheduler's default LeastAllocated scoring, on GPU slices
+            return (self.node_busy[node] * 840 // self.node_size[node], node)  # 840: divisible by 1..8
         # nodes in use first, in node order (measured: ordering them busiest first packed no better and
         # served less on the fragmentation and heavy-tailed traces), then idle nodes smallest first, so
         # whole big nodes stay whole for multi-GPU claims
