@@ -6,6 +6,7 @@ Examples::
     dynamig simulate --alibaba path/to/alibaba-gpu-v2023 --out sim-out --no-synthetic
     dynamig simulate --alibaba-sample --seeds 2 --no-synthetic       # the small sample the package carries
     dynamig simulate --pod-list pods.csv --node-list nodes.csv --no-synthetic --loads 0.6,1.0,1.5
+    dynamig simulate --mixed A100-40GB=1,H100-80GB=1,H200-141GB=1 --out sim-mixed   # a mixed-model cluster
 
 Prints one table per trace (and one for the paper's protocol), writes ``results.json`` and PNG plots to
 ``--out``.
@@ -66,6 +67,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--seeds", type=int, default=10, help="seeds for the paper protocol (default 10)")
     p.add_argument("--model", default="A100-80GB", help="simulated GPU model for the Alibaba trace")
+    p.add_argument(
+        "--mixed",
+        default="",
+        help="a mixed-model cluster instead, e.g. A100-40GB=1,H100-80GB=1,H200-141GB=1: the nodes of the "
+        "synthetic traces' clusters and of the Alibaba node list get these models, each model about its "
+        "weighted share of the GPUs (nodes in order, deterministic), and each job lists every model's "
+        "profile for its share, smallest memory first (overrides --model and the traces' own model)",
+    )
     p.add_argument(
         "--fallbacks",
         type=int,
@@ -130,7 +139,14 @@ def run(args: argparse.Namespace) -> int:
     from dynamig.simulate import alibaba, report, synthetic
     from dynamig.simulate.engine import SimConfig
     from dynamig.simulate.runner import POLICIES, DynamigSettings, run_paper_protocol, run_trace
-    from dynamig.simulate.trace import share_mapping_table
+    from dynamig.simulate.trace import (
+        assign_models,
+        compute_slices_by_name,
+        describe_cluster,
+        order_models,
+        parse_model_weights,
+        share_mapping_table,
+    )
 
     def say(msg: str) -> None:
         if not args.quiet:
@@ -148,7 +164,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         dyn = DynamigSettings(warm_pool=_warm_pool(args.warm_pool))
         loads = _loads(args.loads)
-    except ValueError as exc:
+        mixed = parse_model_weights(args.mixed) if args.mixed else None
+        mixed_models = order_models(load_catalog().model(k) for k, _ in mixed) if mixed else ()
+    except (ValueError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     policies = tuple(x.strip() for x in args.policies.split(",") if x.strip())
@@ -173,9 +191,9 @@ def run(args: argparse.Namespace) -> int:
             for name in names:
                 path = Path(name)
                 trace = (
-                    synthetic.load_trace_file(path)
+                    synthetic.load_trace_file(path, mixed)
                     if path.suffix in (".yaml", ".yml") and path.is_file()
-                    else synthetic.load_builtin_trace(name)
+                    else synthetic.load_builtin_trace(name, mixed)
                 )
                 t0 = time.perf_counter()
                 reports.append(run_trace(trace, cfg, dyn, policies, progress=say))
@@ -198,18 +216,30 @@ def run(args: argparse.Namespace) -> int:
                 tasks, spec = alibaba.load(args.alibaba, model)
                 label = "alibaba-openb"
                 source = str(args.alibaba / alibaba.POD_FILE)
+            # the model (or models) jobs are mapped to: one model, or a mixed cluster's models
+            sim: alibaba.Models = model
+            single_spec = spec
+            if mixed:
+                # models are assigned on each simulated cluster (the full one, the --replay-node-stride
+                # one), so that each gets the weighted share of its own GPUs
+                sim = mixed_models
+                spec = assign_models(single_spec, mixed)
             say(
                 f"{label}: {len(tasks)} GPU tasks, {spec.gpu_count} GPUs on {len(spec.nodes)} nodes "
-                f"({model.key})"
+                f"({describe_cluster(spec)})"
             )
             if "replay" in protocols:
                 clusters = [(spec, f"{label}-replay")]
                 if args.replay_node_stride > 1:
-                    small = alibaba.every_kth_node(spec, args.replay_node_stride)
+                    small = alibaba.every_kth_node(single_spec, args.replay_node_stride)
+                    if mixed:
+                        small = assign_models(small, mixed)
                     clusters.append((small, f"{label}-replay-{small.gpu_count}gpus"))
+                    if mixed:
+                        say(f"{label}-replay-{small.gpu_count}gpus: {describe_cluster(small)}")
                 for cluster, name in clusters:
                     trace = alibaba.replay_trace(
-                        tasks, cluster, model, fallbacks=args.fallbacks, name=name, source=source
+                        tasks, cluster, sim, fallbacks=args.fallbacks, name=name, source=source
                     )
                     t0 = time.perf_counter()
                     reports.append(run_trace(trace, cfg, dyn, policies, progress=say))
@@ -219,19 +249,21 @@ def run(args: argparse.Namespace) -> int:
                     # at once), so load levels run on the smaller cluster when one is asked for
                     cluster, name = clusters[-1]
                     for load in loads:
-                        capacity = cluster.gpu_count * model.compute_slices
-                        compress = alibaba.compression_for_load(tasks, model, capacity, load, source)
+                        capacity = sum(
+                            n.gpus * load_catalog().model(n.model).compute_slices for n in cluster.nodes
+                        )
+                        compress = alibaba.compression_for_load(tasks, sim, capacity, load, source)
                         trace = alibaba.replay_trace(
                             tasks,
                             cluster,
-                            model,
+                            sim,
                             fallbacks=args.fallbacks,
                             name=f"{name}-load{load:g}",
                             compress=compress,
                             source=source,
                             until_last_arrival=True,
                         )
-                        slices = {p.name: p.compute_slices for p in model.profiles}
+                        slices = compute_slices_by_name(alibaba.as_models(sim))
                         reached = alibaba.peak_demand(trace.jobs, slices) / capacity
                         say(f"{trace.name}: arrivals compressed {compress:.3g}x, peak demand {reached:.2f}")
                         t0 = time.perf_counter()
@@ -243,17 +275,18 @@ def run(args: argparse.Namespace) -> int:
                 t0 = time.perf_counter()
                 for seed in range(args.seeds):
                     say(f"{label}: paper protocol, seed {seed}")
-                    jobs = alibaba.sampled_tasks(tasks, model, spec.gpu_count, 1.3, seed, args.fallbacks)
+                    jobs = alibaba.sampled_tasks(tasks, sim, spec.gpu_count, 1.3, seed, args.fallbacks)
                     paper.extend(run_paper_protocol(jobs, spec, seed, cfg, dyn, policies))
                 timings[f"{label}-paper ({args.seeds} seeds)"] = time.perf_counter() - t0
-            mapping = share_mapping_table(model)
-            print(
-                f"\nAlibaba share -> {model.key} profile: "
-                + ", ".join(f"({lo:.3f}, {hi:.3f}] -> {name}" for name, lo, hi in mapping)
-            )
+            for m in alibaba.as_models(sim):
+                mapping = share_mapping_table(m)
+                print(
+                    f"\nAlibaba share -> {m.key} profile: "
+                    + ", ".join(f"({lo:.3f}, {hi:.3f}] -> {name}" for name, lo, hi in mapping)
+                )
             print(
                 "tasks per profile: "
-                + ", ".join(f"{k}: {v}" for k, v in sorted(alibaba.mapping_counts(tasks, model).items()))
+                + ", ".join(f"{k}: {v}" for k, v in sorted(alibaba.mapping_counts(tasks, sim).items()))
             )
     except (synthetic.TraceSpecError, alibaba.TraceFormatError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -262,7 +295,9 @@ def run(args: argparse.Namespace) -> int:
     for rep in reports:
         first = rep.results[0] if rep.results else None
         print(
-            f"\n== {rep.trace.name}: {len(rep.trace.jobs)} jobs, {rep.trace.cluster.gpu_count} GPUs, "
+            f"\n== {rep.trace.name}: {len(rep.trace.jobs)} jobs, {rep.trace.cluster.gpu_count} GPUs"
+            + (f" ({describe_cluster(rep.trace.cluster)})" if mixed else "")
+            + ", "
             f"{rep.trace.horizon / 3600:.1f} h, offered {first.offered_slice_h:,.0f} slice-h"
             if first
             else ""
@@ -296,6 +331,7 @@ def run(args: argparse.Namespace) -> int:
             "loads": loads,
             "seeds": args.seeds,
             "model": args.model,
+            "mixed": dict(mixed) if mixed else None,
         },
         "timings_s": timings,
         "total_s": total,

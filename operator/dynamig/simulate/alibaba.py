@@ -17,7 +17,12 @@ Mapping to MIG (stated in ``docs/benchmarks.md``):
   replaced by the simulated MIG model, and the node's original type is kept as its ``gpu_type``;
 - a task's ``gpu_spec`` (GPU types separated by ``|``, empty: any) restricts it to nodes of those types;
 - ``creation_time``/``deletion_time`` are only needed by the online replay; the paper's protocol samples
-  tasks without them.
+  tasks without them;
+- on a mixed-model cluster (``dynamig simulate --mixed``) the nodes get the models by weight
+  (``trace.assign_models``) and a task lists, as DRA alternatives, every model's profile for its share,
+  smallest memory first (share 0.1: 1g.5gb on an A100-40GB, 1g.10gb on an H100-80GB, 1g.18gb on an
+  H200-141GB), then each model's fallbacks (``trace.mixed_alternatives``); a multi-GPU task lists each
+  model's whole GPU; served slice-h stay the preferred profile's compute slices x hours.
 
 Reading the files is the only side effect; everything else is pure.
 """
@@ -40,11 +45,20 @@ from dynamig.simulate.trace import (
     Job,
     NodeSpec,
     Trace,
-    alternatives_for,
-    full_profile,
-    profile_for_share,
+    compute_slices_by_name,
+    full_alternatives,
+    mixed_alternatives,
+    order_models,
     sorted_jobs,
 )
+
+Models = GpuModel | Sequence[GpuModel]  # one simulated model, or the models of a mixed cluster
+
+
+def as_models(model: Models) -> tuple[GpuModel, ...]:
+    """``model`` as a tuple in jobs' preference order (smallest memory first). Pure."""
+    return (model,) if isinstance(model, GpuModel) else order_models(model)
+
 
 POD_FILE = "openb_pod_list_default.csv"
 NODE_FILE = "openb_node_list_gpu_node.csv"
@@ -135,15 +149,17 @@ def every_kth_node(cluster: ClusterSpec, k: int) -> ClusterSpec:
     return ClusterSpec(cluster.nodes[:: max(1, k)])
 
 
-def task_job(task: Task, model: GpuModel, fallbacks: int, *, arrival: float, duration: float | None) -> Job:
-    """The simulator job for a trace task under the stated mapping. Pure."""
+def task_job(task: Task, model: Models, fallbacks: int, *, arrival: float, duration: float | None) -> Job:
+    """The simulator job for a trace task under the stated mapping; with several models (a mixed
+    cluster) the alternatives list each model's profile for the share, smallest memory first, then each
+    model's fallbacks (``trace.mixed_alternatives``); a multi-GPU task lists each model's whole GPU. Pure."""
+    models = as_models(model)
     if task.num_gpu == 1 and task.gpu_milli < 1000:
         share = task.gpu_milli / 1000.0
-        profile = profile_for_share(model, share).name
-        alternatives = alternatives_for(model, profile, fallbacks)
+        alternatives = mixed_alternatives(models, share, fallbacks)
     else:
         share = 1.0
-        alternatives = (full_profile(model).name,)
+        alternatives = full_alternatives(models)
     return Job(
         name=task.name,
         arrival=arrival,
@@ -159,7 +175,7 @@ def task_job(task: Task, model: GpuModel, fallbacks: int, *, arrival: float, dur
 def replay_trace(
     tasks: Sequence[Task],
     cluster: ClusterSpec,
-    model: GpuModel,
+    model: Models,
     *,
     fallbacks: int = 0,
     name: str = "alibaba-openb",
@@ -209,13 +225,13 @@ def peak_demand(jobs: Sequence[Job], slices_of: Mapping[str, int]) -> float:
 
 
 def compression_for_load(
-    tasks: Sequence[Task], model: GpuModel, capacity_slices: int, load: float, source: str = "pod list"
+    tasks: Sequence[Task], model: Models, capacity_slices: int, load: float, source: str = "pod list"
 ) -> float:
     """The smallest arrival compression at which the replay's peak demand reaches ``load`` x
     ``capacity_slices`` (bisection in log space; durations are kept, so the peak grows with the
     compression). When even all tasks at once fall short, the largest compression tried (1e6). Pure."""
     require_times(tasks, source)
-    slices = {p.name: p.compute_slices for p in model.profiles}
+    slices = compute_slices_by_name(as_models(model))
     base = [task_job(t, model, 0, arrival=t.creation or 0.0, duration=None) for t in tasks]
     end = max(t.deletion or t.creation or 0.0 for t in tasks) if tasks else 0.0
     spans = [
@@ -243,7 +259,7 @@ def compression_for_load(
 
 
 def sampled_tasks(
-    tasks: Sequence[Task], model: GpuModel, capacity_gpus: int, limit: float, seed: int, fallbacks: int = 0
+    tasks: Sequence[Task], model: Models, capacity_gpus: int, limit: float, seed: int, fallbacks: int = 0
 ) -> list[Job]:
     """The paper's protocol: tasks drawn uniformly with replacement from the trace until the GPUs they ask
     for reach ``limit`` x capacity (plus the one that crosses it); no departures. Pure (seeded)."""
@@ -302,7 +318,7 @@ def load_sample(model: GpuModel) -> tuple[list[Task], ClusterSpec]:
     return tasks, cluster
 
 
-def mapping_counts(tasks: Iterable[Task], model: GpuModel) -> dict[str, int]:
+def mapping_counts(tasks: Iterable[Task], model: Models) -> dict[str, int]:
     """How many tasks map to each profile (multi-GPU tasks counted as ``n x profile``). Pure."""
     counts: dict[str, int] = {}
     for t in tasks:

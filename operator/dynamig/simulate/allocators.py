@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dynamig.geometry.model import Layout
 from dynamig.simulate.cluster import Cluster, Gpu, Instance
-from dynamig.simulate.trace import Job, full_profile, plain_profiles
+from dynamig.simulate.trace import Job, full_profile, plain_profiles, preferred_on
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,15 +169,26 @@ class InstancePoolAllocator(Allocator):
 
 
 class StaticAllocator(InstancePoolAllocator):
-    """Fixed MIG layouts: ``layouts[i]`` is cut on GPU ``i`` (cycled) before the first job, never changed."""
+    """Fixed MIG layouts: ``layouts[i]`` is cut on GPU ``i`` (cycled) before the first job, never changed.
+    On a cluster of several models ``layouts`` maps a model key to its layouts, cycled over the GPUs of
+    that model in cluster order."""
 
     name = "static"
 
-    def __init__(self, cluster: Cluster, layouts: Sequence[Layout], label: str) -> None:
+    def __init__(
+        self, cluster: Cluster, layouts: Sequence[Layout] | Mapping[str, Sequence[Layout]], label: str
+    ) -> None:
         super().__init__(cluster)
         self.name = f"static:{label}"
-        for gpu, layout in zip(cluster.gpus, itertools.cycle(layouts), strict=False):
+        if isinstance(layouts, Mapping):
+            cycles = {key: itertools.cycle(lays) for key, lays in layouts.items() if lays}
+            per_gpu = [next(cycles[g.model.key]) for g in cluster.gpus]
+        else:
+            per_gpu = [lay for _, lay in zip(cluster.gpus, itertools.cycle(layouts), strict=False)]
+        for gpu, layout in zip(cluster.gpus, per_gpu, strict=True):
             for placed in layout:
+                if not gpu.model.has_profile(placed.profile):
+                    raise ValueError(f"static layout: {gpu.model.key} has no profile {placed.profile}")
                 self._push(cluster.create(gpu, placed.profile, placed.start, 0.0, 0.0))
 
 
@@ -192,9 +203,23 @@ class WholeGpuAllocator(InstancePoolAllocator):
         for gpu in cluster.gpus:
             self._push(cluster.create(gpu, self._full[gpu.model.key], 0, 0.0, 0.0))
         self._whole = tuple(sorted(set(self._full.values())))
+        self._by_alternatives: dict[tuple[str, ...], tuple[str, ...]] = {}
 
     def alternatives(self, job: Job) -> tuple[str, ...]:
-        return self._whole
+        if len(self._full) == 1:
+            return self._whole
+        # several models: the whole GPUs of the models the job accepts, in the job's order of preference
+        got = self._by_alternatives.get(job.alternatives)
+        if got is None:
+            ranked = []
+            for m in self.cluster.models.values():
+                plain = self.cluster.plain[m.key]
+                first = next((i for i, a in enumerate(job.alternatives) if a in plain), None)
+                if first is not None:
+                    ranked.append((first, m.memory_mib, m.key))
+            got = tuple(dict.fromkeys(self._full[key] for _, _, key in sorted(ranked))) or self._whole
+            self._by_alternatives[job.alternatives] = got
+        return got
 
 
 class FirstFitAllocator(Allocator):
@@ -211,7 +236,7 @@ class FirstFitAllocator(Allocator):
         self._in_heap: dict[str, set[int]] = {p: {g.pos for g in cluster.gpus} for p in self._profiles}
 
     def _can_host(self, gpu: Gpu, profile: str) -> int | None:
-        if not gpu.model.has_profile(profile):
+        if not self.cluster.offers(gpu, profile):
             return None
         starts = self.cluster.free_starts(gpu, profile)
         return starts[0] if starts else None
@@ -286,7 +311,20 @@ class PoolAllocator(Allocator):
         self._free = [sum(g.model.compute_slices for g in node) for node in cluster.nodes]
         self._total_free = sum(self._free)
         self._busy = 0
-        self._model = {i: node[0].model.key for i, node in enumerate(cluster.nodes) if node}
+        self._model = {i: node[0].model for i, node in enumerate(cluster.nodes) if node}
+        self._need: dict[tuple[tuple[str, ...], int, str], int | None] = {}  # (alternatives, count, model)
+
+    def _need_on(self, job: Job, node: int) -> int | None:
+        """Compute slices ``job`` takes from ``node``'s pool: ``count`` x the slices of its first
+        alternative the node's model offers (its preferred profile on a one-model cluster); None: none."""
+        model = self._model[node]
+        key = (job.alternatives, job.count, model.key)
+        if key not in self._need:
+            profile = preferred_on(job, model)
+            self._need[key] = (
+                None if profile is None else job.count * self.cluster.slices_of[(model.key, profile)]
+            )
+        return self._need[key]
 
     def busy_slices(self) -> int:
         return self._busy
@@ -303,9 +341,11 @@ class PoolAllocator(Allocator):
         for node, free in enumerate(self._free):
             if free <= 0 or not self.cluster.allows(job, node):
                 continue
-            need = job.count * self.cluster.slices_of[(self._model[node], job.preferred)]
+            need = self._need_on(job, node)
+            if need is None:
+                continue
             if need > self._total_free:
-                return None
+                return None  # (equal-size alternatives on every model: no other node needs less)
             if free >= need:
                 self._free[node] -= need
                 self._total_free -= need

@@ -90,7 +90,10 @@ class OfferAllocator(Allocator):
         key = (model.key, layout, profile)
         got = self._starts.get(key)
         if got is None:
-            got = tuple(free_starts(model, layout, profile)) if model.has_profile(profile) else ()
+            # a GPU offers plain profiles of its own model only (see ``Cluster.offers``)
+            got = (
+                tuple(free_starts(model, layout, profile)) if profile in self.cluster.plain[model.key] else ()
+            )
             self._starts[key] = got
         return got
 

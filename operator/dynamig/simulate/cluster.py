@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.layout import free_starts
 from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, normalize_layout
-from dynamig.simulate.trace import ClusterSpec, Job
+from dynamig.simulate.trace import ClusterSpec, Job, order_models, plain_profiles
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +87,12 @@ class Cluster:
         self.slices_of: dict[tuple[str, str], int] = {
             (m.key, p.name): p.compute_slices for m in self.models.values() for p in m.profiles
         }
+        # what a GPU offers: the plain profiles of its own model (an alternative naming another model's
+        # profile does not match there, even where the name exists: the A100-40GB's double-memory 1g.10gb)
+        self.plain: dict[str, frozenset[str]] = {
+            m.key: frozenset(p.name for p in plain_profiles(m)) for m in self.models.values()
+        }
+        self.ordered_models = order_models(self.models.values())  # jobs' preference order (cheapest first)
         self.total_slices = sum(g.model.compute_slices for g in self.gpus)
         self.busy_slices = 0
         self.created = 0
@@ -94,6 +100,10 @@ class Cluster:
         self.destroyed_busy = 0  # must stay 0: destroying a held instance loses a workload
         self.log: list[LogEntry] | None = [] if log else None
         self._free_starts: dict[tuple[str, Layout, str], tuple[int, ...]] = {}
+
+    def offers(self, gpu: Gpu, profile: str) -> bool:
+        """Whether ``gpu`` can offer ``profile`` at all (a plain profile of its model). Pure."""
+        return profile in self.plain[gpu.model.key]
 
     def allows(self, job: Job, node_pos: int) -> bool:
         """Whether ``job``'s GPU-type constraint admits node ``node_pos``. Pure."""

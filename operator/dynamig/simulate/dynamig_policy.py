@@ -34,7 +34,7 @@ from dynamig.simulate.booking import Offer, OfferAllocator
 from dynamig.simulate.cluster import Cluster, Gpu, Instance
 from dynamig.simulate.trace import Job
 
-_RankKey = tuple[tuple[int, Layout, Layout], ...]
+_RankKey = tuple[tuple[int, str, Layout, Layout], ...]
 
 # How the scheduler picks among nodes that can serve a claim. "pack": nodes in use first, then the smallest
 # idle node (kube-scheduler with a packing score, e.g. NodeResourcesFit MostAllocated); "spread": the least
@@ -156,7 +156,7 @@ class DynamigAllocator(OfferAllocator):
             gpu.model,
             held=normalize_layout([i.placed for i in self.held(gpu)]),
             free=normalize_layout([i.placed for i in self.free(gpu)]),
-            allowed=self._allowed,
+            allowed=self._allowed & self.cluster.plain[gpu.model.key],  # its own model's (mixed clusters)
         )
 
     def touch(self, gpus: Sequence[Gpu], *, republish: bool = True) -> None:
@@ -168,7 +168,7 @@ class DynamigAllocator(OfferAllocator):
     def _publish(self, node: int) -> tuple[RankedOffer, ...]:
         """What the node's agent publishes now, in its order (``rank_offers``, memoised by state)."""
         offers = [self._gpu_offers(g) for g in self.cluster.nodes[node]]
-        key: _RankKey = tuple((o.index, o.held, o.free) for o in offers)
+        key: _RankKey = tuple((o.index, o.model.key, o.held, o.free) for o in offers)  # model: mixed clusters
         ranked = self._rank_cache.get(key)
         if ranked is None:
             ranked = rank_offers(offers)  # the agent's own publishing order

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dynamig.simulate.allocators import Allocation, Allocator
-from dynamig.simulate.trace import Job, Trace, percentile
+from dynamig.simulate.trace import Job, Trace, compute_slices_by_name, percentile
 
 DEPART, READY, ARRIVE, ABANDON, PLAN = 0, 1, 2, 3, 4
 
@@ -100,9 +100,9 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
     cfg = config or SimConfig()
     wall0 = time.perf_counter()
     horizon = trace.horizon
-    models = allocator.cluster.models
-    model = next(iter(models.values()))
-    slices = {p.name: p.compute_slices for p in model.profiles}
+    # asked-for compute slices by profile name over every model of the cluster (on a mixed cluster the
+    # preferred profile is one model's; its compute size is the same on every model)
+    slices = compute_slices_by_name(allocator.cluster.models.values())
 
     seq = itertools.count()
     events: list[tuple[float, int, int, Job | None]] = []

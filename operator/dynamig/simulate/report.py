@@ -16,6 +16,7 @@ from typing import Any
 from dynamig.geometry.layout import format_layout
 from dynamig.simulate.engine import RunResult
 from dynamig.simulate.runner import PaperRun, TraceReport
+from dynamig.simulate.trace import gpus_per_model
 
 
 def _h(seconds: float) -> str:
@@ -155,6 +156,7 @@ def replay_row(rep: TraceReport, r: RunResult) -> dict[str, Any]:
         "destroyed_while_held": r.destroyed_busy,
         "jobs": r.jobs,
         "gpus": rep.trace.cluster.gpu_count,
+        "models": gpus_per_model(rep.trace.cluster),
         "served_by_size": {str(k): v for k, v in r.served_by_size.items()},
         "offered_by_size": {str(k): v for k, v in r.offered_by_size.items()},
         "reshapes": r.reshapes,
@@ -218,12 +220,17 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def static_summary(rep: TraceReport) -> str:
-    """The hindsight best-fit layout as counts of distinct layouts. Pure."""
-    counts: dict[str, int] = {}
-    for lay in rep.static_layouts.get("best-fit", ()):
-        key = format_layout(lay)
-        counts[key] = counts.get(key, 0) + 1
-    return "; ".join(f"{n} x [{k}]" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    """The hindsight best-fit layout as counts of distinct layouts (per model on a mixed cluster). Pure."""
+    per_model = rep.static_layouts.get("best-fit", {})
+    parts = []
+    for key, layouts in sorted(per_model.items()):
+        counts: dict[str, int] = {}
+        for lay in layouts:
+            text = format_layout(lay)
+            counts[text] = counts.get(text, 0) + 1
+        summary = "; ".join(f"{n} x [{k}]" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+        parts.append(summary if len(per_model) == 1 else f"{key}: {summary}")
+    return " | ".join(parts)
 
 
 def _result_json(r: RunResult) -> dict[str, Any]:
@@ -248,6 +255,7 @@ def write_json(
                 "load": rep.load,
                 "jobs": len(rep.trace.jobs),
                 "gpus": rep.trace.cluster.gpu_count,
+                "models": gpus_per_model(rep.trace.cluster),
                 "upper_bound_slice_h": rep.upper_bound_slice_h,
                 "best_fit_layouts": static_summary(rep),
                 "results": [_result_json(r) for r in rep.results],

@@ -7,8 +7,9 @@ Side effects: none beyond the allocators' own state (no files, no printing).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from dynamig.geometry.model import GpuModel, Layout
 from dynamig.planner import Policy, Strategy
@@ -24,8 +25,8 @@ from dynamig.simulate.bounds import served_upper_bound
 from dynamig.simulate.cluster import Cluster
 from dynamig.simulate.dynamig_policy import DynamigAllocator
 from dynamig.simulate.engine import RunResult, SimConfig, simulate
-from dynamig.simulate.static_layouts import average_mix, static_candidates
-from dynamig.simulate.trace import ClusterSpec, Job, Trace
+from dynamig.simulate.static_layouts import average_mix, device_mix_on, mixed_static_candidates
+from dynamig.simulate.trace import ClusterSpec, Job, Trace, compute_slices_by_name, order_models
 
 POLICIES = ("whole-gpu", "static", "first-fit", "nvidia-dynamic-mig", "hami-reserve", "dynamig", "pool")
 
@@ -35,11 +36,20 @@ class DynamigSettings:
     """The dynamig policy knobs the simulation passes to the planner."""
 
     warm_pool: Mapping[str, int] = field(default_factory=dict)
-    baseline: Layout | None = None  # idle GPUs return to this layout; None: they keep their instances
+    # idle GPUs return to this layout; None: they keep their instances. One layout applies to every model
+    # that has all its profiles; a mapping gives one per model key.
+    baseline: Layout | Mapping[str, Layout] | None = None
     strategy: Strategy = Strategy.PACK
 
-    def policy(self, model: GpuModel) -> Policy:
-        baseline = {} if self.baseline is None else {model.key: self.baseline}
+    def policy(self, models: GpuModel | Iterable[GpuModel]) -> Policy:
+        """The planner policy for a cluster of ``models`` (one model or several). Pure."""
+        keyed = {m.key: m for m in ([models] if isinstance(models, GpuModel) else models)}
+        baseline: dict[str, Layout] = {}
+        if isinstance(self.baseline, Mapping):
+            baseline = {k: lay for k, lay in self.baseline.items() if k in keyed}
+        elif self.baseline is not None:
+            layout = self.baseline
+            baseline = {k: layout for k, m in keyed.items() if all(m.has_profile(i.profile) for i in layout)}
         return Policy(warm_pool=dict(self.warm_pool), baseline=baseline, strategy=self.strategy)
 
 
@@ -48,7 +58,7 @@ class TraceReport:
     trace: Trace
     results: list[RunResult]
     upper_bound_slice_h: float
-    static_layouts: dict[str, tuple[Layout, ...]]
+    static_layouts: dict[str, dict[str, tuple[Layout, ...]]]  # label -> model key -> layouts
     load: float | None = None  # target peak demand / capacity of a load-scaled replay; None: as recorded
     reached_load: float | None = None  # the peak demand / capacity the compressed replay actually has
 
@@ -60,25 +70,41 @@ class TraceReport:
         return max(statics, key=lambda r: r.served_slice_h) if statics else None
 
 
+def cluster_models(spec: ClusterSpec) -> tuple[GpuModel, ...]:
+    """The GPU models of ``spec``, in jobs' preference order (smallest memory first). Side effect: reads
+    the catalog (cached)."""
+    from dynamig.geometry.catalog import load_catalog
+
+    catalog = load_catalog()
+    return order_models(catalog.model(key) for key in spec.models())
+
+
 def single_model(spec: ClusterSpec) -> GpuModel:
-    cluster = Cluster(ClusterSpec(spec.nodes[:1]))
-    if len(spec.models()) != 1:
-        raise ValueError(f"the simulator compares policies on one GPU model; the cluster has {spec.models()}")
-    return next(iter(cluster.models.values()))
+    models = cluster_models(spec)
+    if len(models) != 1:
+        raise ValueError(f"expected a cluster of one GPU model; the cluster has {spec.models()}")
+    return models[0]
 
 
 def allocator_factories(
     spec: ClusterSpec,
-    mix: dict[str, float],
+    mix: Mapping[str, float] | Mapping[str, Mapping[str, float]],
     cfg: SimConfig,
     dyn: DynamigSettings,
     policies: Sequence[str] = POLICIES,
     *,
     log: bool = False,
-) -> tuple[list[tuple[str, Callable[[], Allocator]]], dict[str, tuple[Layout, ...]]]:
-    """(label, factory) per policy to compare, and the static layouts used. Pure (factories are lazy)."""
-    model = single_model(spec)
-    statics = static_candidates(model, mix, spec.gpu_count)
+) -> tuple[list[tuple[str, Callable[[], Allocator]]], dict[str, dict[str, tuple[Layout, ...]]]]:
+    """(label, factory) per policy to compare, and the static layouts used (label -> model key ->
+    layouts). ``mix``: devices per profile for the best-fit static layout, either one mix (its profiles
+    that a model has apply to that model) or one per model key. Pure (factories are lazy)."""
+    models = cluster_models(spec)
+    nested = bool(mix) and all(isinstance(v, Mapping) for v in mix.values())
+    mixes: dict[str, dict[str, float]] = {}
+    for m in models:
+        given = cast(Mapping[str, float], mix.get(m.key, {}) if nested else mix)
+        mixes[m.key] = {p: float(n) for p, n in given.items() if m.has_profile(p)}
+    statics = mixed_static_candidates({m.key: m for m in models}, spec, mixes)
     out: list[tuple[str, Callable[[], Allocator]]] = []
     if "whole-gpu" in policies:
         out.append(("whole-gpu", lambda: WholeGpuAllocator(Cluster(spec, log=log))))
@@ -109,7 +135,7 @@ def allocator_factories(
                 "dynamig",
                 lambda: DynamigAllocator(
                     Cluster(spec, log=log),
-                    dyn.policy(model),
+                    dyn.policy(models),
                     reshape_latency_s=cfg.reshape_latency_s,
                     cooldown_s=cfg.cooldown_s,
                     bind_rtt_s=cfg.bind_rtt_s,
@@ -122,7 +148,7 @@ def allocator_factories(
 
 
 def _static_factory(
-    spec: ClusterSpec, layouts: tuple[Layout, ...], label: str, log: bool
+    spec: ClusterSpec, layouts: Mapping[str, tuple[Layout, ...]], label: str, log: bool
 ) -> Callable[[], Allocator]:
     return lambda: StaticAllocator(Cluster(spec, log=log), layouts, label)
 
@@ -138,18 +164,18 @@ def run_trace(
     load: float | None = None,
 ) -> TraceReport:
     """Every policy on ``trace``, plus the slice-arithmetic upper bound. Deterministic."""
-    model = single_model(trace.cluster)
-    factories, statics = allocator_factories(trace.cluster, average_mix(trace), cfg, dyn, policies, log=log)
+    models = cluster_models(trace.cluster)
+    mixes = {m.key: average_mix(trace, m) for m in models}
+    factories, statics = allocator_factories(trace.cluster, mixes, cfg, dyn, policies, log=log)
     results = []
     for label, make in factories:
         if progress:
             progress(f"{trace.name}: {label}")
         results.append(simulate(trace, make(), cfg))
-    slices = {p.name: p.compute_slices for p in model.profiles}
+    slices = compute_slices_by_name(models)
+    total = sum(n.gpus * m.compute_slices for n in trace.cluster.nodes for m in models if m.key == n.model)
     # first-fit starts a job one creation latency after placing it, possibly just before its patience ran out
-    bound = served_upper_bound(
-        trace, slices, trace.cluster.gpu_count * model.compute_slices, start_slack_s=cfg.reshape_latency_s
-    )
+    bound = served_upper_bound(trace, slices, total, start_slack_s=cfg.reshape_latency_s)
     return TraceReport(trace, results, bound, statics, load)
 
 
@@ -187,10 +213,11 @@ def run_paper_protocol(
     """Offer ``jobs`` (already sampled, in order) once each, no departures; a job that cannot be placed
     when it arrives fails. Every policy gets the same single chance at arrival (no clock: creates and
     re-cuts are instant, and nobody sees a later arrival). Deterministic."""
-    model = single_model(spec)
+    models = cluster_models(spec)
     capacity = spec.gpu_count
     instant = SimConfig(window_s=0.0, reshape_latency_s=0.0, cooldown_s=0.0, bind_rtt_s=0.0)
-    factories, _ = allocator_factories(spec, device_mix(jobs), instant, dyn, policies)
+    mixes = {m.key: device_mix_on(jobs, m) for m in models}
+    factories, _ = allocator_factories(spec, mixes, instant, dyn, policies)
     runs = []
     for _, make in factories:
         wall0 = time.perf_counter()
@@ -214,7 +241,9 @@ def run_paper_protocol(
                 rate_100=rate_100 if rate_100 is not None else allocated / capacity,
                 rate_130=allocated / capacity,
                 held_130=alloc.busy_slices() / alloc.total_slices,
-                unallocated_gpus_130=(alloc.total_slices - alloc.busy_slices()) / model.compute_slices,
+                # GPUs' worth: compute slices per GPU averaged over the cluster (7 on every model here)
+                unallocated_gpus_130=(alloc.total_slices - alloc.busy_slices())
+                / (alloc.total_slices / capacity),
                 idle_gpus_130=capacity - _busy_gpus(alloc),
                 plan_calls=alloc.plan_calls,
                 wall_s=time.perf_counter() - wall0,

@@ -8,14 +8,28 @@
   scaled to the cluster, covered GPU by GPU with maximal layouts (greedy: each GPU gets the layout that
   covers the most still-uncovered slice demand).
 
+On a cluster of several models each model gets its own layouts, from the same logic: the best fit covers
+the demand expressed in that model's profiles (each job's first alternative the model offers), scaled to
+that model's GPUs.
+
 Pure.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 from dynamig.geometry.layout import enumerate_layouts
 from dynamig.geometry.model import GpuModel, Layout, PlacedInstance
-from dynamig.simulate.trace import Trace, full_profile, plain_profiles
+from dynamig.simulate.trace import (
+    ClusterSpec,
+    Job,
+    Trace,
+    full_profile,
+    gpus_per_model,
+    plain_profiles,
+    preferred_on,
+)
 
 
 def maximal_layouts(model: GpuModel) -> tuple[Layout, ...]:
@@ -36,8 +50,9 @@ def whole(model: GpuModel) -> Layout:
     return (PlacedInstance(0, full_profile(model).name),)
 
 
-def average_mix(trace: Trace) -> dict[str, float]:
-    """Time-averaged number of devices the trace asks for, per preferred profile. Pure."""
+def average_mix(trace: Trace, model: GpuModel | None = None) -> dict[str, float]:
+    """Time-averaged number of devices the trace asks for, per preferred profile (with ``model``: per
+    profile of that model, each job's first alternative it offers; jobs it cannot serve left out). Pure."""
     mix: dict[str, float] = {}
     for job in trace.jobs:
         run = (
@@ -45,7 +60,19 @@ def average_mix(trace: Trace) -> dict[str, float]:
             if job.duration is None
             else min(job.duration, trace.horizon - job.arrival)
         )
-        mix[job.preferred] = mix.get(job.preferred, 0.0) + job.count * max(0.0, run) / trace.horizon
+        profile = job.preferred if model is None else preferred_on(job, model)
+        if profile is not None:
+            mix[profile] = mix.get(profile, 0.0) + job.count * max(0.0, run) / trace.horizon
+    return mix
+
+
+def device_mix_on(jobs: Iterable[Job], model: GpuModel) -> dict[str, float]:
+    """Devices the jobs ask for, per profile of ``model`` (each job's first alternative it offers). Pure."""
+    mix: dict[str, float] = {}
+    for job in jobs:
+        profile = preferred_on(job, model)
+        if profile is not None:
+            mix[profile] = mix.get(profile, 0.0) + job.count
     return mix
 
 
@@ -85,3 +112,18 @@ def static_candidates(model: GpuModel, mix: dict[str, float], gpus: int) -> dict
         "all-7g": (whole(model),),
         "best-fit": best_fit(model, mix, gpus),
     }
+
+
+def mixed_static_candidates(
+    models: Mapping[str, GpuModel], spec: ClusterSpec, mixes: Mapping[str, Mapping[str, float]]
+) -> dict[str, dict[str, tuple[Layout, ...]]]:
+    """Label -> model key -> layouts (cycled over that model's GPUs): ``static_candidates`` per model, the
+    best fit covering ``mixes[model key]`` on that model's GPUs. Pure."""
+    counts = gpus_per_model(spec)
+    out: dict[str, dict[str, tuple[Layout, ...]]] = {}
+    for key in sorted(models):
+        for label, layouts in static_candidates(
+            models[key], dict(mixes.get(key, {})), counts.get(key, 0)
+        ).items():
+            out.setdefault(label, {})[key] = layouts
+    return out

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,17 @@ from typing import Any
 import yaml
 
 from dynamig.geometry.catalog import load_catalog
-from dynamig.simulate.trace import Job, Trace, alternatives_for, sorted_jobs, uniform_cluster
+from dynamig.simulate.trace import (
+    Job,
+    Trace,
+    alternatives_for,
+    assign_models,
+    mixed_alternatives,
+    order_models,
+    profile_share,
+    sorted_jobs,
+    uniform_cluster,
+)
 
 
 class TraceSpecError(ValueError):
@@ -104,8 +114,16 @@ def _arrivals(rng: random.Random, cls: Mapping[str, Any], horizon_s: float, wher
     return sorted(times)
 
 
-def build_trace(doc: Mapping[str, Any], source: str = "<trace>") -> Trace:
-    """Generate the trace a parameter document describes. Pure and deterministic (seeded)."""
+def build_trace(
+    doc: Mapping[str, Any], source: str = "<trace>", mixed: Sequence[tuple[str, float]] | None = None
+) -> Trace:
+    """Generate the trace a parameter document describes. Pure and deterministic (seeded).
+
+    ``mixed`` ((model key, weight), ...): the cluster's nodes get these models instead of the file's
+    (``trace.assign_models``: weighted round-robin over the nodes in order), and each job asks for the
+    share of a GPU its profile holds on the file's model (``trace.profile_share``), listed as every mixed
+    model's profile for that share, smallest memory first, then their fallbacks
+    (``trace.mixed_alternatives``). The random draws are the same as without ``mixed``."""
     name = str(doc.get("name", source))
     seed = int(_num(doc, "seed", name))
     horizon = _num(doc, "horizon_h", name) * 3600.0
@@ -119,6 +137,11 @@ def build_trace(doc: Mapping[str, Any], source: str = "<trace>") -> Trace:
         int(_num(cluster_doc, "gpus_per_node", f"{name}.cluster")),
         model_key,
     )
+    mixed_models = None
+    if mixed:
+        catalog = load_catalog()
+        mixed_models = order_models(catalog.model(key) for key, _ in mixed)
+        cluster = assign_models(cluster, mixed)
     classes = doc.get("classes")
     if not isinstance(classes, list) or not classes:
         raise TraceSpecError(f"{name}.classes: expected a non-empty list")
@@ -150,7 +173,11 @@ def build_trace(doc: Mapping[str, Any], source: str = "<trace>") -> Trace:
                     name=f"{cls['name']}-{i:05d}",
                     arrival=round(t, 3),
                     duration=round(max(1.0, _duration(rng, duration, f"{where}.duration")), 3),
-                    alternatives=alternatives_for(model, profile, fallbacks),
+                    alternatives=alternatives_for(model, profile, fallbacks)
+                    if mixed_models is None
+                    else mixed_alternatives(
+                        mixed_models, profile_share(model, model.profile(profile)), fallbacks
+                    ),
                     count=count,
                     kind=str(cls.get("kind", cls["name"])),
                     share=model.profile(profile).compute_slices / model.compute_slices,
@@ -169,12 +196,13 @@ def build_trace(doc: Mapping[str, Any], source: str = "<trace>") -> Trace:
     )
 
 
-def load_trace_file(path: Path) -> Trace:
-    """Read a parameter file and generate its trace. Side effect: reads the file."""
+def load_trace_file(path: Path, mixed: Sequence[tuple[str, float]] | None = None) -> Trace:
+    """Read a parameter file and generate its trace (``mixed``: see ``build_trace``). Side effect: reads
+    the file."""
     doc = yaml.safe_load(path.read_text())
     if not isinstance(doc, Mapping):
         raise TraceSpecError(f"{path}: expected a mapping")
-    return build_trace(doc, path.stem)
+    return build_trace(doc, path.stem, mixed)
 
 
 def builtin_trace_names() -> tuple[str, ...]:
@@ -183,12 +211,13 @@ def builtin_trace_names() -> tuple[str, ...]:
     return tuple(sorted(p.name.removesuffix(".yaml") for p in root.iterdir() if p.name.endswith(".yaml")))
 
 
-def load_builtin_trace(name: str) -> Trace:
-    """Generate a shipped synthetic trace by name (e.g. ``diurnal-shift``). Side effect: reads a file."""
+def load_builtin_trace(name: str, mixed: Sequence[tuple[str, float]] | None = None) -> Trace:
+    """Generate a shipped synthetic trace by name (e.g. ``diurnal-shift``; ``mixed``: see
+    ``build_trace``). Side effect: reads a file."""
     res = resources.files("dynamig.simulate") / "traces" / f"{name}.yaml"
     if not res.is_file():
         raise TraceSpecError(f"no built-in trace {name!r} (known: {', '.join(builtin_trace_names())})")
     doc = yaml.safe_load(res.read_text())
     if not isinstance(doc, Mapping):
         raise TraceSpecError(f"{name}: expected a mapping")
-    return build_trace(doc, name)
+    return build_trace(doc, name, mixed)

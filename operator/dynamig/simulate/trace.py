@@ -145,6 +145,112 @@ def share_mapping_table(model: GpuModel) -> list[tuple[str, float, float]]:
     return rows
 
 
+# -- mixed-model clusters ------------------------------------------------------------------------------------
+# A job on a cluster of several GPU models asks for a share of one GPU; on each model that share is the
+# model's smallest plain profile holding it (``profile_for_share``). The job lists them the DRA way, as
+# ``firstAvailable`` alternatives, in the order a user would write them: the smallest memory that holds the
+# share first (the cheapest GPU: models by memory size, e.g. A100-40GB, H100-80GB, H200-141GB), then the
+# same for each fallback size. A GPU only offers plain profiles of its own model, so an alternative that
+# names another model's profile does not match there (``Cluster.offers``).
+
+
+def order_models(models: Iterable[GpuModel]) -> tuple[GpuModel, ...]:
+    """Models in a job's preference order: smallest memory (cheapest) first, then by key. Pure."""
+    return tuple(sorted({m.key: m for m in models}.values(), key=lambda m: (m.memory_mib, m.key)))
+
+
+def _interleave(per_model: Sequence[Sequence[str]]) -> tuple[str, ...]:
+    out: list[str] = []
+    for level in range(max((len(a) for a in per_model), default=0)):
+        for alts in per_model:
+            if level < len(alts) and alts[level] not in out:
+                out.append(alts[level])
+    return tuple(out)
+
+
+def mixed_alternatives(models: Sequence[GpuModel], share: float, fallbacks: int) -> tuple[str, ...]:
+    """Alternatives for a ``share`` of one GPU on any of ``models`` (already in preference order): each
+    model's ``profile_for_share``, then each model's first fallback, and so on. With one model this is
+    ``alternatives_for(model, profile_for_share(model, share).name, fallbacks)``. Pure."""
+    return _interleave([alternatives_for(m, profile_for_share(m, share).name, fallbacks) for m in models])
+
+
+def full_alternatives(models: Sequence[GpuModel]) -> tuple[str, ...]:
+    """The whole-GPU profile of each of ``models``, in their order (a multi-GPU task's alternatives). Pure."""
+    return _interleave([(full_profile(m).name,) for m in models])
+
+
+def compute_slices_by_name(models: Iterable[GpuModel]) -> dict[str, int]:
+    """Compute slices per profile name over ``models`` (a name means the same compute size on every model
+    that has it; ValueError if not). Pure."""
+    out: dict[str, int] = {}
+    for m in models:
+        for p in m.profiles:
+            known = out.setdefault(p.name, p.compute_slices)
+            if known != p.compute_slices:
+                raise ValueError(
+                    f"profile {p.name}: {known} compute slices on one model, {p.compute_slices} on {m.key}"
+                )
+    return out
+
+
+def preferred_on(job: Job, model: GpuModel) -> str | None:
+    """The first of ``job``'s alternatives that a GPU of ``model`` offers (a plain profile of the model;
+    ``Cluster.offers``); None when it offers none of them. Pure."""
+    plain = {p.name for p in plain_profiles(model)}
+    return next((name for name in job.alternatives if name in plain), None)
+
+
+def parse_model_weights(text: str) -> tuple[tuple[str, float], ...]:
+    """``A100-40GB=1,H100-80GB=2`` (weight 1 when omitted) -> ((key, weight), ...) in the order given.
+    ValueError on a malformed entry, a non-positive weight or a repeated key. Pure."""
+    out: list[tuple[str, float]] = []
+    for part in filter(None, (x.strip() for x in text.split(","))):
+        key, sep, w = part.partition("=")
+        key = key.strip()
+        try:
+            weight = float(w) if sep else 1.0
+        except ValueError:
+            raise ValueError(f"expected MODEL=WEIGHT, got {part!r}") from None
+        if not key or weight <= 0:
+            raise ValueError(f"expected MODEL=WEIGHT with a positive weight, got {part!r}")
+        if any(k == key for k, _ in out):
+            raise ValueError(f"model {key} given twice")
+        out.append((key, weight))
+    if not out:
+        raise ValueError("expected at least one MODEL=WEIGHT")
+    return tuple(out)
+
+
+def assign_models(spec: ClusterSpec, weights: Sequence[tuple[str, float]]) -> ClusterSpec:
+    """The same nodes, each given one of the weighted models so that each model gets about its share of
+    the GPUs: nodes in order, each to the model furthest below its share of the GPUs assigned so far
+    (ties: the order given). Equal node sizes and weights 1,1,1 give round-robin A, B, C, A, B, C, ...;
+    deterministic. Pure."""
+    total_w = sum(w for _, w in weights)
+    assigned = [0] * len(weights)
+    nodes = []
+    for node in spec.nodes:
+        after = sum(assigned) + node.gpus
+        pick = max(range(len(weights)), key=lambda i: (after * weights[i][1] / total_w - assigned[i], -i))
+        assigned[pick] += node.gpus
+        nodes.append(NodeSpec(node.name, node.gpus, weights[pick][0], node.gpu_type))
+    return ClusterSpec(tuple(nodes))
+
+
+def gpus_per_model(spec: ClusterSpec) -> dict[str, int]:
+    """GPUs of each model in ``spec`` (keys sorted). Pure."""
+    out: dict[str, int] = {}
+    for n in spec.nodes:
+        out[n.model] = out.get(n.model, 0) + n.gpus
+    return dict(sorted(out.items()))
+
+
+def describe_cluster(spec: ClusterSpec) -> str:
+    """``16 x A100-40GB + 8 x H100-80GB``. Pure."""
+    return " + ".join(f"{n} x {k}" for k, n in gpus_per_model(spec).items())
+
+
 def slice_demand(job: Job, slices_of: dict[str, int]) -> int:
     """Compute slices the job asks for: ``count`` devices of its preferred profile. Pure."""
     return job.count * slices_of[job.preferred]
