@@ -79,13 +79,6 @@ def cluster_models(spec: ClusterSpec) -> tuple[GpuModel, ...]:
     return order_models(catalog.model(key) for key in spec.models())
 
 
-def single_model(spec: ClusterSpec) -> GpuModel:
-    models = cluster_models(spec)
-    if len(models) != 1:
-        raise ValueError(f"expected a cluster of one GPU model; the cluster has {spec.models()}")
-    return models[0]
-
-
 def allocator_factories(
     spec: ClusterSpec,
     mix: Mapping[str, float] | Mapping[str, Mapping[str, float]],
@@ -193,13 +186,6 @@ class PaperRun:
     idle_gpus_130: int  # GPUs with nothing allocated at 130%
     plan_calls: int
     wall_s: float
-
-
-def device_mix(jobs: Sequence[Job]) -> dict[str, float]:
-    mix: dict[str, float] = {}
-    for job in jobs:
-        mix[job.preferred] = mix.get(job.preferred, 0.0) + job.count
-    return mix
 
 
 def run_paper_protocol(
