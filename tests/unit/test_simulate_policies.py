@@ -305,3 +305,96 @@ def test_node_order_pack_fills_a_node_in_use_and_spread_takes_the_least_busy() -
     assert nodes == {"pack": (0, 0), "spread": (0, 1)}
     with pytest.raises(ValueError, match="node_order"):
         DynamigAllocator(Cluster(spec), Policy(), reshape_latency_s=0.0, cooldown_s=0.0, node_order="random")
+
+
+# -- dynamig with a warm pool sized from the trace's own history (dynamig-warm) ---------------------------
+def waves_trace() -> Trace:
+    """Every 10 minutes two 1g claims one second apart, each running past the horizon: every claim needs a
+    new instance unless one was made ready before it arrived."""
+    jobs = tuple(Job(f"w{w}-{k}", 600.0 * w + k, 10_000.0, ("1g.10gb",)) for w in range(6) for k in range(2))
+    return Trace("waves", uniform_cluster(1, 3, "A100-80GB"), jobs, horizon=3_900.0)
+
+
+def test_history_warm_pool_cuts_p50_wait_to_the_binding_round_trip() -> None:
+    trace = waves_trace()
+    dyn = DynamigSettings(warm_history_s=3600.0, warm_resize_s=300.0)
+    runs = {
+        label: simulate(trace, make(), CFG)
+        for label, make in allocator_factories(
+            trace.cluster, {}, CFG, dyn, ("first-fit", "dynamig", "dynamig-warm")
+        )[0]
+    }
+    plain, warm, ff = runs["dynamig"], runs["dynamig-warm"], runs["first-fit"]
+    assert warm.policy == "dynamig (history warm pool)"
+    # plain dynamig creates an instance for every claim: binding + create latency
+    assert plain.wait_p50_by_profile["1g.10gb"] == pytest.approx(CFG.bind_rtt_s + CFG.reshape_latency_s)
+    assert ff.wait_p50_by_profile["1g.10gb"] >= CFG.reshape_latency_s
+    # the history pool (2: two claims per refill time) is ready before each later wave arrives
+    assert warm.wait_p50_by_profile["1g.10gb"] <= CFG.bind_rtt_s
+    assert warm.wait_p50_s <= CFG.bind_rtt_s < plain.wait_p50_s
+    share, mean = warm.warm_pool_coverage["1g.10gb"]
+    assert share > 0.5 and 1.0 < mean <= 2.0
+    # the first wave had no history: it waited for creates (no hindsight)
+    assert warm.started == plain.started == 12
+    assert warm.served_slice_h == pytest.approx(plain.served_slice_h, rel=0.01)
+    assert warm.destroyed_busy == 0 and plain.destroyed_busy == 0
+
+
+def test_history_warm_pool_sees_only_earlier_arrivals() -> None:
+    spec = uniform_cluster(1, 2, "A100-80GB")
+    alloc = DynamigAllocator(
+        Cluster(spec),
+        Policy(),
+        reshape_latency_s=6.0,
+        cooldown_s=60.0,
+        bind_rtt_s=1.0,
+        warm_sizing=DynamigSettings().sizing(CFG),
+        resize_every_s=300.0,
+    )
+    first = Job("a", 100.0, 50.0, ("1g.10gb",))
+    alloc.observe_arrival(first, 100.0)
+    assert alloc.policy.warm_pool == {}  # sized before the claim at t joins the history
+    alloc.observe_arrival(Job("b", 200.0, 50.0, ("2g.20gb",)), 200.0)
+    assert alloc.policy.warm_pool == {}  # not re-sized within resize_every_s
+    alloc.observe_arrival(Job("c", 400.0, 50.0, ("2g.20gb",), count=2), 400.0)
+    assert alloc.policy.warm_pool == {"1g.10gb": 1, "2g.20gb": 1}
+    assert alloc.wants_plan(400.0)
+
+
+def test_history_warm_pool_rows_and_goal_line(tmp_path: Path) -> None:
+    from dynamig.simulate import report
+    from dynamig.simulate.runner import TraceReport
+
+    trace = waves_trace()
+    dyn = DynamigSettings(warm_history_s=3600.0)
+    results = [
+        simulate(trace, make(), CFG)
+        for _, make in allocator_factories(
+            trace.cluster, {}, CFG, dyn, ("first-fit", "dynamig", "dynamig-warm")
+        )[0]
+    ]
+    rep = TraceReport(trace, results, 0.0, {})
+    header, rows = report.profile_wait_rows(rep)
+    assert header[1] == "1g.10gb" and [r[0] for r in rows][2] == "dynamig (history warm pool)"
+    (line,) = report.warm_goals(rep)
+    assert line.startswith("history warm pool 1g.10gb") and ": met" in line
+    row = report.replay_row(rep, results[2])
+    assert row["wait_p50_by_profile"]["1g.10gb"] <= 1.0
+    assert row["warm_pool_coverage"]["1g.10gb"]["share_of_time"] > 0.5
+
+
+def test_history_warm_pool_runs_in_online_replays_only() -> None:
+    """The paper protocol has no clock and no departures: a pool learnt from arrivals has nothing to do."""
+    spec = uniform_cluster(1, 1, "A100-80GB")
+    jobs = [Job(f"s{i}", float(i), None, ("1g.10gb",)) for i in range(3)]
+    runs = run_paper_protocol(jobs, spec, 0, CFG, DynamigSettings(), ("dynamig", "dynamig-warm"))
+    assert [r.policy for r in runs] == ["dynamig"]
+
+
+def test_command_rejects_a_bad_warm_quantile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dynamig.cli import main
+
+    rc = main(
+        ["simulate", "--traces", "fragmentation", "--warm-quantile", "1.5", "--out", str(tmp_path), "--quiet"]
+    )
+    assert rc == 2 and "--warm-quantile" in capsys.readouterr().err

@@ -85,7 +85,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--policies",
         default="whole-gpu,static,first-fit,nvidia-dynamic-mig,hami-reserve,dynamig,pool",
         help="comma-separated subset of whole-gpu, static, first-fit, nvidia-dynamic-mig, hami-reserve, "
-        "dynamig, pool",
+        "dynamig, dynamig-warm (dynamig with a warm pool sized from the trace's history; online replays "
+        "only), dynamig-spread (dynamig under the scheduler's default spreading node order), pool",
     )
     p.add_argument("--window-s", type=float, default=None, help="dynamig batching window (default 2)")
     p.add_argument(
@@ -102,6 +103,37 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="binding round trip before a booked placement is created (default 1)",
     )
     p.add_argument("--warm-pool", default="", help="dynamig warm pool, e.g. 1g.10gb=4,2g.20gb=2")
+    p.add_argument(
+        "--warm-history-h",
+        type=float,
+        default=6.0,
+        help="dynamig-warm: hours of past arrivals the pool is sized from (default 6)",
+    )
+    p.add_argument(
+        "--warm-quantile",
+        type=float,
+        default=0.95,
+        help="dynamig-warm: share of past claims a pool of that size would have served warm (default 0.95)",
+    )
+    p.add_argument(
+        "--warm-resize-min",
+        type=float,
+        default=5.0,
+        help="dynamig-warm: minutes of virtual time between two re-sizings (default 5)",
+    )
+    p.add_argument(
+        "--warm-refill-s",
+        type=float,
+        default=None,
+        help="dynamig-warm: seconds until a taken pool instance is replaced, the sliding window the pool is "
+        "sized over (default: bind round trip + window + create latency)",
+    )
+    p.add_argument(
+        "--warm-max-share",
+        type=float,
+        default=0.1,
+        help="dynamig-warm: the pool holds at most this share of the cluster's compute slices (default 0.1)",
+    )
     p.add_argument("--out", type=Path, default=Path("simulate-out"), help="output directory")
     p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -162,7 +194,16 @@ def run(args: argparse.Namespace) -> int:
     if args.bind_rtt_s is not None:
         cfg = replace(cfg, bind_rtt_s=args.bind_rtt_s)
     try:
-        dyn = DynamigSettings(warm_pool=_warm_pool(args.warm_pool))
+        dyn = DynamigSettings(
+            warm_pool=_warm_pool(args.warm_pool),
+            warm_history_s=args.warm_history_h * 3600.0,
+            warm_quantile=args.warm_quantile,
+            warm_resize_s=args.warm_resize_min * 60.0,
+            warm_max_share=args.warm_max_share,
+            warm_refill_s=args.warm_refill_s,
+        )
+        if not 0.0 < args.warm_quantile <= 1.0 or args.warm_history_h <= 0 or args.warm_resize_min <= 0:
+            raise ValueError("--warm-quantile must be in (0, 1], --warm-history-h and --warm-resize-min > 0")
         loads = _loads(args.loads)
         mixed = parse_model_weights(args.mixed) if args.mixed else None
         mixed_models = order_models(load_catalog().model(k) for k, _ in mixed) if mixed else ()
@@ -308,6 +349,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"  best-fit static layout: {report.static_summary(rep)}")
         print("  served by job size (of what jobs of that size asked for):")
         print("  " + report.text_table(*report.size_rows(rep)).replace("\n", "\n  "))
+        print("  wait per first-choice profile (single-device jobs, p50 / p95):")
+        print("  " + report.text_table(*report.profile_wait_rows(rep)).replace("\n", "\n  "))
     if any(rep.load is not None for rep in reports):
         print("\n== served share of offered demand by load")
         print(report.text_table(*report.load_rows(reports)))
@@ -328,6 +371,13 @@ def run(args: argparse.Namespace) -> int:
             "cooldown_s": cfg.cooldown_s,
             "bind_rtt_s": cfg.bind_rtt_s,
             "warm_pool": dict(dyn.warm_pool),
+            "history_warm_pool": {
+                "history_s": dyn.warm_history_s,
+                "quantile": dyn.warm_quantile,
+                "resize_s": dyn.warm_resize_s,
+                "max_share": dyn.warm_max_share,
+                "refill_s": dyn.sizing(cfg).refill_s,
+            },
             "loads": loads,
             "seeds": args.seeds,
             "model": args.model,
@@ -355,6 +405,10 @@ def _markdown(reports: list[TraceReport], paper: list[PaperRun]) -> str:
         lines = [*report.goals(rep), f"best-fit static layout: {report.static_summary(rep)}"]
         parts.append("\n".join(f"- {g}" for g in lines))
         parts.append("Served by job size:\n\n" + report.markdown_table(*report.size_rows(rep)))
+        parts.append(
+            "Wait per first-choice profile (single-device jobs, p50 / p95):\n\n"
+            + report.markdown_table(*report.profile_wait_rows(rep))
+        )
     if any(rep.load is not None for rep in reports):
         parts.append(
             "### Served share of offered demand by load\n\n"

@@ -49,6 +49,7 @@ class OfferAllocator(Allocator):
     """Booking of published devices; subclasses decide what is offered and in which order."""
 
     keeps_free = False  # True: an instance outlives its job and is offered again
+    binds_free = False  # True: booking an existing instance also waits for the node agent's binding answer
 
     def __init__(
         self,
@@ -203,6 +204,8 @@ class OfferAllocator(Allocator):
         for offer in picked:
             if offer.inst is not None:
                 inst = offer.inst
+                if self.binds_free:
+                    ready = max(ready, now + self.bind)
             else:
                 for old in offer.destroys:
                     self.cluster.destroy(old, now)

@@ -23,12 +23,14 @@ What the simulation does, as the operator, the agents and the scheduler would:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 from dynamig.geometry.catalog import Catalog
 from dynamig.geometry.model import Layout, normalize_layout
 from dynamig.planner import ClaimDemand, CurrentInstance, GpuState, Policy, plan
 from dynamig.planner.ranking import GpuOffers, OfferKind, RankedOffer, rank_offers
 from dynamig.planner.reserve import IdleNode, WaitingClaim, keep_idle_nodes
+from dynamig.planner.warmpool import WarmPoolSizing, cap_warm_pool, size_warm_pool
 from dynamig.simulate.allocators import Allocation, Replan
 from dynamig.simulate.booking import Offer, OfferAllocator
 from dynamig.simulate.cluster import Cluster, Gpu, Instance
@@ -48,6 +50,7 @@ class DynamigAllocator(OfferAllocator):
     name = "dynamig"
     replans = True
     keeps_free = True
+    binds_free = True  # every device carries binding conditions, an existing free instance's too
 
     def __init__(
         self,
@@ -62,14 +65,31 @@ class DynamigAllocator(OfferAllocator):
         catalog: Catalog | None = None,
         plan_pending: bool = False,
         node_order: str = "pack",
+        warm_sizing: WarmPoolSizing | None = None,
+        resize_every_s: float = 300.0,
+        warm_max_slices: int | None = None,
     ) -> None:
         if node_order not in NODE_ORDERS:
             raise ValueError(f"node_order must be one of {', '.join(NODE_ORDERS)}, not {node_order!r}")
         self.node_order = node_order
+        if node_order != "pack":
+            self.name = f"dynamig ({node_order} node order)"
         self.policy = policy
         # Offers already include every placement free space allows (re-cuts too), so a round for claims
         # they could not place finds nothing new; by default rounds run for the warm pool and baseline only.
-        self.plan_pending = plan_pending or bool(policy.warm_pool) or bool(policy.baseline)
+        self.plan_pending = (
+            plan_pending or bool(policy.warm_pool) or bool(policy.baseline) or warm_sizing is not None
+        )
+        # history warm pool: re-sized every ``resize_every_s`` from the single-device claims seen so far
+        self.warm_sizing = warm_sizing
+        self.resize_every_s = resize_every_s
+        self.warm_max_slices = warm_max_slices
+        self._arrivals: list[tuple[float, str]] = []
+        self._next_resize = 0.0
+        self._pool_since = 0.0
+        self._pool_time: dict[str, tuple[float, float]] = {}  # profile -> (seconds > 0, size x seconds)
+        if warm_sizing is not None:
+            self.name = "dynamig (history warm pool)"
         self.cooldown = cooldown_s
         self.max_claims = max_claims
         self.catalog = catalog
@@ -236,15 +256,61 @@ class DynamigAllocator(OfferAllocator):
             self._not_ready.discard(inst)
         self.touch([i.gpu for i in done if i.alive])
 
+    def observe_arrival(self, job: Job, now: float) -> None:
+        """A claim arrived at ``now`` (engine hook). With history sizing, the pool is first re-sized from
+        the arrivals before ``now`` when ``resize_every_s`` has passed, then ``job`` joins the history
+        (single-device claims only: pooled instances are scattered, a multi-GPU claim needs one node)."""
+        if self.warm_sizing is None:
+            return
+        if now >= self._next_resize:
+            self._next_resize = now + self.resize_every_s
+            lo = now - self.warm_sizing.history_s
+            cut = next((i for i, (t, _) in enumerate(self._arrivals) if t >= lo), len(self._arrivals))
+            del self._arrivals[:cut]  # older than any future history window
+            pool = size_warm_pool(self._arrivals, now, self.warm_sizing)
+            pool = {p: n for p, n in pool.items() if p in self._allowed}
+            if self.warm_max_slices is not None:
+                slices = {p.name: p.compute_slices for m in self.cluster.models.values() for p in m.profiles}
+                pool = cap_warm_pool(pool, slices.__getitem__, self.warm_max_slices)
+            self._account_pool(now)
+            self.policy = replace(self.policy, warm_pool=pool)
+        if job.count == 1:
+            self._arrivals.append((now, job.preferred))
+
+    def _account_pool(self, now: float) -> None:
+        span = max(0.0, now - self._pool_since)
+        for profile, n in self.policy.warm_pool.items():
+            pos, area = self._pool_time.get(profile, (0.0, 0.0))
+            self._pool_time[profile] = (pos + (span if n > 0 else 0.0), area + n * span)
+        self._pool_since = now
+
+    def warm_pool_coverage(self, horizon: float) -> dict[str, tuple[float, float]]:
+        """Per profile: share of ``[0, horizon]`` with a warm-pool target > 0, and the time-mean target."""
+        self._account_pool(max(horizon, self._pool_since))
+        if horizon <= 0:
+            return {}
+        return {p: (pos / horizon, area / horizon) for p, (pos, area) in sorted(self._pool_time.items())}
+
     def free_count(self, profile: str, now: float) -> int:
         return sum(
             1 for g in self.cluster.gpus for i in g.instances if i.profile == profile and not self._kept(i)
         )
 
     def wants_plan(self, now: float) -> bool:
-        if not self.policy.warm_pool:
+        pool = self.policy.warm_pool
+        if not pool:
             return False
-        return any(self.free_count(p, now) < n for p, n in self.policy.warm_pool.items())
+        # one pass over the instances for every profile of the pool, stopping once none is short
+        short = {p: n for p, n in pool.items() if n > 0}
+        for g in self.cluster.gpus:
+            if not short:
+                return False
+            for i in g.instances:
+                if i.profile in short and not self._kept(i):
+                    short[i.profile] -= 1
+                    if not short[i.profile]:
+                        del short[i.profile]
+        return bool(short)
 
     def replan(self, now: float, pending: Sequence[Job]) -> Replan:
         if not self.plan_pending:

@@ -4,7 +4,9 @@ Events at one instant are handled in a fixed order (departures, reshapes finishi
 planning rounds), then one scheduling pass walks the queue in arrival order and starts every job that
 fits (backfilling: a job that does not fit does not block later ones). An allocator that re-plans
 (dynamig) gets a planning round ``window_s`` after demand or inventory changed, as the operator batches
-demand; the instances a round creates become usable ``reshape_latency_s`` later.
+demand; the instances a round creates become usable ``reshape_latency_s`` later. An allocator with an
+``observe_arrival(job, now)`` method is told of every arrival as it happens (before its scheduling pass),
+so that it can learn from the past only (dynamig's history warm pool).
 
 Everything is deterministic: no wall clock, no randomness (traces carry their own seeds).
 """
@@ -58,6 +60,13 @@ class RunResult:
     served_by_size: dict[int, float] = field(default_factory=dict)  # GPUs per job -> served slice-h
     offered_by_size: dict[int, float] = field(default_factory=dict)  # GPUs per job -> offered slice-h
     started_wait_mean_s: float = 0.0  # over the jobs that started only (the former figure)
+    wait_p50_s: float = 0.0  # over every job that arrived, as wait_mean_s
+    # per first-choice profile of single-device jobs, over every such job that arrived (as wait_mean_s)
+    wait_p50_by_profile: dict[str, float] = field(default_factory=dict)
+    wait_p95_by_profile: dict[str, float] = field(default_factory=dict)
+    # warm pool per profile: (share of the horizon with a target > 0, time-mean target); empty: none
+    warm_pool_coverage: dict[str, tuple[float, float]] = field(default_factory=dict)
+    bind_rtt_s: float = 0.0  # the run's binding round trip (what a warm-pool hit should wait at most)
 
     @property
     def utilization(self) -> float:
@@ -116,6 +125,8 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
     order: dict[str, int] = {}
     running: dict[str, tuple[Job, Allocation]] = {}
     waits: list[float] = []
+    profile_waits: dict[str, list[float]] = {}  # single-device jobs, by first-choice profile
+    observe = getattr(allocator, "observe_arrival", None)  # allocators that learn from arrivals
     served = held = offered = 0.0
     served_by: dict[int, float] = {}
     started: set[str] = set()
@@ -154,6 +165,8 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
             started.add(name)
             begin = now + alloc.delay
             waits.append(begin - job.arrival)
+            if job.count == 1:
+                profile_waits.setdefault(job.preferred, []).append(begin - job.arrival)
             run = max(0.0, horizon - begin if job.duration is None else min(job.duration, horizon - begin))
             got = demand_slices(job, slices.__getitem__) * run
             served += got
@@ -176,6 +189,8 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
                 allocator.on_ready(now)
                 changed = True
             elif kind == ARRIVE and item is not None:
+                if observe is not None:
+                    observe(item, now)
                 pending[item.name] = item
                 order[item.name] = len(order)
                 queues.setdefault(_shape(item), {})[item.name] = item
@@ -214,6 +229,10 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
     all_waits = waits + [
         horizon - job.arrival for job in trace.jobs if job.arrival <= horizon and job.name not in started
     ]
+    for job in trace.jobs:
+        if job.count == 1 and job.arrival <= horizon and job.name not in started:
+            profile_waits.setdefault(job.preferred, []).append(horizon - job.arrival)
+    coverage = getattr(allocator, "warm_pool_coverage", None)
     return RunResult(
         policy=allocator.name,
         trace=trace.name,
@@ -237,4 +256,9 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
         served_by_size={k: v / 3600.0 for k, v in sorted(served_by.items())},
         offered_by_size={k: v / 3600.0 for k, v in sorted(offered_by.items())},
         started_wait_mean_s=sum(waits) / len(waits) if waits else 0.0,
+        wait_p50_s=percentile(all_waits, 50),
+        wait_p50_by_profile={p: percentile(w, 50) for p, w in sorted(profile_waits.items())},
+        wait_p95_by_profile={p: percentile(w, 95) for p, w in sorted(profile_waits.items())},
+        warm_pool_coverage=coverage(horizon) if coverage is not None else {},
+        bind_rtt_s=cfg.bind_rtt_s,
     )

@@ -97,7 +97,67 @@ def goals(rep: TraceReport) -> list[str]:
     if rep.upper_bound_slice_h:
         out.append(f"dynamig / upper bound = {100 * dyn.served_slice_h / rep.upper_bound_slice_h:.1f}%")
     out.append(f"instances destroyed while held: {dyn.destroyed_busy}")
+    out += warm_goals(rep)
     return out
+
+
+HISTORY_WARM = "dynamig (history warm pool)"
+
+
+def warm_goals(rep: TraceReport, min_share: float = 0.5) -> list[str]:
+    """For each profile the history warm pool covers (target > 0 for at least ``min_share`` of the
+    horizon): its p50 wait against the binding round trip, beside plain dynamig and first-fit. Pure."""
+    warm = rep.by_policy(HISTORY_WARM)
+    if warm is None:
+        return []
+    dyn, ff = rep.by_policy("dynamig"), rep.by_policy("first-fit")
+    covered = {p: c for p, c in warm.warm_pool_coverage.items() if c[0] >= min_share}
+    if not covered:
+        return [f"history warm pool: covers no profile for >= {100 * min_share:.0f}% of the time"]
+    out = []
+    for profile, (share, mean) in covered.items():
+        p50 = warm.wait_p50_by_profile.get(profile)
+        if p50 is None:
+            continue
+        met = "met" if p50 <= warm.bind_rtt_s + 1e-9 else "NOT met"
+        others = ", ".join(
+            f"{r.policy} {r.wait_p50_by_profile[profile]:.1f}s"
+            for r in (dyn, ff)
+            if r is not None and profile in r.wait_p50_by_profile
+        )
+        out.append(
+            f"history warm pool {profile} (target > 0 for {100 * share:.0f}% of the time, mean "
+            f"{mean:.1f}): p50 wait {p50:.1f}s vs bind_rtt {warm.bind_rtt_s:g}s: {met}"
+            + (f" ({others})" if others else "")
+        )
+    return out
+
+
+def profile_wait_rows(
+    rep: TraceReport, policies: Sequence[str] | None = None
+) -> tuple[list[str], list[list[str]]]:
+    """p50 / p95 wait of single-device jobs per first-choice profile (every arrived job, never-started
+    ones waiting until the horizon), one row per policy (``policies``: those only). Pure."""
+    results = [r for r in rep.results if policies is None or r.policy in policies]
+    profiles = sorted({p for r in results for p in r.wait_p50_by_profile}, key=_profile_order)
+    header = ["policy (p50 / p95 wait)", *profiles, "warm pool (mean target)"]
+    rows = []
+    for r in results:
+        cells = [r.policy]
+        for p in profiles:
+            if p in r.wait_p50_by_profile:
+                cells.append(f"{_h(r.wait_p50_by_profile[p])} / {_h(r.wait_p95_by_profile[p])}")
+            else:
+                cells.append("-")
+        pool = ", ".join(f"{p} {c[1]:.1f}" for p, c in r.warm_pool_coverage.items() if c[1] > 0)
+        cells.append(pool or "-")
+        rows.append(cells)
+    return header, rows
+
+
+def _profile_order(name: str) -> tuple[int, str]:
+    head = name.split("g.", 1)[0]
+    return (int(head) if head.isdigit() else 99, name)
 
 
 def size_rows(rep: TraceReport) -> tuple[list[str], list[list[str]]]:
@@ -162,6 +222,12 @@ def replay_row(rep: TraceReport, r: RunResult) -> dict[str, Any]:
         "reshapes": r.reshapes,
         "created": r.created,
         "wall_s": r.wall_s,
+        "p50_wait_s": r.wait_p50_s,
+        "wait_p50_by_profile": dict(r.wait_p50_by_profile),
+        "wait_p95_by_profile": dict(r.wait_p95_by_profile),
+        "warm_pool_coverage": {
+            p: {"share_of_time": c[0], "mean_target": c[1]} for p, c in r.warm_pool_coverage.items()
+        },
     }
 
 

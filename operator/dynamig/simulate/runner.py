@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import cast
 
 from dynamig.geometry.model import GpuModel, Layout
 from dynamig.planner import Policy, Strategy
+from dynamig.planner.warmpool import WarmPoolSizing
 from dynamig.simulate.allocators import (
     Allocator,
     FirstFitAllocator,
@@ -28,7 +29,21 @@ from dynamig.simulate.engine import RunResult, SimConfig, simulate
 from dynamig.simulate.static_layouts import average_mix, device_mix_on, mixed_static_candidates
 from dynamig.simulate.trace import ClusterSpec, Job, Trace, compute_slices_by_name, order_models
 
-POLICIES = ("whole-gpu", "static", "first-fit", "nvidia-dynamic-mig", "hami-reserve", "dynamig", "pool")
+POLICIES = (
+    "whole-gpu",
+    "static",
+    "first-fit",
+    "nvidia-dynamic-mig",
+    "hami-reserve",
+    "dynamig",
+    "dynamig-warm",
+    "dynamig-spread",
+    "pool",
+)
+# what `dynamig simulate` runs unless --policies says otherwise (the two dynamig variants are opt-in)
+DEFAULT_POLICIES = tuple(p for p in POLICIES if p not in ("dynamig-warm", "dynamig-spread"))
+# policies that learn from arrivals over time; the paper protocol (no clock, no departures) leaves them out
+ONLINE_ONLY = ("dynamig-warm",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +55,14 @@ class DynamigSettings:
     # that has all its profiles; a mapping gives one per model key.
     baseline: Layout | Mapping[str, Layout] | None = None
     strategy: Strategy = Strategy.PACK
+    # dynamig-warm: the warm pool sized from the trace's own history (dynamig.planner.warmpool), re-sized
+    # every warm_resize_s from the single-device claims of the last warm_history_s, to the warm_quantile of
+    # arrivals per refill time (binding + window + create latency), at most warm_max_share of the slices
+    warm_history_s: float = 6 * 3600.0
+    warm_quantile: float = 0.95
+    warm_resize_s: float = 300.0
+    warm_max_share: float = 0.1
+    warm_refill_s: float | None = None  # None: bind_rtt_s + window_s + reshape_latency_s
 
     def policy(self, models: GpuModel | Iterable[GpuModel]) -> Policy:
         """The planner policy for a cluster of ``models`` (one model or several). Pure."""
@@ -51,6 +74,15 @@ class DynamigSettings:
             layout = self.baseline
             baseline = {k: layout for k, m in keyed.items() if all(m.has_profile(i.profile) for i in layout)}
         return Policy(warm_pool=dict(self.warm_pool), baseline=baseline, strategy=self.strategy)
+
+    def sizing(self, cfg: SimConfig) -> WarmPoolSizing:
+        """The history warm pool's sizing for ``cfg``'s latencies. Pure."""
+        refill = self.warm_refill_s
+        if refill is None:
+            refill = cfg.bind_rtt_s + cfg.window_s + cfg.reshape_latency_s
+        return WarmPoolSizing(
+            refill_s=max(refill, 1e-3), history_s=self.warm_history_s, quantile=self.warm_quantile
+        )
 
 
 @dataclass(slots=True)
@@ -98,6 +130,8 @@ def allocator_factories(
         given = cast(Mapping[str, float], mix.get(m.key, {}) if nested else mix)
         mixes[m.key] = {p: float(n) for p, n in given.items() if m.has_profile(p)}
     statics = mixed_static_candidates({m.key: m for m in models}, spec, mixes)
+    by_key = {m.key: m for m in models}
+    total_slices = sum(n.gpus * by_key[n.model].compute_slices for n in spec.nodes)
     out: list[tuple[str, Callable[[], Allocator]]] = []
     if "whole-gpu" in policies:
         out.append(("whole-gpu", lambda: WholeGpuAllocator(Cluster(spec, log=log))))
@@ -132,6 +166,36 @@ def allocator_factories(
                     reshape_latency_s=cfg.reshape_latency_s,
                     cooldown_s=cfg.cooldown_s,
                     bind_rtt_s=cfg.bind_rtt_s,
+                ),
+            )
+        )
+    if "dynamig-spread" in policies:  # the scheduler's default spreading node order instead of packing
+        out.append(
+            (
+                "dynamig-spread",
+                lambda: DynamigAllocator(
+                    Cluster(spec, log=log),
+                    dyn.policy(models),
+                    reshape_latency_s=cfg.reshape_latency_s,
+                    cooldown_s=cfg.cooldown_s,
+                    bind_rtt_s=cfg.bind_rtt_s,
+                    node_order="spread",
+                ),
+            )
+        )
+    if "dynamig-warm" in policies:
+        out.append(
+            (
+                "dynamig-warm",
+                lambda: DynamigAllocator(
+                    Cluster(spec, log=log),
+                    replace(dyn.policy(models), warm_pool={}),  # sized from the history as it arrives
+                    reshape_latency_s=cfg.reshape_latency_s,
+                    cooldown_s=cfg.cooldown_s,
+                    bind_rtt_s=cfg.bind_rtt_s,
+                    warm_sizing=dyn.sizing(cfg),
+                    resize_every_s=dyn.warm_resize_s,
+                    warm_max_slices=int(dyn.warm_max_share * total_slices),
                 ),
             )
         )
@@ -203,7 +267,8 @@ def run_paper_protocol(
     capacity = spec.gpu_count
     instant = SimConfig(window_s=0.0, reshape_latency_s=0.0, cooldown_s=0.0, bind_rtt_s=0.0)
     mixes = {m.key: device_mix_on(jobs, m) for m in models}
-    factories, _ = allocator_factories(spec, mixes, instant, dyn, policies)
+    once = tuple(p for p in policies if p not in ONLINE_ONLY)
+    factories, _ = allocator_factories(spec, mixes, instant, dyn, once)
     runs = []
     for _, make in factories:
         wall0 = time.perf_counter()
