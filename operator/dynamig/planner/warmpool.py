@@ -23,6 +23,9 @@ import bisect
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
+
+_N = TypeVar("_N", int, float)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +68,9 @@ def window_counts(times: Iterable[float], width: float) -> list[int]:
     return out
 
 
-def nearest_rank(values: Iterable[int], q: float) -> int:
+def nearest_rank(values: Iterable[_N], q: float) -> _N | int:
     """The ``q``-quantile by nearest rank: the smallest value with at least ``q`` of the values at or
-    below it (0 for no values). Pure."""
+    below it (0 for no values). The simulator's percentiles use it too. Pure."""
     xs = sorted(values)
     if not xs:
         return 0

@@ -88,6 +88,13 @@ class Allocator:
     def set_pending(self, jobs: Iterable[Job]) -> None:
         """The jobs waiting now, before a scheduling pass (for policies that keep room for them)."""
 
+    def observe_arrival(self, job: Job, now: float) -> None:
+        """``job`` arrived at ``now`` (before its scheduling pass): policies that learn from the past."""
+
+    def warm_pool_coverage(self, horizon: float) -> dict[str, tuple[float, float]]:
+        """Per profile: (share of the horizon with a warm-pool target > 0, time-mean target); {}: none."""
+        return {}
+
     def withdraw(self, job: Job, now: float) -> None:
         """``job`` stopped waiting (gave up) before it was placed."""
 

@@ -4,9 +4,9 @@ Events at one instant are handled in a fixed order (departures, reshapes finishi
 planning rounds), then one scheduling pass walks the queue in arrival order and starts every job that
 fits (backfilling: a job that does not fit does not block later ones). An allocator that re-plans
 (dynamig) gets a planning round ``window_s`` after demand or inventory changed, as the operator batches
-demand; the instances a round creates become usable ``reshape_latency_s`` later. An allocator with an
-``observe_arrival(job, now)`` method is told of every arrival as it happens (before its scheduling pass),
-so that it can learn from the past only (dynamig's history warm pool).
+demand; the instances a round creates become usable ``reshape_latency_s`` later. The allocator is told of
+every arrival as it happens (``observe_arrival``, before its scheduling pass), so that a policy can learn
+from the past only (dynamig's history warm pool).
 
 Everything is deterministic: no wall clock, no randomness (traces carry their own seeds).
 """
@@ -126,7 +126,6 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
     running: dict[str, tuple[Job, Allocation]] = {}
     waits: list[float] = []
     profile_waits: dict[str, list[float]] = {}  # single-device jobs, by first-choice profile
-    observe = getattr(allocator, "observe_arrival", None)  # allocators that learn from arrivals
     served = held = offered = 0.0
     served_by: dict[int, float] = {}
     started: set[str] = set()
@@ -189,8 +188,7 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
                 allocator.on_ready(now)
                 changed = True
             elif kind == ARRIVE and item is not None:
-                if observe is not None:
-                    observe(item, now)
+                allocator.observe_arrival(item, now)
                 pending[item.name] = item
                 order[item.name] = len(order)
                 queues.setdefault(_shape(item), {})[item.name] = item
@@ -232,7 +230,6 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
     for job in trace.jobs:
         if job.count == 1 and job.arrival <= horizon and job.name not in started:
             profile_waits.setdefault(job.preferred, []).append(horizon - job.arrival)
-    coverage = getattr(allocator, "warm_pool_coverage", None)
     return RunResult(
         policy=allocator.name,
         trace=trace.name,
@@ -259,6 +256,6 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
         wait_p50_s=percentile(all_waits, 50),
         wait_p50_by_profile={p: percentile(w, 50) for p, w in sorted(profile_waits.items())},
         wait_p95_by_profile={p: percentile(w, 95) for p, w in sorted(profile_waits.items())},
-        warm_pool_coverage=coverage(horizon) if coverage is not None else {},
+        warm_pool_coverage=allocator.warm_pool_coverage(horizon),
         bind_rtt_s=cfg.bind_rtt_s,
     )

@@ -8,11 +8,11 @@ Pure, no I/O.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from dynamig.geometry.model import GpuModel, Profile
+from dynamig.planner.warmpool import nearest_rank
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,8 +263,4 @@ def sorted_jobs(jobs: Iterable[Job]) -> tuple[Job, ...]:
 
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile ``q`` in [0, 100] of ``values`` (0.0 when empty). Pure."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
-    return ordered[rank - 1]
+    return float(nearest_rank(values, q / 100.0))
