@@ -308,6 +308,8 @@ def test_command_prints_tables_and_writes_plots(tmp_path: Path, capsys: pytest.C
             "--alibaba-sample",
             "--seeds",
             "1",
+            "--loads",
+            "0.8,1.2",
             "--out",
             str(out),
             "--quiet",
@@ -317,7 +319,8 @@ def test_command_prints_tables_and_writes_plots(tmp_path: Path, capsys: pytest.C
     text = capsys.readouterr().out
     assert "== tiny:" in text and "upper bound (slice arithmetic)" in text and "paper protocol" in text
     assert "(0.125, 0.250] -> 2g.20gb" in text
-    for name in ("results.json", "tables.md", "served.png", "timeline-tiny.png", "paper-allocation.png"):
+    plots = ("served.png", "timeline-tiny.png", "paper-allocation.png", "load.png")  # load: --loads given
+    for name in ("results.json", "tables.md", *plots):
         assert (out / name).stat().st_size > 0, name
     assert (out / "served.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -406,6 +406,10 @@ def write_plots(out: Path, reports: Sequence[TraceReport], paper: Sequence[Paper
             plt.close(fig)
             written.append(path)
 
+    loaded = [rep for rep in reports if rep.load is not None]
+    if loaded:
+        written.append(_load_plot(out, loaded, plt))
+
     if paper:
         by: dict[str, list[PaperRun]] = {}
         for run in paper:
@@ -428,3 +432,33 @@ def write_plots(out: Path, reports: Sequence[TraceReport], paper: Sequence[Paper
         plt.close(fig)
         written.append(path)
     return written
+
+
+def _load_plot(out: Path, reports: Sequence[TraceReport], plt: Any) -> Path:
+    """Served share and mean wait against load, one line per policy (the fixed layouts that serve almost
+    nothing left out). Side effect: writes ``load.png``."""
+    reports = sorted(reports, key=lambda r: r.load or 0.0)
+    loads = [rep.load for rep in reports]
+    skip = ("static:all-1g", "static:balanced")
+    fig, (served_ax, wait_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    for policy in [r.policy for r in reports[0].results if r.policy not in skip]:
+        runs = [rep.by_policy(policy) for rep in reports]
+        served = [
+            100 * r.served_slice_h / r.offered_slice_h if r and r.offered_slice_h else 0.0 for r in runs
+        ]
+        waits = [r.wait_mean_s if r else 0.0 for r in runs]
+        style = {"lw": 2.2} if policy.startswith("dynamig") else {"lw": 1.0}
+        served_ax.plot(loads, served, marker="o", label=policy, **style)
+        wait_ax.plot(loads, waits, marker="o", label=policy, **style)
+    served_ax.set_xlabel("load (peak demand / capacity)")
+    served_ax.set_ylabel("demand served (% of offered slice-hours)")
+    wait_ax.set_xlabel("load (peak demand / capacity)")
+    wait_ax.set_ylabel("mean wait, every job (s)")
+    wait_ax.set_yscale("log")
+    served_ax.legend(fontsize=7, loc="lower left")
+    fig.suptitle(f"{reports[0].trace.name}: served demand and wait against load")
+    fig.tight_layout()
+    path = out / "load.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
