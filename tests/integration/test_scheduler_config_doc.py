@@ -1,0 +1,67 @@
+"""The packing scheduler configuration docs/install.md recommends is one kube-scheduler v1.36 accepts.
+
+Real: the kube-scheduler binary the control plane uses, with ``--write-config-to`` (it loads and validates the
+file, writes the defaulted result and exits without contacting an API server). The snippet is read from the
+docs, so an edit that breaks it fails here.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dynamig.devcluster import find_binaries
+
+pytestmark = pytest.mark.controlplane
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "install.md"
+DUMMY_KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: x}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+"""
+
+
+def documented_config() -> dict[str, object]:
+    section = DOC.read_text().split("### Multi-GPU jobs: give the scheduler a packing score", 1)[1]
+    match = re.search(r"```yaml\n(.*?)```", section, re.S)
+    assert match is not None, "no yaml block in the section"
+    loaded: dict[str, object] = yaml.safe_load(match.group(1))
+    return loaded
+
+
+def write_config(tmp_path: Path, config: dict[str, object]) -> subprocess.CompletedProcess[str]:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(DUMMY_KUBECONFIG)
+    path = tmp_path / "scheduler.yaml"
+    path.write_text(yaml.safe_dump({**config, "clientConnection": {"kubeconfig": str(kubeconfig)}}))
+    scheduler = find_binaries().kube_scheduler
+    out = tmp_path / "effective.yaml"
+    return subprocess.run(
+        [str(scheduler), "--config", str(path), "--write-config-to", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_documented_packing_score_is_accepted_by_kube_scheduler(tmp_path: Path) -> None:
+    config = documented_config()
+    done = write_config(tmp_path, config)
+    assert done.returncode == 0, done.stderr[-2000:]
+    effective = yaml.safe_load((tmp_path / "effective.yaml").read_text())
+    (profile,) = [p for p in effective["profiles"] if p["schedulerName"] == "default-scheduler"]
+    (fit,) = [c["args"] for c in profile["pluginConfig"] if c["name"] == "NodeResourcesFit"]
+    assert fit["scoringStrategy"]["type"] == "MostAllocated"
+
+    # the check can fail: the same file with a misspelt strategy is refused
+    bad = yaml.safe_load(yaml.safe_dump(config).replace("MostAllocated", "MostAlocated"))
+    refused = write_config(tmp_path, bad)
+    assert refused.returncode != 0 and "MostAlocated" in refused.stderr
