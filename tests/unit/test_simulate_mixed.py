@@ -284,7 +284,7 @@ def test_a_profile_name_of_another_model_does_not_match() -> None:
     # is a profile that GPU really has (the simulator's jobs never prefer it on a mixed cluster)
     policies = tuple(p for p in POLICIES if p != "dynamig-warm")
     for label, make in allocator_factories(
-        spec, {"1g.10gb": 1.0}, CFG, DynamigSettings(), policies, log=True
+        spec, {key: {"1g.10gb": 1.0} for key in spec.models()}, CFG, DynamigSettings(), policies, log=True
     )[0]:
         alloc = make()
         result = simulate(trace, alloc, CFG)

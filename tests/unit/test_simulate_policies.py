@@ -118,7 +118,7 @@ def test_gpu_spec_restricts_a_task_to_nodes_of_that_type(a100: GpuModel) -> None
     job = next(j for j in trace.jobs if j.name == "p0")
     assert job.gpu_types == ("V100M16", "V100M32")
     assert spec.nodes_for(job) == frozenset({"n-v100"})
-    factories, _ = allocator_factories(spec, {"7g.80gb": 1.0}, CFG, DynamigSettings())
+    factories, _ = allocator_factories(spec, {"A100-80GB": {"7g.80gb": 1.0}}, CFG, DynamigSettings())
     for label, make in factories:
         alloc: Allocator = make()
         got = alloc.place(job, 0.0)

@@ -170,7 +170,13 @@ def run(args: argparse.Namespace) -> int:
     from dynamig.geometry.catalog import load_catalog
     from dynamig.simulate import alibaba, report, synthetic
     from dynamig.simulate.engine import SimConfig
-    from dynamig.simulate.runner import POLICIES, DynamigSettings, run_paper_protocol, run_trace
+    from dynamig.simulate.runner import (
+        POLICIES,
+        DynamigSettings,
+        run_paper_protocol,
+        run_trace,
+        total_compute_slices,
+    )
     from dynamig.simulate.trace import (
         assign_models,
         compute_slices_by_name,
@@ -290,9 +296,7 @@ def run(args: argparse.Namespace) -> int:
                     # at once), so load levels run on the smaller cluster when one is asked for
                     cluster, name = clusters[-1]
                     for load in loads:
-                        capacity = sum(
-                            n.gpus * load_catalog().model(n.model).compute_slices for n in cluster.nodes
-                        )
+                        capacity = total_compute_slices(cluster)
                         compress = alibaba.compression_for_load(tasks, sim, capacity, load, source)
                         trace = alibaba.replay_trace(
                             tasks,

@@ -495,7 +495,7 @@ def _offers(
     planned: list[OfferWrite] = []
     for g in gpus:
         assert g.model is not None
-        full = tuple(p.name for p in g.model.profiles if allowed is None or p.name in allowed)
+        full = _offerable(g, allowed)
         claim = kept.get(g.node)
         if claim is not None:
             full = tuple(p for p in full if p in claim.profiles)
@@ -508,31 +508,30 @@ def _offers(
     return tuple(writes), tuple(planned)
 
 
+def _offerable(g: GpuView, allowed: frozenset[str] | None) -> tuple[str, ...]:
+    """The policy's allowed profiles that ``g``'s model has, in catalog order. Pure."""
+    assert g.model is not None
+    return tuple(p.name for p in g.model.profiles if allowed is None or p.name in allowed)
+
+
 def _kept_nodes(
     gpus: Sequence[GpuView], waiting: Sequence[PendingClaim], allowed: frozenset[str] | None
 ) -> Mapping[str, WaitingClaim]:
     """Idle nodes kept for waiting claims of several devices (all on one node), by node. Pure."""
-    multi = [c for c in waiting if sum(r.count for r in c.requests) > 1]
-    if not multi:
+    claims = [
+        WaitingClaim(c.claim.key, count, frozenset(_alts(c, allowed)), c.nodes)
+        for c in waiting
+        if (count := sum(r.count for r in c.requests)) > 1
+    ]
+    if not claims:
         return {}
     by_node: dict[str, list[GpuView]] = {}
     for g in gpus:
         by_node.setdefault(g.node, []).append(g)
     idle = [
-        IdleNode(
-            node,
-            tuple(
-                frozenset(p.name for p in g.model.profiles if allowed is None or p.name in allowed)
-                for g in gs
-                if g.model is not None
-            ),
-        )
+        IdleNode(node, tuple(frozenset(_offerable(g, allowed)) for g in gs))
         for node, gs in sorted(by_node.items())
         if not any(g.busy or g.claims_on for g in gs)
-    ]
-    claims = [
-        WaitingClaim(c.claim.key, sum(r.count for r in c.requests), frozenset(_alts(c, allowed)), c.nodes)
-        for c in multi
     ]
     return keep_idle_nodes(idle, claims)
 

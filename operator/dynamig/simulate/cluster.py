@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.layout import free_starts
 from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, normalize_layout
-from dynamig.simulate.trace import ClusterSpec, Job, order_models, plain_profiles
+from dynamig.simulate.trace import ClusterSpec, Job, plain_profiles
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +92,6 @@ class Cluster:
         self.plain: dict[str, frozenset[str]] = {
             m.key: frozenset(p.name for p in plain_profiles(m)) for m in self.models.values()
         }
-        self.ordered_models = order_models(self.models.values())  # jobs' preference order (cheapest first)
         self.total_slices = sum(g.model.compute_slices for g in self.gpus)
         self.busy_slices = 0
         self.created = 0

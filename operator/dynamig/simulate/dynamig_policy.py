@@ -34,7 +34,7 @@ from dynamig.planner.warmpool import WarmPoolSizing, cap_warm_pool, size_warm_po
 from dynamig.simulate.allocators import Allocation, Replan
 from dynamig.simulate.booking import Offer, OfferAllocator
 from dynamig.simulate.cluster import Cluster, Gpu, Instance
-from dynamig.simulate.trace import Job
+from dynamig.simulate.trace import Job, compute_slices_by_name
 
 _RankKey = tuple[tuple[int, str, Layout, Layout], ...]
 
@@ -106,9 +106,10 @@ class DynamigAllocator(OfferAllocator):
             if policy.allowed_profiles is None
             else frozenset(policy.allowed_profiles) & frozenset(self.profiles)
         )
-        self._model_profiles = {  # per model, the profiles its GPUs may offer
-            key: frozenset(p.name for p in m.profiles) & self._allowed for key, m in cluster.models.items()
-        }
+        # per model, the profiles its GPUs offer: allowed plain profiles of that model (on a mixed cluster a
+        # name another model has, such as the A100-40GB's double-memory 1g.10gb, is not offered)
+        self._model_profiles = {key: self._allowed & plain for key, plain in cluster.plain.items()}
+        self._slices = compute_slices_by_name(cluster.models.values())
         for gpus in cluster.nodes:
             for gpu in gpus:
                 for placed in initial:
@@ -176,7 +177,7 @@ class DynamigAllocator(OfferAllocator):
             gpu.model,
             held=normalize_layout([i.placed for i in self.held(gpu)]),
             free=normalize_layout([i.placed for i in self.free(gpu)]),
-            allowed=self._allowed & self.cluster.plain[gpu.model.key],  # its own model's (mixed clusters)
+            allowed=self._model_profiles[gpu.model.key],
         )
 
     def touch(self, gpus: Sequence[Gpu], *, republish: bool = True) -> None:
@@ -270,8 +271,7 @@ class DynamigAllocator(OfferAllocator):
             pool = size_warm_pool(self._arrivals, now, self.warm_sizing)
             pool = {p: n for p, n in pool.items() if p in self._allowed}
             if self.warm_max_slices is not None:
-                slices = {p.name: p.compute_slices for m in self.cluster.models.values() for p in m.profiles}
-                pool = cap_warm_pool(pool, slices.__getitem__, self.warm_max_slices)
+                pool = cap_warm_pool(pool, self._slices.__getitem__, self.warm_max_slices)
             self._account_pool(now)
             self.policy = replace(self.policy, warm_pool=pool)
         if job.count == 1:
@@ -290,11 +290,6 @@ class DynamigAllocator(OfferAllocator):
         if horizon <= 0:
             return {}
         return {p: (pos / horizon, area / horizon) for p, (pos, area) in sorted(self._pool_time.items())}
-
-    def free_count(self, profile: str, now: float) -> int:
-        return sum(
-            1 for g in self.cluster.gpus for i in g.instances if i.profile == profile and not self._kept(i)
-        )
 
     def wants_plan(self, now: float) -> bool:
         pool = self.policy.warm_pool

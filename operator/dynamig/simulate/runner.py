@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import cast
 
+from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.model import GpuModel, Layout
 from dynamig.planner import Policy, Strategy
 from dynamig.planner.warmpool import WarmPoolSizing
@@ -80,9 +80,8 @@ class DynamigSettings:
         refill = self.warm_refill_s
         if refill is None:
             refill = cfg.bind_rtt_s + cfg.window_s + cfg.reshape_latency_s
-        return WarmPoolSizing(
-            refill_s=max(refill, 1e-3), history_s=self.warm_history_s, quantile=self.warm_quantile
-        )
+        refill = max(refill, 1e-3)  # zero latencies (the paper protocol's): any positive window will do
+        return WarmPoolSizing(refill_s=refill, history_s=self.warm_history_s, quantile=self.warm_quantile)
 
 
 @dataclass(slots=True)
@@ -105,15 +104,19 @@ class TraceReport:
 def cluster_models(spec: ClusterSpec) -> tuple[GpuModel, ...]:
     """The GPU models of ``spec``, in jobs' preference order (smallest memory first). Side effect: reads
     the catalog (cached)."""
-    from dynamig.geometry.catalog import load_catalog
-
     catalog = load_catalog()
     return order_models(catalog.model(key) for key in spec.models())
 
 
+def total_compute_slices(spec: ClusterSpec) -> int:
+    """Compute slices of every GPU of ``spec``. Side effect: reads the catalog (cached)."""
+    catalog = load_catalog()
+    return sum(n.gpus * catalog.model(n.model).compute_slices for n in spec.nodes)
+
+
 def allocator_factories(
     spec: ClusterSpec,
-    mix: Mapping[str, float] | Mapping[str, Mapping[str, float]],
+    mix: Mapping[str, Mapping[str, float]],
     cfg: SimConfig,
     dyn: DynamigSettings,
     policies: Sequence[str] = POLICIES,
@@ -121,17 +124,12 @@ def allocator_factories(
     log: bool = False,
 ) -> tuple[list[tuple[str, Callable[[], Allocator]]], dict[str, dict[str, tuple[Layout, ...]]]]:
     """(label, factory) per policy to compare, and the static layouts used (label -> model key ->
-    layouts). ``mix``: devices per profile for the best-fit static layout, either one mix (its profiles
-    that a model has apply to that model) or one per model key. Pure (factories are lazy)."""
+    layouts). ``mix``: per model key, devices per profile for the best-fit static layout. Pure (factories
+    are lazy)."""
     models = cluster_models(spec)
-    nested = bool(mix) and all(isinstance(v, Mapping) for v in mix.values())
-    mixes: dict[str, dict[str, float]] = {}
-    for m in models:
-        given = cast(Mapping[str, float], mix.get(m.key, {}) if nested else mix)
-        mixes[m.key] = {p: float(n) for p, n in given.items() if m.has_profile(p)}
+    mixes = {m.key: {p: float(n) for p, n in mix.get(m.key, {}).items() if m.has_profile(p)} for m in models}
     statics = mixed_static_candidates({m.key: m for m in models}, spec, mixes)
-    by_key = {m.key: m for m in models}
-    total_slices = sum(n.gpus * by_key[n.model].compute_slices for n in spec.nodes)
+    total_slices = total_compute_slices(spec)
     out: list[tuple[str, Callable[[], Allocator]]] = []
     if "whole-gpu" in policies:
         out.append(("whole-gpu", lambda: WholeGpuAllocator(Cluster(spec, log=log))))
@@ -230,9 +228,10 @@ def run_trace(
             progress(f"{trace.name}: {label}")
         results.append(simulate(trace, make(), cfg))
     slices = compute_slices_by_name(models)
-    total = sum(n.gpus * m.compute_slices for n in trace.cluster.nodes for m in models if m.key == n.model)
     # first-fit starts a job one creation latency after placing it, possibly just before its patience ran out
-    bound = served_upper_bound(trace, slices, total, start_slack_s=cfg.reshape_latency_s)
+    bound = served_upper_bound(
+        trace, slices, total_compute_slices(trace.cluster), start_slack_s=cfg.reshape_latency_s
+    )
     return TraceReport(trace, results, bound, statics, load)
 
 
