@@ -1,10 +1,12 @@
 """Whole idle nodes kept for waiting multi-GPU claims. Pure, deterministic, no I/O.
 
 A claim for several devices needs all of them on one node. kube-scheduler puts a single-device claim on any
-node where a device matches, idle nodes included (its default scoring even spreads pods over nodes), so on
-a busy cluster single claims keep landing on the nodes a waiting 8-GPU claim needs and it starves until a
-whole node drains by chance. Measured in the simulator on the openb trace at 1.5x load: without keeping
-nodes, 8-GPU jobs got 69-73% of their demand under first-fit and NVIDIA's dynamic-MIG driver.
+node where a device matches, idle nodes included (its default score, NodeResourcesFit ``LeastAllocated``,
+even spreads pods: pkg/scheduler/apis/config/v1/defaults.go in v1.36.3), so single claims can take the
+last idle node a waiting 8-GPU claim needs. Keeping it matters when small claims reach the scheduler
+first; how much multi-GPU claims get under load depends mostly on packing (docs/benchmarks.md: in the
+simulator, with the packing node order a kept node never turned a claim away on the openb trace at 1.5x
+load, and with the spreading order no node is ever idle to keep).
 
 So while multi-device claims wait, one idle node is kept for each: largest claim first (it has the fewest
 nodes that can hold it), the smallest eligible idle node that holds it (bigger nodes stay for bigger
