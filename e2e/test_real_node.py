@@ -116,6 +116,12 @@ class NodeScenario:
         assert status.state.running is not None, status
         return status.container_id, status.restart_count
 
+    async def running(self, name: str, profile: str) -> tuple[dict[str, Any], tuple[str, int]]:
+        """Run a pod on ``profile`` until it reports; its instance's status entry and its container."""
+        await self.run(name, profile)
+        await eventually(functools.partial(self.reported, name), "pod reporting", within_s=120)
+        return await self.instance_of(name), await self.container(name)
+
     async def has_instance(self, profile: str, start: int) -> bool | None:
         part = await self.k.partition(self.gpu)
         found = any(i["profile"] == profile and i["start"] == start for i in part["status"]["instances"])
@@ -219,10 +225,7 @@ async def test_kubelet_and_agent_restarts_leave_a_running_pod_alone(scenario: No
     pod's claim is prepared by the restarted side), and no instance is destroyed or re-created."""
     s = scenario
     await s.offer(["1g.10gb"])
-    await s.run("steady", "1g.10gb")
-    await eventually(functools.partial(s.reported, "steady"), "pod reporting", within_s=120)
-    inst = await s.instance_of("steady")
-    container = await s.container("steady")
+    inst, container = await s.running("steady", "1g.10gb")
     events = len(s.nvml_history())
 
     t0 = time.monotonic()
@@ -252,10 +255,7 @@ async def test_kubelet_and_agent_restarts_leave_a_running_pod_alone(scenario: No
 async def test_a_reshape_next_to_a_running_pod_never_touches_its_instance(scenario: NodeScenario) -> None:
     s = scenario
     await s.offer(["1g.10gb", "3g.40gb", "7g.80gb"])
-    await s.run("tenant", "1g.10gb")
-    await eventually(functools.partial(s.reported, "tenant"), "pod reporting", within_s=120)
-    inst = await s.instance_of("tenant")
-    container = await s.container("tenant")
+    inst, container = await s.running("tenant", "1g.10gb")
     events = len(s.nvml_history())
 
     # A layout that keeps the pod's slice: the other half of the GPU becomes one 3g.40gb.
@@ -290,10 +290,7 @@ async def test_uninstall_leaves_the_gpu_at_its_baseline_and_nothing_on_the_node(
     and the policy deletes at once."""
     s, node, cp = scenario, scenario.node, scenario.node.cluster
     await s.offer(["1g.10gb"])
-    await s.run("stays", "1g.10gb")
-    await eventually(functools.partial(s.reported, "stays"), "pod reporting", within_s=120)
-    inst = await s.instance_of("stays")
-    container = await s.container("stays")
+    inst, container = await s.running("stays", "1g.10gb")
     events = len(s.nvml_history())
     other_half = 4 if inst["start"] < 4 else 0
     label = f"uninstall-test={s.k.ns}"
