@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PROTO_DIR := operator/dynamig/agent/plugin/proto
 GEN_DIR := operator/dynamig/agent/plugin/_generated
 
-.PHONY: setup demo test lint typecheck imports controlplane node helm cdivalidate promtool proto bench clean lock release
+.PHONY: setup demo test lint typecheck imports controlplane node helm holdscheduler cdivalidate promtool proto bench clean lock release
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -26,6 +26,10 @@ node:
 
 helm:
 	@bash hack/build-helm.sh >/dev/null
+
+# kube-scheduler with a Permit plugin that holds labelled pods: the binding-race tests' slow binding cycle.
+holdscheduler: controlplane
+	@bash hack/build-hold-scheduler.sh >/dev/null
 
 cdivalidate:
 	@bash hack/build-cdi-validate.sh >/dev/null
@@ -50,7 +54,7 @@ typecheck: $(STAMP) proto
 imports: $(STAMP)
 	$(BIN)/lint-imports
 
-test: setup node helm cdivalidate promtool lint typecheck imports
+test: setup node helm cdivalidate promtool holdscheduler lint typecheck imports
 	$(BIN)/pytest -q -p no:cacheprovider
 
 bench: setup

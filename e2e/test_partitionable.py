@@ -411,6 +411,12 @@ async def test_a_warm_instance_is_booked_with_no_create_on_the_path(
         claim = await _allocated(k, "w")
         assert allocated_device(claim) == "gpu0-1g10gb-s6"
         assert [e.kind for e in sim.history()[history_start:] if e.kind.startswith("create")] == []
+        # It existed and was free: booked without binding conditions, so no answer stood between it and
+        # its pod (the scheduler's 5 s re-check never ran).
+        assert claim is not None
+        result = claim["status"]["allocation"]["devices"]["results"][0]
+        assert "bindingConditions" not in result
+        assert not claim["status"].get("devices")  # nothing for the agent to answer
 
 
 async def test_an_allocated_instance_recut_behind_the_agents_back_is_reported_on_the_gpu_and_the_claim(

@@ -259,3 +259,51 @@ def test_scheduler_books_the_first_ranked_device_and_waits_for_ready(
         api.request("POST", pods, claim_pod("busy", {"kubernetes.io/hostname": node}, claim="busy"))
         cond = wait(lambda: scheduled_false("busy"), "pod busy unschedulable")
         assert "cannot allocate all claims" in cond["message"], cond
+
+
+def test_a_free_instance_binds_in_the_scheduling_cycle_and_a_retiring_one_waits_for_its_agent(
+    control_plane: ControlPlane, make_node: Callable[..., str], namespace: str
+) -> None:
+    # No agent runs: nobody answers binding conditions. A pod whose device carries them would wait the
+    # scheduler's bindingTimeout (600 s); a pod on a free instance published without them binds at once.
+    api = control_plane.rest()
+    node = make_node("gpu-free", labels={"dynamig.io/managed": "true"})
+    node_uid = api.request("GET", f"/api/v1/nodes/{node}")["metadata"]["uid"]
+    model = CAT.model("A100-80GB")
+    gpus = [
+        GpuInventory(
+            0,
+            model,
+            "GPU-free-0",
+            instances=(
+                Instance("2g.20gb", 0, Occupancy.FREE, uuid="MIG-free"),
+                Instance("2g.20gb", 2, Occupancy.FREE, uuid="MIG-retiring", guarded=True),
+                Instance("3g.40gb", 4, Occupancy.BUSY, uuid="MIG-busy"),
+            ),
+            allowed_profiles=frozenset(),  # existing instances only: the claims can name nothing else
+        )
+    ]
+    owner = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid, "controller": True}
+    with contextlib.suppress(ApiError):
+        api.request("POST", "/apis/resource.k8s.io/v1/deviceclasses", device_class())
+    ns = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    with published(api, build_inventory_slices(node, 1, gpus), owner):
+        at_0 = f'{attr("profile")} == "2g.20gb" && {attr("placementStart")} == 0'
+        api.request("POST", ns, claim("free", at_0))
+        api.request("POST", pods, claim_pod("free", {"kubernetes.io/hostname": node}, claim="free"))
+        bound = wait(lambda: api.request("GET", f"{pods}/free")["spec"].get("nodeName"), "pod free bound")
+        assert bound == node
+        result = api.request("GET", f"{ns}/free")["status"]["allocation"]["devices"]["results"][0]
+        assert result["device"] == device_name(0, "2g.20gb", 0)
+        assert "bindingConditions" not in result and "bindingFailureConditions" not in result
+
+        at_2 = f'{attr("profile")} == "2g.20gb" && {attr("placementStart")} == 2'
+        api.request("POST", ns, claim("retiring", at_2))
+        api.request("POST", pods, claim_pod("retiring", {"kubernetes.io/hostname": node}, claim="retiring"))
+        alloc = wait(
+            lambda: (api.request("GET", f"{ns}/retiring").get("status") or {}).get("allocation"), "retiring"
+        )
+        assert alloc["devices"]["results"][0]["bindingConditions"] == [BINDING_READY]
+        time.sleep(2)  # the scheduler holds this one until the agent answers
+        assert not api.request("GET", f"{pods}/retiring")["spec"].get("nodeName")

@@ -391,9 +391,14 @@ def check_limits(slices: list[dict[str, Any]], node: str, generation: int) -> No
         assert len(counters) <= MAX_COUNTERS_PER_CONSUMPTION
         # What the scheduler checks before it allocates from a pool (validateDeviceCounterConsumption).
         assert set(counters) <= set(sets[set_name]), (d["name"], set_name)
-        assert d["bindingConditions"] == [BINDING_READY] and d["bindingFailureConditions"] == [BINDING_FAILED]
-        assert len(d["bindingConditions"]) <= MAX_BINDING_CONDITIONS
-        assert len(d["bindingFailureConditions"]) <= MAX_BINDING_FAILURE_CONDITIONS
+        # Both or neither: which devices carry them is checked against the offer kinds below.
+        if "bindingConditions" not in d:
+            assert "bindingFailureConditions" not in d, d["name"]
+        else:
+            assert d["bindingConditions"] == [BINDING_READY]
+            assert d["bindingFailureConditions"] == [BINDING_FAILED]
+            assert len(d["bindingConditions"]) <= MAX_BINDING_CONDITIONS
+            assert len(d["bindingFailureConditions"]) <= MAX_BINDING_FAILURE_CONDITIONS
         assert "bindsToNode" not in d
 
 
@@ -409,7 +414,11 @@ def test_slices_respect_api_limits(model: GpuModel, gpu_count: int) -> None:
         check_limits(slices, "node-a", 5)
         # Name order of the device slices is rank order: reading them as the scheduler does gives the ranking.
         _, devices = read_slices(slices)
-        assert [d["name"] for d in devices] == [d.name for d in offered_devices(gpus)], label
+        offered = offered_devices(gpus)
+        assert [d["name"] for d in devices] == [d.name for d in offered], label
+        # A placement to cut waits for the agent; an existing instance binds in the scheduling cycle.
+        guarded = [("bindingConditions" in d) for d in devices]
+        assert guarded == [o.kind not in ("free", "allocated") for o in offered], label
 
 
 def test_slice_layout_for_eight_idle_a100s() -> None:
@@ -452,3 +461,25 @@ def test_device_ref_inverts_device_name_for_every_model() -> None:
     assert device_ref("gpu9-1g10gb-s0", {0: CAT.model("A100-80GB")}) is None
     assert device_ref("gpu0-9g99gb-s0", {0: CAT.model("A100-80GB")}) is None
     assert device_ref("something-else", {0: CAT.model("A100-80GB")}) is None
+
+
+def test_a_retiring_free_instance_is_published_guarded_and_the_others_bind_at_once() -> None:
+    model = CAT.model("A100-80GB")
+    gpu = GpuInventory(
+        0,
+        model,
+        "GPU-0",
+        instances=(
+            Instance("1g.10gb", 0, Occupancy.FREE, guarded=True),
+            Instance("1g.10gb", 1, Occupancy.FREE),
+            Instance("1g.10gb", 2, Occupancy.ALLOCATED),
+        ),
+    )
+    _, devices = read_slices(build_inventory_slices("node-a", 1, [gpu]))
+    conditions = {d["name"]: d.get("bindingConditions") for d in devices}
+    assert conditions["gpu0-1g10gb-s0"] == [BINDING_READY]  # retiring: a booking waits for the agent
+    assert conditions["gpu0-1g10gb-s1"] is None and conditions["gpu0-1g10gb-s2"] is None
+    placements = [
+        n for n, c in conditions.items() if n not in ("gpu0-1g10gb-s0", "gpu0-1g10gb-s1", "gpu0-1g10gb-s2")
+    ]
+    assert placements and all(conditions[n] == [BINDING_READY] for n in placements)

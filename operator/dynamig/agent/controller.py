@@ -27,6 +27,7 @@ A lock serialises rounds with :mod:`dynamig.agent.devices_service` calls from th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -39,13 +40,14 @@ from dynamig.agent.binding import Ready
 from dynamig.agent.claimcache import ClaimCache
 from dynamig.agent.features import InventorySupport, detect_inventory
 from dynamig.agent.kubeapi import KubeApi, allocated_devices
+from dynamig.agent.lifecycle import Event, free_state, move, retired_may_go
 from dynamig.agent.metrics import AgentMetrics, GpuSample, InstanceSample
 from dynamig.agent.nvml_device import GpuInfo, MigInstance, NvmlDevices
 from dynamig.agent.ownership import foreign_mig_owners, node_is_managed, node_mig_owner
 from dynamig.agent.publisher import SlicePublisher
-from dynamig.agent.reconcile import GpuPlan, Observed, plan_gpu
+from dynamig.agent.reconcile import GpuPlan, Observed, Waiting, overlaps, plan_gpu
 from dynamig.agent.uuidwatch import AllocatedUuids, UuidChange
-from dynamig.geometry.model import PlacedInstance, device_name
+from dynamig.geometry.model import GpuModel, PlacedInstance, device_name
 from dynamig.kube.apicalls import is_transient, status_of
 from dynamig.kube.devices import MigDevice
 from dynamig.kube.events import AGENT_COMPONENT, claim_ref, event_body, gpu_partition_ref
@@ -87,7 +89,8 @@ class AgentSettings:
 
     node: str
     driver: str = DRIVER_NAME
-    settle_seconds: float = 5.0  # an instance out of the slice and unallocated this long may be destroyed
+    settle_seconds: float = 5.0  # a retired instance guarded and unallocated this long may be destroyed
+    guard_free_instances: bool = False  # partitionable: free instances carry binding conditions too
     interval_seconds: float = 10.0  # time between rounds when every GPU is Stable
     reshape_poll_seconds: float = 0.5  # time between rounds while a GPU reshapes
     min_round_gap_seconds: float = 0.2  # rounds woken by watch events are at least this far apart
@@ -134,6 +137,21 @@ def node_owner_reference(node: str, uid: str) -> dict[str, Any] | None:
     if not uid:
         return None
     return {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}
+
+
+def _without_creates_over(model: GpuModel, plan: GpuPlan, spared: list[PlacedInstance]) -> GpuPlan:
+    """``plan`` with the creates that need a ``spared`` instance's slices moved to ``blocked``. Pure."""
+    if not spared:
+        return plan
+    create, blocked = [], list(plan.blocked)
+    for p in plan.create:
+        in_way = [q for q in spared if overlaps(model, p, q)]
+        if in_way:
+            names = ", ".join(f"{q.profile}@{q.start}" for q in in_way)
+            blocked.append(Waiting(p, f"memory slices held by {names} (retiring)"))
+        else:
+            create.append(p)
+    return dataclasses.replace(plan, create=tuple(create), blocked=tuple(blocked))
 
 
 def _mig_mode(gpu: GpuInfo) -> MigMode:
@@ -372,16 +390,17 @@ class NodeAgent:
         if leaving:
             if await self.publisher.remove():  # nothing more to book here, whatever the inventory
                 log.info("uninstalling: withdrew the ResourceSlices of node %s", node)
+            for o in outcomes:
+                o.published = set()
         elif self.partitionable:
             inventory = [o.inventory for o in outcomes if o.inventory is not None]
             if await self.publisher.sync_inventory(inventory, existing=slices):
                 self.metrics.slice_publishes.labels(node).inc()
-            self._quiet_since.clear()  # no settle period: binding conditions guard every destroy
         else:
             devices = [d for o in outcomes for d in o.devices]
             if await self.publisher.sync(devices, existing=slices):
                 self.metrics.slice_publishes.labels(node).inc()
-            self._after_publish(outcomes, claims)
+        self._after_publish(outcomes, claims)  # the guards stand from now: their settle clocks start
 
         for o in outcomes:
             part = parts.get(o.name) or created.get(o.name, _NO_PARTITION)
@@ -526,6 +545,9 @@ class NodeAgent:
         if plan.acts:
             self._reshape_started.setdefault(gpu.index, now)
             fresh_claims: dict[str, list[str]] | None = None
+            binding_pods: list[str] | None = None
+            spared: list[PlacedInstance] = []  # retired instances that may not go yet
+            whole = {o.placed for o in observed if o.has_compute_instance}
             for p in plan.destroy:
                 dev = device_name(gpu.index, p.profile, p.start)
                 if fresh_claims is None:  # re-check right before destroying: did a claim win the race?
@@ -539,6 +561,17 @@ class NodeAgent:
                     self.metrics.kept_busy.labels(self.settings.node).inc()
                     claims.setdefault(dev, []).extend(h for h in holders if h not in claims.get(dev, []))
                     continue
+                if p in whole:  # a whole instance was bookable: it goes only as lifecycle.py allows
+                    if binding_pods is None:
+                        binding_pods = await self.api.pods_binding_to(self.settings.node)
+                    since = self._quiet_since.get((gpu.index, p))
+                    guarded_for = None if since is None else self.clock() - since
+                    wait = retired_may_go(guarded_for, settle, holders, binding_pods)
+                    if wait is not None:
+                        notes.append(f"kept {dev} for now: {wait}")
+                        spared.append(p)
+                        continue
+                    move(free_state(guarded=since is not None), Event.DESTROY_RETIRED)
                 try:
                     await asyncio.to_thread(self.devices.destroy, gpu, p)
                     self.metrics.operation("destroy", "success")
@@ -565,6 +598,7 @@ class NodeAgent:
                 observed = self.observe(instances, claims)
                 quiet = {p: t for (idx, p), t in self._quiet_since.items() if idx == gpu.index}
                 plan = plan_gpu(model, desired, observed, quiet, self.clock(), settle, keep)
+                plan = _without_creates_over(model, plan, spared)
             for p in (*plan.complete, *plan.create):
                 dev = device_name(gpu.index, p.profile, p.start)
                 try:
@@ -606,7 +640,8 @@ class NodeAgent:
         inventory: GpuInventory | None = None
         offered = 0
         if keep:
-            inventory, published, offered, problem = self._inventory(gpu, part, instances, claims)
+            retiring = {w.placed for w in plan.draining} | set(plan.destroy)  # still there: guarded
+            inventory, published, offered, problem = self._inventory(gpu, part, instances, claims, retiring)
             if problem:
                 blocker = (Reason.INVALID_LAYOUT, problem)
         message, ready, reason = self._readiness(gpu.index, plan, blocker, notes)
@@ -672,10 +707,16 @@ class NodeAgent:
         return "GPU matches spec.layout", True, Reason.LAYOUT_APPLIED
 
     def _inventory(
-        self, gpu: GpuInfo, part: GpuPartition, instances: list[MigInstance], claims: dict[str, list[str]]
+        self,
+        gpu: GpuInfo,
+        part: GpuPartition,
+        instances: list[MigInstance],
+        claims: dict[str, list[str]],
+        retiring: set[PlacedInstance],
     ) -> tuple[GpuInventory | None, set[PlacedInstance], int, str]:
-        """This GPU's partitionable inventory, the instances it publishes, how many placements it offers,
-        and why it offers nothing (an empty string when it can be published)."""
+        """This GPU's partitionable inventory, the instances it publishes without binding conditions (the
+        ``retiring`` ones are published guarded), how many placements it offers, and why it offers nothing
+        (an empty string when it can be published)."""
         assert gpu.model is not None
         items = []
         for i in instances:
@@ -688,8 +729,13 @@ class NodeAgent:
                 occupancy = Occupancy.BUSY
             else:
                 occupancy = Occupancy.FREE
+            guarded = occupancy is Occupancy.FREE and (
+                i.placed in retiring or self.settings.guard_free_instances
+            )
             items.append(
-                Instance(i.profile, i.start, occupancy, i.mig_uuid, i.memory_bytes, i.multiprocessors)
+                Instance(
+                    i.profile, i.start, occupancy, i.mig_uuid, i.memory_bytes, i.multiprocessors, guarded
+                )
             )
         offered = frozenset(p for p in part.spec.offered_profiles or () if gpu.model.has_profile(p))
         inv = GpuInventory(gpu.index, gpu.model, gpu.uuid, gpu.product, tuple(items), offered)
@@ -698,7 +744,9 @@ class NodeAgent:
         except InventoryError as exc:
             return None, set(), 0, f"nothing offered to the scheduler: {exc}"
         existing = (Occupancy.FREE.value, Occupancy.ALLOCATED.value)
-        published = {PlacedInstance(d.start, d.profile) for d in devices if d.kind in existing}
+        published = {
+            PlacedInstance(d.start, d.profile) for d in devices if d.kind in existing and not d.guarded
+        }
         placements = sum(1 for d in devices if d.kind not in existing)
         return inv, published, placements, ""
 
@@ -773,7 +821,8 @@ class NodeAgent:
     # --- after publishing ----------------------------------------------------------------------------
 
     def _after_publish(self, outcomes: list[_GpuOutcome], claims: dict[str, list[str]]) -> None:
-        """Start the settle clock of instances now out of the slice and unallocated; stop it for others."""
+        """Start the settle clock of instances now guarded (out of the slice, or republished with binding
+        conditions) and unallocated; stop it for others, which are published for binding at once."""
         now = self.clock()
         alive: set[InstanceKey] = set()
         for o in outcomes:

@@ -84,6 +84,18 @@ class KubeApi:
 
         return await self._retry("read node", call)
 
+    async def pods_binding_to(self, node: str) -> list[str]:
+        """``namespace/name`` of the pods in a binding cycle toward ``node``: not bound yet, with
+        ``status.nominatedNodeName`` = ``node`` (kube-scheduler writes it before Permit and PreBind)."""
+
+        async def call() -> list[str]:
+            pods = await self.core.list_pod_for_all_namespaces(
+                field_selector=f"status.nominatedNodeName={node},spec.nodeName="
+            )
+            return sorted(f"{p.metadata.namespace}/{p.metadata.name}" for p in pods.items)
+
+        return await self._retry("list pods binding to the node", call)
+
     # --- GpuPartitions -------------------------------------------------------------------------------
 
     async def list_partitions(self, label_selector: str) -> list[dict[str, Any]]:

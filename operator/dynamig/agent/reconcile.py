@@ -15,10 +15,12 @@ ResourceSlice and unallocated, ``now``), and carries out the returned :class:`Gp
 5. a GPU instance someone else split into several or partial compute instances is never published, completed
    or destroyed: it is kept as busy outside DRA (``kept_busy``).
 
-With ``keep_undesired=True`` (the partitionable inventory, where the scheduler books placements itself and
-binding conditions, not a settle period, keep a pod off a destroyed instance) ``desired`` is a floor, not
-the whole layout: instances outside it stay (free ones remain bookable at zero wait); a free one is destroyed
-at once only when a missing desired instance needs its memory slices and nothing busy blocks that instance.
+With ``keep_undesired=True`` (the partitionable inventory, where the scheduler books placements itself)
+``desired`` is a floor, not the whole layout: instances outside it stay (free ones remain bookable at zero
+wait); a free one is retired only when a missing desired instance needs its memory slices and nothing busy
+blocks that instance. A retired instance is ``draining``: the caller republishes it guarded (with binding
+conditions) and it is destroyed once it has been so for ``settle_seconds``, as in the instances inventory
+(see :mod:`dynamig.agent.lifecycle` for why a free instance published without conditions cannot go at once).
 
 Because every input is observed afresh each round, a crash at any point converges on the next round.
 """
@@ -166,19 +168,17 @@ def plan_gpu(
         if not o.has_compute_instance:
             destroy.append(p)  # never published, nothing can hold it
             continue
-        if keep_undesired:
-            if any(overlaps(model, p, q) for q in creatable):
-                destroy.append(p)  # a desired instance needs the slices: binding conditions guard the race
-            else:
-                remaining.append(p)  # only a busy instance's removal would let the desired one in
-                publish.append(p)
+        if keep_undesired and not any(overlaps(model, p, q) for q in creatable):
+            remaining.append(p)  # only a busy instance's removal would let the desired one in
+            publish.append(p)
             continue
         since = quiet_since.get(p)
         if since is not None and now - since >= settle_seconds:
             destroy.append(p)
         else:
             left = settle_seconds if since is None else max(0.0, settle_seconds - (now - since))
-            draining.append(Waiting(p, f"out of the ResourceSlice, settling ({left:.1f}s left)"))
+            where = "published guarded" if keep_undesired else "out of the ResourceSlice"
+            draining.append(Waiting(p, f"{where}, settling ({left:.1f}s left)"))
             remaining.append(p)
 
     existing = {o.placed for o in observed}

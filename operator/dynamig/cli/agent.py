@@ -70,8 +70,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--settle-seconds",
         type=float,
         default=5.0,
-        help="how long an instance must be out of the ResourceSlice and unallocated before it "
-        "may be destroyed",
+        help="how long an instance the agent retires must be guarded (out of the ResourceSlice, or "
+        "republished with binding conditions) and unallocated before it may be destroyed",
+    )
+    p.add_argument(
+        "--guard-free-instances",
+        action="store_true",
+        help="partitionable inventory: publish free instances with binding conditions too, so every "
+        "booking waits for the agent (at least kube-scheduler's 5 s re-check); for clusters where a second "
+        "scheduler binary allocates the same pools",
     )
     p.add_argument(
         "--interval", type=float, default=10.0, help="seconds between rounds when all GPUs are Stable"
@@ -192,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
         settings=AgentSettings(
             node=args.node,
             settle_seconds=args.settle_seconds,
+            guard_free_instances=args.guard_free_instances,
             interval_seconds=args.interval,
             reshape_poll_seconds=args.reshape_poll,
             inventory={"partitionable": Inventory.PARTITIONABLE, "instances": Inventory.INSTANCES}.get(

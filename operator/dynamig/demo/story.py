@@ -36,6 +36,7 @@ from dynamig.demo.inprocess import agent_running, operator_running
 from dynamig.devcluster import eventually
 from dynamig.devcluster.node import ContainerReport, RealNode, parse_report, runnable
 from dynamig.kube.names import MANAGED_NODE_LABEL, gpu_partition_name
+from dynamig.simulate.trace import percentile
 
 log = logging.getLogger(__name__)
 
@@ -272,6 +273,17 @@ async def _story(options: DemoOptions, report: Reporter, cp: Any, api_client: An
     return 0 if ok else 1
 
 
+async def _bound_waits(watch: AllocationWatch, created_at: dict[str, float], within: float) -> list[float]:
+    """Seconds from each pod's creation to the watch first seeing it bound (what its user waits for)."""
+
+    async def all_bound() -> bool | None:
+        watch.raise_if_stopped()
+        return True if all(p in watch.first_bound for p in created_at) else None
+
+    await eventually(all_bound, "every pod bound", within)
+    return [max(0.0, watch.first_bound[p] - t) for p, t in created_at.items()]
+
+
 async def _burst_training_release(
     options: DemoOptions,
     report: Reporter,
@@ -287,8 +299,10 @@ async def _burst_training_release(
     alternatives = " then ".join(options.inference_profiles)
     report.step(f"9 AM burst: {len(inference)} inference pods, each asking {alternatives}")
     burst_at = time.time()
+    created_at: dict[str, float] = {}
     for name in inference:
         await api.pod(name, "inference", selector)
+        created_at[name] = time.time()
 
     async def all_allocated() -> dict[str, str] | None:
         devices = {p: allocated_device(await api.claim_of(p)) for p in inference}
@@ -296,6 +310,9 @@ async def _burst_training_release(
 
     devices = await eventually(all_allocated, "every inference pod allocated", within)
     report.timed("burst to last allocation", max(watch.first_allocated.values()) - burst_at)
+    waits = await _bound_waits(watch, created_at, within)
+    report.timed("burst: pod created to bound, p50", percentile(waits, 50))
+    report.timed("burst: pod created to bound, slowest", max(waits))
     report.table(("POD", "DEVICE (MIG slice)"), sorted(devices.items()))
     await _show_layouts(api, report, len(gpus), in_use=len(devices))
     if agent.node is not None:
@@ -304,12 +321,14 @@ async def _burst_training_release(
     report.step(f"10 AM: a training pod asking {options.training_profile}")
     train_at = time.time()
     await api.pod("train-0", "training", selector)
+    train_created = {"train-0": time.time()}
 
     async def training_allocated() -> str | None:
         return allocated_device(await api.claim_of("train-0"))
 
     train_dev = await eventually(training_allocated, "the training pod allocated", within)
     report.timed("training pod to allocation", time.time() - train_at)
+    report.timed("training pod created to bound", (await _bound_waits(watch, train_created, within))[0])
     report.info(f"train-0 -> {train_dev}")
     await _show_layouts(api, report, len(gpus), in_use=len(devices) + 1)
     if agent.node is not None:

@@ -105,6 +105,7 @@ class ControlPlane:
         keep_work_dir: bool = False,
         apiserver_args: Sequence[str] = (),
         scheduler_args: Sequence[str] = (),
+        scheduler_config: Mapping[str, Any] | None = None,
         controller_manager_args: Sequence[str] = (),
         start_timeout: float = 90.0,
         progress: Callable[[str], None] | None = None,
@@ -117,6 +118,7 @@ class ControlPlane:
             "kube-scheduler": list(scheduler_args),
             "kube-controller-manager": list(controller_manager_args),
         }
+        self._scheduler_config = dict(scheduler_config or {})  # more KubeSchedulerConfiguration fields
         self._start_timeout = start_timeout
         self._progress = progress or (lambda _msg: None)
         self._components: dict[str, Component] = {}
@@ -341,6 +343,7 @@ class ControlPlane:
                     "kind": "KubeSchedulerConfiguration",
                     "clientConnection": {"kubeconfig": str(wd / "scheduler.kubeconfig")},
                     "leaderElection": {"leaderElect": False},
+                    **self._scheduler_config,
                 }
             )
         )

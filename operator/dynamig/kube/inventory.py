@@ -36,9 +36,13 @@ What is published
 ``allowed_profiles`` governs new placements only: an empty set offers just the existing free instances
 (``Static`` / ``DryRun`` policies).
 
-Every device carries ``bindingConditions: [mig.dynamig.io/ready]`` and ``bindingFailureConditions:
-[mig.dynamig.io/failed]``: the scheduler holds the pod's binding until the node agent reports the instance
-ready in the claim's ``status.devices``, or releases the allocation when it reports failure.
+A device that needs NVML work before its pod may run (a placement to cut), and an instance the agent is
+retiring (``Instance.guarded``, see :mod:`dynamig.agent.lifecycle`), carries ``bindingConditions:
+[mig.dynamig.io/ready]`` and ``bindingFailureConditions: [mig.dynamig.io/failed]``: the scheduler holds the
+pod's binding until the node agent reports the instance ready in the claim's ``status.devices``, or releases
+the allocation when it reports failure. Every other existing instance carries none and binds in the
+scheduling cycle: kube-scheduler re-checks binding conditions only every 5 s (dynamicresources.go PreBind,
+``wait.PollUntilContextTimeout(ctx, 5*time.Second, ...)``), so a condition costs its pod at least that.
 ``bindsToNode`` is not set: the slices name their node (``nodeName``), which already restricts an
 allocation to that node (allocator_incubating.go, ``nodeName != nil || BindsToNode``).
 
@@ -114,6 +118,7 @@ class Instance:
     uuid: str = ""  # MIG UUID
     memory_bytes: int | None = None  # from NVML
     multiprocessors: int | None = None
+    guarded: bool = False  # free but being retired: published with binding conditions
 
     @property
     def placed(self) -> PlacedInstance:
@@ -143,6 +148,7 @@ class OfferedDevice:
     device: MigDevice
     counters: Mapping[str, int]  # consumed from counter set ``counter_set_name(gpu_index)``
     destroys: Layout = ()  # free instances this placement needs destroyed
+    guarded: bool = True  # carries binding conditions: the agent answers before the pod binds
 
     @property
     def name(self) -> str:
@@ -161,7 +167,8 @@ class OfferedDevice:
         return self.device.placement_start
 
     def to_api(self) -> dict[str, Any]:
-        """The resource.k8s.io/v1 ``Device``: attributes and capacity, counters, binding conditions."""
+        """The resource.k8s.io/v1 ``Device``: attributes and capacity, counters, and binding conditions when
+        it is guarded."""
         body = self.device.to_api()
         body["consumesCounters"] = [
             {
@@ -169,8 +176,9 @@ class OfferedDevice:
                 "counters": {k: {"value": str(v)} for k, v in self.counters.items()},
             }
         ]
-        body["bindingConditions"] = [BINDING_READY]
-        body["bindingFailureConditions"] = [BINDING_FAILED]
+        if self.guarded:
+            body["bindingConditions"] = [BINDING_READY]
+            body["bindingFailureConditions"] = [BINDING_FAILED]
         return body
 
 
@@ -289,6 +297,7 @@ def offered_devices(gpus: Sequence[GpuInventory]) -> tuple[OfferedDevice, ...]:
                 _mig_device(g, o.profile, o.start, inst),
                 counter_consumption(g.model, o.profile, o.start),
                 o.destroys,
+                guarded=inst is None or inst.guarded,  # a placement to cut, or an instance being retired
             )
         )
     for g in gpus:
@@ -299,6 +308,7 @@ def offered_devices(gpus: Sequence[GpuInventory]) -> tuple[OfferedDevice, ...]:
                         Occupancy.ALLOCATED.value,
                         _mig_device(g, i.profile, i.start, i),
                         counter_consumption(g.model, i.profile, i.start),
+                        guarded=False,  # it exists; a second allocation (admin access) binds at once
                     )
                 )
     return tuple(out)

@@ -1,0 +1,141 @@
+"""The states a device of this node goes through and the moves allowed between them, as data. Pure.
+
+Why a free instance may bind in the scheduling cycle, and when the agent may still destroy it
+-----------------------------------------------------------------------------------------------
+A device published without binding conditions (``FREE_UNGUARDED``) binds as soon as the scheduler writes
+its allocation: kube-scheduler's PreBind waits only when an allocated device carries conditions
+(k8s.io/kubernetes v1.36.3, pkg/scheduler/framework/plugins/dynamicresources/dynamicresources.go,
+``hasBindingConditions``). The scheduler keeps an allocation in memory from Reserve until its PreBind
+writes it (``SignalClaimPendingAllocation`` .. ``bindClaim``), and in between the binding cycle may wait on
+Permit plugins (up to 15 minutes, pkg/scheduler/framework/runtime/framework.go ``maxTimeout``) and on
+earlier PreBind plugins (volume binding). Nothing in PreBind re-reads the ResourceSlices. So an allocation
+made from an older slice can surface long after the slice changed, and the agent must never destroy an
+instance that such an allocation may name. Two destroys are allowed, and only these:
+
+- ``DESTROY_IN_WAY``: a booked placement needs the instance's memory slices. Safe from any state in which
+  the instance is free: the scheduler counts the counters of in-flight allocations as used (the allocator's
+  allocated state includes its in-flight allocations, dra_manager.go ``GatherAllocatedState``), so it cannot
+  have booked both the placement and an overlapping free instance; the allocation being answered proves no
+  other allocation of the slices is in flight (one scheduler; see docs/architecture.md).
+- ``DESTROY_RETIRED``: the agent's own initiative (a floor, a warm pool or an uninstall wants the slices).
+  Only from ``GUARDED``: the instance was first republished with binding conditions (partitionable) or
+  withdrawn (instances inventory), so every allocation the scheduler makes after it saw that slice waits for
+  the agent; and :func:`retired_may_go` then asks for evidence that no allocation made from the older slice
+  can still bind: the guard has stood for the settle period (the scheduler's watch lag plus the moment
+  between Reserve and its binding cycle's first write), no claim names the instance, and no pod is in a
+  binding cycle toward this node. kube-scheduler writes ``status.nominatedNodeName`` before WaitOnPermit
+  and PreBind whenever PreBind has work (pkg/scheduler/schedule_one.go ``bindingCycle``,
+  NominatedNodeNameForExpectation, beta and on since 1.35; the DRA plugin's PreBindPreFlight says it has
+  work for every pod with claims), so a hold in Permit or PreBind, however long, is visible on the pod.
+
+Every other move keeps or adds guards. :func:`move` refuses a move the table does not list, so a code path
+that would destroy an unguarded instance on its own initiative raises instead of acting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from enum import StrEnum
+
+
+class State(StrEnum):
+    FREE_UNGUARDED = "free-unguarded"  # exists, free, published without binding conditions
+    GUARDED = "guarded"  # published with conditions (a placement, or an instance being retired) or withdrawn
+    BOOKED = "booked"  # allocated with binding conditions, no answer yet
+    CUTTING = "cutting"  # the agent destroys what is in the way and creates the instance
+    READY = "ready"  # exists and is allocated: answered ready, or allocated from an unguarded slice
+    FAILED = "failed"  # answered failed: the scheduler releases the allocation and books again
+    DESTROYED = "destroyed"  # no instance at this placement
+
+
+class Event(StrEnum):
+    RETIRE = "retire"  # the agent wants the instance gone: republish it guarded (or withdraw it)
+    KEEP = "keep"  # the agent no longer wants it gone: publish it unguarded again
+    ALLOCATE = "allocate"  # an allocation without binding conditions (from an unguarded slice)
+    BOOK = "book"  # an allocation with binding conditions
+    ANSWER_READY = "answer-ready"  # the instance exists whole: ready, no NVML work
+    START_CUT = "start-cut"
+    CUT_DONE = "cut-done"
+    ANSWER_FAILED = "answer-failed"
+    RELEASE = "release"  # the allocation is gone (pod done, or the scheduler released a failed booking)
+    DESTROY_IN_WAY = "destroy-in-way"  # a booked placement needs its memory slices
+    DESTROY_RETIRED = "destroy-retired"  # the agent's own initiative, after the guard (retired_may_go)
+    CREATE = "create"  # created for a floor or warm pool: free and unguarded from its first publish
+    OFFER = "offer"  # the placement is published again (guarded: nothing exists there yet)
+
+
+# state -> {event: next state}. A move that is not here is refused (IllegalMove).
+MOVES: Mapping[State, Mapping[Event, State]] = {
+    State.FREE_UNGUARDED: {
+        Event.RETIRE: State.GUARDED,
+        Event.ALLOCATE: State.READY,
+        Event.DESTROY_IN_WAY: State.DESTROYED,
+        # no DESTROY_RETIRED: an allocation from the unguarded slice may be in flight
+    },
+    State.GUARDED: {
+        Event.KEEP: State.FREE_UNGUARDED,
+        Event.ALLOCATE: State.READY,  # made from the older, unguarded slice: what the guard waits out
+        Event.BOOK: State.BOOKED,
+        Event.DESTROY_IN_WAY: State.DESTROYED,
+        Event.DESTROY_RETIRED: State.DESTROYED,
+        Event.CREATE: State.FREE_UNGUARDED,  # a placement nobody booked, created for the floor
+    },
+    State.BOOKED: {
+        Event.ANSWER_READY: State.READY,
+        Event.START_CUT: State.CUTTING,
+        Event.ANSWER_FAILED: State.FAILED,
+    },
+    State.CUTTING: {
+        Event.CUT_DONE: State.READY,
+        Event.ANSWER_FAILED: State.FAILED,
+    },
+    State.READY: {
+        Event.RELEASE: State.FREE_UNGUARDED,
+    },
+    State.FAILED: {
+        Event.RELEASE: State.GUARDED,
+    },
+    State.DESTROYED: {
+        Event.OFFER: State.GUARDED,
+        Event.CREATE: State.FREE_UNGUARDED,
+    },
+}
+
+
+class IllegalMove(RuntimeError):
+    """A move the table does not allow: a bug in the caller, never acted on."""
+
+
+def move(state: State, event: Event) -> State:
+    """The state after ``event``; IllegalMove when the table does not allow it. Pure."""
+    nxt = MOVES.get(state, {}).get(event)
+    if nxt is None:
+        raise IllegalMove(f"{event.value} is not allowed from {state.value}")
+    return nxt
+
+
+def free_state(guarded: bool) -> State:
+    """The state of an existing, unallocated instance: guarded (republished with conditions, or withdrawn)
+    or not. Pure."""
+    return State.GUARDED if guarded else State.FREE_UNGUARDED
+
+
+def retired_may_go(
+    guarded_for: float | None, settle_seconds: float, holders: Sequence[str], binding_pods: Sequence[str]
+) -> str | None:
+    """None when an instance the agent retired may be destroyed; otherwise why it waits. Pure.
+
+    ``guarded_for``: seconds since the guarded slice (or the withdrawal) was written, None when it has not
+    been; ``holders``: claims whose allocation names the instance (read just now); ``binding_pods``: pods in
+    a binding cycle toward this node (unbound, ``status.nominatedNodeName`` = this node, read just now).
+    """
+    if guarded_for is None:
+        return "not yet republished guarded"
+    if holders:
+        return "allocated to " + ", ".join(holders)
+    if guarded_for < settle_seconds:
+        return f"guarded {guarded_for:.1f}s of {settle_seconds:.1f}s"
+    if binding_pods:
+        shown = ", ".join(binding_pods[:3]) + (" ..." if len(binding_pods) > 3 else "")
+        return f"pods binding to this node may hold an allocation from an older slice: {shown}"
+    return None
