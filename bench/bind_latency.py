@@ -12,9 +12,9 @@ back to back, and the time from each pod's creation to the first poll (50 ms) th
 - ``free-guarded``: the same, with ``--guard-free-instances`` (every device carries binding conditions:
   how every booking waited before free instances bound at once): the in-run baseline for ``free``;
 - ``cuts``: idle GPUs, every booking a placement that the agent cuts (binding conditions, answered ready).
-- ``stuck-agent`` (``--stuck``): ``free`` with the agent of one of the two nodes stopped after it published
-  (its slices stay, as with a SIGSTOPped agent); reports how many pods bound within ``--stuck-wait``
-  seconds and where.
+- ``stuck-agent`` (``--stuck``): ``cuts`` with half the pods, the operator running (a Dynamic policy, the
+  agents' heartbeat Leases at the production 30 s), and the agent of one node stopped once both published
+  (its slices stay, as with a SIGSTOPped agent): how long until every pod is bound, and where.
 
     python bench/bind_latency.py                      # about 2 minutes; --stuck adds --stuck-wait
 """
@@ -41,10 +41,13 @@ from dynamig.agent.metrics import AgentMetrics
 from dynamig.agent.nvml_device import NvmlDevices
 from dynamig.backends.nvml import fresh_simulated_nvml
 from dynamig.demo.cluster import AllocationWatch, ScenarioApi
+from dynamig.demo.inprocess import operator_running
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.devcluster.sandbox import install
 from dynamig.geometry.catalog import load_catalog
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, MANAGED_NODE_LABEL, VERSION, gpu_partition_name
+from dynamig.operator.metrics import OperatorMetrics
+from dynamig.operator.settings import OperatorSettings
 from dynamig.simulate.trace import percentile
 
 NAMESPACE = "bind"
@@ -120,17 +123,28 @@ async def run_scenario(
 ) -> Outcome:
     k = ScenarioApi(api, NAMESPACE)
     guard = scenario == "free-guarded"
-    layout = [] if scenario == "cuts" else WARM
+    stuck = scenario == "stuck-agent"
+    layout = WARM if scenario.startswith("free") else []
+    lease_ns = NAMESPACE if stuck else None
     settings = {
-        name: AgentSettings(node=name, inventory=None, guard_free_instances=guard)
+        name: AgentSettings(node=name, inventory=None, guard_free_instances=guard, lease_namespace=lease_ns)
         for name in (f"{scenario}-a", f"{scenario}-b")
     }
     nodes = [await start_node(cp, api, n, scenario, s, args.create_latency) for n, s in settings.items()]
     watch = AllocationWatch(k)
+    operator = contextlib.AsyncExitStack()
     try:
+        if stuck:  # the operator withdraws a silent agent's node and fails its waiting bookings
+            op = OperatorSettings(
+                kubeconfig=cp.kubeconfig_path, standalone=True, agent_lease_namespace=NAMESPACE
+            )
+            await operator.enter_async_context(operator_running(cp.kubeconfig_path, OperatorMetrics(), op))
+            await k.create_policy(
+                scenario, {"nodeSelector": {"matchLabels": {POOL_LABEL: scenario}}, "mode": "Dynamic"}
+            )
         for node in nodes:
             await offered_as_policy(k, gpu_partition_name(node.name, 0), layout)
-        if scenario == "stuck-agent":
+        if stuck:
             nodes[0].task.cancel()  # stopped: its slices stay published, nothing answers for it
             with contextlib.suppress(asyncio.CancelledError):
                 await nodes[0].task
@@ -138,11 +152,11 @@ async def run_scenario(
         creates0 = sum(n.creates() for n in nodes)
         watch.start()
         created: dict[str, float] = {}
-        pods = [f"{scenario}-{i:02d}" for i in range(args.pods)]
+        pods = [f"{scenario}-{i:02d}" for i in range(args.pods // 2 if stuck else args.pods)]
         for name in pods:
             await k.pod(name, "one-1g", {POOL_LABEL: scenario})
             created[name] = time.time()
-        wait_s = args.stuck_wait if scenario == "stuck-agent" else 120.0
+        wait_s = args.stuck_wait if stuck else 120.0
 
         async def all_bound() -> bool | None:
             watch.raise_if_stopped()
@@ -168,6 +182,7 @@ async def run_scenario(
         await k.delete_pods(pods)
         return outcome
     finally:
+        await operator.aclose()
         await watch.stop()
         for node in nodes:
             node.task.cancel()

@@ -36,6 +36,7 @@ from dynamig.devcluster.controlplane import ControlPlane
 from dynamig.devcluster.waiting import eventually
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.model import PlacedInstance
+from dynamig.kube.gpupartition import Inventory
 from dynamig.kube.inventory import (
     BINDING_FAILED,
     BINDING_READY,
@@ -184,3 +185,40 @@ async def allocated_claim(api: client.ApiClient, ns: str, name: str) -> dict[str
 async def _bound(api: client.ApiClient, ns: str, name: str, node: str) -> bool | None:
     pod = await client.CoreV1Api(api).read_namespaced_pod(name, ns)
     return True if pod.spec.node_name == node else None
+
+
+async def test_a_booking_on_a_gpu_that_fell_off_the_bus_is_failed_at_once_not_left_to_time_out(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    make_node: Any,
+    namespace: str,
+    sim: ModuleType,
+) -> None:
+    # The agent's own round (partitionable inventory) after NVML lost the node's only GPU: nothing can be
+    # cut, so the booking is answered failed with the reason, and the scheduler books again instead of
+    # holding the pod for its binding timeout (600 s).
+    await ensure_device_class(client.ResourceV1Api(kube_api))
+    custom = client.CustomObjectsApi(kube_api)
+    node = make_node("lost", labels={"dynamig.io/managed": "true"})
+    devices = NvmlDevices(sim, load_catalog())
+    devices.init()
+    settings = AgentSettings(node=node, inventory=Inventory.PARTITIONABLE, watch=False)
+    agent = NodeAgent(settings, KubeApi(kube_api), devices, AgentMetrics(CollectorRegistry(), node))
+    await publish(custom, node, 1, devices)
+    await claim_and_pod(kube_api, namespace, "lost", "1g.10gb", node)
+    claim = await eventually(lambda: allocated_claim(kube_api, namespace, "lost"), "lost allocated")
+    device = allocated_device(claim)
+    sim.set_gpu_lost(0)
+
+    await agent.reconcile_once()
+    answered = agent.metrics.registry.get_sample_value(
+        "dynamig_binding_answers_total", {"Hostname": node, "answer": "failed"}
+    )
+    assert answered == 1
+    claim = await get_claim(kube_api, namespace, "lost")
+    entries = [e for e in (claim["status"].get("devices") or []) if e["device"] == device]
+    if entries:  # else the scheduler has already released the allocation, and the entry with it
+        (cond,) = entries[0]["conditions"]
+        assert (cond["type"], cond["reason"]) == (BINDING_FAILED, "GpuUnavailable")
+        assert "GpuIsLost" in cond["message"], cond
+    assert not (await client.CoreV1Api(kube_api).read_namespaced_pod("lost", namespace)).spec.node_name

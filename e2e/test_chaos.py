@@ -65,7 +65,7 @@ from dynamig.devcluster.processes import free_port
 from dynamig.devcluster.rest import ApiError
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.layout import free_starts
-from dynamig.geometry.model import PlacedInstance, placement_of
+from dynamig.geometry.model import PlacedInstance, device_name, placement_of
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, NODE_LABEL, VERSION
 from dynamig.simulate.trace import percentile
 from test_agent import kill, start_agent_process
@@ -407,6 +407,7 @@ class System:
         if stale := owners - set(self.pods):
             return f"claims of deleted pods {sorted(stale)}"
         uuids = {u for us in nvml.values() for u in us}
+        existing = {device_name(g, p, s) for (g, p, s) in nvml}
         for pod in self.pods:
             got = await self.k.core.read_namespaced_pod(pod, self.k.ns)
             if not got.spec.node_name:
@@ -423,8 +424,12 @@ class System:
                 (e.get("data") or {}).get("migUUID")
                 for e in (claim or {}).get("status", {}).get("devices") or []
             ]
-            if not answered or answered[0] not in uuids:
+            device = allocated_device(claim) if claim is not None else None
+            if answered and answered[0] not in uuids:
                 return f"pod {pod}: claim answered {answered}, not an instance in NVML"
+            if not answered and device not in existing:
+                # No answer: booked without binding conditions, so it must name an instance that exists.
+                return f"pod {pod}: bound to {device} with no answer, not an instance in NVML"
         return None
 
     async def wait_converged(self, since: float, what: str) -> tuple[float, str]:

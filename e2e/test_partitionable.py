@@ -416,7 +416,15 @@ async def test_a_warm_instance_is_booked_with_no_create_on_the_path(
         assert claim is not None
         result = claim["status"]["allocation"]["devices"]["results"][0]
         assert "bindingConditions" not in result
-        assert not claim["status"].get("devices")  # nothing for the agent to answer
+
+        async def reported() -> dict[str, Any] | None:
+            got = await _allocated(k, "w")
+            return next(iter((got or {}).get("status", {}).get("devices") or []), None)
+
+        # After the fact the agent reports what the pod got, with nothing for the scheduler to wait on.
+        entry = await eventually(reported, "the MIG UUID reported in the claim", within_s=30)
+        (made,) = [i for i in _instances(sim) if (i.profile, i.start) == ("1g.10gb", 6)]
+        assert entry["data"]["migUUID"] == made.mig_uuid and not entry.get("conditions")
 
 
 async def test_an_allocated_instance_recut_behind_the_agents_back_is_reported_on_the_gpu_and_the_claim(

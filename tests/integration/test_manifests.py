@@ -472,11 +472,15 @@ OPERATOR_ALLOWED = [
     ("patch", "gpupartitions.dynamig.io", "--subresource=status"),
     ("list", "leases.coordination.k8s.io", "-n", NS),
     ("watch", "customresourcedefinitions.apiextensions.k8s.io"),
+    # a silent agent's node: its slices withdrawn, its waiting bookings failed
+    ("delete", "resourceslices.resource.k8s.io"),
+    ("update", "resourceclaims.resource.k8s.io", "--subresource=status", "-n", "default"),
 ]
 OPERATOR_DENIED = [
     ("create", "resourceslices.resource.k8s.io"),
     ("update", "resourceclaims.resource.k8s.io", "-n", "default"),
-    ("update", "resourceclaims.resource.k8s.io", "--subresource=status", "-n", "default"),
+    ("update", "resourceslices.resource.k8s.io"),
+    ("deletecollection", "resourceslices.resource.k8s.io"),
     ("create", "pods", "-n", "default"),
     ("delete", "pods", "-n", "default"),
     ("create", "gpupartitions.dynamig.io"),
@@ -505,6 +509,7 @@ AGENT_ALLOWED = [
     ("get", "nodes"),
     ("create", "leases.coordination.k8s.io", "-n", NS),
     ("patch", "leases.coordination.k8s.io", "-n", NS),
+    ("list", "pods", "--all-namespaces"),  # pods in a binding cycle toward its node
 ]
 AGENT_DENIED = [
     ("patch", "resourceslices.resource.k8s.io"),
@@ -517,6 +522,8 @@ AGENT_DENIED = [
     ("patch", "gpupartitionpolicies.dynamig.io"),
     ("update", "resourceclaims.resource.k8s.io", "-n", "default"),
     ("create", "pods", "-n", NS),
+    ("get", "pods", "-n", NS),
+    ("watch", "pods", "--all-namespaces"),
     ("get", "secrets", "-n", NS),
     ("list", "secrets", "--all-namespaces"),
     ("patch", "nodes"),

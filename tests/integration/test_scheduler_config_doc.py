@@ -1,4 +1,5 @@
-"""The packing scheduler configuration docs/install.md recommends is one kube-scheduler v1.36 accepts.
+"""The scheduler configuration docs/install.md recommends (packing score, binding timeout) is one
+kube-scheduler v1.36 accepts.
 
 Real: the kube-scheduler binary the control plane uses, with ``--write-config-to`` (it loads and validates the
 file, writes the defaulted result and exits without contacting an API server). The snippet is read from the
@@ -60,6 +61,8 @@ def test_the_documented_packing_score_is_accepted_by_kube_scheduler(tmp_path: Pa
     (profile,) = [p for p in effective["profiles"] if p["schedulerName"] == "default-scheduler"]
     (fit,) = [c["args"] for c in profile["pluginConfig"] if c["name"] == "NodeResourcesFit"]
     assert fit["scoringStrategy"]["type"] == "MostAllocated"
+    (dra,) = [c["args"] for c in profile["pluginConfig"] if c["name"] == "DynamicResources"]
+    assert dra["bindingTimeout"] == "1m0s"  # the default would be 10m0s
 
     # the check can fail: the same file with a misspelt strategy is refused
     bad = yaml.safe_load(yaml.safe_dump(config).replace("MostAllocated", "MostAlocated"))

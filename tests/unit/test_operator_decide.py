@@ -600,6 +600,16 @@ def test_an_idle_node_is_kept_for_a_waiting_multi_gpu_claim_and_released_after()
     decision, _ = run(policy(), parts, on_nodes((multi(2),), "node-c"))
     assert sorted(o.gpu for o in decision.offers) == [f"node-c-gpu{i}" for i in range(4)]
     assert run(policy(), parts, burst(3, "7g.80gb", "4g.40gb"))[0].offers == ()
+    # "two 7g.80gb, else one 4g.40gb": its smallest alternative needs one device, so nothing is kept
+    (claim,) = burst(1, "7g.80gb", "4g.40gb")
+    two_or_one = dataclasses.replace(
+        claim,
+        requests=tuple(
+            dataclasses.replace(r, matches=(*_with_count(r.matches[:1], 2), *_with_count(r.matches[1:], 1)))
+            for r in claim.requests
+        ),
+    )
+    assert run(policy(), parts, (two_or_one,))[0].offers == ()
     # four devices fit node-c only; two claims of two take node-b, then node-c
     assert sorted({o.gpu[:6] for o in run(policy(), parts, (multi(4),))[0].offers}) == ["node-c"]
     two_claims = (

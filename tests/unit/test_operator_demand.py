@@ -287,3 +287,23 @@ def test_allowed_profiles_filter_alternatives() -> None:
     (pc,) = demand([inference_claim("c1")], [pod("p1", "c1")]).pending
     assert pc.planner_demands(frozenset({"2g.20gb", "3g.40gb"}))[0].alternatives == ("2g.20gb",)
     assert pc.planner_demands(frozenset({"3g.40gb"})) == ()
+
+
+def test_each_first_available_alternative_keeps_its_own_count() -> None:
+    # "two 1g.10gb, else one 7g.80gb": planned as such, not as two of either.
+    two_or_one = {
+        "name": "gpu",
+        "firstAvailable": [
+            alt("two-small", f'{PROFILE} == "1g.10gb"', count=2),
+            alt("one-whole", f'{PROFILE} == "7g.80gb"', count=1),
+        ],
+    }
+    snap = demand([claim("c1", [two_or_one])], [pod("p1", "c1")])
+    (req,) = snap.pending[0].requests
+    assert req.alternatives() == ("1g.10gb", "7g.80gb") and req.alternative_counts() == (2, 1)
+    assert (req.count, req.min_count, req.count_for("7g.80gb")) == (2, 1, 1)
+    (d,) = snap.pending[0].planner_demands()
+    assert d.count == 2 and d.alt_counts == (2, 1) and d.count_for("7g.80gb") == 1
+    # Only the whole-GPU alternative allowed: one device.
+    (whole,) = snap.pending[0].planner_demands(frozenset({"7g.80gb"}))
+    assert (whole.alternatives, whole.count, whole.alt_counts) == (("7g.80gb",), 1, ())

@@ -88,9 +88,9 @@ def check_invariants(
         per_claim.setdefault(a.claim, []).append((a.node, a.index, a.profile))
     for name, devices in per_claim.items():
         claim = claim_by_name[name]
-        assert len(devices) == claim.count
         assert len({n for n, _, _ in devices}) == 1, f"{name} spans nodes"
         assert len({p for _, _, p in devices}) == 1 and devices[0][2] in claim.alternatives
+        assert len(devices) == claim.count_for(devices[0][2])
         if claim.nodes is not None:
             assert devices[0][0] in claim.nodes
     assert set(result.unsatisfied) == set(claim_by_name) - set(per_claim)
@@ -175,6 +175,27 @@ def test_multi_device_claim_stays_on_one_node() -> None:
     result2 = plan(gpus2, claims, Policy(), CATALOG)
     check_invariants(gpus2, claims, Policy(), result2)
     assert {a.node for a in result2.assignments} == {"n2"} and len(result2.assignments) == 2
+
+
+def test_each_alternative_keeps_its_own_count() -> None:
+    # "eight 1g.10gb, else one 7g.80gb" on one idle A100: eight never fit on one GPU (seven placements),
+    # so the claim gets one 7g.80gb; with one count for both alternatives it would get nothing.
+    gpus = (gpu("n", 0, "A100-80GB"),)
+    claims = (ClaimDemand("c", ("1g.10gb", "7g.80gb"), count=8, alt_counts=(8, 1)),)
+    result = plan(gpus, claims, Policy(), CATALOG)
+    check_invariants(gpus, claims, Policy(), result)
+    assert [(a.profile, a.start) for a in result.assignments] == [("7g.80gb", 0)]
+    # "two 1g.10gb, else one 7g.80gb": the first alternative fits and is taken, two devices of it.
+    two = (ClaimDemand("c", ("1g.10gb", "7g.80gb"), count=2, alt_counts=(2, 1)),)
+    result = plan(gpus, two, Policy(), CATALOG)
+    assert [a.profile for a in result.assignments] == ["1g.10gb", "1g.10gb"]
+    assert best_plan(gpus, claims, Policy(), CATALOG).satisfied == 1  # the exhaustive planner agrees
+
+
+def test_alternative_counts_must_match_the_alternatives() -> None:
+    claims = (ClaimDemand("c", ("1g.10gb", "7g.80gb"), alt_counts=(2,)),)
+    with pytest.raises(PlanInputError, match="one count per alternative"):
+        plan((gpu("n", 0, "A100-80GB"),), claims, Policy(), CATALOG)
 
 
 def test_claim_node_restriction_is_respected() -> None:

@@ -1,6 +1,6 @@
 """Answers allocations of this node's devices that wait on binding conditions. Side effects: NVML, API.
 
-For each allocation with no answer yet (:func:`dynamig.agent.binding.unanswered`) the agent observes its
+For each allocation with no answer yet (:func:`dynamig.kube.answers.unanswered`) the agent observes its
 GPUs afresh, decides (:func:`dynamig.agent.binding.decide`), carries out a cut (destroy the free instances
 in the way, create the instance at its placement) and writes the answer into the claim's
 ``status.devices[]``. It runs inside the agent's round, under the agent's lock, so no reshape of its own
@@ -14,10 +14,11 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from dynamig.agent.binding import Cut, Failed, GpuState, Pending, Ready, decide, device_status, unanswered
+from dynamig.agent.binding import Cut, Failed, GpuState, Ready, decide, device_status, locate
 from dynamig.agent.kubeapi import allocated_devices
 from dynamig.agent.nvml_device import GpuInfo
 from dynamig.geometry.model import device_name
+from dynamig.kube.answers import Pending, data_entry, unanswered, unreported
 from dynamig.kube.events import AGENT_COMPONENT, claim_ref, event_body
 from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
 from dynamig.kube.times import now_rfc3339
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+REASON_GPU_UNAVAILABLE = "GpuUnavailable"
+
 
 class AllocationAnswerer:
     """Answers the binding conditions of one node's allocated devices."""
@@ -34,16 +37,16 @@ class AllocationAnswerer:
     def __init__(self, agent: NodeAgent) -> None:
         self.agent = agent
 
-    async def answer_all(self, claims: list[dict[str, Any]]) -> list[tuple[Pending, Ready | Failed]]:
-        """Answer every unanswered allocation in ``claims``. Call under the agent's lock. Returns the answers
-        written."""
+    async def answer_all(
+        self, claims: list[dict[str, Any]], unavailable: str | None = None
+    ) -> list[tuple[Pending, Ready | Failed]]:
+        """Answer every unanswered allocation in ``claims``: ``failed`` with ``unavailable`` as the reason
+        when the node's GPUs cannot be read (the pod is booked again elsewhere instead of waiting for the
+        scheduler's binding timeout). Call under the agent's lock. Returns the answers written."""
         s = self.agent.settings
         written: list[tuple[Pending, Ready | Failed]] = []
         for p in unanswered(claims, s.driver, s.node, BINDING_READY, BINDING_FAILED):
-            gpus, states = await self._observe(claims)
-            answer = decide(p.device, p.claim, states)
-            if isinstance(answer, Cut):
-                answer = await self._cut(answer, gpus)
+            answer = await self._answer(p, claims, unavailable)
             entry = device_status(
                 s.driver, s.node, p.device, answer, BINDING_READY, BINDING_FAILED, now_rfc3339(), p.generation
             )
@@ -66,6 +69,45 @@ class AllocationAnswerer:
                 event_body(ref, *event, p.namespace, AGENT_COMPONENT, now_rfc3339(), s.node)
             )
         return written
+
+    async def report_bound(self, claims: list[dict[str, Any]]) -> int:
+        """Write the MIG UUID of each instance booked without binding conditions (its pod bound in the
+        scheduling cycle) into its claim's ``status.devices[].data``, as a ready answer carries it, so
+        ``kubectl get resourceclaim -o yaml`` shows what the pod got. After the fact: nothing waits on it.
+        Call under the agent's lock. Returns how many were written."""
+        s = self.agent.settings
+        todo = unreported(claims, s.driver, s.node)
+        if not todo:
+            return 0
+        _, states = await self._observe(claims)
+        written = 0
+        for p in todo:
+            found = locate(p.device, states)
+            uuid = found[0].mig_uuids.get(found[1], "") if found is not None else ""
+            if found is None or not uuid:
+                continue  # not a whole instance now: the kubelet plugin says so at prepare
+            placed = found[1]
+            data = {"migUUID": uuid, "profile": placed.profile, "placementStart": placed.start}
+            entry = data_entry(s.driver, s.node, p.device, data)
+            if await self.agent.api.put_device_status(p.namespace, p.name, entry):
+                written += 1
+        return written
+
+    async def _answer(
+        self, p: Pending, claims: list[dict[str, Any]], unavailable: str | None
+    ) -> Ready | Failed:
+        """Decide, and cut when that is the answer; an NVML error on the way is a failed answer, never
+        silence."""
+        if unavailable is not None:
+            return Failed(REASON_GPU_UNAVAILABLE, f"{p.device}: {unavailable}")
+        devices = self.agent.devices
+        try:
+            gpus, states = await self._observe(claims)
+        except devices.error_type as exc:
+            self.agent.metrics.nvml_error("answer", devices.error_name(exc))
+            return Failed(REASON_GPU_UNAVAILABLE, f"{p.device}: NVML cannot read the GPUs: {exc}")
+        answer = decide(p.device, p.claim, states)
+        return await self._cut(answer, gpus) if isinstance(answer, Cut) else answer
 
     async def _observe(self, claims: list[dict[str, Any]]) -> tuple[dict[int, GpuInfo], list[GpuState]]:
         agent = self.agent

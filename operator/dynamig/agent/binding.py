@@ -25,6 +25,7 @@ from typing import Any
 from dynamig.agent.reconcile import Observed, overlaps
 from dynamig.geometry.layout import check_layout
 from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, normalize_layout, placement_of
+from dynamig.kube.answers import answer_entry
 
 REASON_UNKNOWN_DEVICE = "UnknownDevice"
 REASON_MIG_DISABLED = "MigDisabled"
@@ -115,55 +116,7 @@ def decide(device: str, claim: str, gpus: Sequence[GpuState]) -> Answer:
     return Cut(gpu.index, placed, normalize_layout(in_way))
 
 
-# --- the claim side: which allocations wait for an answer, and the answer as the API takes it -----------
-
-
-@dataclass(frozen=True, slots=True)
-class Pending:
-    """One allocated device of this node that carries binding conditions and has no answer yet."""
-
-    namespace: str
-    name: str
-    device: str
-    generation: int = 0
-    uid: str = ""
-
-    @property
-    def claim(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-def _answered(entry: dict[str, Any], ready: str, failed: str) -> bool:
-    return any(
-        c.get("type") in (ready, failed) and c.get("status") == "True" for c in entry.get("conditions") or []
-    )
-
-
-def unanswered(
-    claims: Sequence[dict[str, Any]], driver: str, pool: str, ready: str, failed: str
-) -> list[Pending]:
-    """Allocations of ``driver``/``pool`` devices with binding conditions and no True ``ready``/``failed``
-    condition in ``status.devices`` yet, oldest claim first. Pure."""
-    out: list[tuple[str, Pending]] = []
-    for claim in claims:
-        meta = claim.get("metadata") or {}
-        status = claim.get("status") or {}
-        results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
-        entries = {(e.get("driver"), e.get("pool"), e.get("device")): e for e in status.get("devices") or []}
-        for r in results:
-            if r.get("driver") != driver or r.get("pool") != pool or not r.get("bindingConditions"):
-                continue
-            entry = entries.get((driver, pool, r.get("device")), {})
-            if not _answered(entry, ready, failed):
-                pending = Pending(
-                    str(meta.get("namespace", "")),
-                    str(meta.get("name", "")),
-                    str(r["device"]),
-                    int(meta.get("generation") or 0),
-                    str(meta.get("uid", "")),
-                )
-                out.append((str(meta.get("creationTimestamp", "")), pending))
-    return [p for _, p in sorted(out, key=lambda x: x[0])]
+# --- the answer as the API takes it (which allocations wait: dynamig.kube.answers) --------------------
 
 
 def device_status(
@@ -176,27 +129,11 @@ def device_status(
     now: str,
     generation: int,
 ) -> dict[str, Any]:
-    """The ``status.devices[]`` entry that answers an allocation (resource.k8s.io/v1 AllocatedDeviceStatus):
-    the condition that releases or fails the binding, and for a ready device its MIG UUID and profile in
-    ``data`` so ``kubectl get resourceclaim -o yaml`` shows what the pod got. Pure."""
-    cond: dict[str, Any]
+    """The ``status.devices[]`` entry that answers an allocation: for a ready device its MIG UUID and profile
+    in ``data``, so ``kubectl get resourceclaim -o yaml`` shows what the pod got. Pure."""
     if isinstance(answer, Ready):
-        cond = {
-            "type": ready,
-            "status": "True",
-            "reason": "InstanceReady",
-            "message": f"MIG instance {answer.mig_uuid} ({answer.placed.profile}@{answer.placed.start})",
-        }
-        data: dict[str, Any] | None = {
-            "migUUID": answer.mig_uuid,
-            "profile": answer.placed.profile,
-            "placementStart": answer.placed.start,
-        }
-    else:
-        cond = {"type": failed, "status": "True", "reason": answer.reason, "message": answer.message}
-        data = None
-    cond |= {"lastTransitionTime": now, "observedGeneration": generation}
-    entry: dict[str, Any] = {"driver": driver, "pool": pool, "device": device, "conditions": [cond]}
-    if data is not None:
-        entry["data"] = data
-    return entry
+        placed = answer.placed
+        message = f"MIG instance {answer.mig_uuid} ({placed.profile}@{placed.start})"
+        data = {"migUUID": answer.mig_uuid, "profile": placed.profile, "placementStart": placed.start}
+        return answer_entry(driver, pool, device, ready, "InstanceReady", message, now, generation, data)
+    return answer_entry(driver, pool, device, failed, answer.reason, answer.message, now, generation)

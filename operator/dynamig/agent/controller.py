@@ -27,6 +27,7 @@ A lock serialises rounds with :mod:`dynamig.agent.devices_service` calls from th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -192,7 +193,7 @@ class NodeAgent:
         # Removes what the agent made on the node (plugin files) when dynamig is uninstalled; returns them.
         self.on_uninstall: Callable[[], Awaitable[list[str]]] | None = None
         self.uninstalled = False  # done: the node is left alone until the agent is deleted
-        self._lease_renewed = 0.0
+        self._round_started: float | None = None  # when the round now running began (heartbeat watchdog)
         self.answerer = AllocationAnswerer(self)
         self.support: InventorySupport | None = (
             None
@@ -217,12 +218,12 @@ class NodeAgent:
         its pool starts a round at once, and rounds read claims from the watched cache; otherwise rounds
         list claims and only follow the poll intervals.
         """
-        watchers: list[asyncio.Task[None]] = []
+        watchers: list[asyncio.Task[None]] = [asyncio.create_task(self._heartbeats(stop), name="agent-lease")]
         if self.settings.watch:
             from dynamig.agent.watch import watch_tasks
 
             self.claim_cache = ClaimCache(self.api, self.settings.driver, self.settings.node, self.wake)
-            watchers = [
+            watchers += [
                 asyncio.create_task(c, name=f"agent-watch-{i}")
                 for i, c in enumerate(
                     [*watch_tasks(self.api, self.settings.node, self.wake, stop), self.claim_cache.run(stop)]
@@ -253,7 +254,6 @@ class NodeAgent:
                 log.exception("reconcile round failed (%d in a row); retrying", failures)
             if self.on_round is not None:
                 self.on_round()  # the liveness probe's evidence that the loop turns
-            await self._heartbeat()
             delay = self.settings.reshape_poll_seconds if busy else self.settings.interval_seconds
             events = [stop, self._wake]
             if failures:
@@ -268,24 +268,38 @@ class NodeAgent:
                 for w in waiters:
                     w.cancel()
 
+    async def _heartbeats(self, stop: asyncio.Event) -> None:
+        """Renew the node's Lease every third of its duration while the agent can answer: not while a round
+        has been running for half the Lease or more (an NVML call hung in the driver), so a stuck agent
+        goes silent like a dead one and the operator withdraws its node (operator/fencing.py)."""
+        while not stop.is_set():
+            started = self._round_started
+            if started is None or self.clock() - started < self.settings.lease_seconds / 2:
+                await self._heartbeat()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=max(1.0, self.settings.lease_seconds / 3))
+
     async def _heartbeat(self) -> None:
-        """Renew the node's Lease when a third of it has passed (the operator's evidence the agent lives)."""
+        """Renew the node's Lease (the operator's evidence the agent lives)."""
         namespace = self.settings.lease_namespace
         now = time.time()
-        if namespace is None or now - self._lease_renewed < self.settings.lease_seconds / 3:
+        if namespace is None:
             return
         try:
             await self.api.renew_lease(
                 lease_body(self.settings.node, namespace, now, self.settings.lease_seconds)
             )
-            self._lease_renewed = now
-        except Exception as exc:  # a missed renewal is retried next round; the lease outlives a few
+        except Exception as exc:  # a missed renewal is retried a third of the lease later
             log.warning("could not renew the agent lease in namespace %s: %s", namespace, exc)
 
     async def reconcile_once(self) -> bool:
         """One round over every GPU. Returns True while some GPU still reshapes (poll again soon)."""
         async with self.lock:
-            return await self._round()
+            self._round_started = self.clock()
+            try:
+                return await self._round()
+            finally:
+                self._round_started = None
 
     async def _round(self) -> bool:
         node = self.settings.node
@@ -326,11 +340,17 @@ class NodeAgent:
         foreign = foreign_mig_owners(slices, [g.uuid for g in gpus], self.settings.driver)
         cached = self.claim_cache.claims() if self.claim_cache is not None else None
         raw_claims = cached if cached is not None else await self.api.list_claims()
-        if self.partitionable and gpus:
-            # Answer first: a pod waiting on its binding is the most urgent thing on the node.
-            for _, answer in await self.answerer.answer_all(raw_claims):
+        unavailable = lost_reason or "; ".join(
+            f"NVML cannot read GPU {i}: {e}" for i, e in unreadable.items()
+        )
+        if self.partitionable and (gpus or unavailable):
+            # Answer first: a pod waiting on its binding is the most urgent thing on the node. With no GPU
+            # readable every booking fails at once, so its pod is booked again elsewhere.
+            for _, answer in await self.answerer.answer_all(raw_claims, None if gpus else unavailable):
                 outcome = "ready" if isinstance(answer, Ready) else "failed"
                 self.metrics.binding_answers.labels(node, outcome).inc()
+            if gpus:
+                await self.answerer.report_bound(raw_claims)
         claims = allocated_devices(raw_claims, self.settings.driver, node)
         parts = {
             p.name: p

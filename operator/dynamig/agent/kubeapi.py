@@ -24,7 +24,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from dynamig.kube.apicalls import MERGE_PATCH, is_transient, patch_event
+from dynamig.kube.apicalls import MERGE_PATCH, is_transient, patch_event, put_device_status
 from dynamig.kube.events import EventCorrelator, deliver
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, VERSION
 
@@ -257,39 +257,10 @@ class KubeApi:
         """Set one ``status.devices[]`` entry of a claim (matched on driver, pool, device), keeping every
         other entry: read, replace with the read ``resourceVersion``, again on a conflict. Returns False
         when the claim is gone or no longer allocates that device (nothing to answer)."""
-        key = (entry["driver"], entry["pool"], entry["device"])
-
-        async def call() -> bool:
-            for _ in range(5):
-                try:
-                    claim = await self.custom.get_namespaced_custom_object(
-                        RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaims", name
-                    )
-                except ApiException as exc:
-                    if exc.status == 404:
-                        return False
-                    raise
-                status = claim.setdefault("status", {})
-                results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
-                if not any((r.get("driver"), r.get("pool"), r.get("device")) == key for r in results):
-                    return False
-                others = [
-                    e
-                    for e in status.get("devices") or []
-                    if (e.get("driver"), e.get("pool"), e.get("device")) != key
-                ]
-                status["devices"] = [*others, entry]
-                try:
-                    await self.custom.replace_namespaced_custom_object_status(
-                        RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaims", name, claim
-                    )
-                    return True
-                except ApiException as exc:
-                    if exc.status != 409:
-                        raise
-            raise RuntimeError(f"ResourceClaim {namespace}/{name}: status kept changing under us")
-
-        return await self._retry("write resourceclaim device status", call)
+        return await self._retry(
+            "write resourceclaim device status",
+            lambda: put_device_status(self.custom, namespace, name, entry),
+        )
 
 
 def allocated_devices(claims: list[dict[str, Any]], driver: str, pool: str) -> dict[str, list[str]]:

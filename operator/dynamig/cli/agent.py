@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from dynamig.cli._logging import add_logging_arguments
+from dynamig.kube.heartbeat import DEFAULT_LEASE_SECONDS
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -137,7 +138,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="namespace of the node's heartbeat Lease dynamig-agent-<node> (default $POD_NAMESPACE, else "
         "default); the operator stops waiting for GPUs whose agent stops renewing it",
     )
-    p.add_argument("--lease-seconds", type=int, default=60, help="heartbeat Lease duration in seconds")
+    p.add_argument(
+        "--lease-seconds",
+        type=int,
+        default=DEFAULT_LEASE_SECONDS,
+        help="heartbeat Lease duration in seconds (renewed every third of it while no round is stuck)",
+    )
     p.add_argument(
         "--liveness-max-round-age",
         type=float,

@@ -1,5 +1,5 @@
 """What the agent and the operator share about talking to the API server: which errors are worth retrying,
-the merge-patch content type, and counting a repeated Event on its earlier copy."""
+the merge-patch content type, counting a repeated Event on its earlier copy, and answering a booking."""
 
 from __future__ import annotations
 
@@ -47,3 +47,38 @@ async def list_items(resp: Any) -> tuple[dict[str, Any], ...]:
         exc.body = body
         raise exc
     return tuple(json.loads(body).get("items") or ())
+
+
+async def put_device_status(
+    custom: client.CustomObjectsApi, namespace: str, name: str, entry: dict[str, Any]
+) -> bool:
+    """Set one ``status.devices[]`` entry of a ResourceClaim (matched on driver, pool, device), keeping every
+    other entry: read, replace with the read ``resourceVersion``, again on a conflict. Returns False when the
+    claim is gone or no longer allocates that device (nothing to answer)."""
+    key = (entry["driver"], entry["pool"], entry["device"])
+    for _ in range(5):
+        try:
+            claim = await custom.get_namespaced_custom_object(
+                "resource.k8s.io", "v1", namespace, "resourceclaims", name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        status = claim.setdefault("status", {})
+        results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+        if not any((r.get("driver"), r.get("pool"), r.get("device")) == key for r in results):
+            return False
+        others = [
+            e for e in status.get("devices") or [] if (e.get("driver"), e.get("pool"), e.get("device")) != key
+        ]
+        status["devices"] = [*others, entry]
+        try:
+            await custom.replace_namespaced_custom_object_status(
+                "resource.k8s.io", "v1", namespace, "resourceclaims", name, claim
+            )
+            return True
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    raise RuntimeError(f"ResourceClaim {namespace}/{name}: status kept changing under us")

@@ -12,7 +12,7 @@ from dynamig.kube.names import NODE_LABEL
 from dynamig.kube.times import micro_time, parse_time
 
 LEASE_PREFIX = "dynamig-agent-"
-DEFAULT_LEASE_SECONDS = 60
+DEFAULT_LEASE_SECONDS = 30  # renewed every 10 s; silent 35 s after the last renewal
 # A lease this much past its end is silent (clock skew between the agent's node and the operator's).
 GRACE_SECONDS = 5.0
 
@@ -29,6 +29,23 @@ def lease_body(node: str, namespace: str, now: float, duration_s: int) -> dict[s
         "metadata": {"name": lease_name(node), "namespace": namespace, "labels": {NODE_LABEL: node}},
         "spec": {"holderIdentity": node, "leaseDurationSeconds": duration_s, "renewTime": micro_time(now)},
     }
+
+
+def next_silence(leases: Iterable[Mapping[str, Any]], now: float) -> float | None:
+    """The wall time at which the next agent Lease that is not silent yet will count as silent, or None.
+    The operator plans a round for then, so a stuck agent's node is withdrawn within seconds of it. Pure."""
+    ends = []
+    for lease in leases:
+        if not str((lease.get("metadata") or {}).get("name", "")).startswith(LEASE_PREFIX):
+            continue
+        spec = lease.get("spec") or {}
+        renewed = parse_time(str(spec.get("renewTime") or ""))
+        if renewed is None:
+            continue
+        end = renewed + float(spec.get("leaseDurationSeconds") or DEFAULT_LEASE_SECONDS) + GRACE_SECONDS
+        if end >= now:
+            ends.append(end)
+    return min(ends, default=None)
 
 
 def silent_agents(leases: Iterable[Mapping[str, Any]], now: float) -> dict[str, str]:

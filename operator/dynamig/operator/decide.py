@@ -172,7 +172,7 @@ def _static_verdict(claim: PendingClaim, policy: GpuPartitionPolicy, gpus: Seque
     for g in gpus:
         for inst in g.free:
             free[inst.profile] = free.get(inst.profile, 0) + 1
-    serving = [p for p in alts if free.get(p, 0) >= max(r.count for r in claim.requests)]
+    serving = [p for p in alts if free.get(p, 0) >= max(r.count_for(p) for r in claim.requests)]
     free_text = ", ".join(f"{n}x {p}" for p, n in sorted(free.items())) or "none"
     if serving:
         return ClaimVerdict(
@@ -521,7 +521,7 @@ def _kept_nodes(
     claims = [
         WaitingClaim(c.claim.key, count, frozenset(_alts(c, allowed)), c.nodes)
         for c in waiting
-        if (count := sum(r.count for r in c.requests)) > 1
+        if (count := sum(r.min_count for r in c.requests)) > 1
     ]
     if not claims:
         return {}
@@ -579,7 +579,10 @@ class _Fleet:
     def shape(self, claim: PendingClaim) -> tuple[object, ...]:
         """What a verdict here depends on: node constraint, and per request the profiles per model."""
         per_request = tuple(
-            (tuple((m, r.alternatives(None, frozenset({m}))) for m in self.all_models), r.count)
+            (
+                tuple((m, r.alternatives(None, frozenset({m}))) for m in self.all_models),
+                r.alternative_counts(),
+            )
             for r in claim.requests
         )
         return (claim.nodes, per_request, _first_profile(claim))
@@ -608,10 +611,11 @@ class _Fleet:
         return self._fits[key]
 
     def room(self, claim: PendingClaim, r: RequestDemand, existing: bool) -> _Room | None:
-        """Where ``r.count`` devices of one accepted profile fit on one eligible node, or None. Pure."""
+        """Where the devices of one accepted profile fit on one eligible node (as many as the alternative of
+        that profile asks), or None. Pure."""
         nodes, models = self._eligible_nodes(claim)
         shape = tuple((m, r.alternatives(self.allowed, frozenset({m}))) for m in models)
-        key = (shape, r.count, claim.nodes, existing)
+        key = (shape, r.alternative_counts(), claim.nodes, existing)
         if key not in self._rooms:
             self._rooms[key] = self._find(nodes, r, existing)
         return self._rooms[key]
@@ -634,7 +638,7 @@ class _Fleet:
                         fit, n = self._fit(g, p, existing)
                         places.extend((g.name, i) for i in fit)
                         capacity += n
-                if capacity >= r.count:
+                if capacity >= r.count_for(p):
                     return _Room(p, tuple(places))
         return None
 

@@ -320,19 +320,40 @@ class RequestDemand:
     ) -> tuple[str, ...]:
         """Profile names in preference order (deduplicated) over ``models`` (catalog keys; None: all),
         keeping only ``allowed`` ones when given. Pure."""
-        out: list[str] = []
+        return tuple(self._counts(allowed, models))
+
+    def alternative_counts(
+        self, allowed: frozenset[str] | None = None, models: frozenset[str] | None = None
+    ) -> tuple[int, ...]:
+        """The device count of each of :meth:`alternatives` (the first ``firstAvailable`` entry that
+        accepts the profile decides it). Pure."""
+        return tuple(self._counts(allowed, models).values())
+
+    def _counts(self, allowed: frozenset[str] | None, models: frozenset[str] | None) -> dict[str, int]:
+        out: dict[str, int] = {}
         for m in self.matches:
             for model, profiles in m.accepts.items():
                 if models is not None and model not in models:
                     continue
                 for p in profiles:
                     if p not in out and (allowed is None or p in allowed):
-                        out.append(p)
-        return tuple(out)
+                        out[p] = m.sub_request.count
+        return out
+
+    def count_for(self, profile: str) -> int:
+        """Devices the request needs when served with ``profile`` (its first alternative's count when no
+        alternative accepts it). Pure."""
+        return self._counts(None, None).get(profile, self.count)
 
     @property
     def count(self) -> int:
+        """The count of the first (preferred) alternative."""
         return self.matches[0].sub_request.count if self.matches else 1
+
+    @property
+    def min_count(self) -> int:
+        """The fewest devices any alternative is satisfied with."""
+        return min((m.sub_request.count for m in self.matches), default=1)
 
     @property
     def errors(self) -> tuple[str, ...]:
@@ -364,8 +385,15 @@ class PendingClaim:
         for r in self.requests:
             alts = r.alternatives(allowed, models)
             if alts:
+                counts = r.alternative_counts(allowed, models)
                 out.append(
-                    ClaimDemand(name=r.demand_name, alternatives=alts, count=r.count, nodes=self.nodes)
+                    ClaimDemand(
+                        name=r.demand_name,
+                        alternatives=alts,
+                        count=counts[0],
+                        nodes=self.nodes,
+                        alt_counts=counts if len(set(counts)) > 1 else (),
+                    )
                 )
         return tuple(out)
 

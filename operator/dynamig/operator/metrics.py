@@ -61,6 +61,14 @@ class OperatorMetrics:
             "Nodes whose agent stopped renewing its heartbeat Lease (their GPUs are left out of planning).",
             registry=r,
         )
+        self.fenced = Counter(
+            "dynamig_operator_silent_node_actions_total",
+            "What the operator did for nodes whose agent went silent (action=slice-withdrawn|booking-failed)",
+            ["action"],
+            registry=r,
+        )
+        for action in ("slice-withdrawn", "booking-failed"):
+            self.fenced.labels(action=action)
 
     def set_pending(self, policy: str, counts: dict[tuple[str, str], int]) -> None:
         """Replace the policy's pending-demand series with ``(profile, reason) -> devices``."""

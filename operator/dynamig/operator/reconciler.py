@@ -28,7 +28,8 @@ from dynamig import DRIVER_NAME
 from dynamig.geometry.catalog import Catalog
 from dynamig.kube.events import gpu_partition_ref
 from dynamig.kube.gpupartition import Condition, layout_summary, set_condition
-from dynamig.kube.heartbeat import silent_agents
+from dynamig.kube.heartbeat import next_silence, silent_agents
+from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
 from dynamig.kube.names import GROUP_VERSION, POLICY_KIND
 from dynamig.kube.policy import (
     GpuPartitionPolicy,
@@ -50,6 +51,7 @@ from dynamig.operator.decide import (
     decide_round,
 )
 from dynamig.operator.demand import PendingClaim, extract_demand, parse_device_classes
+from dynamig.operator.fencing import REASON_AGENT_SILENT, failed_answer, fences
 from dynamig.operator.inventory import LAYOUT_WRITTEN_ANNOTATION, GpuView, allocated_devices, parse_inventory
 from dynamig.operator.kubeio import KubeIO, Snapshot
 from dynamig.operator.metrics import OperatorMetrics
@@ -182,6 +184,7 @@ class Reconciler:
         self._windows: dict[str, int] = {}
         self.last_decisions: dict[str, RoundDecision] = {}
         self._gpu_uids: dict[str, str] = {}  # GpuPartition name -> uid, from the latest snapshot (for Events)
+        self._next_silence: float | None = None  # wall time the next agent Lease runs out (plus grace)
 
     # ------------------------------------------------------------------------------------------ wake-ups
     def wake(self) -> None:
@@ -195,7 +198,7 @@ class Reconciler:
         waker.set()
         try:
             while not stopped.is_set():
-                await self._wait(waker, stopped, self.settings.resync_seconds)
+                await self._wait(waker, stopped, self._until_next_round())
                 if stopped.is_set():
                     break
                 window = await self._batch_window(name)
@@ -211,6 +214,13 @@ class Reconciler:
         finally:
             self._wakers.pop(name, None)
             self.metrics.forget_policy(name)
+
+    def _until_next_round(self) -> float:
+        """The resync period, or less when an agent's Lease runs out sooner: a silent agent's node is then
+        withdrawn at once (operator/fencing.py), not up to a resync later."""
+        if self._next_silence is None:
+            return self.settings.resync_seconds
+        return max(0.5, min(self.settings.resync_seconds, self._next_silence - time.time() + 0.1))
 
     async def _wait(self, waker: asyncio.Event, stopped: StopFlag, seconds: float) -> None:
         """Until woken, stopped, or ``seconds`` passed (Kopf's flag is polled: it is not an asyncio.Event)."""
@@ -240,7 +250,9 @@ class Reconciler:
             snap = await self.kube.snapshot(self.settings.agent_lease_namespace)
             now = self.clock()
             world = parse_world(snap, self.catalog, time.time())  # Lease times are wall-clock
+            self._next_silence = next_silence(snap.leases, time.time())
             await self._report_silent_agents(world, snap)
+            await self._fence_silent_nodes(world.silent, snap)
             self._gpu_uids = {p["metadata"]["name"]: p["metadata"].get("uid", "") for p in snap.partitions}
             raw = next((p for p in snap.policies if p["metadata"]["name"] == name), None)
             policy = next((p for p in world.policies if p.name == name), None)
@@ -304,6 +316,49 @@ class Reconciler:
             )
             self._memory.awaiting.pop(g.name, None)
             log.warning("%s: %s; left out of planning", g.name, reason)
+
+    async def _fence_silent_nodes(self, silent: Mapping[str, str], snap: Snapshot) -> None:
+        """A node whose agent went silent offers nothing and its waiting bookings fail, so no pod waits for
+        an agent that cannot answer (operator/fencing.py). Each round while it stays silent, so a slice
+        written meanwhile is withdrawn too; a refusal (RBAC) is logged and the round goes on."""
+        if not silent:
+            return
+        try:
+            slices = [s for node in sorted(silent) for s in await self.kube.list_node_slices(node)]
+            for fence in fences(silent, slices, snap.claims, DRIVER_NAME, BINDING_READY, BINDING_FAILED):
+                if fence.empty:
+                    continue
+                for name in fence.slices:
+                    await self.kube.delete_slice(name)
+                    self.metrics.fenced.labels(action="slice-withdrawn").inc()
+                failed = []
+                for booking in fence.bookings:
+                    entry = failed_answer(fence, booking, DRIVER_NAME, BINDING_FAILED, now_rfc3339())
+                    if await self.kube.put_device_status(booking.namespace, booking.name, entry):
+                        self.metrics.fenced.labels(action="booking-failed").inc()
+                        failed.append(booking.claim)
+                text = (
+                    f"{fence.why}: withdrew {len(fence.slices)} ResourceSlice(s) of {DRIVER_NAME}"
+                    + (f" and failed the bookings of {', '.join(failed)}" if failed else "")
+                    + "; the node is offered again when its agent is back"
+                )
+                log.warning("node %s: %s", fence.node, text)
+                uid = next(
+                    (
+                        str(n["metadata"].get("uid", ""))
+                        for n in snap.nodes
+                        if n["metadata"]["name"] == fence.node
+                    ),
+                    "",
+                )
+                ref = {"apiVersion": "v1", "kind": "Node", "name": fence.node, "uid": uid}
+                await self.kube.post_event(
+                    ref, "Warning", REASON_AGENT_SILENT, text, self.settings.events_namespace
+                )
+        except ApiException as exc:
+            log.warning(
+                "could not withdraw the devices of silent agents' nodes: %s %s", exc.status, exc.reason
+            )
 
     def _track_claims(self, world: World, snap: Snapshot, now: float) -> None:
         mem = self._memory

@@ -133,10 +133,12 @@ def validate_inputs(
         if claim.name in names:
             raise PlanInputError(f"claim {claim.name}: listed twice")
         names.add(claim.name)
-        if claim.count < 1:
+        if claim.count < 1 or any(n < 1 for n in claim.alt_counts):
             raise PlanInputError(f"claim {claim.name}: count must be at least 1, got {claim.count}")
         if not claim.alternatives:
             raise PlanInputError(f"claim {claim.name}: no profile alternatives")
+        if claim.alt_counts and len(claim.alt_counts) != len(claim.alternatives):
+            raise PlanInputError(f"claim {claim.name}: one count per alternative, got {claim.alt_counts}")
     for key in sorted(policy.baseline):
         try:
             model = geo.model(key)
@@ -567,13 +569,13 @@ class _Pass:
         models = self.ctx.models_with.get(pname)
         if not models:
             return False
-        fkey = (pname, claim.count, claim.nodes, use_only)
+        fkey = (pname, claim.count_for(pname), claim.nodes, use_only)
         if fkey in self.failed:
             return False
         steps: list[tuple[int, _Option]] | None
         if claim.nodes is not None and len(claim.nodes) <= _DIRECT_NODE_LIMIT:
             steps = self._best_on_listed_nodes(claim, pname, use_only)
-        elif claim.nodes is None and claim.count == 1:
+        elif claim.nodes is None and claim.count_for(pname) == 1:
             steps = self._best_single(pname, use_only)
         else:
             steps = self._first_node_by_heap(claim, pname, use_only)
@@ -654,7 +656,7 @@ class _Pass:
             orders = self.ctx.nodes.get(node)
             if not orders:
                 continue
-            steps = self._simulate(orders, pname, claim.count, use_only)
+            steps = self._simulate(orders, pname, claim.count_for(pname), use_only)
             if steps is not None:
                 total = self._total(steps)
                 if best is None or (total, node) < best[:2]:
@@ -686,7 +688,7 @@ class _Pass:
             tried.add(node)
             if len(tried) > _MAX_NODES_TRIED:
                 break
-            result = self._simulate(self.ctx.nodes[node], pname, claim.count, use_only)
+            result = self._simulate(self.ctx.nodes[node], pname, claim.count_for(pname), use_only)
             if result is not None:
                 break
         for h, entry in popped:
@@ -739,13 +741,13 @@ class _Pass:
 
 def _order_claims(claims: Sequence[ClaimDemand], ctx: _Context, how: str) -> list[ClaimDemand]:
     def csize(c: ClaimDemand) -> float:
-        return c.count * ctx.size.get(c.alternatives[0], 1.0)
+        return c.count_for(c.alternatives[0]) * ctx.size.get(c.alternatives[0], 1.0)
 
     def nodes_n(c: ClaimDemand) -> int:
         return len(c.nodes) if c.nodes is not None else len(ctx.nodes) + 1
 
     def need(c: ClaimDemand) -> float:
-        return c.count * min(ctx.size.get(p, 1.0) for p in c.alternatives)
+        return min(c.count_for(p) * ctx.size.get(p, 1.0) for p in c.alternatives)
 
     by_name = sorted(claims, key=lambda c: c.name)
     if how == "need":
@@ -833,11 +835,12 @@ def _take_leftover_free(p: _Pass, claims: Sequence[ClaimDemand]) -> None:
     for claim in pending:
         for rank, pname in enumerate(claim.alternatives):
             nodes = sorted(claim.nodes) if claim.nodes is not None else sorted(p.ctx.nodes)
-            node = next((n for n in nodes if len(where.get((n, pname), ())) >= claim.count), None)
+            want = claim.count_for(pname)
+            node = next((n for n in nodes if len(where.get((n, pname), ())) >= want), None)
             if node is None:
                 continue
-            found = where[(node, pname)][: claim.count]
-            del where[(node, pname)][: claim.count]
+            found = where[(node, pname)][:want]
+            del where[(node, pname)][:want]
             for o, inst in found:
                 g = p.gpus[o]
                 g.free = without(g.free, (inst,))

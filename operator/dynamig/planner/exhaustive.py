@@ -72,12 +72,12 @@ class _Search:
         need = []
         for c in claims:
             sizes = [
-                m.profile(p).placement_size / m.memory_slices
+                c.count_for(p) * m.profile(p).placement_size / m.memory_slices
                 for p in c.alternatives
                 for m in {g.model.key: g.model for g in gpus}.values()
                 if m.has_profile(p)
             ]
-            need.append(c.count * min(sizes) if sizes else float("inf"))
+            need.append(min(sizes) if sizes else float("inf"))
         self.needs = [sorted(need[k:]) for k in range(len(claims) + 1)]
 
     def fit(self, gi: int, demand: Demand) -> _Fit | None:
@@ -192,7 +192,7 @@ class _Search:
                 if claim.nodes is not None and node not in claim.nodes:
                     continue
                 gis = [gi for gi in self.nodes[node] if self.gpus[gi].model.has_profile(p)]
-                for combo in combinations_with_replacement(gis, claim.count):
+                for combo in combinations_with_replacement(gis, claim.count_for(p)):
                     new = list(state)
                     for gi in combo:
                         new[gi] = tuple(sorted((*new[gi], p)))

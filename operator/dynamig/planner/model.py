@@ -47,14 +47,23 @@ class GpuState:
 class ClaimDemand:
     """A pending claim: ``count`` devices, all on one node, each of one profile from ``alternatives``.
 
-    ``alternatives`` is in preference order (DRA ``firstAvailable``). ``nodes`` restricts which nodes may
-    serve it (node selector / affinity already resolved); ``None`` means any node.
+    ``alternatives`` is in preference order (DRA ``firstAvailable``). Each ``firstAvailable`` alternative
+    has its own count ("two 1g.10gb, else one 7g.80gb"): ``alt_counts``, aligned with ``alternatives``;
+    empty means ``count`` for every one. ``nodes`` restricts which nodes may serve it (node selector /
+    affinity already resolved); ``None`` means any node.
     """
 
     name: str
     alternatives: tuple[str, ...]
     count: int = 1
     nodes: frozenset[str] | None = None
+    alt_counts: tuple[int, ...] = ()
+
+    def count_for(self, profile: str) -> int:
+        """How many devices the claim needs when served with ``profile``. Pure."""
+        if not self.alt_counts:
+            return self.count
+        return self.alt_counts[self.alternatives.index(profile)]
 
 
 class Strategy(StrEnum):

@@ -1,0 +1,68 @@
+"""What the operator does for a node whose agent went silent (heartbeat Lease expired), so that no pod waits
+for an agent that cannot answer. Pure.
+
+A silent agent cannot answer a booking (the scheduler would hold the pod for its whole ``bindingTimeout``,
+600 s by default, then may book the same node again) and its kubelet plugin, in the same process, cannot
+prepare a claim. So the node stops offering anything: the operator deletes the node's ResourceSlices of the
+driver, and fails every booking of the node's pool still waiting for an answer, which makes the scheduler
+release it and book elsewhere (kube-scheduler's PreBind reads the failure condition, dynamicresources.go
+``isClaimReadyForBinding``). Nothing on the GPUs changes: allocated instances stay allocated, running pods
+run on. When the agent is back, its next round publishes the node again (its publisher recreates missing
+slices), and it renews its Lease.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dynamig.kube.answers import Pending, answer_entry, unanswered
+
+REASON_AGENT_SILENT = "AgentSilent"
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """What to withdraw and fail for one silent node."""
+
+    node: str
+    why: str
+    slices: tuple[str, ...]  # names of the node's ResourceSlices of the driver, to delete
+    bookings: tuple[Pending, ...]  # allocations of the node's pool waiting for an answer, to fail
+
+    @property
+    def empty(self) -> bool:
+        return not (self.slices or self.bookings)
+
+
+def fences(
+    silent: Mapping[str, str],
+    slices: Sequence[Mapping[str, Any]],
+    claims: Sequence[Mapping[str, Any]],
+    driver: str,
+    ready: str,
+    failed: str,
+) -> list[Fence]:
+    """One Fence per silent node (node -> why, from the Leases), from the slices of those nodes and all
+    claims. The pool of a node's devices is named after the node. Pure."""
+    out = []
+    for node, why in sorted(silent.items()):
+        names = tuple(
+            sorted(
+                str((s.get("metadata") or {}).get("name", ""))
+                for s in slices
+                if (s.get("spec") or {}).get("driver") == driver
+                and (s.get("spec") or {}).get("nodeName") == node
+            )
+        )
+        out.append(Fence(node, why, names, tuple(unanswered(claims, driver, node, ready, failed))))
+    return out
+
+
+def failed_answer(fence: Fence, booking: Pending, driver: str, failed: str, now: str) -> dict[str, Any]:
+    """The ``status.devices[]`` entry that fails ``booking`` because its node's agent is silent. Pure."""
+    message = f"{booking.device} on node {fence.node}: {fence.why}; the scheduler books again"
+    return answer_entry(
+        driver, fence.node, booking.device, failed, REASON_AGENT_SILENT, message, now, booking.generation
+    )
