@@ -565,12 +565,15 @@ class NodeAgent:
         if plan.acts:
             self._reshape_started.setdefault(gpu.index, now)
             fresh_claims: dict[str, list[str]] | None = None
-            binding_pods: list[str] | None = None
+            binding_pods: list[str] = []
             spared: list[PlacedInstance] = []  # retired instances that may not go yet
             whole = {o.placed for o in observed if o.has_compute_instance}
             for p in plan.destroy:
                 dev = device_name(gpu.index, p.profile, p.start)
                 if fresh_claims is None:  # re-check right before destroying: did a claim win the race?
+                    # Pods first, then claims: a pod that finished binding between the two reads has its
+                    # allocation in the claims read; read the other way round, neither read shows it.
+                    binding_pods = await self.api.pods_binding_to(self.settings.node)
                     fresh_claims = allocated_devices(
                         await self.api.list_claims(), self.settings.driver, self.settings.node
                     )
@@ -582,8 +585,6 @@ class NodeAgent:
                     claims.setdefault(dev, []).extend(h for h in holders if h not in claims.get(dev, []))
                     continue
                 if p in whole:  # a whole instance was bookable: it goes only as lifecycle.py allows
-                    if binding_pods is None:
-                        binding_pods = await self.api.pods_binding_to(self.settings.node)
                     since = self._quiet_since.get((gpu.index, p))
                     guarded_for = None if since is None else self.clock() - since
                     wait = retired_may_go(guarded_for, settle, holders, binding_pods)

@@ -22,8 +22,9 @@ instance that such an allocation may name. Two destroys are allowed, and only th
   withdrawn (instances inventory), so every allocation the scheduler makes after it saw that slice waits for
   the agent; and :func:`retired_may_go` then asks for evidence that no allocation made from the older slice
   can still bind: the guard has stood for the settle period (the scheduler's watch lag plus the moment
-  between Reserve and its binding cycle's first write), no claim names the instance, and no pod is in a
-  binding cycle toward this node. kube-scheduler writes ``status.nominatedNodeName`` before WaitOnPermit
+  between Reserve and its binding cycle's first write), no pod is in a binding cycle toward this node, and
+  then no claim names the instance (read in that order: a pod that finishes binding between the two reads
+  has its allocation in the second). kube-scheduler writes ``status.nominatedNodeName`` before WaitOnPermit
   and PreBind whenever PreBind has work (pkg/scheduler/schedule_one.go ``bindingCycle``,
   NominatedNodeNameForExpectation, beta and on since 1.35; the DRA plugin's PreBindPreFlight says it has
   work for every pod with claims), so a hold in Permit or PreBind, however long, is visible on the pod.
