@@ -18,7 +18,6 @@ import pytest
 from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
-from dynamig.agent.allocations import AllocationAnswerer
 from dynamig.agent.binding import Failed, Ready
 from dynamig.agent.controller import AgentSettings, NodeAgent
 from dynamig.agent.kubeapi import KubeApi
@@ -77,6 +76,23 @@ async def publish(custom: client.CustomObjectsApi, node: str, generation: int, d
         await custom.create_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", body)
 
 
+async def booking_node(
+    kube_api: client.ApiClient, make_node: Any, prefix: str, sim: ModuleType, **settings: Any
+) -> tuple[str, NvmlDevices, NodeAgent]:
+    """The DeviceClass, a managed node, NVML over ``sim`` and an agent for the node (its loop not running)."""
+    await ensure_device_class(client.ResourceV1Api(kube_api))
+    node: str = make_node(prefix, labels={"dynamig.io/managed": "true"})
+    devices = NvmlDevices(sim, load_catalog())
+    devices.init()
+    agent = NodeAgent(
+        AgentSettings(node=node, **settings),
+        KubeApi(kube_api),
+        devices,
+        AgentMetrics(CollectorRegistry(), node),
+    )
+    return node, devices, agent
+
+
 async def claim_and_pod(api: client.ApiClient, ns: str, name: str, profile: str, node: str) -> None:
     body = resource_claim(name, {"firstAvailable": first_available([profile])})
     await client.CustomObjectsApi(api).create_namespaced_custom_object(
@@ -101,17 +117,11 @@ async def test_a_placement_is_cut_when_booked_and_the_pod_binds_only_after(
     namespace: str,
     sim: ModuleType,
 ) -> None:
-    await ensure_device_class(client.ResourceV1Api(kube_api))
     custom = client.CustomObjectsApi(kube_api)
-    node = make_node("book", labels={"dynamig.io/managed": "true"})
-    devices = NvmlDevices(sim, load_catalog())
-    devices.init()
+    node, devices, agent = await booking_node(kube_api, make_node, "book", sim)
     gpu = devices.gpu(0)
     devices.create(gpu, PlacedInstance(0, "3g.40gb"))  # pre-cut half, free
-    agent = NodeAgent(
-        AgentSettings(node=node), KubeApi(kube_api), devices, AgentMetrics(CollectorRegistry(), node)
-    )
-    answerer = AllocationAnswerer(agent)
+    answerer = agent.answerer
     await publish(custom, node, 1, devices)
 
     # 1. A 1g.10gb claim: nothing of that shape exists; the scheduler books a placement and waits.
@@ -197,13 +207,10 @@ async def test_a_booking_on_a_gpu_that_fell_off_the_bus_is_failed_at_once_not_le
     # The agent's own round (partitionable inventory) after NVML lost the node's only GPU: nothing can be
     # cut, so the booking is answered failed with the reason, and the scheduler books again instead of
     # holding the pod for its binding timeout (600 s).
-    await ensure_device_class(client.ResourceV1Api(kube_api))
     custom = client.CustomObjectsApi(kube_api)
-    node = make_node("lost", labels={"dynamig.io/managed": "true"})
-    devices = NvmlDevices(sim, load_catalog())
-    devices.init()
-    settings = AgentSettings(node=node, inventory=Inventory.PARTITIONABLE, watch=False)
-    agent = NodeAgent(settings, KubeApi(kube_api), devices, AgentMetrics(CollectorRegistry(), node))
+    node, devices, agent = await booking_node(
+        kube_api, make_node, "lost", sim, inventory=Inventory.PARTITIONABLE, watch=False
+    )
     await publish(custom, node, 1, devices)
     await claim_and_pod(kube_api, namespace, "lost", "1g.10gb", node)
     claim = await eventually(lambda: allocated_claim(kube_api, namespace, "lost"), "lost allocated")

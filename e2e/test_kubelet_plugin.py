@@ -52,13 +52,13 @@ from dynamig.agent.nvml_device import GpuInfo, NvmlDevices
 from dynamig.agent.plugin import MigInstances, PluginServer, PluginSettings, serve_plugin
 from dynamig.agent.plugin import cdi as cdi_files
 from dynamig.agent.plugin.checkpoint import CheckpointError, CheckpointStore
-from dynamig.agent.plugin.simfs import (
+from dynamig.agent.plugin.stubs import Stubs, load_stubs
+from dynamig.agent.simulated_driver import (
     SimulatedDriverFiles,
     SimulatedDriverInstances,
     ci_cap_minor,
     gi_cap_minor,
 )
-from dynamig.agent.plugin.stubs import Stubs, load_stubs
 from dynamig.demo.cluster import claim_pod, ensure_device_class, exactly, resource_claim
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.geometry.catalog import load_catalog

@@ -27,7 +27,7 @@ from dynamig.agent.plugin.claims import AllocatedDevice, Claim, ClaimRef
 from dynamig.agent.plugin.driver import MigDriver
 from dynamig.agent.plugin.instances import PreparedInstance
 from dynamig.agent.plugin.settings import PluginSettings
-from dynamig.agent.plugin.simfs import SimulatedDriverFiles, SimulatedDriverInstances
+from dynamig.agent.simulated_driver import SimulatedDriverFiles, SimulatedDriverInstances
 from dynamig.backends.nvml import load_nvml
 from dynamig.geometry.model import PlacedInstance, device_name
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -46,9 +45,9 @@ from dynamig.agent.metrics import AgentMetrics, GpuSample, InstanceSample
 from dynamig.agent.nvml_device import GpuInfo, MigInstance, NvmlDevices
 from dynamig.agent.ownership import foreign_mig_owners, node_is_managed, node_mig_owner
 from dynamig.agent.publisher import SlicePublisher
-from dynamig.agent.reconcile import GpuPlan, Observed, Waiting, overlaps, plan_gpu
+from dynamig.agent.reconcile import GpuPlan, Observed, observe, plan_gpu, without_creates_over
 from dynamig.agent.uuidwatch import AllocatedUuids, UuidChange
-from dynamig.geometry.model import GpuModel, PlacedInstance, device_name
+from dynamig.geometry.model import PlacedInstance, device_name
 from dynamig.kube.apicalls import is_transient, status_of
 from dynamig.kube.devices import MigDevice
 from dynamig.kube.events import AGENT_COMPONENT, claim_ref, event_body, gpu_partition_ref
@@ -140,21 +139,6 @@ def node_owner_reference(node: str, uid: str) -> dict[str, Any] | None:
     return {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}
 
 
-def _without_creates_over(model: GpuModel, plan: GpuPlan, spared: list[PlacedInstance]) -> GpuPlan:
-    """``plan`` with the creates that need a ``spared`` instance's slices moved to ``blocked``. Pure."""
-    if not spared:
-        return plan
-    create, blocked = [], list(plan.blocked)
-    for p in plan.create:
-        in_way = [q for q in spared if overlaps(model, p, q)]
-        if in_way:
-            names = ", ".join(f"{q.profile}@{q.start}" for q in in_way)
-            blocked.append(Waiting(p, f"memory slices held by {names} (retiring)"))
-        else:
-            create.append(p)
-    return dataclasses.replace(plan, create=tuple(create), blocked=tuple(blocked))
-
-
 def _mig_mode(gpu: GpuInfo) -> MigMode:
     if gpu.mig_current != gpu.mig_pending:
         return MigMode.ENABLE_PENDING if gpu.mig_pending == 1 else MigMode.DISABLE_PENDING
@@ -194,7 +178,9 @@ class NodeAgent:
         self.on_uninstall: Callable[[], Awaitable[list[str]]] | None = None
         self.uninstalled = False  # done: the node is left alone until the agent is deleted
         self._round_started: float | None = None  # when the round now running began (heartbeat watchdog)
-        self.answerer = AllocationAnswerer(self)
+        self.answerer = AllocationAnswerer(
+            settings.driver, settings.node, api, devices, metrics, self.prepared
+        )
         self.support: InventorySupport | None = (
             None
             if settings.inventory is None
@@ -491,22 +477,8 @@ class NodeAgent:
         return self._degraded(part, why, Reason.GPU_LOST, ConditionType.HEALTHY, ConditionType.READY)
 
     def observe(self, instances: list[MigInstance], claims: dict[str, list[str]]) -> tuple[Observed, ...]:
-        """NVML's instances as the reshape protocol and the binding answer see them: with the claims that
-        allocate them, processes, whether the kubelet prepared them, how someone else split them."""
-        out = []
-        for i in instances:
-            dev = device_name(i.gpu_index, i.profile, i.start)
-            out.append(
-                Observed(
-                    i.placed,
-                    claims=tuple(claims.get(dev, ())),
-                    processes=i.processes,
-                    has_compute_instance=i.has_compute_instance,
-                    prepared=dev in self.prepared,
-                    partitioned=i.describe_compute() if i.partitioned else "",
-                )
-            )
-        return tuple(out)
+        """:func:`dynamig.agent.reconcile.observe` with the instances the kubelet plugin prepared."""
+        return observe(instances, claims, self.prepared)
 
     async def _reconcile_gpu(
         self,
@@ -619,7 +591,7 @@ class NodeAgent:
                 observed = self.observe(instances, claims)
                 quiet = {p: t for (idx, p), t in self._quiet_since.items() if idx == gpu.index}
                 plan = plan_gpu(model, desired, observed, quiet, self.clock(), settle, keep)
-                plan = _without_creates_over(model, plan, spared)
+                plan = without_creates_over(model, plan, spared)
             for p in (*plan.complete, *plan.create):
                 dev = device_name(gpu.index, p.profile, p.start)
                 try:

@@ -24,7 +24,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from dynamig.kube.apicalls import MERGE_PATCH, is_transient, patch_event, put_device_status
+from dynamig.kube.apicalls import MERGE_PATCH, delete_slice, is_transient, patch_event, put_device_status
 from dynamig.kube.events import EventCorrelator, deliver
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, VERSION
 
@@ -225,16 +225,8 @@ class KubeApi:
         )
 
     async def delete_slice(self, name: str) -> None:
-        async def call() -> None:
-            try:
-                await self.custom.delete_cluster_custom_object(
-                    RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices", name
-                )
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-
-        await self._retry("delete resourceslice", call)
+        """Delete a ResourceSlice; one already gone is fine."""
+        await self._retry("delete resourceslice", lambda: delete_slice(self.custom, name))
 
     # --- ResourceClaims ------------------------------------------------------------------------------
 

@@ -127,7 +127,7 @@ async def run_agent(options: AgentOptions) -> int:
             p = options.plugin
             if options.nvml == "simulated":
                 # No kernel driver makes /dev and /proc entries for simulated GPUs: write stand-ins.
-                from dynamig.agent.plugin.simfs import SimulatedDriverFiles, SimulatedDriverInstances
+                from dynamig.agent.simulated_driver import SimulatedDriverFiles, SimulatedDriverInstances
 
                 sim_files = files = SimulatedDriverFiles(
                     devices,

@@ -27,11 +27,16 @@ Because every input is observed afresh each round, a crash at any point converge
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from dynamig.geometry.layout import check_layout
-from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, normalize_layout
+from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, device_name, normalize_layout
+
+if TYPE_CHECKING:
+    from dynamig.agent.nvml_device import MigInstance
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +65,28 @@ class Observed:
         if self.processes:
             parts.append(f"{self.processes} process(es) running")
         return "; ".join(parts)
+
+
+def observe(
+    instances: Sequence[MigInstance], claims: Mapping[str, Sequence[str]], prepared: Collection[str]
+) -> tuple[Observed, ...]:
+    """NVML's instances as the reshape protocol and the binding answer see them: with the claims that
+    allocate them (device name -> ``namespace/name``), processes, whether the kubelet prepared them
+    (``prepared`` device names), how someone else split them. Pure."""
+    out = []
+    for i in instances:
+        dev = device_name(i.gpu_index, i.profile, i.start)
+        out.append(
+            Observed(
+                i.placed,
+                claims=tuple(claims.get(dev, ())),
+                processes=i.processes,
+                has_compute_instance=i.has_compute_instance,
+                prepared=dev in prepared,
+                partitioned=i.describe_compute() if i.partitioned else "",
+            )
+        )
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +129,32 @@ def _span(model: GpuModel, p: PlacedInstance) -> range:
 def overlaps(model: GpuModel, a: PlacedInstance, b: PlacedInstance) -> bool:
     span_a, span_b = _span(model, a), _span(model, b)
     return span_a.start < span_b.stop and span_b.start < span_a.stop
+
+
+def _creatable(
+    model: GpuModel, wanted: Sequence[PlacedInstance], held: Sequence[PlacedInstance], why: str = ""
+) -> tuple[list[PlacedInstance], list[Waiting]]:
+    """``wanted`` split into those whose memory slices no ``held`` instance overlaps, and the rest as
+    waiting (``why`` added to the reason). Pure."""
+    create: list[PlacedInstance] = []
+    blocked: list[Waiting] = []
+    for p in wanted:
+        in_way = [r for r in held if overlaps(model, p, r)]
+        if in_way:
+            names = ", ".join(f"{r.profile}@{r.start}" for r in in_way)
+            blocked.append(Waiting(p, f"memory slices held by {names}{why}"))
+        else:
+            create.append(p)
+    return create, blocked
+
+
+def without_creates_over(model: GpuModel, plan: GpuPlan, spared: Sequence[PlacedInstance]) -> GpuPlan:
+    """``plan`` with the creates that need a ``spared`` instance's slices (one the agent may not destroy
+    yet) moved to ``blocked``. Pure."""
+    if not spared:
+        return plan
+    create, blocked = _creatable(model, plan.create, spared, " (retiring)")
+    return dataclasses.replace(plan, create=tuple(create), blocked=(*plan.blocked, *blocked))
 
 
 def plan_gpu(
@@ -182,17 +235,7 @@ def plan_gpu(
             remaining.append(p)
 
     existing = {o.placed for o in observed}
-    create: list[PlacedInstance] = []
-    blocked: list[Waiting] = []
-    for p in desired:
-        if p in existing:
-            continue
-        in_way = [r for r in remaining if overlaps(model, p, r)]
-        if in_way:
-            names = ", ".join(f"{r.profile}@{r.start}" for r in in_way)
-            blocked.append(Waiting(p, f"memory slices held by {names}"))
-        else:
-            create.append(p)
+    create, blocked = _creatable(model, [p for p in desired if p not in existing], remaining)
     return GpuPlan(
         publish=normalize_layout(publish),
         destroy=normalize_layout(destroy),

@@ -49,6 +49,15 @@ async def list_items(resp: Any) -> tuple[dict[str, Any], ...]:
     return tuple(json.loads(body).get("items") or ())
 
 
+async def delete_slice(custom: client.CustomObjectsApi, name: str) -> None:
+    """Delete a ResourceSlice; one already gone is fine."""
+    try:
+        await custom.delete_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", name)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
 async def put_device_status(
     custom: client.CustomObjectsApi, namespace: str, name: str, entry: dict[str, Any]
 ) -> bool:

@@ -17,7 +17,14 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
-from dynamig.kube.apicalls import MERGE_PATCH, is_transient, list_items, patch_event, put_device_status
+from dynamig.kube.apicalls import (
+    MERGE_PATCH,
+    delete_slice,
+    is_transient,
+    list_items,
+    patch_event,
+    put_device_status,
+)
 from dynamig.kube.events import OPERATOR_COMPONENT, EventCorrelator, deliver, event_body
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, NODE_LABEL, POLICY_PLURAL, VERSION
 from dynamig.kube.times import now_rfc3339
@@ -122,17 +129,7 @@ class KubeIO:
 
     async def delete_slice(self, name: str) -> None:
         """Delete a ResourceSlice; one already gone is fine."""
-
-        async def call() -> None:
-            try:
-                await self.custom.delete_cluster_custom_object(
-                    RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices", name
-                )
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-
-        await self._retry(call)
+        await self._retry(lambda: delete_slice(self.custom, name))
 
     async def put_device_status(self, namespace: str, name: str, entry: dict[str, Any]) -> bool:
         """Answer a booking (``dynamig.kube.apicalls.put_device_status``); False when nothing is to answer."""

@@ -1,5 +1,5 @@
-"""Unit tests of the simulated NVIDIA driver files (``dynamig.agent.plugin.simfs``) and of the plugin reading
-them.
+"""Unit tests of the simulated NVIDIA driver files (``dynamig.agent.simulated_driver``) and of the plugin
+reading them.
 
 Real: the agent's NVML code path (``NvmlDevices``) with the pynvml API, the capability-file reader and CDI
 builder of the plugin, its base-spec reader and spec validation, on a temporary directory standing in for
@@ -22,7 +22,12 @@ from dynamig.agent.nvml_device import NvmlDevices
 from dynamig.agent.plugin import cdi
 from dynamig.agent.plugin.cdi_base import read_base_spec
 from dynamig.agent.plugin.cdi_validation import spec_errors
-from dynamig.agent.plugin.simfs import SIMULATED_SPEC_HEADER, SimulatedDriverFiles, ci_cap_minor, gi_cap_minor
+from dynamig.agent.simulated_driver import (
+    SIMULATED_SPEC_HEADER,
+    SimulatedDriverFiles,
+    ci_cap_minor,
+    gi_cap_minor,
+)
 from dynamig.backends.nvml import load_nvml
 from dynamig.backends.simnvml import DRIVER_VERSION
 from dynamig.geometry.model import PlacedInstance

@@ -1,4 +1,5 @@
-"""The NVIDIA kernel driver's files for simulated GPUs: the plugin's real file-reading path, with no GPU.
+"""The NVIDIA kernel driver's files for simulated GPUs (only with the simulated NVML; never in production):
+the plugin's real file-reading path, with no GPU.
 
 With the simulated NVML (``dynamig.backends.simnvml``) nothing creates ``/dev/nvidia*`` or
 ``/proc/driver/nvidia/capabilities``. :class:`SimulatedDriverFiles` writes, under a stand-in ``dev_root`` and
