@@ -545,7 +545,13 @@ class NodeAgent:
                 if fresh_claims is None:  # re-check right before destroying: did a claim win the race?
                     # Pods first, then claims: a pod that finished binding between the two reads has its
                     # allocation in the claims read; read the other way round, neither read shows it.
-                    binding_pods = await self.api.pods_binding_to(self.settings.node)
+                    try:
+                        binding_pods = await self.api.pods_binding_to(self.settings.node)
+                    except Exception as exc:
+                        if status_of(exc) not in (401, 403):
+                            raise
+                        # Not allowed to look: whether a booking is in flight cannot be known, so keep.
+                        binding_pods = [f"(cannot list pods: {status_of(exc)}; the agent needs list on pods)"]
                     fresh_claims = allocated_devices(
                         await self.api.list_claims(), self.settings.driver, self.settings.node
                     )
