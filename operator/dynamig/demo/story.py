@@ -136,7 +136,9 @@ async def _show_containers(
             got = parse_report(await api.core.read_namespaced_pod_log(name, api.ns))
             if got is None:
                 return None
-            seen[name] = (states[0].state.running.started_at.timestamp(), got)
+            # The kubelet reports start times to the second (truncated): a container that started within
+            # the second ``since`` fell in would read as started before it.
+            seen[name] = (max(since, states[0].state.running.started_at.timestamp()), got)
         return seen
 
     seen = await eventually(reports, "every container running and reporting its devices", within, every_s=0.5)
