@@ -630,3 +630,29 @@ def test_an_idle_node_is_kept_for_a_waiting_multi_gpu_claim_and_released_after()
         "node-b-gpu1": A100_PROFILES,
     }
     assert all(o.kept_for == "" for o in decision.offers)
+
+
+def test_the_claims_of_one_pod_are_planned_onto_one_node_or_not_at_all() -> None:
+    # One pod, two claims of one 3g.40gb each (4g.40gb, the fallback, never fits beside the busy halves).
+    first, second = burst(2, "3g.40gb", "4g.40gb")
+    pair = (first, dataclasses.replace(second, pods=first.pods))
+    half_busy = [("4g.40gb", 0, "allocated")]
+    parts = [on_node(partition(0, half_busy), n) for n in ("node-a", "node-b")]
+    wide = policy(disruptionBudget={"maxGpusReshaping": 4})
+    # Each node has room for one: two pods of one claim each get a node each...
+    assert sorted(w.gpu for w in run(wide, parts, (first, second))[0].writes) == [
+        "node-a-gpu0",
+        "node-b-gpu0",
+    ]
+    # ...but the scheduler binds one pod to one node with both its claims: no node is cut for half of it.
+    decision, _ = run(wide, parts, pair)
+    assert decision.writes == ()
+    assert {v.claim.claim.key: v.reason for v in decision.verdicts} == {
+        "ml/infer-0": "NoCapacity",
+        "ml/infer-1": "NoCapacity",
+    }
+    # A node with room for both takes both.
+    idle = on_node(partition(0, []), "node-c")
+    decision, _ = run(wide, [*parts, idle], pair)
+    (w,) = decision.writes
+    assert w.gpu == "node-c-gpu0" and sorted(w.claims) == ["ml/infer-0", "ml/infer-1"]

@@ -37,7 +37,8 @@ from dynamig.kube.policy import GpuPartitionPolicy, Mode, SpecProblem
 from dynamig.operator.demand import PendingClaim, RequestDemand
 from dynamig.operator.inventory import GpuView
 from dynamig.planner import plan
-from dynamig.planner.model import Assignment, ClaimDemand, GpuKey, GpuPlan, PlanResult
+from dynamig.planner.model import Assignment, ClaimDemand, GpuKey, GpuPlan, GpuState, PlanResult
+from dynamig.planner.model import Policy as PlannerPolicy
 from dynamig.planner.reserve import IdleNode, WaitingClaim, keep_idle_nodes
 
 
@@ -271,6 +272,87 @@ def _demands(
     return claim.planner_demands(_allowed(policy), models)
 
 
+def _pod_groups(
+    claims: Sequence[PendingClaim], demands_of: Mapping[str, tuple[ClaimDemand, ...]]
+) -> list[frozenset[str]]:
+    """Planner demand names that must land on one node: the requests of one claim, and every claim of one
+    pod (kube-scheduler allocates all of a pod's claims on the node it binds the pod to). Pure."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            x = parent[x]
+        return x
+
+    first_claim_of_pod: dict[tuple[str, str], str] = {}
+    for c in claims:
+        find(c.claim.key)
+        for pod in c.pods:
+            other = first_claim_of_pod.setdefault((pod.namespace, pod.name), c.claim.key)
+            parent[find(c.claim.key)] = find(other)
+    by_root: dict[str, set[str]] = {}
+    for c in claims:
+        by_root.setdefault(find(c.claim.key), set()).update(d.name for d in demands_of.get(c.claim.key, ()))
+    return [frozenset(g) for g in by_root.values() if len(g) > 1]
+
+
+_GROUP_NODES_TRIED = 4  # nodes tried for a pod's claims that the first plan split, before giving up on them
+
+
+def _plan_together(
+    states: Sequence[GpuState],
+    demands: Sequence[ClaimDemand],
+    groups: Sequence[frozenset[str]],
+    policy: PlannerPolicy,
+    catalog: Catalog,
+) -> PlanResult:
+    """The planner's result with every group of demands whole on one node, or left out: a group the plan
+    split over nodes or served in part is held to one node and planned again, trying the nodes its members
+    got, then the nodes with the most memory slices not held by busy instances; a group that fits none of
+    them is left out (cutting for part of a pod serves nobody). Pure."""
+    demands = list(demands)
+    result = plan(states, demands, policy, catalog)
+
+    def whole(g: frozenset[str], r: PlanResult) -> bool:
+        nodes = {a.node for a in r.assignments if a.claim in g}
+        return len(nodes) <= 1 and (not nodes or g <= {a.claim for a in r.assignments})
+
+    def held_to(g: frozenset[str], nodes: frozenset[str]) -> list[ClaimDemand]:
+        return [
+            replace(d, nodes=nodes if d.nodes is None else d.nodes & nodes) if d.name in g else d
+            for d in demands
+        ]
+
+    room: dict[str, int] = {}
+    for st in states:
+        model = catalog.model(st.model)
+        busy = sum(model.profile(i.profile).placement_size for i in st.instances if i.busy)
+        room[st.node] = room.get(st.node, 0) + model.memory_slices - busy
+    for g in groups:
+        if whole(g, result):
+            continue
+        got = [a.node for a in result.assignments if a.claim in g]
+        candidates = sorted(set(got), key=lambda n: (-got.count(n), n))
+        candidates += sorted((n for n in room if n not in candidates), key=lambda n: (-room[n], n))
+        for node in candidates[:_GROUP_NODES_TRIED]:
+            trial = held_to(g, frozenset({node}))
+            tried = plan(states, trial, policy, catalog)
+            if whole(g, tried) and {a.claim for a in tried.assignments} >= g:
+                demands, result = trial, tried
+                break
+        else:
+            demands = held_to(g, frozenset())  # no node: left out, reported unsatisfied
+            result = plan(states, demands, policy, catalog)
+    # A group placed first may have lost room to one placed after it: leave out whatever is not whole.
+    for _ in groups:
+        broken = [g for g in groups if not whole(g, result)]
+        if not broken:
+            break
+        demands = held_to(broken[0], frozenset())
+        result = plan(states, demands, policy, catalog)
+    return result
+
+
 def decide_round(inp: RoundInput) -> RoundDecision:
     """Plan one round for one policy and decide what may be written now. Pure (it times the planner)."""
     policy = inp.policy
@@ -332,7 +414,8 @@ def decide_round(inp: RoundInput) -> RoundDecision:
     frozen = frozenset(GpuKey(_planner_node(g), g.index) for g in frozen_gpus)
     planner_policy = replace(spec.to_planner(), frozen=frozen)
     started = time.perf_counter()
-    result: PlanResult = plan(states, demands, planner_policy, inp.catalog)
+    groups = _pod_groups(to_plan, demands_of)
+    result: PlanResult = _plan_together(states, demands, groups, planner_policy, inp.catalog)
     plan_seconds = time.perf_counter() - started
 
     by_key = {(_planner_node(g), g.index): g for g in usable}
