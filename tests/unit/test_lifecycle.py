@@ -13,10 +13,12 @@ from dynamig.agent.lifecycle import (
     Event,
     IllegalMove,
     State,
+    destroys_now,
     free_state,
     move,
     retired_may_go,
 )
+from dynamig.geometry.model import PlacedInstance
 
 # Every allowed move, written out once more by hand: the table may only change together with this list.
 ALLOWED = {
@@ -109,3 +111,23 @@ def test_a_retired_instance_goes_only_when_the_guard_stood_and_nothing_can_still
         assert got is not None and got.endswith(expected[4:])
     else:
         assert got == expected
+
+
+def test_destroys_now_lets_go_only_what_the_rule_allows() -> None:
+    a, b, c, d, half = (PlacedInstance(s, "1g.10gb") for s in range(5))
+    planned = (a, b, c, d, half)
+    bookable = {a, b, c, d}  # ``half`` is a GPU instance without its compute instance: never published
+    guarded = {a: 0.0, b: 9.0, c: 0.0}  # ``d`` was never republished guarded
+    holders = {c: ["ns/won"]}
+    go, kept = destroys_now(planned, bookable, guarded, 10.0, 5.0, holders, set(), [])
+    assert go == (a, half)
+    assert {k.placed: k.why for k in kept} == {
+        b: "guarded 1.0s of 5.0s",
+        c: "a claim won the race (ns/won)",
+        d: "not yet republished guarded",
+    }
+    assert [k.won_by for k in kept if k.placed == c] == [("ns/won",)]
+    # A pod in its binding cycle toward the node holds every retired instance; half-made ones still go.
+    go, kept = destroys_now(planned, bookable, guarded, 10.0, 5.0, {}, {b}, ["ns/binding"])
+    assert go == (half,)
+    assert [k.won_by for k in kept if k.placed == b] == [("prepared by the kubelet",)]

@@ -40,7 +40,7 @@ from dynamig.agent.binding import Ready
 from dynamig.agent.claimcache import ClaimCache
 from dynamig.agent.features import InventorySupport, detect_inventory
 from dynamig.agent.kubeapi import KubeApi, allocated_devices
-from dynamig.agent.lifecycle import Event, free_state, move, retired_may_go
+from dynamig.agent.lifecycle import destroys_now
 from dynamig.agent.metrics import AgentMetrics, GpuSample, InstanceSample
 from dynamig.agent.nvml_device import GpuInfo, MigInstance, NvmlDevices
 from dynamig.agent.ownership import foreign_mig_owners, node_is_managed, node_mig_owner
@@ -480,6 +480,16 @@ class NodeAgent:
         """:func:`dynamig.agent.reconcile.observe` with the instances the kubelet plugin prepared."""
         return observe(instances, claims, self.prepared)
 
+    async def _pods_binding(self) -> list[str]:
+        """The pods in a binding cycle toward this node; one stand-in entry when the agent may not list pods
+        (whether a booking is in flight cannot be known then, so nothing retired may go)."""
+        try:
+            return await self.api.pods_binding_to(self.settings.node)
+        except Exception as exc:
+            if status_of(exc) not in (401, 403):
+                raise
+            return [f"(cannot list pods: {status_of(exc)}; the agent needs list on pods)"]
+
     async def _reconcile_gpu(
         self,
         gpu: GpuInfo,
@@ -536,41 +546,39 @@ class NodeAgent:
         events: list[tuple[str, str, str]] = []
         if plan.acts:
             self._reshape_started.setdefault(gpu.index, now)
-            fresh_claims: dict[str, list[str]] | None = None
-            binding_pods: list[str] = []
+            # Observe right before destroying (pods first, then claims), decide (lifecycle.py), act.
+            go: tuple[PlacedInstance, ...] = ()
             spared: list[PlacedInstance] = []  # retired instances that may not go yet
-            whole = {o.placed for o in observed if o.has_compute_instance}
-            for p in plan.destroy:
+            if plan.destroy:
+                binding_pods = await self._pods_binding()
+                fresh = allocated_devices(
+                    await self.api.list_claims(), self.settings.driver, self.settings.node
+                )
+                go, kept = destroys_now(
+                    plan.destroy,
+                    {o.placed for o in observed if o.has_compute_instance},
+                    {p: t for (idx, p), t in self._quiet_since.items() if idx == gpu.index},
+                    self.clock(),
+                    settle,
+                    {
+                        o.placed: fresh.get(device_name(gpu.index, o.placed.profile, o.placed.start), [])
+                        for o in observed
+                    },
+                    {p for p in plan.destroy if device_name(gpu.index, p.profile, p.start) in self.prepared},
+                    binding_pods,
+                )
+                for k in kept:
+                    dev = device_name(gpu.index, k.placed.profile, k.placed.start)
+                    if k.won_by:
+                        notes.append(f"kept {dev}: {k.why}")
+                        self.metrics.kept_busy.labels(self.settings.node).inc()
+                        holders = [h for h in fresh.get(dev, []) if h not in claims.get(dev, [])]
+                        claims.setdefault(dev, []).extend(holders)
+                    else:
+                        notes.append(f"kept {dev} for now: {k.why}")
+                        spared.append(k.placed)
+            for p in go:
                 dev = device_name(gpu.index, p.profile, p.start)
-                if fresh_claims is None:  # re-check right before destroying: did a claim win the race?
-                    # Pods first, then claims: a pod that finished binding between the two reads has its
-                    # allocation in the claims read; read the other way round, neither read shows it.
-                    try:
-                        binding_pods = await self.api.pods_binding_to(self.settings.node)
-                    except Exception as exc:
-                        if status_of(exc) not in (401, 403):
-                            raise
-                        # Not allowed to look: whether a booking is in flight cannot be known, so keep.
-                        binding_pods = [f"(cannot list pods: {status_of(exc)}; the agent needs list on pods)"]
-                    fresh_claims = allocated_devices(
-                        await self.api.list_claims(), self.settings.driver, self.settings.node
-                    )
-                holders = fresh_claims.get(dev, [])
-                if holders or dev in self.prepared:
-                    why = ", ".join(holders) or "prepared by the kubelet"
-                    notes.append(f"kept {dev}: a claim won the race ({why})")
-                    self.metrics.kept_busy.labels(self.settings.node).inc()
-                    claims.setdefault(dev, []).extend(h for h in holders if h not in claims.get(dev, []))
-                    continue
-                if p in whole:  # a whole instance was bookable: it goes only as lifecycle.py allows
-                    since = self._quiet_since.get((gpu.index, p))
-                    guarded_for = None if since is None else self.clock() - since
-                    wait = retired_may_go(guarded_for, settle, holders, binding_pods)
-                    if wait is not None:
-                        notes.append(f"kept {dev} for now: {wait}")
-                        spared.append(p)
-                        continue
-                    move(free_state(guarded=since is not None), Event.DESTROY_RETIRED)
                 try:
                     await asyncio.to_thread(self.devices.destroy, gpu, p)
                     self.metrics.operation("destroy", "success")

@@ -35,8 +35,11 @@ that would destroy an unguarded instance on its own initiative raises instead of
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
+
+from dynamig.geometry.model import PlacedInstance
 
 
 class State(StrEnum):
@@ -140,3 +143,47 @@ def retired_may_go(
         shown = ", ".join(binding_pods[:3]) + (" ..." if len(binding_pods) > 3 else "")
         return f"pods binding to this node may hold an allocation from an older slice: {shown}"
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """A planned destroy that may not happen now, and why."""
+
+    placed: PlacedInstance
+    why: str
+    won_by: tuple[str, ...] = ()  # claims whose allocation names it (or the kubelet's prepare): busy now
+
+
+def destroys_now(
+    planned: Sequence[PlacedInstance],
+    bookable: Collection[PlacedInstance],
+    guarded_since: Mapping[PlacedInstance, float],
+    now: float,
+    settle_seconds: float,
+    holders: Mapping[PlacedInstance, Sequence[str]],
+    prepared: Collection[PlacedInstance],
+    binding_pods: Sequence[str],
+) -> tuple[tuple[PlacedInstance, ...], tuple[Kept, ...]]:
+    """Which of a GPU's ``planned`` own-initiative destroys may happen now, from reads made right before
+    (``binding_pods`` read before ``holders``: a pod that finishes binding between the two reads shows in
+    the second). ``bookable``: instances that were whole, hence published; one that never was (a GPU
+    instance without its compute instance) needs no guard. Pure."""
+    go: list[PlacedInstance] = []
+    kept: list[Kept] = []
+    for p in planned:
+        claims = tuple(holders.get(p, ()))
+        if claims or p in prepared:
+            won_by = claims or ("prepared by the kubelet",)
+            kept.append(Kept(p, f"a claim won the race ({', '.join(won_by)})", won_by))
+            continue
+        if p in bookable:
+            since = guarded_since.get(p)
+            wait = retired_may_go(
+                None if since is None else now - since, settle_seconds, claims, binding_pods
+            )
+            if wait is not None:
+                kept.append(Kept(p, wait))
+                continue
+            move(free_state(guarded=since is not None), Event.DESTROY_RETIRED)  # refuses an unguarded one
+        go.append(p)
+    return tuple(go), tuple(kept)
