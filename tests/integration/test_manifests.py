@@ -475,12 +475,14 @@ OPERATOR_ALLOWED = [
     # a silent agent's node: its slices withdrawn, its waiting bookings failed
     ("delete", "resourceslices.resource.k8s.io"),
     ("update", "resourceclaims.resource.k8s.io", "--subresource=status", "-n", "default"),
+    ("arbitrary-node:update", "resourceclaims.resource.k8s.io/mig.dynamig.io", "--subresource=driver"),
 ]
 OPERATOR_DENIED = [
     ("create", "resourceslices.resource.k8s.io"),
     ("update", "resourceclaims.resource.k8s.io", "-n", "default"),
     ("update", "resourceslices.resource.k8s.io"),
     ("deletecollection", "resourceslices.resource.k8s.io"),
+    ("arbitrary-node:update", "resourceclaims.resource.k8s.io/gpu.nvidia.com", "--subresource=driver"),
     ("create", "pods", "-n", "default"),
     ("delete", "pods", "-n", "default"),
     ("create", "gpupartitions.dynamig.io"),

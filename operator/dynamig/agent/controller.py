@@ -557,7 +557,7 @@ class NodeAgent:
                 go, kept = destroys_now(
                     plan.destroy,
                     {o.placed for o in observed if o.has_compute_instance},
-                    {p: t for (idx, p), t in self._quiet_since.items() if idx == gpu.index},
+                    quiet,  # since when each was guarded: unchanged since the plan was made
                     self.clock(),
                     settle,
                     {
