@@ -34,7 +34,7 @@ def test_claim_cache_wakes_for_claims_entering_or_leaving_its_pool_only() -> Non
 
 
 def test_pods_by_claim_reads_the_reservations() -> None:
-    from dynamig.agent.controller import pods_by_claim
+    from dynamig.agent.gpu_status import pods_by_claim
 
     claim = _claim("c", "node-a", "1")
     claim["status"]["reservedFor"] = [

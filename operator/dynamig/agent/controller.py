@@ -1,27 +1,25 @@
-"""The node agent's reconcile loop: NVML + API observed afresh each round, the reshape plan carried out.
+"""The node agent's loop and the order of one round: observe, decide, act.
 
-One round (:meth:`NodeAgent.reconcile_once`):
+One round (:meth:`NodeAgent.reconcile_once`, :meth:`NodeAgent._round`):
 
-1. read the Node (opt-in label, NVIDIA MIG manager label), the GPUs and their instances (NVML), the node's
-   ResourceSlices (ours and other drivers'), the ResourceClaim allocations naming our pool, and the node's
-   GpuPartitions (creating a missing one with the GPU's current layout as its spec, so nothing is destroyed);
-2. per GPU, plan with :func:`dynamig.agent.reconcile.plan_gpu` and act: destroy (after re-checking claims
-   and NVML processes), finish half-made instances, create at explicit placements;
-3. publish the devices every GPU's plan offers (one pool, generation bumped on change);
-4. write each GpuPartition's status, metrics.
+1. observe: the Node (opt-in, a MIG manager), the GPUs (NVML), the node's ResourceSlices, the claims
+   allocated from its pool and its GpuPartitions, into a :class:`NodeView`;
+2. answer the bookings waiting on the node first (partitionable inventory, :mod:`dynamig.agent.allocations`);
+3. per GPU: decide whether to refuse it (:func:`dynamig.agent.gpu_status.refusal`), plan
+   (:func:`dynamig.agent.reconcile.plan_gpu`), carry the plan out (:mod:`dynamig.agent.reshape`: destroys
+   decided by :mod:`dynamig.agent.lifecycle` from reads made right before), and decide the status and
+   inventory from what the GPU looks like now (:mod:`dynamig.agent.gpu_status`);
+4. publish (:mod:`dynamig.agent.publisher`) and report: status, Events, metrics
+   (:mod:`dynamig.agent.reporting`).
 
 Two inventories (``status.inventory``; chosen at start by :mod:`dynamig.agent.features` unless set):
+``Instances`` publishes only instances that exist and re-cuts ahead of the scheduler through ``spec.layout``;
+``Partitionable`` also publishes every valid placement of ``spec.offeredProfiles``
+(:mod:`dynamig.kube.inventory`) and ``spec.layout`` is a floor of instances kept pre-created.
 
-- ``Instances``: only instances that exist are published; an instance leaves the slice and settles before it
-  is destroyed, and the operator re-cuts ahead of the scheduler through ``spec.layout``.
-- ``Partitionable``: every free instance and every valid placement of ``spec.offeredProfiles`` is published
-  as a partitionable device with binding conditions (:mod:`dynamig.kube.inventory`); each round first answers
-  the allocations waiting on this node (:mod:`dynamig.agent.allocations`: cut, then ready, or failed), and
-  ``spec.layout`` is a floor of instances kept pre-created (warm pool, baseline): other instances stay.
-
-Nothing is carried between rounds but timers (since when an instance has been out of the slice and
-unallocated, when a reshape began): a restart only restarts the settle period, never skips it.
-A lock serialises rounds with :mod:`dynamig.agent.devices_service` calls from the kubelet plugin.
+Nothing is carried between rounds but timers (since when an instance has been guarded, when a reshape began):
+a restart only restarts the settle period, never skips it. A lock serialises rounds with
+:mod:`dynamig.agent.devices_service` calls from the kubelet plugin.
 """
 
 from __future__ import annotations
@@ -39,42 +37,41 @@ from dynamig.agent.allocations import AllocationAnswerer
 from dynamig.agent.binding import Ready
 from dynamig.agent.claimcache import ClaimCache
 from dynamig.agent.features import InventorySupport, detect_inventory
-from dynamig.agent.kubeapi import KubeApi, allocated_devices
-from dynamig.agent.lifecycle import destroys_now
-from dynamig.agent.metrics import AgentMetrics, GpuSample, InstanceSample
+from dynamig.agent.gpu_status import (
+    GpuOutcome,
+    degraded_status,
+    gpu_status,
+    lost_status,
+    managed_status,
+    mig_device,
+    partitionable_offer,
+    pods_by_claim,
+    readiness,
+    refusal,
+    refused_status,
+)
+from dynamig.agent.kubeapi import KubeApi, NodeFacts, allocated_devices
+from dynamig.agent.metrics import AgentMetrics
 from dynamig.agent.nvml_device import GpuInfo, MigInstance, NvmlDevices
 from dynamig.agent.ownership import foreign_mig_owners, node_is_managed, node_mig_owner
 from dynamig.agent.publisher import SlicePublisher
-from dynamig.agent.reconcile import GpuPlan, Observed, observe, plan_gpu, without_creates_over
+from dynamig.agent.reconcile import plan_gpu
+from dynamig.agent.reporting import NodeReporter
+from dynamig.agent.reshape import Reshaper
 from dynamig.agent.uuidwatch import AllocatedUuids, UuidChange
 from dynamig.geometry.model import PlacedInstance, device_name
 from dynamig.kube.apicalls import is_transient, status_of
-from dynamig.kube.devices import MigDevice
-from dynamig.kube.events import AGENT_COMPONENT, claim_ref, event_body, gpu_partition_ref
 from dynamig.kube.gpupartition import (
     ConditionType,
     GpuPartition,
-    GpuPartitionStatus,
-    InstanceState,
-    InstanceStatus,
     Inventory,
-    MigMode,
     Phase,
     Reason,
-    build_gpu_partition,
-    layout_summary,
     parse_gpu_partition,
     set_condition,
 )
 from dynamig.kube.heartbeat import DEFAULT_LEASE_SECONDS, lease_body
-from dynamig.kube.inventory import GpuInventory, Instance, InventoryError, Occupancy, offered_devices
-from dynamig.kube.names import (
-    GPU_INDEX_LABEL,
-    NODE_LABEL,
-    PRODUCT_LABEL,
-    UNINSTALL_ANNOTATION,
-    gpu_partition_name,
-)
+from dynamig.kube.names import NODE_LABEL, UNINSTALL_ANNOTATION, gpu_partition_name
 from dynamig.kube.times import now_rfc3339
 
 log = logging.getLogger(__name__)
@@ -104,34 +101,6 @@ class AgentSettings:
 ERROR_BACKOFF_MAX_S = 30.0
 
 
-@dataclass(slots=True)
-class _GpuOutcome:
-    """What one GPU contributes to this round: devices to publish and the status to write."""
-
-    name: str
-    devices: list[dict[str, Any]] = field(default_factory=list)
-    published: set[PlacedInstance] = field(default_factory=set)
-    status: GpuPartitionStatus | None = None
-    busy: bool = False  # still reshaping: poll again soon
-    instances: list[MigInstance] = field(default_factory=list)
-    inventory: GpuInventory | None = None  # partitionable inventory: what to publish for this GPU
-    events: list[tuple[str, str, str]] = field(
-        default_factory=list
-    )  # (type, reason, message) done this round
-
-
-def pods_by_claim(claims: list[dict[str, Any]]) -> dict[str, list[str]]:
-    """``namespace/name`` of each claim -> the pods it is reserved for (``status.reservedFor``). Pure."""
-    out: dict[str, list[str]] = {}
-    for c in claims:
-        meta = c.get("metadata") or {}
-        reserved = (c.get("status") or {}).get("reservedFor") or []
-        pods = [str(r.get("name", "")) for r in reserved if r.get("resource") == "pods"]
-        if pods:
-            out[f"{meta.get('namespace', '')}/{meta.get('name', '')}"] = pods
-    return out
-
-
 def node_owner_reference(node: str, uid: str) -> dict[str, Any] | None:
     """An ownerReference to the Node (so the garbage collector removes our objects with it). Pure."""
     if not uid:
@@ -139,14 +108,36 @@ def node_owner_reference(node: str, uid: str) -> dict[str, Any] | None:
     return {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}
 
 
-def _mig_mode(gpu: GpuInfo) -> MigMode:
-    if gpu.mig_current != gpu.mig_pending:
-        return MigMode.ENABLE_PENDING if gpu.mig_pending == 1 else MigMode.DISABLE_PENDING
-    return MigMode.ENABLED if gpu.mig_current == 1 else MigMode.DISABLED
+@dataclass(slots=True)
+class NodeView:
+    """What one round observed of its node, before it acts."""
+
+    meta: NodeFacts
+    gpus: list[GpuInfo]
+    unreadable: dict[int, str]  # GPU index -> why NVML cannot read it
+    lost_reason: str  # NVML discovery failed as a whole
+    slices: list[dict[str, Any]]  # the node's ResourceSlices, every driver's
+    raw_claims: list[dict[str, Any]]
+    claims: dict[str, list[str]]  # device name -> claims allocating it from this node's pool
+    parts: dict[str, GpuPartition]
+    node_owner: str | None  # a MIG manager that owns every GPU of the node
+    foreign: dict[str, str] = field(default_factory=dict)  # GPU UUID -> driver publishing its MIG devices
+
+    @property
+    def leaving(self) -> bool:
+        """dynamig is being uninstalled: withdraw, create nothing new."""
+        return any(UNINSTALL_ANNOTATION in p.metadata.annotations for p in self.parts.values())
+
+    @property
+    def unavailable(self) -> str:
+        """Why no booking of this node can be answered ready (empty when some GPU is readable)."""
+        return self.lost_reason or "; ".join(
+            f"NVML cannot read GPU {i}: {e}" for i, e in self.unreadable.items()
+        )
 
 
 class NodeAgent:
-    """Reconciles every GPU of one node. Side effects: NVML, API writes, metrics."""
+    """Runs the rounds of one node's agent: the loop, the heartbeat, and each round's order of steps."""
 
     def __init__(
         self,
@@ -165,12 +156,10 @@ class NodeAgent:
         self.lock = asyncio.Lock()
         self.prepared: set[str] = set()  # device names the kubelet plugin prepared (in use by a pod)
         self.allocated_uuids = AllocatedUuids()  # reports allocated instances changed outside dynamig
-        self._node_problems: dict[str, str] = {}  # Event reason -> node-wide problem already told
         self._quiet_since: dict[InstanceKey, float] = {}
         self._reshape_started: dict[int, float] = {}
         self._wake = asyncio.Event()
         self._managed_logged: bool | None = None
-        self._node_owner: dict[str, Any] | None = None
         self.rounds = 0
         self.claim_cache: ClaimCache | None = None  # with settings.watch: rounds read claims from it
         self.on_round: Callable[[], None] | None = None  # called after every round, failed or not
@@ -181,6 +170,8 @@ class NodeAgent:
         self.answerer = AllocationAnswerer(
             settings.driver, settings.node, api, devices, metrics, self.prepared
         )
+        self.reshaper = Reshaper(settings.node, settings.driver, api, devices, metrics, self.prepared, clock)
+        self.reporter = NodeReporter(api, metrics, settings.node, settings.events_namespace)
         self.support: InventorySupport | None = (
             None
             if settings.inventory is None
@@ -288,29 +279,64 @@ class NodeAgent:
                 self._round_started = None
 
     async def _round(self) -> bool:
-        node = self.settings.node
         self.rounds += 1
         if self.uninstalled:
             return False
-        meta = await self.api.node_meta(node)
-        labels = meta.labels if meta is not None else {}
-        if meta is None or not node_is_managed(labels):
-            if self._managed_logged is not False:
-                log.warning("node %s does not exist or lacks dynamig.io/managed=true; not managing it", node)
-            self._managed_logged = False
-            if meta is not None and await self.publisher.remove():
-                # Opted out: offer nothing to the scheduler; MIG and GpuPartitions stay as they are.
-                log.warning("node %s opted out: its mig.dynamig.io ResourceSlices were withdrawn", node)
+        meta = await self.api.node_meta(self.settings.node)
+        if not await self._managed(meta):
             return False
-        self._managed_logged = True
-        if self.support is None:
-            self.support = await detect_inventory(self.api, node, self.settings.driver)
-            log.info("inventory for node %s: %s (%s)", node, self.support.inventory.value, self.support.why)
-        self._node_owner = node_owner_reference(node, meta.uid)
-        self.publisher.owner = self._node_owner
-        node_owner = node_mig_owner(labels, meta.allocatable)
-        await self._tell_node(meta.uid, "ForeignMigOwner", node_owner)
+        assert meta is not None
+        view = await self._observe(meta)
+        if self.partitionable and (view.gpus or view.unavailable):
+            await self._answer(view)  # a pod waiting on its binding is the most urgent thing on the node
+        view.claims = allocated_devices(view.raw_claims, self.settings.driver, self.settings.node)
+        view.parts = {
+            p.name: p
+            for p in map(
+                parse_gpu_partition, await self.api.list_partitions(f"{NODE_LABEL}={self.settings.node}")
+            )
+        }
+        outcomes, created, replaced = await self._each_gpu(view)
+        await self._publish(view, outcomes)
+        self._after_publish(outcomes, view.claims)  # the guards stand from now: their settle clocks start
+        for o in outcomes:
+            part = view.parts.get(o.name) or created.get(o.name, _NO_PARTITION)
+            if o.status is not None and o.status != part.status:
+                await self.reporter.write_status(o.name, o.status)
+            await self.reporter.post_events(part, o)
+        await self.reporter.tell_holders(replaced, view.raw_claims)
+        self.reporter.export(outcomes, pods_by_claim(view.raw_claims))
+        busy = any(o.busy for o in outcomes)
+        if view.leaving and not busy:
+            await self._finish_uninstall(view.parts, outcomes)
+        return busy
 
+    # --- observe -------------------------------------------------------------------------------------
+
+    async def _managed(self, meta: NodeFacts | None) -> bool:
+        """Whether the node exists and opted in; an opted-out node offers nothing (MIG and GpuPartitions
+        stay as they are)."""
+        node = self.settings.node
+        if meta is not None and node_is_managed(meta.labels):
+            self._managed_logged = True
+            if self.support is None:
+                self.support = await detect_inventory(self.api, node, self.settings.driver)
+                log.info(
+                    "inventory for node %s: %s (%s)", node, self.support.inventory.value, self.support.why
+                )
+            self.reporter.node_owner = self.publisher.owner = node_owner_reference(node, meta.uid)
+            return True
+        if self._managed_logged is not False:
+            log.warning("node %s does not exist or lacks dynamig.io/managed=true; not managing it", node)
+        self._managed_logged = False
+        if meta is not None and await self.publisher.remove():
+            log.warning("node %s opted out: its mig.dynamig.io ResourceSlices were withdrawn", node)
+        return False
+
+    async def _observe(self, meta: NodeFacts) -> NodeView:
+        """The GPUs (NVML), the node's slices and claims; MIG manager or NVML failure told on the Node."""
+        node_owner = node_mig_owner(meta.labels, meta.allocatable)
+        await self.reporter.tell_node(meta.uid, "ForeignMigOwner", node_owner)
         gpus: list[GpuInfo] = []
         unreadable: dict[int, str] = {}
         lost_reason = ""
@@ -320,53 +346,60 @@ class NodeAgent:
             self.metrics.nvml_error("discover", self.devices.error_name(exc))
             lost_reason = f"NVML discovery failed: {exc}"
             log.error("%s", lost_reason)
-        await self._tell_node(meta.uid, "NvmlError", lost_reason or None)
-
-        slices = await self.api.list_slices(node)
-        foreign = foreign_mig_owners(slices, [g.uuid for g in gpus], self.settings.driver)
+        await self.reporter.tell_node(meta.uid, "NvmlError", lost_reason or None)
+        for error in unreadable.values():
+            self.metrics.nvml_error("discover", error.split(":", 1)[0])
+        slices = await self.api.list_slices(self.settings.node)
         cached = self.claim_cache.claims() if self.claim_cache is not None else None
         raw_claims = cached if cached is not None else await self.api.list_claims()
-        unavailable = lost_reason or "; ".join(
-            f"NVML cannot read GPU {i}: {e}" for i, e in unreadable.items()
-        )
-        if self.partitionable and (gpus or unavailable):
-            # Answer first: a pod waiting on its binding is the most urgent thing on the node. With no GPU
-            # readable every booking fails at once, so its pod is booked again elsewhere.
-            for _, answer in await self.answerer.answer_all(raw_claims, None if gpus else unavailable):
-                outcome = "ready" if isinstance(answer, Ready) else "failed"
-                self.metrics.binding_answers.labels(node, outcome).inc()
-            if gpus:
-                await self.answerer.report_bound(raw_claims)
-        claims = allocated_devices(raw_claims, self.settings.driver, node)
-        parts = {
-            p.name: p
-            for p in (parse_gpu_partition(o) for o in await self.api.list_partitions(f"{NODE_LABEL}={node}"))
-        }
-        leaving = any(UNINSTALL_ANNOTATION in p.metadata.annotations for p in parts.values())
+        return NodeView(
+            meta, gpus, unreadable, lost_reason, slices, raw_claims, {}, {}, node_owner,
+            foreign_mig_owners(slices, [g.uuid for g in gpus], self.settings.driver),
+        )  # fmt: skip
 
-        outcomes: list[_GpuOutcome] = []
+    # --- answer --------------------------------------------------------------------------------------
+
+    async def _answer(self, view: NodeView) -> None:
+        """Answer every booking of this node: with no GPU readable each fails at once, so its pod is booked
+        again elsewhere; then write the MIG UUIDs of bookings that bound without an answer."""
+        unavailable = None if view.gpus else view.unavailable
+        for _, answer in await self.answerer.answer_all(view.raw_claims, unavailable):
+            outcome = "ready" if isinstance(answer, Ready) else "failed"
+            self.metrics.binding_answers.labels(self.settings.node, outcome).inc()
+        if view.gpus:
+            await self.answerer.report_bound(view.raw_claims)
+
+    # --- each GPU ------------------------------------------------------------------------------------
+
+    async def _each_gpu(
+        self, view: NodeView
+    ) -> tuple[list[GpuOutcome], dict[str, GpuPartition], list[UuidChange]]:
+        """Reconcile every readable GPU; GPUs NVML cannot read or no longer reports are Degraded (GpuLost)."""
+        node = self.settings.node
+        outcomes: list[GpuOutcome] = []
         created: dict[str, GpuPartition] = {}
         replaced: list[UuidChange] = []
-        for gpu in gpus:
+        stamp = now_rfc3339()
+        for gpu in view.gpus:
             name = gpu_partition_name(node, gpu.index)
+            part = view.parts.get(name)
             try:
                 instances = await asyncio.to_thread(self.devices.instances, gpu)
             except self.devices.error_type as exc:
                 self.metrics.nvml_error("list-instances", self.devices.error_name(exc))
-                part = parts.get(name)
                 if part is not None:
-                    outcomes.append(self._lost(part, f"NVML cannot read GPU {gpu.index}: {exc}"))
+                    why = f"NVML cannot read GPU {gpu.index}: {exc}"
+                    outcomes.append(GpuOutcome(name, status=lost_status(part, why, stamp)))
                 continue
-            part = parts.get(name)
-            if part is None and leaving:
+            if part is None and view.leaving:
                 continue  # dynamig is being removed: no new GpuPartitions
             if part is None:
-                part = created[name] = await self._create_partition(gpu, instances)
-            owner = node_owner
-            if owner is None and gpu.uuid in foreign:
-                owner = f"driver {foreign[gpu.uuid]} publishes MIG devices of this GPU"
+                part = created[name] = await self.reporter.create_partition(gpu, instances)
+            owner = view.node_owner
+            if owner is None and gpu.uuid in view.foreign:
+                owner = f"driver {view.foreign[gpu.uuid]} publishes MIG devices of this GPU"
             try:
-                gpu_outcome = await self._reconcile_gpu(gpu, part, instances, claims, owner)
+                outcome = await self._reconcile_gpu(gpu, part, instances, view.claims, owner)
             except Exception as exc:
                 if status_of(exc) is not None or is_transient(exc):
                     raise  # the API server: every GPU of the round would meet it; the round backs off
@@ -374,53 +407,122 @@ class NodeAgent:
                 self.metrics.reconcile_errors.labels(node).inc()
                 log.exception("%s: reconcile failed; the node's other GPUs go on", name)
                 why = f"reconciling this GPU failed: {exc!r}"
-                outcomes.append(self._degraded(part, why, Reason.RECONCILE_ERROR, ConditionType.READY))
+                status = degraded_status(part, why, Reason.RECONCILE_ERROR, (ConditionType.READY,), stamp)
+                outcomes.append(GpuOutcome(name, status=status))
                 continue
             now_uuids = {device_name(i.gpu_index, i.profile, i.start): i.mig_uuid for i in instances}
-            for change in self.allocated_uuids.update(f"gpu{gpu.index}-", now_uuids, claims):
+            for change in self.allocated_uuids.update(f"gpu{gpu.index}-", now_uuids, view.claims):
                 log.warning("%s: %s", name, change.message())
-                gpu_outcome.events.append(("Warning", change.reason, change.message()))
+                outcome.events.append(("Warning", change.reason, change.message()))
                 replaced.append(change)
-            outcomes.append(gpu_outcome)
-
-        for index, error in unreadable.items():
-            self.metrics.nvml_error("discover", error.split(":", 1)[0])
-            part = parts.get(gpu_partition_name(node, index))
+            outcomes.append(outcome)
+        for index, error in view.unreadable.items():
+            part = view.parts.get(gpu_partition_name(node, index))
             if part is not None:
-                outcomes.append(self._lost(part, f"NVML cannot read GPU {index}: {error}"))
+                why = f"NVML cannot read GPU {index}: {error}"
+                outcomes.append(GpuOutcome(part.name, status=lost_status(part, why, stamp)))
         seen = {o.name for o in outcomes}
-        for name, part in parts.items():
+        for name, part in view.parts.items():
             if name not in seen:
-                outcomes.append(self._lost(part, lost_reason or "NVML no longer reports this GPU"))
+                why = view.lost_reason or "NVML no longer reports this GPU"
+                outcomes.append(GpuOutcome(name, status=lost_status(part, why, stamp)))
+        return outcomes, created, replaced
 
-        if leaving:
+    async def _reconcile_gpu(
+        self,
+        gpu: GpuInfo,
+        part: GpuPartition,
+        instances: list[MigInstance],
+        claims: dict[str, list[str]],
+        owner: str | None,
+    ) -> GpuOutcome:
+        """Observe (done: ``instances``, ``claims``), decide, act, and decide again from the result."""
+        node, inventory = self.settings.node, self.support.inventory if self.support else None
+        problem = refusal(gpu, part, owner)
+        if problem is not None or gpu.model is None:
+            problem = problem or (Reason.UNKNOWN_MODEL, "unknown model")
+            status = gpu_status(
+                node, inventory, gpu, part, instances, claims, self.prepared, (), Phase.DEGRADED, problem[1]
+            )
+            return GpuOutcome(part.name, status=refused_status(status, part, problem, now_rfc3339()))
+
+        model, desired, keep = gpu.model, part.spec.desired(), self.partitionable
+        settle, now = self.settings.settle_seconds, self.clock()
+        observed = self.reshaper.observe(instances, claims)
+        for o in observed:
+            if o.busy:
+                self._quiet_since.pop((gpu.index, o.placed), None)
+        quiet = {p: t for (idx, p), t in self._quiet_since.items() if idx == gpu.index}
+        plan = plan_gpu(model, desired, observed, quiet, now, settle, keep)
+        if plan.acts:
+            self._reshape_started.setdefault(gpu.index, now)
+        done = await self.reshaper.carry_out(
+            gpu, model, desired, plan, observed, instances, claims, quiet, settle, keep
+        )
+        for p in done.destroyed:
+            self._quiet_since.pop((gpu.index, p), None)
+        claims.update(done.claims)  # claims that won a race against a destroy count as allocated
+        plan, instances, blocker = done.plan, done.instances, done.blocker
+
+        # Blocked only by busy instances is Stable: nothing moves until a workload lets go.
+        reshaping = bool(plan.acts or plan.draining or blocker) and plan.violation is None
+        if reshaping:
+            self._reshape_started.setdefault(gpu.index, now)
+        started = None if reshaping else self._reshape_started.pop(gpu.index, None)
+        if started is not None:
+            self.metrics.reshape_duration.labels(node).observe(max(0.0, self.clock() - started))
+
+        published, offer = set(plan.publish), None
+        if keep:
+            retiring = {w.placed for w in plan.draining} | set(plan.destroy)  # still there: guarded
+            offer = partitionable_offer(
+                gpu, part, instances, claims, self.prepared, retiring, self.settings.guard_free_instances
+            )
+            published = set(offer.unguarded)
+            if offer.problem:
+                blocker = (Reason.INVALID_LAYOUT, offer.problem)
+        ready = readiness(gpu.index, plan, blocker, done.notes)
+        phase = Phase.RESHAPING if reshaping else Phase.STABLE
+        status = gpu_status(
+            node, inventory, gpu, part, instances, claims, self.prepared, published, phase, ready[0]
+        )
+        status = managed_status(
+            status, part, model.key, plan, ready, now_rfc3339(),
+            reshape_finished=started is not None, offered_placements=offer.placements if offer else 0,
+        )  # fmt: skip
+        return GpuOutcome(
+            name=part.name,
+            status=status,
+            busy=reshaping,
+            instances=instances,
+            published=published,
+            inventory=offer.inventory if offer else None,
+            events=done.events,
+            devices=[mig_device(gpu, i) for i in instances if i.placed in published],
+        )
+
+    # --- act -----------------------------------------------------------------------------------------
+
+    async def _publish(self, view: NodeView, outcomes: list[GpuOutcome]) -> None:
+        """Offer what each GPU's outcome says, in the node's inventory; nothing while uninstalling."""
+        node = self.settings.node
+        if view.leaving:
             if await self.publisher.remove():  # nothing more to book here, whatever the inventory
                 log.info("uninstalling: withdrew the ResourceSlices of node %s", node)
             for o in outcomes:
                 o.published = set()
-        elif self.partitionable:
+            return
+        if self.partitionable:
             inventory = [o.inventory for o in outcomes if o.inventory is not None]
-            if await self.publisher.sync_inventory(inventory, existing=slices):
-                self.metrics.slice_publishes.labels(node).inc()
+            changed = await self.publisher.sync_inventory(inventory, existing=view.slices)
         else:
-            devices = [d for o in outcomes for d in o.devices]
-            if await self.publisher.sync(devices, existing=slices):
-                self.metrics.slice_publishes.labels(node).inc()
-        self._after_publish(outcomes, claims)  # the guards stand from now: their settle clocks start
+            changed = await self.publisher.sync(
+                [d for o in outcomes for d in o.devices], existing=view.slices
+            )
+        if changed:
+            self.metrics.slice_publishes.labels(node).inc()
 
-        for o in outcomes:
-            part = parts.get(o.name) or created.get(o.name, _NO_PARTITION)
-            if o.status is not None and o.status != part.status:
-                await self._write_status(o.name, o.status)
-            await self._post_events(part, o)
-        await self._tell_holders(replaced, raw_claims)
-        self._export(outcomes, pods_by_claim(raw_claims))
-        busy = any(o.busy for o in outcomes)
-        if leaving and not busy:
-            await self._finish_uninstall(parts, outcomes)
-        return busy
-
-    async def _finish_uninstall(self, parts: dict[str, GpuPartition], outcomes: list[_GpuOutcome]) -> None:
+    async def _finish_uninstall(self, parts: dict[str, GpuPartition], outcomes: list[GpuOutcome]) -> None:
         """The layouts written for the removal are applied (busy instances stay): remove the node's files and
         say so on every GpuPartition, which is what `dynamig uninstall` waits for."""
         removed = await self.on_uninstall() if self.on_uninstall is not None else []
@@ -433,401 +535,13 @@ class NodeAgent:
                 status.conditions, ConditionType.UNINSTALLED, True, Reason.NODE_CLEANED, message,
                 part.metadata.generation, stamp,
             )  # fmt: skip
-            await self._write_status(name, status.model_copy(update={"conditions": conds}))
+            await self.reporter.write_status(name, status.model_copy(update={"conditions": conds}))
         self.uninstalled = True
         log.info("uninstalled from node %s: %s", self.settings.node, message)
 
-    # --- one GPU -------------------------------------------------------------------------------------
-
-    async def _create_partition(self, gpu: GpuInfo, instances: list[MigInstance]) -> GpuPartition:
-        """Create the GpuPartition with the layout that exists now as its spec (adopt, destroy nothing)."""
-        name = gpu_partition_name(self.settings.node, gpu.index)
-        labels = {NODE_LABEL: self.settings.node, GPU_INDEX_LABEL: str(gpu.index)}
-        if gpu.model is not None:
-            labels[PRODUCT_LABEL] = gpu.model.key
-        adopted = [i.placed for i in instances if i.has_compute_instance and not i.partitioned]
-        body = build_gpu_partition(name, labels, adopted)
-        if self._node_owner is not None:
-            body["metadata"]["ownerReferences"] = [dict(self._node_owner)]
-        try:
-            created = await self.api.create_partition(body)
-        except Exception as exc:
-            if status_of(exc) != 409:
-                raise
-            got = await self.api.get_partition(name)
-            if got is None:
-                raise
-            created = got
-        log.info("created GpuPartition %s adopting %d instance(s)", name, len(instances))
-        return parse_gpu_partition(created)
-
-    def _degraded(self, part: GpuPartition, why: str, reason: str, *conditions: str) -> _GpuOutcome:
-        """A GPU the round could not act on: Degraded, ``conditions`` False with ``reason``, offered to
-        nobody until a round succeeds again."""
-        gen, stamp = part.metadata.generation, now_rfc3339()
-        conds = part.status.conditions
-        for ctype in conditions:
-            conds = set_condition(conds, ctype, False, reason, why, gen, stamp)
-        status = part.status.model_copy(
-            update={"phase": Phase.DEGRADED, "message": why, "conditions": conds, "free_slices": 0}
-        )
-        return _GpuOutcome(name=part.name, status=status)
-
-    def _lost(self, part: GpuPartition, why: str) -> _GpuOutcome:
-        return self._degraded(part, why, Reason.GPU_LOST, ConditionType.HEALTHY, ConditionType.READY)
-
-    def observe(self, instances: list[MigInstance], claims: dict[str, list[str]]) -> tuple[Observed, ...]:
-        """:func:`dynamig.agent.reconcile.observe` with the instances the kubelet plugin prepared."""
-        return observe(instances, claims, self.prepared)
-
-    async def _pods_binding(self) -> list[str]:
-        """The pods in a binding cycle toward this node; one stand-in entry when the agent may not list pods
-        (whether a booking is in flight cannot be known then, so nothing retired may go)."""
-        try:
-            return await self.api.pods_binding_to(self.settings.node)
-        except Exception as exc:
-            if status_of(exc) not in (401, 403):
-                raise
-            return [f"(cannot list pods: {status_of(exc)}; the agent needs list on pods)"]
-
-    async def _reconcile_gpu(
-        self,
-        gpu: GpuInfo,
-        part: GpuPartition,
-        instances: list[MigInstance],
-        claims: dict[str, list[str]],
-        owner: str | None,
-    ) -> _GpuOutcome:
-        gen = part.metadata.generation
-        desired = part.spec.desired()
-        notes: list[str] = []
-        blocker: tuple[str, str] | None = None  # (reason, message) of an operation that failed
-        refuse: tuple[str, str] | None = None
-        recorded = part.status.uuid
-        if recorded and recorded != gpu.uuid:
-            # The index now names another physical GPU: its GpuPartition's layout is not for this one.
-            refuse = (
-                Reason.GPU_REPLACED,
-                f"this GpuPartition describes GPU {recorded}, but index {gpu.index} is now {gpu.uuid}; "
-                "nothing is changed or offered until the GpuPartition is deleted (it is then re-created "
-                "adopting the GPU as it is)",
-            )
-        elif owner is not None:
-            refuse = (Reason.FOREIGN_MIG_OWNER, f"not managing this GPU: {owner}")
-        elif gpu.model is None:
-            refuse = (Reason.UNKNOWN_MODEL, f"GPU product {gpu.product!r} is not in the MIG catalog")
-        elif gpu.mig_current != gpu.mig_pending:
-            refuse = (Reason.MIG_MODE_PENDING, "MIG mode change pending; the GPU needs a reset")
-        elif not gpu.mig_enabled:
-            refuse = (Reason.MIG_DISABLED, "MIG mode is disabled on this GPU; the agent does not enable it")
-        if refuse is not None or gpu.model is None:
-            reason, message = refuse or (Reason.UNKNOWN_MODEL, "unknown model")
-            status = self._status(gpu, part, instances, claims, set(), None, Phase.DEGRADED, message)
-            stamp = now_rfc3339()
-            conds = status.conditions
-            for ctype in (ConditionType.MANAGED, ConditionType.READY):
-                conds = set_condition(conds, ctype, False, reason, message, gen, stamp)
-            update: dict[str, Any] = {"conditions": conds}
-            if reason == Reason.GPU_REPLACED:
-                update["uuid"] = recorded  # keep the record until a person deletes the GpuPartition
-            return _GpuOutcome(name=part.name, status=status.model_copy(update=update))
-
-        model = gpu.model
-        now = self.clock()
-        keep = self.partitionable
-        settle = self.settings.settle_seconds
-        observed = self.observe(instances, claims)
-        for o in observed:
-            if o.busy:
-                self._quiet_since.pop((gpu.index, o.placed), None)
-        quiet = {p: t for (idx, p), t in self._quiet_since.items() if idx == gpu.index}
-        plan = plan_gpu(model, desired, observed, quiet, now, settle, keep)
-
-        events: list[tuple[str, str, str]] = []
-        if plan.acts:
-            self._reshape_started.setdefault(gpu.index, now)
-            # Observe right before destroying (pods first, then claims), decide (lifecycle.py), act.
-            go: tuple[PlacedInstance, ...] = ()
-            spared: list[PlacedInstance] = []  # retired instances that may not go yet
-            if plan.destroy:
-                binding_pods = await self._pods_binding()
-                fresh = allocated_devices(
-                    await self.api.list_claims(), self.settings.driver, self.settings.node
-                )
-                go, kept = destroys_now(
-                    plan.destroy,
-                    {o.placed for o in observed if o.has_compute_instance},
-                    quiet,  # since when each was guarded: unchanged since the plan was made
-                    self.clock(),
-                    settle,
-                    {
-                        o.placed: fresh.get(device_name(gpu.index, o.placed.profile, o.placed.start), [])
-                        for o in observed
-                    },
-                    {p for p in plan.destroy if device_name(gpu.index, p.profile, p.start) in self.prepared},
-                    binding_pods,
-                )
-                for k in kept:
-                    dev = device_name(gpu.index, k.placed.profile, k.placed.start)
-                    if k.won_by:
-                        notes.append(f"kept {dev}: {k.why}")
-                        self.metrics.kept_busy.labels(self.settings.node).inc()
-                        holders = [h for h in fresh.get(dev, []) if h not in claims.get(dev, [])]
-                        claims.setdefault(dev, []).extend(holders)
-                    else:
-                        notes.append(f"kept {dev} for now: {k.why}")
-                        spared.append(k.placed)
-            for p in go:
-                dev = device_name(gpu.index, p.profile, p.start)
-                try:
-                    await asyncio.to_thread(self.devices.destroy, gpu, p)
-                    self.metrics.operation("destroy", "success")
-                    self._quiet_since.pop((gpu.index, p), None)
-                    log.info("destroyed %s on %s", dev, self.settings.node)
-                    events.append(
-                        (
-                            "Normal",
-                            "InstanceDestroyed",
-                            f"destroyed free {p.profile} at slice {p.start} ({dev})",
-                        )
-                    )
-                except self.devices.error_type as exc:
-                    err = self.devices.error_name(exc)
-                    self.metrics.operation("destroy", "error")
-                    self.metrics.nvml_error("destroy", err)
-                    if self.devices.is_error(exc, "InUse"):
-                        notes.append(f"kept {dev}: NVML reports it in use; will retry")
-                        self.metrics.kept_busy.labels(self.settings.node).inc()
-                    else:
-                        blocker = (Reason.NVML_ERROR, f"destroying {dev} failed: {err}")
-            if plan.destroy:  # what was really destroyed decides what fits now
-                instances = await asyncio.to_thread(self.devices.instances, gpu)
-                observed = self.observe(instances, claims)
-                quiet = {p: t for (idx, p), t in self._quiet_since.items() if idx == gpu.index}
-                plan = plan_gpu(model, desired, observed, quiet, self.clock(), settle, keep)
-                plan = without_creates_over(model, plan, spared)
-            for p in (*plan.complete, *plan.create):
-                dev = device_name(gpu.index, p.profile, p.start)
-                try:
-                    await asyncio.to_thread(self.devices.create, gpu, p)
-                    self.metrics.operation("create", "success")
-                    log.info("created %s on %s", dev, self.settings.node)
-                    events.append(
-                        ("Normal", "InstanceCreated", f"created {p.profile} at slice {p.start} ({dev})")
-                    )
-                except self.devices.error_type as exc:
-                    err = self.devices.error_name(exc)
-                    self.metrics.operation("create", "error")
-                    self.metrics.nvml_error("create", err)
-                    if self.devices.is_error(exc, "InsufficientResources"):
-                        blocker = (
-                            Reason.INSUFFICIENT_RESOURCES,
-                            f"NVML refused to create {p.profile} at memory slice {p.start} "
-                            "(insufficient resources: the placement or an engine is taken)",
-                        )
-                    else:
-                        blocker = (Reason.NVML_ERROR, f"creating {dev} failed: {err}")
-            instances = await asyncio.to_thread(self.devices.instances, gpu)
-            observed = self.observe(instances, claims)
-            quiet = {p: t for (idx, p), t in self._quiet_since.items() if idx == gpu.index}
-            plan = plan_gpu(model, desired, observed, quiet, self.clock(), settle, keep)
-
-        # Blocked only by busy instances is Stable: nothing moves until a workload lets go.
-        reshaping = bool(plan.acts or plan.draining or blocker) and plan.violation is None
-        phase = Phase.RESHAPING if reshaping else Phase.STABLE
-        if reshaping:
-            self._reshape_started.setdefault(gpu.index, now)
-        finished = False
-        if not reshaping and gpu.index in self._reshape_started:
-            started = self._reshape_started.pop(gpu.index)
-            self.metrics.reshape_duration.labels(self.settings.node).observe(max(0.0, self.clock() - started))
-            finished = True
-
-        published = set(plan.publish)
-        inventory: GpuInventory | None = None
-        offered = 0
-        if keep:
-            retiring = {w.placed for w in plan.draining} | set(plan.destroy)  # still there: guarded
-            inventory, published, offered, problem = self._inventory(gpu, part, instances, claims, retiring)
-            if problem:
-                blocker = (Reason.INVALID_LAYOUT, problem)
-        message, ready, reason = self._readiness(gpu.index, plan, blocker, notes)
-        status = self._status(gpu, part, instances, claims, published, plan, phase, message)
-        tnow = now_rfc3339()
-        conds = status.conditions
-
-        def cond(ctype: str, value: bool, why: str, text: str) -> None:
-            nonlocal conds
-            conds = set_condition(conds, ctype, value, why, text, gen, tnow)
-
-        cond(ConditionType.MANAGED, True, Reason.MANAGED, "managed by dynamig")
-        cond(ConditionType.HEALTHY, True, Reason.GPU_PRESENT, "NVML reports the GPU")
-        if plan.violation is not None:
-            text = f"spec.layout is invalid for {model.key}: {plan.violation}; nothing changed"
-            cond(ConditionType.LAYOUT_VALID, False, Reason.INVALID_LAYOUT, text)
-        else:
-            cond(ConditionType.LAYOUT_VALID, True, Reason.VALID, f"spec.layout is valid for {model.key}")
-        cond(ConditionType.READY, ready, reason, message)
-        changes: dict[str, Any] = {"conditions": conds, "offered_placements": offered}
-        if finished:
-            changes["last_reshape_time"] = tnow
-        status = status.model_copy(update=changes)
-
-        out = _GpuOutcome(
-            name=part.name,
-            status=status,
-            busy=reshaping,
-            instances=instances,
-            published=published,
-            inventory=inventory,
-            events=events,
-        )
-        for i in instances:
-            if i.placed in published:
-                out.devices.append(self._device(gpu, i))
-        return out
-
-    @staticmethod
-    def _readiness(
-        index: int, plan: GpuPlan, blocker: tuple[str, str] | None, notes: list[str]
-    ) -> tuple[str, bool, str]:
-        """(message, Ready status, reason) for the Ready condition. Pure."""
-        if plan.violation is not None:
-            return f"spec.layout rejected, GPU left as is: {plan.violation}", False, Reason.INVALID_LAYOUT
-        if blocker is not None:
-            return blocker[1], False, blocker[0]
-        parts: list[str] = list(notes)
-
-        def name(p: PlacedInstance) -> str:
-            return f"{device_name(index, p.profile, p.start)} ({p.profile}@{p.start})"
-
-        parts += [f"kept {name(w.placed)}: {w.reason}" for w in plan.kept_busy]
-        if plan.draining:
-            parts += [f"draining {name(w.placed)}: {w.reason}" for w in plan.draining]
-            return "; ".join(parts), False, Reason.DRAINING
-        if plan.blocked:
-            parts += [f"waiting to create {name(w.placed)}: {w.reason}" for w in plan.blocked]
-            reason = Reason.INSTANCE_BUSY if plan.kept_busy else Reason.RESHAPING
-            return "; ".join(parts), False, reason
-        if plan.kept_busy or notes:
-            return "; ".join(parts), False, Reason.INSTANCE_BUSY
-        return "GPU matches spec.layout", True, Reason.LAYOUT_APPLIED
-
-    def _inventory(
-        self,
-        gpu: GpuInfo,
-        part: GpuPartition,
-        instances: list[MigInstance],
-        claims: dict[str, list[str]],
-        retiring: set[PlacedInstance],
-    ) -> tuple[GpuInventory | None, set[PlacedInstance], int, str]:
-        """This GPU's partitionable inventory, the instances it publishes without binding conditions (the
-        ``retiring`` ones are published guarded), how many placements it offers, and why it offers nothing
-        (an empty string when it can be published)."""
-        assert gpu.model is not None
-        items = []
-        for i in instances:
-            dev = device_name(i.gpu_index, i.profile, i.start)
-            if i.partitioned or not i.has_compute_instance:
-                occupancy = Occupancy.BUSY  # not a whole instance: nobody may book its slices
-            elif claims.get(dev):
-                occupancy = Occupancy.ALLOCATED  # published: the scheduler counts its counters as used
-            elif i.processes > 0 or dev in self.prepared:
-                occupancy = Occupancy.BUSY
-            else:
-                occupancy = Occupancy.FREE
-            guarded = occupancy is Occupancy.FREE and (
-                i.placed in retiring or self.settings.guard_free_instances
-            )
-            items.append(
-                Instance(
-                    i.profile, i.start, occupancy, i.mig_uuid, i.memory_bytes, i.multiprocessors, guarded
-                )
-            )
-        offered = frozenset(p for p in part.spec.offered_profiles or () if gpu.model.has_profile(p))
-        inv = GpuInventory(gpu.index, gpu.model, gpu.uuid, gpu.product, tuple(items), offered)
-        try:
-            devices = offered_devices([inv])
-        except InventoryError as exc:
-            return None, set(), 0, f"nothing offered to the scheduler: {exc}"
-        existing = (Occupancy.FREE.value, Occupancy.ALLOCATED.value)
-        published = {
-            PlacedInstance(d.start, d.profile) for d in devices if d.kind in existing and not d.guarded
-        }
-        placements = sum(1 for d in devices if d.kind not in existing)
-        return inv, published, placements, ""
-
-    def _device(self, gpu: GpuInfo, i: MigInstance) -> dict[str, Any]:
-        assert gpu.model is not None
-        return MigDevice(
-            gpu_index=gpu.index,
-            profile=gpu.model.profile(i.profile),
-            placement_start=i.start,
-            product_name=gpu.product,
-            parent_uuid=gpu.uuid,
-            uuid=i.mig_uuid,
-            memory_bytes=i.memory_bytes,
-            multiprocessors=i.multiprocessors,
-        ).to_api()
-
-    def _status(
-        self,
-        gpu: GpuInfo,
-        part: GpuPartition,
-        instances: list[MigInstance],
-        claims: dict[str, list[str]],
-        published: set[PlacedInstance],
-        plan: GpuPlan | None,
-        phase: Phase,
-        message: str,
-    ) -> GpuPartitionStatus:
-        items = []
-        for i in instances:
-            dev = device_name(i.gpu_index, i.profile, i.start)
-            holders = sorted(set(claims.get(dev, [])))
-            if i.processes > 0 or dev in self.prepared or i.partitioned:
-                state = InstanceState.IN_USE
-            elif holders:
-                state = InstanceState.ALLOCATED
-            else:
-                state = InstanceState.FREE
-            items.append(
-                InstanceStatus(
-                    profile=i.profile,
-                    start=i.start,
-                    size=i.size,
-                    device_name=dev,
-                    mig_uuid=i.mig_uuid,
-                    gpu_instance_id=i.gi_id,
-                    compute_instance_id=i.ci_id,
-                    state=state,
-                    published=i.placed in published,
-                    claims=holders,
-                )
-            )
-        free = sum(1 for s in items if s.state == InstanceState.FREE and s.published)
-        return part.status.model_copy(
-            update={
-                "node": self.settings.node,
-                "gpu_index": gpu.index,
-                "uuid": gpu.uuid,
-                "product": gpu.product,
-                "model": gpu.model.key if gpu.model is not None else "",
-                "mig_mode": _mig_mode(gpu),
-                "instances": items,
-                "layout_summary": layout_summary([i.placed for i in instances]),
-                "free_slices": free,
-                "total_slices": len(items),
-                "observed_generation": part.metadata.generation,
-                "phase": phase,
-                "message": message,
-                "inventory": self.support.inventory if self.support is not None else None,
-            }
-        )
-
     # --- after publishing ----------------------------------------------------------------------------
 
-    def _after_publish(self, outcomes: list[_GpuOutcome], claims: dict[str, list[str]]) -> None:
+    def _after_publish(self, outcomes: list[GpuOutcome], claims: dict[str, list[str]]) -> None:
         """Start the settle clock of instances now guarded (out of the slice, or republished with binding
         conditions) and unallocated; stop it for others, which are published for binding at once."""
         now = self.clock()
@@ -844,93 +558,3 @@ class NodeAgent:
         for key in list(self._quiet_since):
             if key not in alive:
                 del self._quiet_since[key]
-
-    async def _post_events(self, part: GpuPartition, o: _GpuOutcome) -> None:
-        """Events on the GpuPartition, where `kubectl describe` shows them: what was cut or destroyed this
-        round, and each change of its Ready condition (a refused layout, a busy instance, a lost GPU, MIG
-        disabled, an NVML error, and the way back to LayoutApplied)."""
-        events = list(o.events)
-        before = part.status.condition(ConditionType.READY)
-        after = o.status.condition(ConditionType.READY) if o.status is not None else None
-        if after is not None and (
-            before is None or (before.status, before.reason) != (after.status, after.reason)
-        ):
-            calm = after.is_true or after.reason in (Reason.RESHAPING, Reason.DRAINING)
-            events.append(("Normal" if calm else "Warning", after.reason, after.message))
-        ref = gpu_partition_ref(o.name, part.metadata.uid)
-        for kind, reason, message in events:
-            body = event_body(
-                ref, kind, reason, message, self.settings.events_namespace, AGENT_COMPONENT, now_rfc3339(),
-                instance=self.settings.node,
-            )  # fmt: skip
-            await self.api.post_event(body)
-
-    async def _tell_node(self, uid: str, reason: str, problem: str | None) -> None:
-        """Node-wide states on the Node, where `kubectl describe node` shows them: a Warning when one starts
-        or changes, a Normal ``<reason>Resolved`` when it ends. Each change once."""
-        before = self._node_problems.get(reason)
-        if problem == before:
-            return
-        if problem is None:
-            self._node_problems.pop(reason, None)
-            kind, why, text = "Normal", f"{reason}Resolved", f"resolved: {before}"
-        else:
-            self._node_problems[reason] = problem
-            kind, why, text = "Warning", reason, problem
-        log.log(logging.WARNING if problem else logging.INFO, "node %s: %s", self.settings.node, text)
-        ref = {"apiVersion": "v1", "kind": "Node", "name": self.settings.node, "uid": uid}
-        body = event_body(
-            ref, kind, why, text, self.settings.events_namespace, AGENT_COMPONENT, now_rfc3339(),
-            instance=self.settings.node,
-        )  # fmt: skip
-        await self.api.post_event(body)
-
-    async def _tell_holders(self, changes: list[UuidChange], raw_claims: list[dict[str, Any]]) -> None:
-        """The claims whose instance changed behind the agent's back get the Event too: their owners look at
-        `kubectl describe resourceclaim`, not at GpuPartitions."""
-        if not changes:
-            return
-        uids = {
-            f"{m.get('namespace', '')}/{m.get('name', '')}": str(m.get("uid", ""))
-            for m in (c.get("metadata") or {} for c in raw_claims)
-        }
-        for change in changes:
-            for holder in change.holders:
-                namespace, name = holder.split("/", 1)
-                body = event_body(
-                    claim_ref(namespace, name, uids.get(holder)), "Warning", change.reason, change.message(),
-                    namespace, AGENT_COMPONENT, now_rfc3339(), instance=self.settings.node,
-                )  # fmt: skip
-                await self.api.post_event(body)
-
-    async def _write_status(self, name: str, status: GpuPartitionStatus) -> None:
-        try:
-            await self.api.patch_partition_status(name, status.to_api())
-        except Exception as exc:
-            if status_of(exc) == 404:
-                log.warning("GpuPartition %s vanished; it is recreated next round", name)
-                return
-            raise
-
-    def _export(self, outcomes: list[_GpuOutcome], pods: dict[str, list[str]]) -> None:
-        samples: list[InstanceSample] = []
-        gpus: list[GpuSample] = []
-        for o in outcomes:
-            st = o.status
-            if st is None:
-                continue
-            gpus.append(GpuSample(st.gpu_index or 0, st.uuid, str(st.phase or "")))
-            for i in st.instances:
-                samples.append(
-                    InstanceSample(
-                        gpu_index=st.gpu_index or 0,
-                        gpu_uuid=st.uuid,
-                        profile=i.profile,
-                        gi_id=i.gpu_instance_id or 0,
-                        mig_uuid=i.mig_uuid,
-                        device=i.device_name,
-                        state=str(i.state),
-                        claims=tuple((c, pod) for c in i.claims for pod in pods.get(c) or [""]),
-                    )
-                )
-        self.metrics.snapshot(tuple(samples), tuple(gpus))

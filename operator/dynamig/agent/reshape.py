@@ -1,0 +1,184 @@
+"""Carries out one GPU's reshape plan through NVML: destroys what may go now (read again right before, the
+decision :func:`dynamig.agent.lifecycle.destroys_now`'s), plans again from what really went, creates.
+Returns what happened as data; the round turns it into status, Events and the published inventory."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from dynamig.agent.gpu_status import Problem
+from dynamig.agent.kubeapi import KubeApi, allocated_devices
+from dynamig.agent.lifecycle import destroys_now
+from dynamig.agent.metrics import AgentMetrics
+from dynamig.agent.nvml_device import GpuInfo, MigInstance, NvmlDevices
+from dynamig.agent.reconcile import GpuPlan, Observed, observe, plan_gpu, without_creates_over
+from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, device_name
+from dynamig.kube.apicalls import status_of
+from dynamig.kube.gpupartition import Reason
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Reshaped:
+    """One GPU after its plan was carried out."""
+
+    instances: list[MigInstance]
+    plan: GpuPlan  # planned again when something was destroyed: what the GPU looks like now decides
+    claims: dict[str, list[str]]  # the round's claims plus those that won a race against a destroy
+    destroyed: set[PlacedInstance] = field(default_factory=set)
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    blocker: Problem | None = None  # an NVML operation that failed
+
+
+@dataclass(frozen=True, slots=True)
+class Reshaper:
+    """The NVML and API handles a reshape needs."""
+
+    node: str
+    driver: str
+    api: KubeApi
+    devices: NvmlDevices
+    metrics: AgentMetrics
+    prepared: Collection[str]  # device names the kubelet plugin prepared
+    clock: Callable[[], float]
+
+    def observe(
+        self, instances: Sequence[MigInstance], claims: Mapping[str, Sequence[str]]
+    ) -> tuple[Observed, ...]:
+        return observe(instances, claims, self.prepared)
+
+    async def carry_out(
+        self,
+        gpu: GpuInfo,
+        model: GpuModel,
+        desired: Layout,
+        plan: GpuPlan,
+        observed: tuple[Observed, ...],
+        instances: list[MigInstance],
+        claims: Mapping[str, Sequence[str]],
+        guarded_since: Mapping[PlacedInstance, float],
+        settle_seconds: float,
+        keep_undesired: bool,
+    ) -> Reshaped:
+        out = Reshaped(instances, plan, {k: list(v) for k, v in claims.items()})
+        if not plan.acts:
+            return out
+        spared: list[PlacedInstance] = []  # retired instances that may not go yet
+        if plan.destroy:
+            go = await self._destroys_now(
+                gpu, plan.destroy, observed, guarded_since, settle_seconds, out, spared
+            )
+            for p in go:
+                await self._destroy(gpu, p, out)
+            # What was really destroyed decides what fits now.
+            out.instances = await asyncio.to_thread(self.devices.instances, gpu)
+            quiet = {p: t for p, t in guarded_since.items() if p not in out.destroyed}
+            out.plan = plan_gpu(
+                model, desired, self.observe(out.instances, out.claims), quiet, self.clock(), settle_seconds,
+                keep_undesired,
+            )  # fmt: skip
+            out.plan = without_creates_over(model, out.plan, spared)
+        for p in (*out.plan.complete, *out.plan.create):
+            await self._create(gpu, p, out)
+        out.instances = await asyncio.to_thread(self.devices.instances, gpu)
+        quiet = {p: t for p, t in guarded_since.items() if p not in out.destroyed}
+        out.plan = plan_gpu(
+            model, desired, self.observe(out.instances, out.claims), quiet, self.clock(), settle_seconds,
+            keep_undesired,
+        )  # fmt: skip
+        return out
+
+    async def _destroys_now(
+        self,
+        gpu: GpuInfo,
+        planned: Layout,
+        observed: tuple[Observed, ...],
+        guarded_since: Mapping[PlacedInstance, float],
+        settle_seconds: float,
+        out: Reshaped,
+        spared: list[PlacedInstance],
+    ) -> tuple[PlacedInstance, ...]:
+        """Observe right before destroying (pods first, then claims), decide (lifecycle.py)."""
+
+        def dev(p: PlacedInstance) -> str:
+            return device_name(gpu.index, p.profile, p.start)
+
+        binding_pods = await self._pods_binding()
+        fresh = allocated_devices(await self.api.list_claims(), self.driver, self.node)
+        go, kept = destroys_now(
+            planned,
+            {o.placed for o in observed if o.has_compute_instance},
+            guarded_since,  # since when each was guarded: unchanged since the plan was made
+            self.clock(),
+            settle_seconds,
+            {o.placed: fresh.get(dev(o.placed), []) for o in observed},
+            {p for p in planned if dev(p) in self.prepared},
+            binding_pods,
+        )
+        for k in kept:
+            if k.won_by:
+                out.notes.append(f"kept {dev(k.placed)}: {k.why}")
+                self.metrics.kept_busy.labels(self.node).inc()
+                held = out.claims.setdefault(dev(k.placed), [])
+                held.extend(h for h in fresh.get(dev(k.placed), []) if h not in held)
+            else:
+                out.notes.append(f"kept {dev(k.placed)} for now: {k.why}")
+                spared.append(k.placed)
+        return go
+
+    async def _pods_binding(self) -> list[str]:
+        """The pods in a binding cycle toward this node; one stand-in entry when the agent may not list pods
+        (whether a booking is in flight cannot be known then, so nothing retired may go)."""
+        try:
+            return await self.api.pods_binding_to(self.node)
+        except Exception as exc:
+            if status_of(exc) not in (401, 403):
+                raise
+            return [f"(cannot list pods: {status_of(exc)}; the agent needs list on pods)"]
+
+    async def _destroy(self, gpu: GpuInfo, p: PlacedInstance, out: Reshaped) -> None:
+        dev = device_name(gpu.index, p.profile, p.start)
+        try:
+            await asyncio.to_thread(self.devices.destroy, gpu, p)
+        except self.devices.error_type as exc:
+            err = self.devices.error_name(exc)
+            self.metrics.operation("destroy", "error")
+            self.metrics.nvml_error("destroy", err)
+            if self.devices.is_error(exc, "InUse"):
+                out.notes.append(f"kept {dev}: NVML reports it in use; will retry")
+                self.metrics.kept_busy.labels(self.node).inc()
+            else:
+                out.blocker = (Reason.NVML_ERROR, f"destroying {dev} failed: {err}")
+            return
+        self.metrics.operation("destroy", "success")
+        out.destroyed.add(p)
+        log.info("destroyed %s on %s", dev, self.node)
+        out.events.append(
+            ("Normal", "InstanceDestroyed", f"destroyed free {p.profile} at slice {p.start} ({dev})")
+        )
+
+    async def _create(self, gpu: GpuInfo, p: PlacedInstance, out: Reshaped) -> None:
+        dev = device_name(gpu.index, p.profile, p.start)
+        try:
+            await asyncio.to_thread(self.devices.create, gpu, p)
+        except self.devices.error_type as exc:
+            err = self.devices.error_name(exc)
+            self.metrics.operation("create", "error")
+            self.metrics.nvml_error("create", err)
+            if self.devices.is_error(exc, "InsufficientResources"):
+                out.blocker = (
+                    Reason.INSUFFICIENT_RESOURCES,
+                    f"NVML refused to create {p.profile} at memory slice {p.start} "
+                    "(insufficient resources: the placement or an engine is taken)",
+                )
+            else:
+                out.blocker = (Reason.NVML_ERROR, f"creating {dev} failed: {err}")
+            return
+        self.metrics.operation("create", "success")
+        log.info("created %s on %s", dev, self.node)
+        out.events.append(("Normal", "InstanceCreated", f"created {p.profile} at slice {p.start} ({dev})"))
