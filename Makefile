@@ -6,7 +6,11 @@ STAMP := $(VENV)/.installed
 PROTO_DIR := operator/dynamig/agent/plugin/proto
 GEN_DIR := operator/dynamig/agent/plugin/_generated
 
-.PHONY: setup demo test lint typecheck imports controlplane node helm holdscheduler cdivalidate promtool proto bench clean lock release
+.PHONY: setup demo test lint typecheck imports controlplane matrixplanes node helm holdscheduler cdivalidate promtool proto bench clean lock release
+
+# The Kubernetes targets besides the primary one (hack/lib/k8s-module.sh) that `make test` runs the tests
+# marked `matrix` against (dynamig.devcluster.versions.MATRIX names them all).
+MATRIX_TARGETS := v1.36.3 v1.35.4+alpha v1.35.4
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,6 +23,11 @@ proto: $(STAMP)
 
 controlplane:
 	@bash hack/build-control-plane.sh >/dev/null
+
+# The control planes of the other targets: one per version (1.35.4 serves both of its targets).
+matrixplanes:
+	@for v in $(sort $(foreach t,$(MATRIX_TARGETS),$(firstword $(subst +, ,$(t))))); do \
+	  DYNAMIG_K8S_VERSION=$$v bash hack/build-control-plane.sh >/dev/null || exit 1; done
 
 # The real test node: kubelet, containerd, runc, and the pause and busybox programs its images hold.
 node:
@@ -54,8 +63,10 @@ typecheck: $(STAMP) proto
 imports: $(STAMP)
 	$(BIN)/lint-imports
 
-test: setup node helm cdivalidate promtool holdscheduler lint typecheck imports
+test: setup node helm cdivalidate promtool holdscheduler matrixplanes lint typecheck imports
 	$(BIN)/pytest -q -p no:cacheprovider
+	@for t in $(MATRIX_TARGETS); do echo "== Kubernetes $$t: the tests marked matrix"; \
+	  $(BIN)/pytest -q -p no:cacheprovider -m matrix --k8s=$$t || exit 1; done
 
 bench: setup
 	$(BIN)/python bench/planner_bench.py

@@ -237,6 +237,7 @@ def _reshaped_keeping(start: int) -> str:
     return "3g.40gb@0," + ",".join(f"1g.10gb@{s}" for s in range(4, 7))
 
 
+@pytest.mark.matrix
 async def test_agent_publishes_reshapes_free_instances_and_keeps_allocated_ones(
     crd: ControlPlane,
     kube_api: client.ApiClient,

@@ -45,7 +45,7 @@ from dynamig.kube.inventory import (
     build_inventory_slices,
 )
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.asyncio, pytest.mark.matrix("partitionable")]
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ from dynamig.kube.slices import build_resource_slices
 from dynamig.operator.decide import Reason, RoundInput, decide_round
 from dynamig.operator.demand import extract_demand, parse_device_classes
 
-pytestmark = pytest.mark.controlplane
+pytestmark = [pytest.mark.controlplane, pytest.mark.matrix]
 
 DRIVER = "mig.dynamig.io"
 T = TypeVar("T")

@@ -37,6 +37,7 @@ from dynamig.demo.cluster import (
 )
 from dynamig.demo.inprocess import agent_running, operator_running, quick_agent_settings
 from dynamig.devcluster import ControlPlane, eventually
+from dynamig.devcluster.versions import KubeTarget, current
 from dynamig.geometry.model import PlacedInstance
 from dynamig.kube.gpupartition import Inventory
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, VERSION
@@ -60,8 +61,12 @@ def sim() -> Iterator[ModuleType]:
 
 
 def partitionable(node: str) -> AgentSettings:
-    """Quick periods, inventory chosen by the API server's answer (1.36: partitionable)."""
-    return dataclasses.replace(quick_agent_settings(node), inventory=None)
+    """Quick periods, the partitionable inventory: chosen by the agent's probe where it picks it (1.37.2 on),
+    opted into where the API server serves it to a scheduler that does not scale with it."""
+    auto = current().chooses_partitionable
+    return dataclasses.replace(
+        quick_agent_settings(node), inventory=None if auto else Inventory.PARTITIONABLE
+    )
 
 
 async def offer(k: ScenarioApi, gpu: str, layout: list[tuple[str, int]], profiles: list[str]) -> None:
@@ -130,6 +135,7 @@ async def burst(k: ScenarioApi, watch: AllocationWatch, pool: str, pods: list[st
     return [watch.first_bound[p] - created[p] for p in pods]
 
 
+@pytest.mark.matrix("partitionable")
 async def test_morning_burst_books_placements_directly_and_is_compared_with_reshape_ahead(
     crds: ControlPlane,
     kube_api: client.ApiClient,
@@ -389,6 +395,36 @@ async def _allocated(k: ScenarioApi, name: str) -> dict[str, Any] | None:
     return None
 
 
+@pytest.mark.matrix
+async def test_auto_picks_the_inventory_this_versions_scheduler_carries_and_says_why(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+    kube_target: KubeTarget,
+) -> None:
+    """``--inventory=auto`` on each Kubernetes target: Partitionable only where the API server keeps the
+    fields and the scheduler carries them at any size (v1.37.2 on); the GpuPartition says which, and why."""
+    k = ScenarioApi(kube_api, namespace)
+    node = await one_gpu_node(k, sim, make_node, "auto")
+    gpu = f"{node}-gpu0"
+    settings = dataclasses.replace(quick_agent_settings(node), inventory=None)
+    async with agent_running(kube_api, node, sim, settings) as agent:
+        chosen = await eventually(lambda: _support(agent), "the agent's choice")
+        expected = Inventory.PARTITIONABLE if kube_target.chooses_partitionable else Inventory.INSTANCES
+        assert chosen is expected, agent.support
+        part = await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
+        assert part["status"]["inventory"] == expected.value
+        why = agent.support.why if agent.support else ""
+        if kube_target.serves_partitionable and not kube_target.chooses_partitionable:
+            assert kube_target.version in why and "v1.37.2" in why  # the version, and the way to opt in
+            assert "--inventory=partitionable" in why
+        elif not kube_target.serves_partitionable:
+            assert "DRAPartitionableDevices" in why
+
+
+@pytest.mark.matrix("partitionable")
 async def test_a_warm_instance_is_booked_with_no_create_on_the_path(
     crds: ControlPlane,
     kube_api: client.ApiClient,
@@ -543,6 +579,7 @@ def _gpu_instance_only(sim: ModuleType, profile: str, start: int) -> None:
 GATES_OFF = "--feature-gates=DRAPartitionableDevices=false,DRADeviceBindingConditions=false"
 
 
+@pytest.mark.matrix
 async def test_without_the_features_the_agent_keeps_the_instances_inventory(
     tmp_path: Any, sim: ModuleType
 ) -> None:

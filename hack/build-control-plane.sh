@@ -5,7 +5,10 @@
 # Safe to run from several processes at once: one builds (under a lock), the others wait and reuse it.
 set -euo pipefail
 
-K8S_VERSION="${DYNAMIG_K8S_VERSION:-v1.36.3}"
+# shellcheck source=hack/lib/k8s-module.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/k8s-module.sh"
+K8S_VERSION="${DYNAMIG_K8S_VERSION:-$K8S_PRIMARY_VERSION}"
+
 ETCD_VERSION="${DYNAMIG_ETCD_VERSION:-v3.6.8}"
 CACHE_ROOT="${DYNAMIG_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dynamig}"
 OUT="$CACHE_ROOT/control-plane/k8s-${K8S_VERSION}-etcd-${ETCD_VERSION}"
@@ -16,8 +19,6 @@ K8S_TOOLS=(kube-apiserver kube-scheduler kube-controller-manager kubectl)
 RECIPE="2 (version ldflags)"
 
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
-# shellcheck source=hack/lib/k8s-module.sh
-source "$(dirname "$0")/lib/k8s-module.sh"
 
 have_all() {
   [ "$(cat "$BIN/.recipe" 2>/dev/null)" = "$RECIPE" ] || return 1

@@ -4,8 +4,11 @@
 #   usage: hack/build-hold-scheduler.sh   -> prints the binary's path on stdout (logs go to stderr)
 set -euo pipefail
 
+# shellcheck source=hack/lib/k8s-module.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/k8s-module.sh"
+K8S_VERSION="${DYNAMIG_K8S_VERSION:-$K8S_PRIMARY_VERSION}"
+
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-K8S_VERSION="${DYNAMIG_K8S_VERSION:-v1.36.3}"
 CACHE_ROOT="${DYNAMIG_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dynamig}"
 src="$root/hack/hold-scheduler/main.go"
 sum=$(sha256sum "$src" | cut -c1-12)
@@ -14,8 +17,6 @@ BIN="$OUT/kube-scheduler-hold"
 if [ -x "$BIN" ]; then echo "$BIN"; exit 0; fi
 
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
-# shellcheck source=hack/lib/k8s-module.sh
-source "$root/hack/lib/k8s-module.sh"
 log() { echo "[build-hold-scheduler] $*" >&2; }
 command -v go >/dev/null || { echo "go is required to build the hold scheduler" >&2; exit 1; }
 mkdir -p "$OUT"

@@ -8,7 +8,10 @@
 #   usage: hack/build-node.sh      -> prints the bin directory on stdout (logs go to stderr)
 set -euo pipefail
 
-K8S_VERSION="${DYNAMIG_K8S_VERSION:-v1.36.3}"
+# shellcheck source=hack/lib/k8s-module.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/k8s-module.sh"
+K8S_VERSION="${DYNAMIG_K8S_VERSION:-$K8S_PRIMARY_VERSION}"
+
 CONTAINERD_VERSION="${DYNAMIG_CONTAINERD_VERSION:-v2.4.2}"
 CACHE_ROOT="${DYNAMIG_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dynamig}"
 OUT="$CACHE_ROOT/node/k8s-${K8S_VERSION}-containerd-${CONTAINERD_VERSION}"
@@ -18,8 +21,6 @@ TOOLS=(kubelet containerd containerd-shim-runc-v2 ctr runc busybox pause)
 RECIPE=1
 
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
-# shellcheck source=hack/lib/k8s-module.sh
-source "$(dirname "$0")/lib/k8s-module.sh"
 
 have() { [ "$(cat "$BIN/.recipe" 2>/dev/null)" = "$RECIPE" ] && [ -x "$BIN/$1" ]; }
 have_all() { for t in "${TOOLS[@]}"; do have "$t" || return 1; done; }

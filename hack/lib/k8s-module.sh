@@ -2,6 +2,10 @@
 # replace directive per staging module (k8s.io/kubernetes requires them at v0.0.0), so its commands build
 # with plain `go build`. Prints the -ldflags that stamp the release version the way the Kubernetes release
 # build does (otherwise /version and `kubectl version` say v0.0.0-master).
+# The Kubernetes version the control plane, the real node and the tests target unless DYNAMIG_K8S_VERSION says
+# otherwise; the others the tests run against are dynamig.devcluster.versions.MATRIX (kept equal by a test).
+K8S_PRIMARY_VERSION=v1.37.2
+
 k8s_wrapper_module() {
   local dir="$1" version="$2" gomod staging_version major minor ldflags pkg
   mkdir -p "$dir"

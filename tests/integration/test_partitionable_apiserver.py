@@ -35,7 +35,7 @@ from dynamig.kube.inventory import (
     offered_devices,
 )
 
-pytestmark = pytest.mark.controlplane
+pytestmark = [pytest.mark.controlplane, pytest.mark.matrix("partitionable")]
 
 CAT = load_catalog()
 DRIVER = "mig.dynamig.io"

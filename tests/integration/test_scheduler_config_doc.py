@@ -17,7 +17,7 @@ import yaml
 
 from dynamig.devcluster import find_binaries
 
-pytestmark = pytest.mark.controlplane
+pytestmark = [pytest.mark.controlplane, pytest.mark.matrix]
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "install.md"
 DUMMY_KUBECONFIG = """apiVersion: v1

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from dynamig.agent.features import judge, probe_slices
+from dynamig.agent.features import InventorySupport, carried, judge, parse_version, probe_slices
 from dynamig.agent.reconcile import Observed, plan_gpu
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.layout import parse_layout
@@ -111,3 +111,22 @@ def test_probe_fields_dropped_mean_instances_and_say_which_gate() -> None:
     no_binding = judge(_echo(counters), _echo(devices, ("bindingConditions", "bindingFailureConditions")))
     assert no_binding.inventory is Inventory.INSTANCES and "DRADeviceBindingConditions" in no_binding.why
     assert "DRAPartitionableDevices" not in no_binding.why
+
+
+def test_versions_are_read_as_the_distributions_write_them() -> None:
+    assert parse_version("v1.37.2") == (1, 37, 2)
+    assert parse_version("v1.36.3-gke.1200") == (1, 36, 3)
+    assert parse_version("v1.38.0+k3s1") == (1, 38, 0)
+    assert parse_version("") is None and parse_version("vX") is None
+
+
+def test_partitionable_only_where_the_scheduler_carries_it_at_any_size() -> None:
+    kept = InventorySupport(Inventory.PARTITIONABLE, "the API server keeps them")
+    for version in ("v1.37.2", "v1.37.10-eks.3", "v1.38.0"):
+        assert carried(kept, version).inventory is Inventory.PARTITIONABLE, version
+    for version in ("v1.36.3", "v1.37.1", "v1.35.4", "", "garbage"):
+        got = carried(kept, version)
+        assert got.inventory is Inventory.INSTANCES, version
+        assert "v1.37.2" in got.why and "--inventory=partitionable" in got.why
+    dropped = InventorySupport(Inventory.INSTANCES, "the API server drops sharedCounters")
+    assert carried(dropped, "v1.38.0") is dropped  # a newer version adds nothing the API server drops

@@ -53,19 +53,23 @@ def partition(uuid: str = "", offered: list[str] | None = None) -> GpuPartition:
     )
 
 
-def test_refusal_order_and_reasons():
+def reason(problem: tuple[str, str] | None) -> str | None:
+    return None if problem is None else problem[0]
+
+
+def test_refusal_order_and_reasons() -> None:
     assert refusal(gpu(), partition(), None) is None
-    assert refusal(gpu(uuid="GPU-b"), partition(uuid="GPU-a"), "mig-manager")[0] == Reason.GPU_REPLACED
+    assert reason(refusal(gpu(uuid="GPU-b"), partition(uuid="GPU-a"), "mig-manager")) == Reason.GPU_REPLACED
     assert refusal(gpu(), partition(), "mig-manager") == (
         Reason.FOREIGN_MIG_OWNER,
         "not managing this GPU: mig-manager",
     )
-    assert refusal(gpu(model=None), partition(), None)[0] == Reason.UNKNOWN_MODEL
-    assert refusal(gpu(mig_pending=0), partition(), None)[0] == Reason.MIG_MODE_PENDING
-    assert refusal(gpu(mig_current=0, mig_pending=0), partition(), None)[0] == Reason.MIG_DISABLED
+    assert reason(refusal(gpu(model=None), partition(), None)) == Reason.UNKNOWN_MODEL
+    assert reason(refusal(gpu(mig_pending=0), partition(), None)) == Reason.MIG_MODE_PENDING
+    assert reason(refusal(gpu(mig_current=0, mig_pending=0), partition(), None)) == Reason.MIG_DISABLED
 
 
-def test_refused_replaced_gpu_keeps_the_recorded_uuid():
+def test_refused_replaced_gpu_keeps_the_recorded_uuid() -> None:
     part = partition(uuid="GPU-a")
     problem = refusal(gpu(uuid="GPU-b"), part, None)
     assert problem is not None
@@ -78,7 +82,7 @@ def test_refused_replaced_gpu_keeps_the_recorded_uuid():
         assert cond is not None and not cond.is_true and cond.reason == Reason.GPU_REPLACED
 
 
-def test_status_states_follow_processes_prepared_and_claims():
+def test_status_states_follow_processes_prepared_and_claims() -> None:
     insts = [
         instance("1g.5gb", 0, processes=1),
         instance("1g.5gb", 1),
@@ -98,7 +102,7 @@ def test_status_states_follow_processes_prepared_and_claims():
     assert status.total_slices == 4 and status.observed_generation == 3
 
 
-def test_readiness_explains_what_holds_the_gpu():
+def test_readiness_explains_what_holds_the_gpu() -> None:
     busy = Waiting(PlacedInstance(0, "3g.20gb"), "allocated to ns/a")
     assert readiness(0, GpuPlan(), None, []) == ("GPU matches spec.layout", True, Reason.LAYOUT_APPLIED)
     assert readiness(0, GpuPlan(violation="overlap"), None, [])[1:] == (False, Reason.INVALID_LAYOUT)
@@ -110,7 +114,7 @@ def test_readiness_explains_what_holds_the_gpu():
     assert (ready, reason) == (False, Reason.INSTANCE_BUSY) and "guarded" in message
 
 
-def test_managed_status_sets_four_conditions_and_the_reshape_time():
+def test_managed_status_sets_four_conditions_and_the_reshape_time() -> None:
     plan = GpuPlan()
     base = gpu_status("n1", None, gpu(), partition(), [], {}, (), (), Phase.STABLE, "m")
     out = managed_status(
@@ -134,14 +138,14 @@ def test_managed_status_sets_four_conditions_and_the_reshape_time():
     assert layout is not None and not layout.is_true and bad.last_reshape_time == base.last_reshape_time
 
 
-def test_degraded_offers_nothing():
+def test_degraded_offers_nothing() -> None:
     st = degraded_status(partition(), "gone", Reason.GPU_LOST, (ConditionType.HEALTHY,), STAMP)
     assert st.phase == Phase.DEGRADED and st.free_slices == 0 and st.message == "gone"
     cond = st.condition(ConditionType.HEALTHY)
     assert cond is not None and cond.reason == Reason.GPU_LOST
 
 
-def test_offer_guards_only_retiring_free_instances():
+def test_offer_guards_only_retiring_free_instances() -> None:
     insts = [instance("1g.5gb", 0), instance("1g.5gb", 1), instance("1g.5gb", 2, processes=2)]
     claims = {device_name(0, "1g.5gb", 1): ["ns/a"]}
     offer = partitionable_offer(
@@ -155,7 +159,7 @@ def test_offer_guards_only_retiring_free_instances():
     assert everything.unguarded == frozenset()  # guard_free: every free instance carries conditions
 
 
-def test_offer_skips_profiles_the_model_lacks_and_split_instances_are_busy():
+def test_offer_skips_profiles_the_model_lacks_and_split_instances_are_busy() -> None:
     split = instance("2g.10gb", 0, ci_slices=1)  # one 1-slice compute instance in a 2-slice GPU instance
     offer = partitionable_offer(gpu(), partition(offered=["1g.5gb", "9g.99gb"]), [split], {}, (), (), False)
     assert offer.inventory is not None
@@ -163,7 +167,7 @@ def test_offer_skips_profiles_the_model_lacks_and_split_instances_are_busy():
     assert offer.unguarded == frozenset()
 
 
-def test_mig_device_names_the_instance():
+def test_mig_device_names_the_instance() -> None:
     dev = mig_device(gpu(), instance("3g.20gb", 4))
     assert dev["name"] == device_name(0, "3g.20gb", 4)
     assert dev["attributes"]["mig.dynamig.io/uuid"] == {"string": "MIG-3g.20gb-4"}

@@ -7,6 +7,14 @@ of a disabled feature). So the agent asks the API server itself, with two server
 store nothing: a slice of counter sets, and a device slice whose device consumes a counter and carries binding
 conditions. The features are there exactly when the answers keep those fields.
 
+An API server that keeps the fields is not enough: kube-scheduler before v1.37.2 gathers every node's slices
+with ``sharedCounters`` on each Filter call (k8s.io/dynamic-resource-allocation v0.36.3,
+``structured/internal/incubating``: pools_incubating.go, "Always include slices with SharedCounters"), so its
+CPU per pod grows as N^1.9 with the number of GPU nodes (0.55 s at 50 nodes, 45 s at 500; docs/install.md).
+v1.37.2 carries the fix (kubernetes/kubernetes#138917). On an older server the probe's answer becomes
+Instances, the same on every node (the version is the cluster's), unless the admin opts in
+(``--inventory=partitionable``), which docs/install.md advises only for clusters of a few dozen GPU nodes.
+
 What this cannot see is the scheduler's own gates (DRAPartitionableDevices, DRADeviceBindingConditions); a
 cluster that enables a feature in the API server but not in the scheduler is misconfigured, and
 docs/install.md says which versions get which inventory.
@@ -26,6 +34,9 @@ from dynamig.kube.gpupartition import Inventory
 from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
 
 log = logging.getLogger(__name__)
+
+# The first kube-scheduler release whose DRA allocator checks only the node's own pools (#138917).
+SCALES_FROM = (1, 37, 2)
 
 _PROBE_SET = "probe"
 _PROBE_COUNTER = "probe"
@@ -92,8 +103,43 @@ def judge(counters: dict[str, Any], devices: dict[str, Any]) -> InventorySupport
     )
 
 
+def parse_version(git_version: str) -> tuple[int, int, int] | None:
+    """``v1.37.2`` (or ``v1.37.2-gke.100``, ``v1.36.3+k3s1``) -> (1, 37, 2); None when unreadable. Pure."""
+    core = git_version.lstrip("v").split("-", 1)[0].split("+", 1)[0]
+    try:
+        major, minor, patch = (int(x) for x in core.split(".")[:3])
+    except ValueError:
+        return None
+    return major, minor, patch
+
+
+def carried(support: InventorySupport, git_version: str) -> InventorySupport:
+    """``support`` narrowed to what the cluster's scheduler carries at any size: Partitionable only from
+    :data:`SCALES_FROM` on. Pure."""
+    if support.inventory is not Inventory.PARTITIONABLE:
+        return support
+    version = parse_version(git_version)
+    if version is not None and version >= SCALES_FROM:
+        return InventorySupport(Inventory.PARTITIONABLE, f"{support.why} (Kubernetes {git_version})")
+    return InventorySupport(
+        Inventory.INSTANCES,
+        f"the API server ({git_version or 'version unknown'}) keeps partitionable devices, but "
+        "kube-scheduler before v1.37.2 spends CPU per pod that grows as N^1.9 with the GPU nodes on them: "
+        "publishing instances only (--inventory=partitionable opts in; docs/install.md)",
+    )
+
+
 async def detect_inventory(api: KubeApi, node: str, driver: str = DRIVER_NAME) -> InventorySupport:
-    """Ask the API server (dry run: nothing is stored) which inventory it takes. Side effects: API reads."""
+    """Ask the API server (dry run: nothing is stored) which inventory it takes and which version it runs,
+    and choose what the scheduler of that version carries. Side effects: API reads."""
+    support = await probe_inventory(api, node, driver)
+    if support.inventory is not Inventory.PARTITIONABLE:
+        return support
+    return carried(support, await api.server_version())
+
+
+async def probe_inventory(api: KubeApi, node: str, driver: str = DRIVER_NAME) -> InventorySupport:
+    """Which inventory the API server takes (dry run: nothing is stored). Side effects: API reads."""
     counters, devices = probe_slices(node, driver)
     try:
         got_counters = await api.dry_run_create_slice(counters)

@@ -205,6 +205,15 @@ class KubeApi:
             ),
         )
 
+    async def server_version(self) -> str:
+        """The API server's ``gitVersion`` (``/version``), e.g. ``v1.37.2``."""
+
+        async def call() -> str:
+            info = await client.VersionApi(self.api_client).get_code()
+            return str(info.git_version or "")
+
+        return await self._retry("read /version", call)
+
     async def dry_run_create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
         """Create ``body`` as a server-side dry run (validated and defaulted, never stored); the answer."""
 

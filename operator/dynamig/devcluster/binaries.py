@@ -7,6 +7,9 @@ Lookup order, first complete set wins:
 2. ``PATH``: all five of kube-apiserver, kube-scheduler, kube-controller-manager, etcd and kubectl.
 3. ``hack/build-control-plane.sh`` from the source checkout, which builds them from their Go modules into a
    per-version cache directory (a no-op when already built) and prints that directory.
+
+A version asked for (``version``, or ``DYNAMIG_K8S_VERSION``) other than the primary one skips 1 and 2: only
+the build script knows which version a directory holds.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from dynamig.devcluster.versions import PRIMARY
 
 TOOLS = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "etcd", "kubectl")
 BUILD_SCRIPT = Path("hack") / "build-control-plane.sh"
@@ -75,16 +80,21 @@ def find_binaries(
     *,
     build: bool = True,
     progress: Callable[[str], None] | None = None,
+    version: str | None = None,
 ) -> Binaries:
-    """Locate the binaries, building them when allowed and needed.
+    """Locate the binaries of Kubernetes ``version`` (the primary one when None), building them when allowed
+    and needed.
 
     Side effects: may run ``hack/build-control-plane.sh`` (minutes on a cold cache); its log goes to this
     process's stderr. ``progress`` receives one-line status messages.
     """
-    env = os.environ if env is None else env
+    env = dict(os.environ if env is None else env)
     say = progress or (lambda _msg: None)
+    if version is not None:
+        env["DYNAMIG_K8S_VERSION"] = version
+    pinned = env.get("DYNAMIG_K8S_VERSION", PRIMARY) != PRIMARY
 
-    assets = env.get("KUBEBUILDER_ASSETS")
+    assets = None if pinned else env.get("KUBEBUILDER_ASSETS")
     if assets:
         found = _from_dir(Path(assets), "KUBEBUILDER_ASSETS")
         if found is None:
@@ -96,7 +106,7 @@ def find_binaries(
         return found
 
     on_path = {tool: shutil.which(tool, path=env.get("PATH")) for tool in TOOLS}
-    if all(on_path.values()):
+    if all(on_path.values()) and not pinned:
         return _make({t: Path(p) for t, p in on_path.items() if p}, "PATH")
 
     if not build:

@@ -40,6 +40,7 @@ from dynamig.devcluster.binaries import Binaries, find_binaries
 from dynamig.devcluster.pki import CertPair, ClusterPki, generate_pki
 from dynamig.devcluster.processes import Component, free_port, stop_all, wait_for
 from dynamig.devcluster.rest import ApiError, RestClient
+from dynamig.devcluster.versions import KubeTarget, current
 
 if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient, Configuration
@@ -107,16 +108,19 @@ class ControlPlane:
         scheduler_args: Sequence[str] = (),
         scheduler_config: Mapping[str, Any] | None = None,
         controller_manager_args: Sequence[str] = (),
+        target: KubeTarget | None = None,
         start_timeout: float = 90.0,
         progress: Callable[[str], None] | None = None,
     ) -> None:
         self._requested_work_dir = work_dir
         self._binaries = binaries
         self._keep_work_dir = keep_work_dir
+        self.target = target or current()
+        gates = self.target.gate_flags()  # before the callers' flags: a later --feature-gates adds to it
         self._extra = {
-            "kube-apiserver": list(apiserver_args),
-            "kube-scheduler": list(scheduler_args),
-            "kube-controller-manager": list(controller_manager_args),
+            "kube-apiserver": [*gates, *apiserver_args],
+            "kube-scheduler": [*gates, *scheduler_args],
+            "kube-controller-manager": [*gates, *controller_manager_args],
         }
         self._scheduler_config = dict(scheduler_config or {})  # more KubeSchedulerConfiguration fields
         self._start_timeout = start_timeout
@@ -126,6 +130,7 @@ class ControlPlane:
         self._owns_work_dir = False
         self._pki: ClusterPki | None = None
         self._api_port = 0
+        self.ports: dict[str, int] = {}  # component -> its secure port (kube-scheduler, kube-controller-manager)
         self.start_seconds: float | None = None  # wall time of the last successful start
 
     # ----------------------------------------------------------------------------------------- properties
@@ -184,7 +189,7 @@ class ControlPlane:
             raise ControlPlaneError("control plane already started")
         t0 = time.monotonic()
         if self._binaries is None:
-            self._binaries = find_binaries(progress=self._progress)
+            self._binaries = find_binaries(progress=self._progress, version=self.target.version)
         if self._requested_work_dir is None:
             self._work_dir = Path(tempfile.mkdtemp(prefix="dynamig-cp-"))
             self._owns_work_dir = True
@@ -335,6 +340,7 @@ class ControlPlane:
 
         self._write_kubeconfigs()
         sched_port, kcm_port = free_port(), free_port()
+        self.ports = {"kube-scheduler": sched_port, "kube-controller-manager": kcm_port}
         sched_config = wd / "scheduler-config.yaml"
         sched_config.write_text(
             yaml.safe_dump(
@@ -574,7 +580,7 @@ class ControlPlane:
                     "nodeInfo": {
                         "architecture": "amd64",
                         "operatingSystem": "linux",
-                        "kubeletVersion": "v1.36.3",
+                        "kubeletVersion": self.target.version,
                         "containerRuntimeVersion": "none://0",
                         "kernelVersion": "",
                         "osImage": "dynamig fake node",

@@ -12,6 +12,8 @@ Registered once from the repository's root ``conftest.py`` (``pytest_plugins = [
 - ``make_node`` (function): ``make_node(prefix="node", labels=None, allocatable=None) -> str`` registers a
   Ready node with a unique name; the nodes (and, through the garbage collector, slices they own) are deleted
   on teardown.
+- ``kube_target`` (session): the :class:`~dynamig.devcluster.versions.KubeTarget` the control planes run,
+  chosen with ``--k8s`` (the primary version by default).
 - ``real_node`` (module): a :class:`~dynamig.devcluster.node.RealNode` (kubelet + containerd) registered in
   the session's control plane, with the CRDs and DeviceClass installed and its dynamig agent running over one
   simulated A100-80GB; its Node is deleted on teardown. It fails, never skips, when this host cannot run it.
@@ -23,6 +25,7 @@ so ``pytest -m "not controlplane"`` runs everything that needs no Kubernetes.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 import uuid
@@ -34,6 +37,7 @@ import pytest
 
 from dynamig.devcluster.controlplane import ControlPlane
 from dynamig.devcluster.rest import ApiError
+from dynamig.devcluster.versions import MATRIX, PRIMARY, KubeTarget, current, target
 
 if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient
@@ -57,8 +61,44 @@ def unique_name(prefix: str, request: pytest.FixtureRequest | None = None) -> st
     return f"{base}-{uuid.uuid4().hex[:8]}"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--k8s",
+        default=None,
+        help=f"Kubernetes target of the control plane: {', '.join(t.name for t in MATRIX)} (default: "
+        f"{PRIMARY}, or DYNAMIG_K8S_TARGET); other targets run the tests marked `matrix`",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    name = config.getoption("--k8s", default=None)
+    if name:
+        try:
+            chosen = target(name)
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from exc
+        # Every control plane, hold scheduler and node the tests build or start follows it.
+        os.environ["DYNAMIG_K8S_TARGET"] = chosen.name
+        os.environ["DYNAMIG_K8S_VERSION"] = chosen.version
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"dynamig Kubernetes target: {current().name}"
+
+
+@pytest.fixture(scope="session")
+def kube_target() -> KubeTarget:
+    """The Kubernetes version (and gates) the session's control planes run."""
+    return current()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    chosen = current()
     for item in items:
+        needs = item.get_closest_marker("matrix")
+        if needs is not None and "partitionable" in needs.args and not chosen.serves_partitionable:
+            why = f"Kubernetes {chosen.name} serves no partitionable devices or binding conditions"
+            item.add_marker(pytest.mark.skip(reason=why))
         if _FIXTURES_NEEDING_CP & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.controlplane)
 
