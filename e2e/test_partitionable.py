@@ -607,7 +607,8 @@ async def test_without_the_features_the_agent_keeps_the_instances_inventory(
             k = ScenarioApi(api, "old")
             await k.ensure_device_class()
             gpu = f"{node}-gpu0"
-            async with agent_running(api, node, sim, partitionable(node)) as agent:
+            auto = dataclasses.replace(quick_agent_settings(node), inventory=None)
+            async with agent_running(api, node, sim, auto) as agent:
                 assert await eventually(lambda: _support(agent), "the probe's verdict") is Inventory.INSTANCES
                 await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
                 await k.set_layout(gpu, [("1g.10gb", 0)])
@@ -726,3 +727,51 @@ async def test_an_idle_node_is_kept_for_a_waiting_two_gpu_claim_and_a_small_pod_
             assert set(A100_PROFILES) <= set(part["spec"]["offeredProfiles"]), part["spec"]
         await k.delete_policy(policy)
     await k.delete_pods(["small"])
+
+
+async def test_an_upgrade_to_v1_37_2_switches_the_inventory_in_place_and_keeps_allocated_instances(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+) -> None:
+    """A control-plane upgrade from 1.36 to 1.37.2 as a node sees it: its agent ran the Instances inventory
+    (what ``auto`` picks on 1.36), the rollout after the upgrade restarts it and ``auto`` now picks
+    Partitionable. The instance allocated before stays (same device name, still allocated, its pod still
+    bound, never destroyed), and new pods book placements at once."""
+    k = ScenarioApi(kube_api, namespace)
+    node = await one_gpu_node(k, sim, make_node, "upgrade")
+    gpu = f"{node}-gpu0"
+    on_1_36 = dataclasses.replace(quick_agent_settings(node), inventory=Inventory.INSTANCES)
+    async with agent_running(kube_api, node, sim, on_1_36):
+        await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
+        await k.set_layout(gpu, [("1g.10gb", 0)])
+        await eventually(functools.partial(k.stable, gpu, "1g.10gb@0"), f"{gpu} cut")
+        await _create_claim(k, "before", {"firstAvailable": first_available(["1g.10gb"])})
+        await k.core.create_namespaced_pod(
+            namespace, claim_pod("before", {"kubernetes.io/hostname": node}, claim="before")
+        )
+        assert await eventually(lambda: bound_node(k, "before"), "the pod bound", within_s=60) == node
+    allocation = ((await _allocated(k, "before")) or {})["status"]["allocation"]
+    assert allocation["devices"]["results"][0]["device"] == "gpu0-1g10gb-s0"
+    (kept,) = _instances(sim)
+    history_start = len(sim.history())
+
+    async with agent_running(kube_api, node, sim, dataclasses.replace(on_1_36, inventory=None)) as agent:
+        assert await eventually(lambda: _support(agent), "the agent's choice") is Inventory.PARTITIONABLE
+        await offered(k, gpu, [("1g.10gb", 0)], A100_PROFILES)  # what a Dynamic policy writes
+        part = await k.partition(gpu)
+        assert part["status"]["inventory"] == Inventory.PARTITIONABLE.value
+        (row,) = [i for i in part["status"]["instances"] if i["deviceName"] == "gpu0-1g10gb-s0"]
+        assert row["state"] == "allocated" and row["claims"] == [f"{namespace}/before"]
+        await _create_claim(k, "after", {"firstAvailable": first_available(["3g.40gb"])})
+        await k.core.create_namespaced_pod(
+            namespace, claim_pod("after", {"kubernetes.io/hostname": node}, claim="after")
+        )
+        assert await eventually(lambda: bound_node(k, "after"), "the new pod bound", within_s=60) == node
+        # Nothing moved under the pod that was bound before the switch.
+        assert await bound_node(k, "before") == node
+        assert ((await _allocated(k, "before")) or {})["status"]["allocation"] == allocation
+        assert kept.mig_uuid in {i.mig_uuid for i in _instances(sim)}
+        assert not [e for e in sim.history()[history_start:] if e.kind.startswith("destroy")]
