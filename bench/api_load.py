@@ -76,8 +76,8 @@ def requests_total(cp: ControlPlane) -> float:
 
 
 def audit_counts(path: Path, since: float, until: float) -> Counter[str]:
-    """Requests received in [since, until) by client: agent, operator (Kopf), this benchmark, other. Pure
-    but for reading the log."""
+    """Requests received in [since, until) by client: agents (their Lease renewals apart), operator (Kopf),
+    this benchmark, other. Pure but for reading the log."""
     counts: Counter[str] = Counter()
     with path.open() as f:
         for line in f:
@@ -86,8 +86,9 @@ def audit_counts(path: Path, since: float, until: float) -> Counter[str]:
             if not since <= t < until:
                 continue
             ua = ev.get("userAgent", "")
+            lease = (ev.get("objectRef") or {}).get("resource") == "leases"
             who = (
-                "agents"
+                ("agent-leases" if lease else "agents")
                 if ua.startswith(AGENT_UA)
                 else "bench"
                 if ua.startswith(BENCH_UA)
@@ -183,7 +184,7 @@ async def run_one(n: int, args: argparse.Namespace, say: Any) -> dict[str, Any]:
             api = api_client(cp, f"{AGENT_UA}/{node}")
             clients.append(api)
             agent = NodeAgent(
-                AgentSettings(node=node, inventory=None),
+                AgentSettings(node=node, inventory=None, lease_namespace="default"),  # as production: a Lease
                 KubeApi(api),
                 devices,
                 AgentMetrics(CollectorRegistry(), node),
@@ -215,6 +216,10 @@ async def run_one(n: int, args: argparse.Namespace, say: Any) -> dict[str, Any]:
             await eventually(all_offering, f"{n} GPUs offering placements", within_s=600, every_s=1.0)
             say(f"N={n}: {n} agents and the operator settled in {time.monotonic() - t0:.0f}s")
             await asyncio.sleep(args.settle)  # start-up writes are not steady state
+            idle_since = time.time()
+            await asyncio.sleep(args.idle_seconds)  # no pods: what idle nodes cost
+            await asyncio.sleep(1.0)  # the audit log is written as requests arrive
+            idle = audit_counts(audit_log, idle_since, idle_since + args.idle_seconds)
             lat = Latencies(bench_api)
             tasks += [asyncio.create_task(lat.claims()), asyncio.create_task(lat.pods())]
             created: dict[str, float] = {}
@@ -248,6 +253,9 @@ async def run_one(n: int, args: argparse.Namespace, say: Any) -> dict[str, Any]:
             "pods_created": len(created),
             "apiserver_requests_per_s": round((after - before) / window, 2),
             "requests_per_node_per_s": round(by_client["agents"] / window / n, 3),
+            "lease_requests_per_node_per_s": round(by_client["agent-leases"] / window / n, 3),
+            "idle_requests_per_node_per_s": round(idle["agents"] / args.idle_seconds / n, 4),
+            "idle_lease_requests_per_node_per_s": round(idle["agent-leases"] / args.idle_seconds / n, 4),
             "operator_requests_per_s": round(by_client["operator"] / window, 2),
             "bench_requests_per_s": round(by_client["bench"] / window, 2),
             "other_requests_per_s": round(by_client["other"] / window, 2),
@@ -295,7 +303,10 @@ async def main_async(args: argparse.Namespace) -> int:
 
 def _text(r: dict[str, Any]) -> str:
     return (
-        f"N={r['nodes']:>4}: agents {r['requests_per_node_per_s']:.3f} req/node/s, operator "
+        f"N={r['nodes']:>4}: idle agents {r['idle_requests_per_node_per_s']:.4f} req/node/s (+ Lease "
+        f"{r['idle_lease_requests_per_node_per_s']:.3f}); under churn agents "
+        f"{r['requests_per_node_per_s']:.3f} req/node/s (+ Lease {r['lease_requests_per_node_per_s']:.3f}), "
+        "operator "
         f"{r['operator_requests_per_s']:.2f} req/s, apiserver total {r['apiserver_requests_per_s']:.1f} "
         f"req/s; claim p50 {r['claim_p50_s']:.2f}s p99 {r['claim_p99_s']:.2f}s; bound p50 "
         f"{r['bound_p50_s']:.2f}s p99 {r['bound_p99_s']:.2f}s; cpu {r['process_cpu_s_per_s']:.2f}, "
@@ -312,6 +323,7 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=1.0, help="pods created per second, cluster-wide")
     parser.add_argument("--lifetime", type=float, default=20.0, help="seconds each pod lives")
     parser.add_argument("--settle", type=float, default=15.0, help="seconds between start-up and measuring")
+    parser.add_argument("--idle-seconds", type=float, default=60.0, help="idle window before the churn")
     parser.add_argument(
         "--create-latency", type=float, default=0.5, help="simulated seconds per GI/CI create"
     )

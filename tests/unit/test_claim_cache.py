@@ -3,6 +3,7 @@ events wake the agent, where the next watch resumes. Against the real API server
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from dynamig.agent.claimcache import ClaimCache
@@ -18,7 +19,10 @@ def _claim(name: str, pool: str | None, version: str) -> dict[str, Any]:
 
 def test_claim_cache_wakes_for_claims_entering_or_leaving_its_pool_only() -> None:
     wakes: list[str] = []
-    cache = ClaimCache(None, "mig.dynamig.io", "node-a", lambda: wakes.append("wake"))  # type: ignore[arg-type]
+    unused = SimpleNamespace(
+        custom=SimpleNamespace(list_cluster_custom_object=None)
+    )  # nothing is listed here
+    cache = ClaimCache(unused, "mig.dynamig.io", "node-a", lambda: wakes.append("wake"))  # type: ignore[arg-type]
     cache.synced.set()
     cache.apply("ADDED", _claim("a", None, "1"))
     cache.apply("MODIFIED", _claim("a", "node-b", "2"))  # allocated elsewhere

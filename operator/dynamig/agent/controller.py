@@ -35,7 +35,6 @@ from typing import Any
 from dynamig import DRIVER_NAME
 from dynamig.agent.allocations import AllocationAnswerer
 from dynamig.agent.binding import Ready
-from dynamig.agent.claimcache import ClaimCache
 from dynamig.agent.features import InventorySupport, detect_inventory
 from dynamig.agent.gpu_status import (
     GpuOutcome,
@@ -50,7 +49,7 @@ from dynamig.agent.gpu_status import (
     refusal,
     refused_status,
 )
-from dynamig.agent.kubeapi import KubeApi, NodeFacts, allocated_devices
+from dynamig.agent.kubeapi import KubeApi, NodeFacts, allocated_devices, node_facts
 from dynamig.agent.metrics import AgentMetrics
 from dynamig.agent.nvml_device import GpuInfo, MigInstance, NvmlDevices
 from dynamig.agent.ownership import foreign_mig_owners, node_is_managed, node_mig_owner
@@ -59,6 +58,7 @@ from dynamig.agent.reconcile import plan_gpu
 from dynamig.agent.reporting import NodeReporter
 from dynamig.agent.reshape import Reshaper
 from dynamig.agent.uuidwatch import AllocatedUuids, UuidChange
+from dynamig.agent.watch import NodeCopies, node_copies
 from dynamig.geometry.model import PlacedInstance, device_name
 from dynamig.kube.apicalls import is_transient, status_of
 from dynamig.kube.gpupartition import (
@@ -161,7 +161,7 @@ class NodeAgent:
         self._wake = asyncio.Event()
         self._managed_logged: bool | None = None
         self.rounds = 0
-        self.claim_cache: ClaimCache | None = None  # with settings.watch: rounds read claims from it
+        self.copies: NodeCopies | None = None  # with settings.watch: rounds read the API objects from these
         self.on_round: Callable[[], None] | None = None  # called after every round, failed or not
         # Removes what the agent made on the node (plugin files) when dynamig is uninstalled; returns them.
         self.on_uninstall: Callable[[], Awaitable[list[str]]] | None = None
@@ -192,19 +192,15 @@ class NodeAgent:
         """Reconcile until ``stop`` is set. Errors end the round, not the loop.
 
         With ``settings.watch`` a change of the Node, its GpuPartitions or slices, or of a claim allocated on
-        its pool starts a round at once, and rounds read claims from the watched cache; otherwise rounds
-        list claims and only follow the poll intervals.
+        its pool starts a round at once, and rounds read those objects from watched copies (an idle round
+        makes no request); otherwise rounds list them and only follow the poll intervals.
         """
         watchers: list[asyncio.Task[None]] = [asyncio.create_task(self._heartbeats(stop), name="agent-lease")]
         if self.settings.watch:
-            from dynamig.agent.watch import watch_tasks
-
-            self.claim_cache = ClaimCache(self.api, self.settings.driver, self.settings.node, self.wake)
+            self.copies = node_copies(self.api, self.settings.node, self.settings.driver, self.wake)
             watchers += [
-                asyncio.create_task(c, name=f"agent-watch-{i}")
-                for i, c in enumerate(
-                    [*watch_tasks(self.api, self.settings.node, self.wake, stop), self.claim_cache.run(stop)]
-                )
+                asyncio.create_task(c.run(stop), name=f"agent-watch-{c.source.name}")
+                for c in self.copies.all()
             ]
         try:
             await self._loop(stop)
@@ -282,7 +278,7 @@ class NodeAgent:
         self.rounds += 1
         if self.uninstalled:
             return False
-        meta = await self.api.node_meta(self.settings.node)
+        meta = await self._node()
         if not await self._managed(meta):
             return False
         assert meta is not None
@@ -290,19 +286,15 @@ class NodeAgent:
         if self.partitionable and (view.gpus or view.unavailable):
             await self._answer(view)  # a pod waiting on its binding is the most urgent thing on the node
         view.claims = allocated_devices(view.raw_claims, self.settings.driver, self.settings.node)
-        view.parts = {
-            p.name: p
-            for p in map(
-                parse_gpu_partition, await self.api.list_partitions(f"{NODE_LABEL}={self.settings.node}")
-            )
-        }
+        parts = map(parse_gpu_partition, await self._partitions())
+        view.parts = {p.name: self.reporter.freshest(p) for p in parts}
         outcomes, created, replaced = await self._each_gpu(view)
         await self._publish(view, outcomes)
         self._after_publish(outcomes, view.claims)  # the guards stand from now: their settle clocks start
         for o in outcomes:
             part = view.parts.get(o.name) or created.get(o.name, _NO_PARTITION)
             if o.status is not None and o.status != part.status:
-                await self.reporter.write_status(o.name, o.status)
+                await self.reporter.write_status(o.name, o.status, part.metadata.uid)
             await self.reporter.post_events(part, o)
         await self.reporter.tell_holders(replaced, view.raw_claims)
         self.reporter.export(outcomes, pods_by_claim(view.raw_claims))
@@ -333,6 +325,23 @@ class NodeAgent:
             log.warning("node %s opted out: its mig.dynamig.io ResourceSlices were withdrawn", node)
         return False
 
+    def _copy(self, kind: str) -> list[dict[str, Any]] | None:
+        """The watched copy of ``kind`` (node, partitions, slices, claims); None without one or before its
+        first LIST."""
+        return None if self.copies is None else getattr(self.copies, kind).items()
+
+    async def _node(self) -> NodeFacts | None:
+        nodes = self._copy("node")
+        if nodes is None:
+            return await self.api.node_meta(self.settings.node)
+        return node_facts(nodes[0]) if nodes else None
+
+    async def _partitions(self) -> list[dict[str, Any]]:
+        parts = self._copy("partitions")
+        if parts is None:
+            parts = await self.api.list_partitions(f"{NODE_LABEL}={self.settings.node}")
+        return parts
+
     async def _observe(self, meta: NodeFacts) -> NodeView:
         """The GPUs (NVML), the node's slices and claims; MIG manager or NVML failure told on the Node."""
         node_owner = node_mig_owner(meta.labels, meta.allocatable)
@@ -349,9 +358,12 @@ class NodeAgent:
         await self.reporter.tell_node(meta.uid, "NvmlError", lost_reason or None)
         for error in unreadable.values():
             self.metrics.nvml_error("discover", error.split(":", 1)[0])
-        slices = await self.api.list_slices(self.settings.node)
-        cached = self.claim_cache.claims() if self.claim_cache is not None else None
-        raw_claims = cached if cached is not None else await self.api.list_claims()
+        slices = self._copy("slices")
+        if slices is None:
+            slices = await self.api.list_slices(self.settings.node)
+        raw_claims = self._copy("claims")
+        if raw_claims is None:
+            raw_claims = await self.api.list_claims()
         return NodeView(
             meta, gpus, unreadable, lost_reason, slices, raw_claims, {}, {}, node_owner,
             foreign_mig_owners(slices, [g.uuid for g in gpus], self.settings.driver),
@@ -535,7 +547,9 @@ class NodeAgent:
                 status.conditions, ConditionType.UNINSTALLED, True, Reason.NODE_CLEANED, message,
                 part.metadata.generation, stamp,
             )  # fmt: skip
-            await self.reporter.write_status(name, status.model_copy(update={"conditions": conds}))
+            await self.reporter.write_status(
+                name, status.model_copy(update={"conditions": conds}), part.metadata.uid
+            )
         self.uninstalled = True
         log.info("uninstalled from node %s: %s", self.settings.node, message)
 

@@ -43,6 +43,13 @@ class NodeFacts:
     allocatable: dict[str, str]
 
 
+def node_facts(node: dict[str, Any]) -> NodeFacts:
+    """A Node as the API serves it (JSON) -> its labels, uid and allocatable resources. Pure."""
+    meta = node.get("metadata") or {}
+    allocatable = dict((node.get("status") or {}).get("allocatable") or {})
+    return NodeFacts(dict(meta.get("labels") or {}), str(meta.get("uid") or ""), allocatable)
+
+
 class KubeApi:
     """Thin async wrapper over kubernetes-asyncio for the agent's objects."""
 

@@ -4,7 +4,7 @@ Why a free instance may bind in the scheduling cycle, and when the agent may sti
 -----------------------------------------------------------------------------------------------
 A device published without binding conditions (``FREE_UNGUARDED``) binds as soon as the scheduler writes
 its allocation: kube-scheduler's PreBind waits only when an allocated device carries conditions
-(k8s.io/kubernetes v1.36.3, pkg/scheduler/framework/plugins/dynamicresources/dynamicresources.go,
+(k8s.io/kubernetes v1.36.3 and v1.37.2, pkg/scheduler/framework/plugins/dynamicresources/dynamicresources.go,
 ``hasBindingConditions``). The scheduler keeps an allocation in memory from Reserve until its PreBind
 writes it (``SignalClaimPendingAllocation`` .. ``bindClaim``), and in between the binding cycle may wait on
 Permit plugins (up to 15 minutes, pkg/scheduler/framework/runtime/framework.go ``maxTimeout``) and on

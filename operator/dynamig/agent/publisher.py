@@ -90,6 +90,8 @@ class SlicePublisher:
         if same:
             self.generation = top
             return False
+        if existing is not None:  # a watched copy may be a moment behind: write from a fresh read
+            return await self._sync(build, None)
         generation = top + 1
         wanted = build(generation)
         for body in wanted:

@@ -38,6 +38,8 @@ class NodeReporter:
         self.events_namespace = events_namespace
         self.node_owner: dict[str, Any] | None = None  # ownerReference to the Node for what we create
         self._node_problems: dict[str, str] = {}  # Event reason -> node-wide problem already told
+        # (name, uid) -> the status last written and the resourceVersion the write made
+        self._written: dict[tuple[str, str], tuple[int, GpuPartitionStatus]] = {}
 
     async def create_partition(self, gpu: GpuInfo, instances: Sequence[MigInstance]) -> GpuPartition:
         """Create the GpuPartition with the layout that exists now as its spec (adopt, destroy nothing)."""
@@ -61,14 +63,28 @@ class NodeReporter:
         log.info("created GpuPartition %s adopting %d instance(s)", name, len(instances))
         return parse_gpu_partition(created)
 
-    async def write_status(self, name: str, status: GpuPartitionStatus) -> None:
+    def freshest(self, part: GpuPartition) -> GpuPartition:
+        """``part``, or, when it is older than this agent's last status write (a watched copy a moment
+        behind), with the status written: comparing with the older one would write it, and post its Events,
+        twice. A copy as new as the write or newer wins (it may hold the operator's conditions too)."""
+        written = self._written.get((part.name, part.metadata.uid))
+        seen = _version(part.metadata.resource_version)
+        if written is None or seen is None or seen >= written[0]:
+            return part
+        return part.model_copy(update={"status": written[1]})
+
+    async def write_status(self, name: str, status: GpuPartitionStatus, uid: str = "") -> None:
         try:
-            await self.api.patch_partition_status(name, status.to_api())
+            stored = await self.api.patch_partition_status(name, status.to_api())
         except Exception as exc:
             if status_of(exc) == 404:
                 log.warning("GpuPartition %s vanished; it is recreated next round", name)
+                self._written.pop((name, uid), None)
                 return
             raise
+        version = _version(str((stored.get("metadata") or {}).get("resourceVersion", "")))
+        if uid and version is not None:
+            self._written[(name, uid)] = (version, status)
 
     async def post_events(self, part: GpuPartition, o: GpuOutcome) -> None:
         """Events on the GpuPartition, where `kubectl describe` shows them: what was cut or destroyed this
@@ -148,3 +164,9 @@ class NodeReporter:
                     )
                 )
         self.metrics.snapshot(tuple(samples), tuple(gpus))
+
+
+def _version(resource_version: str) -> int | None:
+    """A resourceVersion as a number to order copies of one object by (etcd's revision), None when it is not
+    one (then the copy is taken as it is)."""
+    return int(resource_version) if resource_version.isdigit() else None

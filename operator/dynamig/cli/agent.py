@@ -90,8 +90,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         choices=("auto", "partitionable", "instances"),
         default="auto",
         help="how GPUs are published: partitionable (every placement bookable, cut when the scheduler "
-        "allocates it; Kubernetes 1.36), instances (existing instances only, re-cut ahead by the operator), "
-        "or auto (ask the API server at start)",
+        "allocates it), instances (existing instances only, re-cut ahead by the operator), or auto (ask the "
+        "API server at start: partitionable where it keeps the fields and runs v1.37.2 or later, whose "
+        "scheduler carries them at any cluster size)",
     )
     p.add_argument(
         "--metrics-port",

@@ -130,7 +130,7 @@ class ControlPlane:
         self._owns_work_dir = False
         self._pki: ClusterPki | None = None
         self._api_port = 0
-        self.ports: dict[str, int] = {}  # component -> its secure port (kube-scheduler, kube-controller-manager)
+        self.ports: dict[str, int] = {}  # kube-scheduler's and kube-controller-manager's secure ports
         self.start_seconds: float | None = None  # wall time of the last successful start
 
     # ----------------------------------------------------------------------------------------- properties

@@ -77,7 +77,7 @@ from dynamig.kube.devices import MigDevice
 from dynamig.kube.slices import CONTENT_ANNOTATION, ordered_content_hash, ordered_slice_name
 from dynamig.planner.ranking import GpuOffers, OfferKind, rank_offers
 
-# Limits of resource.k8s.io/v1 in Kubernetes v1.36.3, from pkg/apis/resource/types.go (checked in
+# Limits of resource.k8s.io/v1 in Kubernetes v1.36.3 and v1.37.2, from pkg/apis/resource/types.go (checked in
 # pkg/apis/resource/validation/validation.go, validateResourceSliceSpec / validateDevice).
 MAX_DEVICES_PER_SLICE_WITH_COUNTERS = 64  # types.go ResourceSliceMaxDevicesWithAdvancedFeatures
 MAX_COUNTER_SETS_PER_SLICE = 8  # types.go ResourceSliceMaxCounterSets

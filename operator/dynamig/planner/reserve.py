@@ -2,8 +2,8 @@
 
 A claim for several devices needs all of them on one node. kube-scheduler puts a single-device claim on any
 node where a device matches, idle nodes included (its default score, NodeResourcesFit ``LeastAllocated``,
-even spreads pods: pkg/scheduler/apis/config/v1/defaults.go in v1.36.3), so single claims can take the
-last idle node a waiting 8-GPU claim needs. Keeping it matters when small claims reach the scheduler
+even spreads pods: pkg/scheduler/apis/config/v1/defaults.go in v1.36.3 and v1.37.2), so single claims can
+take the last idle node a waiting 8-GPU claim needs. Keeping it matters when small claims reach the scheduler
 first; how much multi-GPU claims get under load depends mostly on packing (docs/benchmarks.md: in the
 simulator, with the packing node order a kept node never turned a claim away on the openb trace at 1.5x
 load, and with the spreading order no node is ever idle to keep).
