@@ -86,16 +86,26 @@ class Row:
         )
 
 
-def node_slices(node: str, inventory: str, gpus: int) -> list[dict[str, Any]]:
-    """The ResourceSlices an idle node of ``gpus`` A100-80GBs publishes in ``inventory``."""
+def node_slices(node: str, inventory: str, gpus: int, top: int = 0) -> list[dict[str, Any]]:
+    """The ResourceSlices an idle node of ``gpus`` A100-80GBs publishes in ``inventory``; with ``top`` > 0 the
+    partitionable inventory keeps only the ``top`` best-ranked placements of each profile on each GPU."""
     uuid = f"GPU-{node}"
     if inventory == "partitionable":
         inv = [GpuInventory(i, MODEL, f"{uuid}-{i}") for i in range(gpus)]
         slices = build_inventory_slices(node, 1, inv)
+        kept: dict[tuple[str, str], int] = {}
         for s in slices:
+            devices = []
             for d in s["spec"].get("devices") or []:
-                for key in ("bindingConditions", "bindingFailureConditions", "bindsToNode"):
-                    d.pop(key, None)  # no agent answers here: bind at once
+                for name in ("bindingConditions", "bindingFailureConditions", "bindsToNode"):
+                    d.pop(name, None)  # no agent answers here: bind at once
+                attrs = d["attributes"]
+                which = (str(attrs["mig.dynamig.io/gpuIndex"]), str(attrs["mig.dynamig.io/profile"]))
+                kept[which] = kept.get(which, 0) + 1
+                if not top or kept[which] <= top:  # devices come in rank order
+                    devices.append(d)
+            if "devices" in s["spec"]:
+                s["spec"]["devices"] = devices
         return slices
     profile = MODEL.profile(PROFILE)
     devices = [
@@ -141,14 +151,14 @@ def filter_totals(port: int) -> tuple[float, float]:
 
 
 def grow(
-    api: RestClient, cp: ControlPlane, have: int, want: int, inventory: str, gpus: int
+    api: RestClient, cp: ControlPlane, have: int, want: int, inventory: str, gpus: int, top: int
 ) -> tuple[int, int]:
     """Register nodes ``have``..``want``-1 and publish their slices; (devices, slices) per node."""
     devices = slices = 0
     for n in range(have, want):
         name = f"gpu-{n:04d}"
         cp.register_node(name, allocatable={"pods": "500"})
-        built = node_slices(name, inventory, gpus)
+        built = node_slices(name, inventory, gpus, top)
         devices = sum(len(s["spec"].get("devices") or []) for s in built)
         slices = len(built)
         for s in built:
@@ -157,12 +167,24 @@ def grow(
     return devices, slices
 
 
+def wait_idle(pid: int, limit_s: float = 300.0) -> None:
+    """Until the scheduler spends under a tenth of a core for 3 s: work left from the last size (pods it was
+    still trying when they were deleted) is not charged to the next."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        before = proc_cpu_s(pid)
+        time.sleep(3.0)
+        if proc_cpu_s(pid) - before < 0.3:
+            return
+
+
 def measure(api: RestClient, cp: ControlPlane, row: Row, rate: float, budget_s: float) -> None:
     ns = f"scale-{row.nodes}"
     api.request("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
     with contextlib.suppress(ApiError):
         api.request("POST", f"/api/v1/namespaces/{ns}/serviceaccounts", {"metadata": {"name": "default"}})
     pid, port = cp.pids["kube-scheduler"], cp.ports["kube-scheduler"]
+    wait_idle(pid)
     cpu0, (fsum0, fcount0) = proc_cpu_s(pid), filter_totals(port)
     created: dict[str, float] = {}
     bound: dict[str, float] = {}
@@ -217,20 +239,23 @@ def measure(api: RestClient, cp: ControlPlane, row: Row, rate: float, budget_s: 
     api.request("DELETE", f"/api/v1/namespaces/{ns}")
 
 
-def run(version: str, inventory: str, sizes: list[int], args: argparse.Namespace, say: Any) -> list[Row]:
+def run(
+    version: str, inventory: str, sizes: list[int], args: argparse.Namespace, say: Any, top: int = 0
+) -> list[Row]:
     rows: list[Row] = []
-    work = Path(args.work_dir) / f"{version}-{inventory}"
+    label = inventory if not top else f"{inventory}-top{top}"
+    work = Path(args.work_dir) / f"{version}-{label}"
     with ControlPlane(work_dir=work, target=KubeTarget(version), scheduler_args=SCHEDULER_ARGS) as cp:
         api = cp.rest()
         api.request("POST", "/apis/resource.k8s.io/v1/deviceclasses", device_class())
         have = 0
         for n in sizes:
             t0 = time.monotonic()
-            devices, slices = grow(api, cp, have, n, inventory, args.gpus)
+            devices, slices = grow(api, cp, have, n, inventory, args.gpus, top)
             have = n
-            say(f"{version} {inventory}: {n} nodes registered and published in {time.monotonic() - t0:.0f}s")
+            say(f"{version} {label}: {n} nodes registered and published in {time.monotonic() - t0:.0f}s")
             time.sleep(args.settle_s)  # the scheduler's informers take the new slices in
-            row = Row(version, inventory, n, args.pods, devices_per_node=devices, slices_per_node=slices)
+            row = Row(version, label, n, args.pods, devices_per_node=devices, slices_per_node=slices)
             measure(api, cp, row, args.rate, args.row_budget_s)
             if rows and rows[-1].bound and row.bound and rows[-1].cpu_per_pod_s > 0 and row.cpu_per_pod_s > 0:
                 row.exponent = math.log(row.cpu_per_pod_s / rows[-1].cpu_per_pod_s) / math.log(
@@ -253,6 +278,12 @@ def main() -> int:
         "--row-budget-s", type=float, default=120.0, help="time a size may take after the last create"
     )
     ap.add_argument("--settle-s", type=float, default=3.0)
+    ap.add_argument(
+        "--top",
+        default="",
+        help="also run the partitionable inventory publishing only the K best-ranked placements of each "
+        "profile per GPU, for each K listed (e.g. 1,2), on the last version",
+    )
     ap.add_argument("--work-dir", default="/tmp/dynamig-sched-scale")
     ap.add_argument("-o", "--output", choices=["text", "json"], default="text")
     args = ap.parse_args()
@@ -263,19 +294,28 @@ def main() -> int:
 
     say(f"{DEVICE_CLASS_NAME}: {args.gpus} x A100-80GB per node, {args.pods} pods per size at {args.rate}/s")
     rows: list[Row] = []
-    for version in args.versions.split(","):
+    versions = args.versions.split(",")
+    for version in versions:
         for inventory in args.inventories.split(","):
             rows += run(version, inventory, sizes, args, say)
+    for k in [int(x) for x in args.top.split(",") if x]:
+        rows += run(versions[-1], "partitionable", sizes, args, say, top=k)
     if args.output == "json":
         print(json.dumps([asdict(r) for r in rows], indent=1))
         return 0
-    print("\nsummary: scheduler CPU per pod, partitionable / instances (same version, same size)")
-    for version in args.versions.split(","):
+    print("\nsummary: scheduler CPU per pod against the instances inventory (same version, same size)")
+    for version in versions:
         for n in sizes:
             got = {r.inventory: r for r in rows if r.version == version and r.nodes == n}
-            if "partitionable" in got and "instances" in got and got["instances"].cpu_per_pod_s > 0:
-                ratio = got["partitionable"].cpu_per_pod_s / got["instances"].cpu_per_pod_s
-                print(f"  {version} {n:5} nodes: {ratio:.1f}x")
+            base = got.get("instances")
+            if base is None or not base.cpu_per_pod_s > 0:
+                continue
+            ratios = ", ".join(
+                f"{label} {r.cpu_per_pod_s / base.cpu_per_pod_s:.1f}x"
+                for label, r in got.items()
+                if label != "instances"
+            )
+            print(f"  {version} {n:5} nodes: {ratios}")
     return 0
 
 
