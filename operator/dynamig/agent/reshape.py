@@ -141,44 +141,44 @@ class Reshaper:
                 raise
             return [f"(cannot list pods: {status_of(exc)}; the agent needs list on pods)"]
 
-    async def _destroy(self, gpu: GpuInfo, p: PlacedInstance, out: Reshaped) -> None:
+    async def _nvml(self, op: str, gpu: GpuInfo, p: PlacedInstance, out: Reshaped) -> bool:
+        """Destroy or create ``p`` through NVML, counted in the metrics; an error becomes a note (an instance
+        in use: retried) or the GPU's blocker. True when NVML did it."""
         dev = device_name(gpu.index, p.profile, p.start)
+        call = self.devices.destroy if op == "destroy" else self.devices.create
         try:
-            await asyncio.to_thread(self.devices.destroy, gpu, p)
+            await asyncio.to_thread(call, gpu, p)
         except self.devices.error_type as exc:
             err = self.devices.error_name(exc)
-            self.metrics.operation("destroy", "error")
-            self.metrics.nvml_error("destroy", err)
-            if self.devices.is_error(exc, "InUse"):
+            self.metrics.operation(op, "error")
+            self.metrics.nvml_error(op, err)
+            if op == "destroy" and self.devices.is_error(exc, "InUse"):
                 out.notes.append(f"kept {dev}: NVML reports it in use; will retry")
                 self.metrics.kept_busy.labels(self.node).inc()
-            else:
-                out.blocker = (Reason.NVML_ERROR, f"destroying {dev} failed: {err}")
-            return
-        self.metrics.operation("destroy", "success")
-        out.destroyed.add(p)
-        log.info("destroyed %s on %s", dev, self.node)
-        out.events.append(
-            ("Normal", "InstanceDestroyed", f"destroyed free {p.profile} at slice {p.start} ({dev})")
-        )
-
-    async def _create(self, gpu: GpuInfo, p: PlacedInstance, out: Reshaped) -> None:
-        dev = device_name(gpu.index, p.profile, p.start)
-        try:
-            await asyncio.to_thread(self.devices.create, gpu, p)
-        except self.devices.error_type as exc:
-            err = self.devices.error_name(exc)
-            self.metrics.operation("create", "error")
-            self.metrics.nvml_error("create", err)
-            if self.devices.is_error(exc, "InsufficientResources"):
+            elif op == "create" and self.devices.is_error(exc, "InsufficientResources"):
                 out.blocker = (
                     Reason.INSUFFICIENT_RESOURCES,
                     f"NVML refused to create {p.profile} at memory slice {p.start} "
                     "(insufficient resources: the placement or an engine is taken)",
                 )
             else:
-                out.blocker = (Reason.NVML_ERROR, f"creating {dev} failed: {err}")
-            return
-        self.metrics.operation("create", "success")
-        log.info("created %s on %s", dev, self.node)
-        out.events.append(("Normal", "InstanceCreated", f"created {p.profile} at slice {p.start} ({dev})"))
+                out.blocker = (Reason.NVML_ERROR, f"{op.rstrip('e')}ing {dev} failed: {err}")
+            return False
+        self.metrics.operation(op, "success")
+        log.info("%sed %s on %s", op.rstrip("e"), dev, self.node)
+        return True
+
+    async def _destroy(self, gpu: GpuInfo, p: PlacedInstance, out: Reshaped) -> None:
+        if await self._nvml("destroy", gpu, p, out):
+            out.destroyed.add(p)
+            dev = device_name(gpu.index, p.profile, p.start)
+            out.events.append(
+                ("Normal", "InstanceDestroyed", f"destroyed free {p.profile} at slice {p.start} ({dev})")
+            )
+
+    async def _create(self, gpu: GpuInfo, p: PlacedInstance, out: Reshaped) -> None:
+        if await self._nvml("create", gpu, p, out):
+            dev = device_name(gpu.index, p.profile, p.start)
+            out.events.append(
+                ("Normal", "InstanceCreated", f"created {p.profile} at slice {p.start} ({dev})")
+            )
