@@ -619,7 +619,8 @@ def go_wire_client() -> Path:
     if go is None:
         pytest.skip("no Go toolchain: the check against the kubelet's Go stubs needs one")
     digest = hashlib.sha256((GO_MOD + GO_CLIENT).encode()).hexdigest()[:16]
-    out_dir = Path.home() / ".cache" / "dynamig" / "kubelet-wire-client" / digest
+    cache = Path(os.environ.get("DYNAMIG_CACHE") or Path.home() / ".cache" / "dynamig")  # as hack/*.sh
+    out_dir = cache / "kubelet-wire-client" / digest
     binary = out_dir / "client"
     if binary.exists():
         return binary
