@@ -483,3 +483,30 @@ def test_a_retiring_free_instance_is_published_guarded_and_the_others_bind_at_on
         n for n, c in conditions.items() if n not in ("gpu0-1g10gb-s0", "gpu0-1g10gb-s1", "gpu0-1g10gb-s2")
     ]
     assert placements and all(conditions[n] == [BINDING_READY] for n in placements)
+
+
+def test_a_placement_cap_keeps_the_best_ranked_placements_and_every_free_instance() -> None:
+    from collections import Counter
+
+    from dynamig.kube.inventory import GpuInventory, Instance, Occupancy, offered_devices
+
+    model = load_catalog().model("A100-80GB")
+    free = (Instance("1g.10gb", 0, Occupancy.FREE, "MIG-a"), Instance("1g.10gb", 1, Occupancy.FREE, "MIG-b"))
+    gpus = [GpuInventory(0, model, "GPU-0", instances=free), GpuInventory(1, model, "GPU-1")]
+    every = offered_devices(gpus)
+    capped = offered_devices([dataclasses.replace(g, placements_per_profile=1) for g in gpus])
+    placements = [d for d in capped if d.kind != "free"]
+    per_profile = Counter((d.gpu_index, d.profile) for d in placements)
+    assert set(per_profile.values()) == {1}
+    assert {p for g, p in per_profile if g == 1} == {
+        p.name for p in model.profiles
+    }  # the idle GPU: each once
+    # both free instances stay offered, beyond the cap
+    assert sorted(d.start for d in capped if d.kind == "free") == [0, 1]
+    # the placement kept for each (GPU, profile) is the best ranked one of the uncapped inventory
+    first: dict[tuple[int, str], str] = {}
+    for d in every:
+        if d.kind != "free":
+            first.setdefault((d.gpu_index, d.profile), d.name)
+    assert {(d.gpu_index, d.profile): d.name for d in placements} == first
+    assert len(capped) < len(every)

@@ -88,6 +88,7 @@ class AgentSettings:
     driver: str = DRIVER_NAME
     settle_seconds: float = 5.0  # a retired instance guarded and unallocated this long may be destroyed
     guard_free_instances: bool = False  # partitionable: free instances carry binding conditions too
+    placements_per_profile: int = 0  # partitionable: best-ranked placements offered per profile (0: all)
     interval_seconds: float = 10.0  # time between rounds when every GPU is Stable
     reshape_poll_seconds: float = 0.5  # time between rounds while a GPU reshapes
     min_round_gap_seconds: float = 0.2  # rounds woken by watch events are at least this far apart
@@ -488,8 +489,9 @@ class NodeAgent:
         if keep:
             retiring = {w.placed for w in plan.draining} | set(plan.destroy)  # still there: guarded
             offer = partitionable_offer(
-                gpu, part, instances, claims, self.prepared, retiring, self.settings.guard_free_instances
-            )
+                gpu, part, instances, claims, self.prepared, retiring, self.settings.guard_free_instances,
+                self.settings.placements_per_profile,
+            )  # fmt: skip
             published = set(offer.unguarded)
             if offer.problem:
                 blocker = (Reason.INVALID_LAYOUT, offer.problem)

@@ -239,9 +239,11 @@ def partitionable_offer(
     prepared: Collection[str],
     retiring: Collection[PlacedInstance],
     guard_free: bool,
+    placements_per_profile: int = 0,
 ) -> Offer:
     """This GPU's partitionable inventory: free instances bookable at once unless ``retiring`` (or all of
-    them with ``guard_free``), which are published guarded; allocated ones counted; busy ones unbookable."""
+    them with ``guard_free``), which are published guarded; allocated ones counted; busy ones unbookable;
+    the best ``placements_per_profile`` placements of each offered profile (0: all)."""
     assert gpu.model is not None
     items = []
     for i in instances:
@@ -259,7 +261,9 @@ def partitionable_offer(
             Instance(i.profile, i.start, occupancy, i.mig_uuid, i.memory_bytes, i.multiprocessors, guarded)
         )
     offered = frozenset(p for p in part.spec.offered_profiles or () if gpu.model.has_profile(p))
-    inv = GpuInventory(gpu.index, gpu.model, gpu.uuid, gpu.product, tuple(items), offered)
+    inv = GpuInventory(
+        gpu.index, gpu.model, gpu.uuid, gpu.product, tuple(items), offered, placements_per_profile
+    )
     try:
         devices = offered_devices([inv])
     except InventoryError as exc:

@@ -82,6 +82,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "scheduler binary allocates the same pools",
     )
     p.add_argument(
+        "--placements-per-profile",
+        type=_count,
+        default=0,
+        help="partitionable inventory: offer only the best-ranked N placements of each profile per GPU (0: "
+        "every valid placement); fewer devices keep kube-scheduler's cost per pod flat on large clusters "
+        "(docs/install.md)",
+    )
+    p.add_argument(
         "--interval", type=float, default=10.0, help="seconds between rounds when all GPUs are Stable"
     )
     p.add_argument("--reshape-poll", type=float, default=0.5, help="seconds between rounds while reshaping")
@@ -207,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
             node=args.node,
             settle_seconds=args.settle_seconds,
             guard_free_instances=args.guard_free_instances,
+            placements_per_profile=args.placements_per_profile,
             interval_seconds=args.interval,
             reshape_poll_seconds=args.reshape_poll,
             inventory={"partitionable": Inventory.PARTITIONABLE, "instances": Inventory.INSTANCES}.get(
@@ -224,3 +233,14 @@ def run(args: argparse.Namespace) -> int:
         liveness_max_round_age_s=args.liveness_max_round_age,
     )
     return asyncio.run(run_agent(options))
+
+
+def _count(text: str) -> int:
+    """A whole number >= 0, or argparse's usage error."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
+    return value

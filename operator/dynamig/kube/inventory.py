@@ -135,6 +135,9 @@ class GpuInventory:
     product_name: str = ""  # NVML product name; the model's canonical one when empty
     instances: tuple[Instance, ...] = ()
     allowed_profiles: frozenset[str] | None = None  # new placements offered; None: every profile of the model
+    # At most this many placements to cut per profile (the best-ranked ones); 0: every valid placement. Fewer
+    # devices per node are what keeps kube-scheduler's cost flat at 1,000 nodes (docs/benchmarks.md).
+    placements_per_profile: int = 0
 
     def layout(self, *states: Occupancy) -> Layout:
         return tuple(sorted(i.placed for i in self.instances if i.occupancy in states))
@@ -286,8 +289,13 @@ def offered_devices(gpus: Sequence[GpuInventory]) -> tuple[OfferedDevice, ...]:
     except ValueError as exc:
         raise InventoryError(str(exc)) from None
     out: list[OfferedDevice] = []
+    placements: dict[tuple[int, str], int] = {}  # (GPU, profile) -> placements offered so far
     for o in ranked:
         g = by_index[o.gpu_index]
+        if o.kind is not OfferKind.FREE and g.placements_per_profile:
+            seen = placements[(g.index, o.profile)] = placements.get((g.index, o.profile), 0) + 1
+            if seen > g.placements_per_profile:
+                continue  # ranked order: the ones kept are the best
         inst = (
             next((i for i in g.instances if i.placed == o.placed), None) if o.kind is OfferKind.FREE else None
         )
