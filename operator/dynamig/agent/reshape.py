@@ -68,6 +68,14 @@ class Reshaper:
         out = Reshaped(instances, plan, {k: list(v) for k, v in claims.items()})
         if not plan.acts:
             return out
+
+        async def plan_again() -> GpuPlan:
+            """From what NVML shows now: what was really destroyed or created decides what fits."""
+            out.instances = await asyncio.to_thread(self.devices.instances, gpu)
+            quiet = {p: t for p, t in guarded_since.items() if p not in out.destroyed}
+            observed_now = self.observe(out.instances, out.claims)
+            return plan_gpu(model, desired, observed_now, quiet, self.clock(), settle_seconds, keep_undesired)
+
         spared: list[PlacedInstance] = []  # retired instances that may not go yet
         if plan.destroy:
             go = await self._destroys_now(
@@ -75,22 +83,10 @@ class Reshaper:
             )
             for p in go:
                 await self._destroy(gpu, p, out)
-            # What was really destroyed decides what fits now.
-            out.instances = await asyncio.to_thread(self.devices.instances, gpu)
-            quiet = {p: t for p, t in guarded_since.items() if p not in out.destroyed}
-            out.plan = plan_gpu(
-                model, desired, self.observe(out.instances, out.claims), quiet, self.clock(), settle_seconds,
-                keep_undesired,
-            )  # fmt: skip
-            out.plan = without_creates_over(model, out.plan, spared)
+            out.plan = without_creates_over(model, await plan_again(), spared)
         for p in (*out.plan.complete, *out.plan.create):
             await self._create(gpu, p, out)
-        out.instances = await asyncio.to_thread(self.devices.instances, gpu)
-        quiet = {p: t for p, t in guarded_since.items() if p not in out.destroyed}
-        out.plan = plan_gpu(
-            model, desired, self.observe(out.instances, out.claims), quiet, self.clock(), settle_seconds,
-            keep_undesired,
-        )  # fmt: skip
+        out.plan = await plan_again()
         return out
 
     async def _destroys_now(
