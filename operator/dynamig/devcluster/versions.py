@@ -12,6 +12,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from dynamig.agent.features import SCALES_FROM, parse_version
+
 PRIMARY = "v1.37.2"
 
 # On 1.35 partitionable devices (KEP-4815) and binding conditions (KEP-5007) are alpha and off; with these
@@ -44,8 +46,8 @@ class KubeTarget:
     def chooses_partitionable(self) -> bool:
         """Whether the agent's ``--inventory=auto`` picks the partitionable inventory here: served, and a
         scheduler that carries it at any size (v1.37.2 on; dynamig.agent.features)."""
-        patch = int(self.version.lstrip("v").split(".")[2].split("-")[0])
-        return self.serves_partitionable and (self.minor, patch) >= (37, 2)
+        version = parse_version(self.version)
+        return self.serves_partitionable and version is not None and version >= SCALES_FROM
 
     def gate_flags(self) -> list[str]:
         """``--feature-gates`` for a component ([] when none are turned on)."""
