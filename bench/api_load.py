@@ -176,7 +176,10 @@ async def run_one(n: int, args: argparse.Namespace, say: Any) -> dict[str, Any]:
         for node in nodes:
             nvml = fresh_simulated_nvml()
             nvml.configure(
-                gpus=["A100-80GB"], state_file=None, seed=node, create_latency_s=args.create_latency
+                gpus=["A100-80GB"] * args.gpus,
+                state_file=None,
+                seed=node,
+                create_latency_s=args.create_latency,
             )
             modules.append(nvml)
             devices = NvmlDevices(nvml, catalog)
@@ -184,7 +187,12 @@ async def run_one(n: int, args: argparse.Namespace, say: Any) -> dict[str, Any]:
             api = api_client(cp, f"{AGENT_UA}/{node}")
             clients.append(api)
             agent = NodeAgent(
-                AgentSettings(node=node, inventory=None, lease_namespace="default"),  # as production: a Lease
+                AgentSettings(  # as production: the inventory asked of the API server, a Lease
+                    node=node,
+                    inventory=None,
+                    lease_namespace="default",
+                    placements_per_profile=args.placements_per_profile,
+                ),
                 KubeApi(api),
                 devices,
                 AgentMetrics(CollectorRegistry(), node),
@@ -210,10 +218,12 @@ async def run_one(n: int, args: argparse.Namespace, say: Any) -> dict[str, Any]:
                 ready = [
                     p for p in parts["items"] if ((p.get("status") or {}).get("offeredPlacements") or 0) > 0
                 ]
-                return True if len(ready) == n else None
+                return True if len(ready) == n * args.gpus else None
 
             t0 = time.monotonic()
-            await eventually(all_offering, f"{n} GPUs offering placements", within_s=600, every_s=1.0)
+            await eventually(
+                all_offering, f"{n * args.gpus} GPUs offering placements", within_s=1800, every_s=5.0
+            )
             say(f"N={n}: {n} agents and the operator settled in {time.monotonic() - t0:.0f}s")
             await asyncio.sleep(args.settle)  # start-up writes are not steady state
             idle_since = time.time()
@@ -248,7 +258,8 @@ async def run_one(n: int, args: argparse.Namespace, say: Any) -> dict[str, Any]:
             await k.delete_policy("load")
         return {
             "nodes": n,
-            "gpus": n,
+            "gpus": n * args.gpus,
+            "placements_per_profile": args.placements_per_profile,
             "window_s": round(window, 1),
             "pods_created": len(created),
             "apiserver_requests_per_s": round((after - before) / window, 2),
@@ -319,6 +330,13 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--nodes", default="10,50,100", help="comma-separated node counts, one run each")
+    parser.add_argument("--gpus", type=int, default=1, help="simulated A100-80GBs per node")
+    parser.add_argument(
+        "--placements-per-profile",
+        type=int,
+        default=0,
+        help="the agents' --placements-per-profile (0: every placement; 1 advised past a few hundred nodes)",
+    )
     parser.add_argument("--seconds", type=float, default=60.0, help="length of the measured churn window")
     parser.add_argument("--rate", type=float, default=1.0, help="pods created per second, cluster-wide")
     parser.add_argument("--lifetime", type=float, default=20.0, help="seconds each pod lives")

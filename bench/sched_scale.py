@@ -240,12 +240,25 @@ def measure(api: RestClient, cp: ControlPlane, row: Row, rate: float, budget_s: 
 
 
 def run(
-    version: str, inventory: str, sizes: list[int], args: argparse.Namespace, say: Any, top: int = 0
+    version: str,
+    inventory: str,
+    sizes: list[int],
+    args: argparse.Namespace,
+    say: Any,
+    top: int = 0,
+    score_pct: int = 0,
 ) -> list[Row]:
     rows: list[Row] = []
     label = inventory if not top else f"{inventory}-top{top}"
+    if score_pct:
+        label += f"@{score_pct}%"
+    # percentageOfNodesToScore: 0 leaves kube-scheduler's adaptive default (50% - N/125, at least 5%): each
+    # pod's Filter pass visits a share of a growing cluster; a fixed share visits at least 100 nodes.
+    config = {"percentageOfNodesToScore": score_pct} if score_pct else {}
     work = Path(args.work_dir) / f"{version}-{label}"
-    with ControlPlane(work_dir=work, target=KubeTarget(version), scheduler_args=SCHEDULER_ARGS) as cp:
+    with ControlPlane(
+        work_dir=work, target=KubeTarget(version), scheduler_args=SCHEDULER_ARGS, scheduler_config=config
+    ) as cp:
         api = cp.rest()
         api.request("POST", "/apis/resource.k8s.io/v1/deviceclasses", device_class())
         have = 0
@@ -284,6 +297,11 @@ def main() -> int:
         help="also run the partitionable inventory publishing only the K best-ranked placements of each "
         "profile per GPU, for each K listed (e.g. 1,2), on the last version",
     )
+    ap.add_argument(
+        "--nodes-to-score",
+        default="0",
+        help="kube-scheduler percentageOfNodesToScore per run, comma-separated; 0 is its adaptive default",
+    )
     ap.add_argument("--work-dir", default="/tmp/dynamig-sched-scale")
     ap.add_argument("-o", "--output", choices=["text", "json"], default="text")
     args = ap.parse_args()
@@ -295,27 +313,37 @@ def main() -> int:
     say(f"{DEVICE_CLASS_NAME}: {args.gpus} x A100-80GB per node, {args.pods} pods per size at {args.rate}/s")
     rows: list[Row] = []
     versions = args.versions.split(",")
-    for version in versions:
-        for inventory in args.inventories.split(","):
-            rows += run(version, inventory, sizes, args, say)
-    for k in [int(x) for x in args.top.split(",") if x]:
-        rows += run(versions[-1], "partitionable", sizes, args, say, top=k)
+    for pct in [int(x) for x in args.nodes_to_score.split(",")]:
+        for version in versions:
+            for inventory in args.inventories.split(","):
+                rows += run(version, inventory, sizes, args, say, score_pct=pct)
+        for k in [int(x) for x in args.top.split(",") if x]:
+            rows += run(versions[-1], "partitionable", sizes, args, say, top=k, score_pct=pct)
     if args.output == "json":
         print(json.dumps([asdict(r) for r in rows], indent=1))
         return 0
-    print("\nsummary: scheduler CPU per pod against the instances inventory (same version, same size)")
-    for version in versions:
-        for n in sizes:
-            got = {r.inventory: r for r in rows if r.version == version and r.nodes == n}
-            base = got.get("instances")
-            if base is None or not base.cpu_per_pod_s > 0:
-                continue
-            ratios = ", ".join(
-                f"{label} {r.cpu_per_pod_s / base.cpu_per_pod_s:.1f}x"
-                for label, r in got.items()
-                if label != "instances"
-            )
-            print(f"  {version} {n:5} nodes: {ratios}")
+    print(
+        "\nsummary: scheduler CPU per pod against the instances inventory (same version, size, share scored)"
+    )
+    for pct in [int(x) for x in args.nodes_to_score.split(",")]:
+        suffix = f"@{pct}%" if pct else ""
+        for version in versions:
+            for n in sizes:
+                got = {
+                    r.inventory: r
+                    for r in rows
+                    if r.version == version
+                    and r.nodes == n
+                    and r.inventory.endswith(suffix)
+                    and (pct or "@" not in r.inventory)
+                }
+                base = got.pop("instances" + suffix, None)
+                if base is None or not base.cpu_per_pod_s > 0:
+                    continue
+                ratios = ", ".join(
+                    f"{label} {r.cpu_per_pod_s / base.cpu_per_pod_s:.1f}x" for label, r in got.items()
+                )
+                print(f"  {version} {n:5} nodes{suffix and ' ' + suffix}: {ratios}")
     return 0
 
 

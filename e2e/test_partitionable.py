@@ -37,7 +37,7 @@ from dynamig.demo.cluster import (
 )
 from dynamig.demo.inprocess import agent_running, operator_running, quick_agent_settings
 from dynamig.devcluster import ControlPlane, eventually
-from dynamig.devcluster.versions import KubeTarget, current
+from dynamig.devcluster.versions import PRIMARY, KubeTarget, current
 from dynamig.geometry.model import PlacedInstance
 from dynamig.kube.gpupartition import Inventory
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, VERSION
@@ -586,22 +586,10 @@ async def test_without_the_features_the_agent_keeps_the_instances_inventory(
     """A cluster whose API server and scheduler run without partitionable devices and binding conditions (as
     1.34/1.35 do by default): the agent finds out at start, says so in GpuPartition status, publishes only
     instances that exist, and a claim is served from them."""
-    from dynamig.devcluster.binaries import find_repo_root
-
-    root = find_repo_root()
-    assert root is not None
     gated = ControlPlane(work_dir=tmp_path / "cp", apiserver_args=[GATES_OFF], scheduler_args=[GATES_OFF])
     async with gated as cp:
-        for path in sorted((root / "crds").glob("*.yaml")):
-            cp.kubectl("apply", "-f", str(path))
-        cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
         node = "old-node"
-        cp.register_node(node, labels={"dynamig.io/managed": "true"})
-        cp.rest().request("POST", "/api/v1/namespaces", {"metadata": {"name": "old"}})
-        with contextlib.suppress(Exception):
-            cp.rest().request(
-                "POST", "/api/v1/namespaces/old/serviceaccounts", {"metadata": {"name": "default"}}
-            )
+        _own_cluster(cp, node, "old")
         sim.configure(gpus=["A100-80GB"], state_file=None)
         async with cp.api_client() as api:
             k = ScenarioApi(api, "old")
@@ -629,6 +617,23 @@ async def test_without_the_features_the_agent_keeps_the_instances_inventory(
                 )
                 assert await eventually(lambda: bound_node(k, "c"), "the pod bound", within_s=60) == node
                 assert allocated_device(await _allocated(k, "c")) == "gpu0-1g10gb-s0"
+
+
+def _own_cluster(cp: ControlPlane, node: str, namespace: str) -> None:
+    """A test's own control plane made ready for an agent: dynamig's CRDs, a managed node, a namespace."""
+    from dynamig.devcluster.binaries import find_repo_root
+
+    root = find_repo_root()
+    assert root is not None
+    for path in sorted((root / "crds").glob("*.yaml")):
+        cp.kubectl("apply", "-f", str(path))
+    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+    cp.register_node(node, labels={"dynamig.io/managed": "true"})
+    cp.rest().request("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
+    with contextlib.suppress(Exception):  # the controller manager may have made it already
+        cp.rest().request(
+            "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": "default"}}
+        )
 
 
 async def _support(agent: Any) -> Inventory | None:
@@ -729,49 +734,73 @@ async def test_an_idle_node_is_kept_for_a_waiting_two_gpu_claim_and_a_small_pod_
     await k.delete_pods(["small"])
 
 
-async def test_an_upgrade_to_v1_37_2_switches_the_inventory_in_place_and_keeps_allocated_instances(
-    crds: ControlPlane,
-    kube_api: client.ApiClient,
-    namespace: str,
-    make_node: Callable[..., str],
-    sim: ModuleType,
+async def test_a_control_plane_upgraded_in_place_to_1_37_2_switches_the_inventory_and_keeps_instances(
+    tmp_path: Any, sim: ModuleType
 ) -> None:
-    """A control-plane upgrade from 1.36 to 1.37.2 as a node sees it: its agent ran the Instances inventory
-    (what ``auto`` picks on 1.36), the rollout after the upgrade restarts it and ``auto`` now picks
-    Partitionable. The instance allocated before stays (same device name, still allocated, its pod still
-    bound, never destroyed), and new pods book placements at once."""
-    k = ScenarioApi(kube_api, namespace)
-    node = await one_gpu_node(k, sim, make_node, "upgrade")
-    gpu = f"{node}-gpu0"
-    on_1_36 = dataclasses.replace(quick_agent_settings(node), inventory=Inventory.INSTANCES)
-    async with agent_running(kube_api, node, sim, on_1_36):
-        await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
-        await k.set_layout(gpu, [("1g.10gb", 0)])
-        await eventually(functools.partial(k.stable, gpu, "1g.10gb@0"), f"{gpu} cut")
-        await _create_claim(k, "before", {"firstAvailable": first_available(["1g.10gb"])})
-        await k.core.create_namespaced_pod(
-            namespace, claim_pod("before", {"kubernetes.io/hostname": node}, claim="before")
-        )
-        assert await eventually(lambda: bound_node(k, "before"), "the pod bound", within_s=60) == node
-    allocation = ((await _allocated(k, "before")) or {})["status"]["allocation"]
-    assert allocation["devices"]["results"][0]["device"] == "gpu0-1g10gb-s0"
-    (kept,) = _instances(sim)
-    history_start = len(sim.history())
+    """A control plane upgraded in place from v1.36.3 to v1.37.2 (API server, then scheduler and controller
+    manager, same etcd data) under a running agent: the agent picked Instances on 1.36 and keeps it through
+    the upgrade (its watches reconnect; the choice changes only with the agents' rollout, so the scheduler
+    never sees a mix); the rollout's restart picks Partitionable. The instance allocated on 1.36 stays (same
+    device, still allocated, its pod still bound, never destroyed) and a new pod books a placement at once."""
+    async with ControlPlane(work_dir=tmp_path / "cp", target=KubeTarget("v1.36.3")) as cp:
+        node = "upgraded-node"
+        _own_cluster(cp, node, "upg")
+        sim.configure(gpus=["A100-80GB"], state_file=None)
+        async with cp.api_client() as api:
+            k = ScenarioApi(api, "upg")
+            await k.ensure_device_class()
+            gpu = f"{node}-gpu0"
+            auto = dataclasses.replace(quick_agent_settings(node), inventory=None)
+            async with agent_running(api, node, sim, auto) as agent:
+                assert await eventually(lambda: _support(agent), "the 1.36 verdict") is Inventory.INSTANCES
+                await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
+                await k.set_layout(gpu, [("1g.10gb", 0)])
+                await eventually(functools.partial(k.stable, gpu, "1g.10gb@0"), f"{gpu} cut")
+                await _create_claim(k, "before", {"firstAvailable": first_available(["1g.10gb"])})
+                await k.core.create_namespaced_pod(
+                    "upg", claim_pod("before", {"kubernetes.io/hostname": node}, claim="before")
+                )
+                assert await eventually(lambda: bound_node(k, "before"), "the pod bound", within_s=60) == node
+                allocation = ((await _allocated(k, "before")) or {})["status"]["allocation"]
+                assert allocation["devices"]["results"][0]["device"] == "gpu0-1g10gb-s0"
+                (kept,) = _instances(sim)
+                history_start = len(sim.history())
 
-    async with agent_running(kube_api, node, sim, dataclasses.replace(on_1_36, inventory=None)) as agent:
-        assert await eventually(lambda: _support(agent), "the agent's choice") is Inventory.PARTITIONABLE
-        await offered(k, gpu, [("1g.10gb", 0)], A100_PROFILES)  # what a Dynamic policy writes
-        part = await k.partition(gpu)
-        assert part["status"]["inventory"] == Inventory.PARTITIONABLE.value
-        (row,) = [i for i in part["status"]["instances"] if i["deviceName"] == "gpu0-1g10gb-s0"]
-        assert row["state"] == "allocated" and row["claims"] == [f"{namespace}/before"]
-        await _create_claim(k, "after", {"firstAvailable": first_available(["3g.40gb"])})
-        await k.core.create_namespaced_pod(
-            namespace, claim_pod("after", {"kubernetes.io/hostname": node}, claim="after")
-        )
-        assert await eventually(lambda: bound_node(k, "after"), "the new pod bound", within_s=60) == node
-        # Nothing moved under the pod that was bound before the switch.
-        assert await bound_node(k, "before") == node
-        assert ((await _allocated(k, "before")) or {})["status"]["allocation"] == allocation
-        assert kept.mig_uuid in {i.mig_uuid for i in _instances(sim)}
-        assert not [e for e in sim.history()[history_start:] if e.kind.startswith("destroy")]
+                await asyncio.to_thread(cp.upgrade, KubeTarget(PRIMARY))
+                assert (await asyncio.to_thread(cp.rest().request, "GET", "/version"))[
+                    "gitVersion"
+                ] == PRIMARY
+                # The running agent keeps its inventory and still answers: a second 1g.10gb is cut and booked.
+                await k.set_layout(gpu, [("1g.10gb", 0), ("1g.10gb", 1)])  # an admin's (or policy's) re-cut
+                await eventually(functools.partial(k.stable, gpu, "1g.10gb@0,1g.10gb@1"), f"{gpu} cut again")
+                assert agent.support is not None and agent.support.inventory is Inventory.INSTANCES
+                await _create_claim(k, "during", {"firstAvailable": first_available(["1g.10gb"])})
+                await k.core.create_namespaced_pod(
+                    "upg", claim_pod("during", {"kubernetes.io/hostname": node}, claim="during")
+                )
+                assert await eventually(lambda: bound_node(k, "during"), "bound after", within_s=60) == node
+
+            async with agent_running(api, node, sim, auto) as agent:  # the agents' rollout
+                assert (
+                    await eventually(lambda: _support(agent), "the 1.37 verdict") is Inventory.PARTITIONABLE
+                )
+                both = [("1g.10gb", 0), ("1g.10gb", 1)]
+                await offered(k, gpu, both, A100_PROFILES)  # what a Dynamic policy writes
+                part = await k.partition(gpu)
+                assert part["status"]["inventory"] == Inventory.PARTITIONABLE.value
+                rows = {i["deviceName"]: i for i in part["status"]["instances"]}
+                assert rows["gpu0-1g10gb-s0"]["state"] == "allocated"
+                assert rows["gpu0-1g10gb-s0"]["claims"] == ["upg/before"]
+                assert rows["gpu0-1g10gb-s1"]["claims"] == ["upg/during"]
+                await _create_claim(k, "after", {"firstAvailable": first_available(["3g.40gb"])})
+                await k.core.create_namespaced_pod(
+                    "upg", claim_pod("after", {"kubernetes.io/hostname": node}, claim="after")
+                )
+                assert (
+                    await eventually(lambda: bound_node(k, "after"), "the new pod bound", within_s=60) == node
+                )
+                # Nothing moved under the pod that was bound before the upgrade.
+                assert await bound_node(k, "before") == node
+                assert ((await _allocated(k, "before")) or {})["status"]["allocation"] == allocation
+                assert kept.mig_uuid in {i.mig_uuid for i in _instances(sim)}
+                assert not [e for e in sim.history()[history_start:] if e.kind.startswith("destroy")]

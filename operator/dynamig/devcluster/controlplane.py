@@ -253,6 +253,41 @@ class ControlPlane:
         self._wait(self._components["kube-apiserver"], deadline, lambda: self._rest_ok(admin, "/readyz"))
         return time.monotonic() - t0
 
+    def upgrade(self, target: KubeTarget) -> float:
+        """Upgrade the running control plane to ``target`` in place, as an admin does: kube-apiserver first,
+        then kube-scheduler and kube-controller-manager (the order Kubernetes' version skew policy asks),
+        each stopped and started from ``target``'s binaries with its gates and the same flags, ports, PKI and
+        etcd data (etcd is not a Kubernetes binary and stays up). Returns the seconds it took. Side effects:
+        processes; ``target`` and ``binaries`` change."""
+        t0 = time.monotonic()
+        new = find_binaries(progress=self._progress, version=target.version)
+        old_gates, new_gates = self.target.gate_flags(), target.gate_flags()
+        admin = self.rest()
+        probes: dict[str, tuple[Path, Callable[[], bool]]] = {
+            "kube-apiserver": (new.kube_apiserver, lambda: self._rest_ok(admin, "/readyz")),
+            "kube-scheduler": (
+                new.kube_scheduler,
+                lambda: self._http_ok(self.ports["kube-scheduler"], "/readyz", tls=True),
+            ),
+            "kube-controller-manager": (
+                new.kube_controller_manager,
+                lambda: self._http_ok(self.ports["kube-controller-manager"], "/healthz", tls=True),
+            ),
+        }
+        for name, (binary, probe) in probes.items():
+            old = self._components[name]
+            argv = old.popen.args
+            assert isinstance(argv, list)  # spawned from a list (_spawn)
+            extra = self._extra[name]
+            own = argv[1 : len(argv) - len(extra)]  # the flags _start_components gave, binary and extra apart
+            self._extra[name] = [*new_gates, *extra[len(old_gates) :]]  # the callers' flags stay last
+            stop_all([old], timeout=5.0)
+            self._progress(f"upgrading {name} to {target.version}")
+            comp = self._spawn(name, [str(binary), *own])
+            self._wait(comp, time.monotonic() + self._start_timeout, probe)
+        self.target, self._binaries = target, new
+        return time.monotonic() - t0
+
     def __enter__(self) -> ControlPlane:
         return self.start()
 
