@@ -23,10 +23,14 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
+from dynamig.agent.metrics import AgentMetrics, InstanceSample
 from dynamig.demo.cluster import exactly, resource_claim
 from dynamig.devcluster import ControlPlane
 from dynamig.devcluster.binaries import BinariesNotFoundError, build_tool
@@ -56,11 +60,15 @@ def helm() -> str:
         pytest.fail(f"helm could not be built from its Go module (make helm): {exc}")
 
 
-def render(helm: str, *sets: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """``helm template`` of the chart with ``--set`` values. Side effect: runs helm."""
+def render(
+    helm: str, *sets: str, check: bool = True, set_json: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    """``helm template`` of the chart with ``--set`` (and ``--set-json``) values. Side effect: runs helm."""
     args = [helm, "template", "dynamig", str(CHART), "--namespace", NS]
     for s in sets:
         args += ["--set", s]
+    for s in set_json:
+        args += ["--set-json", s]
     return subprocess.run(args, capture_output=True, text=True, timeout=120, check=check)
 
 
@@ -1339,3 +1347,376 @@ def test_the_uninstall_hook_runs_with_exactly_its_rbac(
     gone = cp.kubectl("get", "gpupartition", f"{node}-gpu0", check=False)
     assert gone.returncode != 0 and "NotFound" in gone.stderr
     cp.kubectl("delete", "-f", "-", "--ignore-not-found", input=yaml.safe_dump_all(hooks))
+
+
+# ------------------------------------------------------------------------------------------ uninstall timing
+HELM_DEFAULT_TIMEOUT_S = 300  # `helm uninstall --timeout` unless given
+
+
+def test_the_uninstall_hook_ends_within_helms_default_timeout(helm: str) -> None:
+    """A hook that outlasts helm's --timeout leaves the release `uninstalling` with its RBAC gone: by default
+    the wait and the Job's deadline fit in helm's 5 minutes with a minute to spare, a wait that does not fit
+    its deadline is refused, every hook object is replaced on a retry and removed on success, and a failed
+    Job does not stay forever."""
+    from dynamig.cli import build_parser
+
+    objs = docs(render(helm).stdout)
+    hooks = [o for o in objs if "helm.sh/hook" in (o["metadata"].get("annotations") or {})]
+    for obj in hooks:
+        policy = obj["metadata"]["annotations"]["helm.sh/hook-delete-policy"]
+        assert set(policy.split(",")) == {"before-hook-creation", "hook-succeeded"}, obj["kind"]
+    job = find(hooks, "Job")["spec"]
+    wait = build_parser().parse_args(job["template"]["spec"]["containers"][0]["args"]).timeout
+    assert wait + 60 <= job["activeDeadlineSeconds"] <= HELM_DEFAULT_TIMEOUT_S - 60, (wait, job)
+    assert job["ttlSecondsAfterFinished"] > 0
+
+    refused = render(helm, "uninstall.timeoutSeconds=200", check=False)
+    assert refused.returncode != 0
+    assert (
+        "uninstall.timeoutSeconds (200) does not fit in uninstall.activeDeadlineSeconds (240)"
+        in refused.stderr
+    )
+    roomy = find(
+        docs(render(helm, "uninstall.timeoutSeconds=600", "uninstall.activeDeadlineSeconds=900").stdout),
+        "Job",
+    )
+    assert roomy["spec"]["activeDeadlineSeconds"] == 900
+    assert "--timeout=600" in roomy["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert render(helm, "uninstall.hook=false", "uninstall.timeoutSeconds=600").returncode == 0
+
+
+# -------------------------------------------------------------------------------------------- metrics wiring
+MONITORING = (
+    "metrics.serviceMonitor.enabled=true",
+    "metrics.serviceMonitor.skipCapabilityCheck=true",
+    "metrics.prometheusRule.enabled=true",
+    "metrics.prometheusRule.skipCapabilityCheck=true",
+)
+
+
+def _agent_exposition() -> str:
+    """What an agent serves with one instance held by one pod and one shared by two pods of one claim."""
+    metrics = AgentMetrics(CollectorRegistry(), "gpu-node-a")
+    gpu = "GPU-7c4f0e2a-1b3d-4e5f-8a9b-0c1d2e3f4a5b"
+    metrics.snapshot(
+        (
+            InstanceSample(
+                0, gpu, "1g.10gb", 9, "MIG-aaaa", "gpu0-1g10gb-s6", "in-use", (("ml/infer", "infer-0"),),
+            ),
+            InstanceSample(
+                0, gpu, "3g.40gb", 2, "MIG-bbbb", "gpu0-3g40gb-s0", "in-use",
+                (("ml/shared", "shared-0"), ("ml/shared", "shared-1")),
+            ),
+        ),
+        (),
+    )  # fmt: skip
+    return generate_latest(metrics.registry).decode()
+
+
+def _claim_info(text: str) -> list[dict[str, str]]:
+    (family,) = [
+        f for f in text_string_to_metric_families(text) if f.name == "dynamig_mig_instance_claim_info"
+    ]
+    return [dict(s.labels) for s in family.samples]
+
+
+def _selector(labels: dict[str, str]) -> str:
+    return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+def test_the_agent_scrape_keeps_the_claims_namespace_and_pod(helm: str) -> None:
+    """The claim info series name the claim's namespace and pod; Prometheus would rename them exported_*
+    (the target's own namespace and pod win) unless the agent's endpoint honours the scraped labels."""
+    text = _agent_exposition()
+    with_pod = {
+        f.name
+        for f in text_string_to_metric_families(text)
+        if any({"namespace", "pod"} <= s.labels.keys() for s in f.samples)
+    }
+    assert with_pod == {"dynamig_mig_instance_claim_info"}
+    objs = docs(render(helm, *MONITORING).stdout)
+    monitors = {
+        o["metadata"]["labels"]["app.kubernetes.io/component"]: o
+        for o in objs
+        if o["kind"] == "ServiceMonitor"
+    }
+    (agent,) = monitors["agent"]["spec"]["endpoints"]
+    assert agent["honorLabels"] is True
+    (operator,) = monitors["operator"]["spec"]["endpoints"]
+    assert not operator.get("honorLabels"), "the operator's series carry no namespace or pod of their own"
+
+
+def test_the_documented_dcgm_join_attributes_mig_instances_to_pods(tmp_path: Path) -> None:
+    """docs/operations.md's joins, evaluated by Prometheus' engine (promtool) over what the agent serves and
+    dcgm-exporter series that name the host `hostname` (its label after 4.x) with another value: the join
+    needs only UUID and GPU_I_ID, and its reversed form gives one series per pod of a shared instance."""
+    try:
+        promtool = str(build_tool("build-promtool.sh"))
+    except BinariesNotFoundError as exc:
+        pytest.fail(f"promtool could not be built from its Go module (make promtool): {exc}")
+    doc = (ROOT / "docs" / "operations.md").read_text()
+    section = doc.split("### Joining with dcgm-exporter", 1)[1].split("\n### ", 1)[0]
+    join = " ".join(re.search(r"```\n(.*?)```", section, re.S).group(1).split())  # type: ignore[union-attr]
+    assert "on(UUID, GPU_I_ID) group_left(namespace, pod) dynamig_mig_instance_claim_info" in join, join
+    (reversed_join,) = re.findall(
+        r"`(dynamig_mig_instance_claim_info \* on\(UUID, GPU_I_ID\)[^`]*)`", section
+    )
+    assert "honorLabels: true" in section
+
+    claims = _claim_info(_agent_exposition())
+    single = [c for c in claims if c["GPU_I_ID"] == "9"]
+    shared = [c for c in claims if c["GPU_I_ID"] == "2"]
+    assert len(single) == 1 and len(shared) == 2
+    dcgm = {
+        "hostname": "nvidia-dcgm-exporter-x7k2p",
+        "UUID": single[0]["UUID"],
+        "gpu": "0",
+        "device": "nvidia0",
+        "modelName": "NVIDIA A100-SXM4-80GB",
+    }
+    util = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+
+    def case(
+        claim: list[dict[str, str]], gi: str, profile: str, expr: str, want: list[dict[str, str]]
+    ) -> Any:
+        exporter = dcgm | {"GPU_I_ID": gi, "GPU_I_PROFILE": profile}
+        return {
+            "interval": "1m",
+            "input_series": [
+                *(
+                    {"series": "dynamig_mig_instance_claim_info" + _selector(c), "values": "1x5"}
+                    for c in claim
+                ),
+                {"series": util + _selector(exporter), "values": "0.75x5"},
+                {"series": util + _selector(exporter | {"GPU_I_ID": "5"}), "values": "0.5x5"},
+            ],
+            "promql_expr_test": [
+                {
+                    "expr": expr,
+                    "eval_time": "3m",
+                    "exp_samples": [{"labels": _selector(w), "value": 0.75} for w in want],
+                }
+            ],
+        }
+
+    by_pod = dcgm | {"GPU_I_ID": "9", "GPU_I_PROFILE": "1g.10gb", "namespace": "ml", "pod": "infer-0"}
+    tests = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            case(single, "9", "1g.10gb", join, [by_pod]),
+            case(shared, "2", "3g.40gb", reversed_join, shared),
+        ],
+    }
+    path = tmp_path / "dcgm_join_test.yaml"
+    path.write_text(yaml.safe_dump(tests, sort_keys=False))
+    proc = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_runbook_url_is_absolute(helm: str) -> None:
+    """Alertmanager and its receivers cannot follow a relative link: each runbook_url is the absolute base
+    plus the alert's own anchor in docs/operations.md, none is rendered without a base, a relative one is
+    refused."""
+    base = "https://docs.example.org/dynamig/operations.md"
+    rule = find(
+        docs(render(helm, *MONITORING, f"metrics.prometheusRule.runbookBaseURL={base}").stdout),
+        "PrometheusRule",
+    )
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    runbooks = (ROOT / "docs" / "operations.md").read_text()
+    for alert in alerts:
+        url = alert["annotations"]["runbook_url"]
+        parts = urlsplit(url)
+        assert parts.scheme in ("http", "https") and parts.netloc, url
+        assert url == f"{base}#{alert['alert'].lower()}" and f"#### {alert['alert']}\n" in runbooks, url
+    plain = find(docs(render(helm, *MONITORING).stdout), "PrometheusRule")
+    assert not [r for g in plain["spec"]["groups"] for r in g["rules"] if "runbook_url" in r["annotations"]]
+    for bad in ("docs/operations.md", "//docs.example.org/ops.md", f"{base}#top"):
+        proc = render(helm, *MONITORING, f"metrics.prometheusRule.runbookBaseURL={bad}", check=False)
+        assert proc.returncode != 0
+        assert "runbookBaseURL must be an absolute http(s) URL" in proc.stderr, proc.stderr
+
+
+def test_metrics_network_policy_refuses_null_and_spells_out_nobody_and_everyone(
+    installed: ControlPlane, helm: str
+) -> None:
+    """`from: null` used to render a rule without peers, which admits every source: it is refused. `[]`
+    admits nobody (no ingress rule at all); allowAll is the explicit way to admit everyone."""
+    on = "metrics.networkPolicy.enabled=true"
+    for refused in (
+        render(helm, on, "metrics.networkPolicy.from=null", check=False),
+        render(helm, on, set_json=("metrics.networkPolicy.from=null",), check=False),
+    ):
+        assert refused.returncode != 0
+        assert "metrics.networkPolicy.from is null, which would admit every source" in refused.stderr
+
+    def policies(*sets: str, set_json: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+        made = [
+            o for o in docs(render(helm, on, *sets, set_json=set_json).stdout) if o["kind"] == "NetworkPolicy"
+        ]
+        assert len(made) == 2
+        return made
+
+    nobody = policies(set_json=("metrics.networkPolicy.from=[]",))
+    for np in nobody:
+        assert np["spec"]["policyTypes"] == ["Ingress"] and np["spec"]["ingress"] == []
+    everyone = policies("metrics.networkPolicy.allowAll=true")
+    for np in everyone:
+        (rule,) = np["spec"]["ingress"]
+        assert "from" not in rule and [p["port"] for p in rule["ports"]] == ["metrics"]
+    for made in (nobody, everyone):
+        proc = installed.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(made))
+        assert proc.stdout.count("networkpolicy.networking.k8s.io/") == 2, proc.stdout
+
+
+# ----------------------------------------------------------------------------------------- enterprise values
+CLUSTER_SCOPED = {
+    "Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding", "DeviceClass", "ClusterKopfPeering",
+}  # fmt: skip
+
+
+def test_namespace_override_moves_every_namespaced_object(helm: str) -> None:
+    other = "gpu-infra"
+    text = render(
+        helm,
+        f"namespaceOverride={other}",
+        "namespace.create=true",
+        "metrics.networkPolicy.enabled=true",
+        "metrics.grafanaDashboard.enabled=true",
+        *MONITORING,
+    ).stdout
+    objs = docs(text)
+    namespaced = [o for o in objs if o["kind"] not in CLUSTER_SCOPED]
+    assert {
+        "ServiceAccount", "Role", "RoleBinding", "Deployment", "DaemonSet", "Service", "Job",
+        "ServiceMonitor", "PrometheusRule", "NetworkPolicy", "ConfigMap",
+    } <= {o["kind"] for o in namespaced}  # fmt: skip
+    assert {o["metadata"].get("namespace") for o in namespaced} == {other}
+    assert find(objs, "Namespace")["metadata"]["name"] == other
+    subjects = [s for o in objs if o["kind"] in ("ClusterRoleBinding", "RoleBinding") for s in o["subjects"]]
+    assert {s["namespace"] for s in subjects} == {other}
+    # Nothing still names the release namespace: the admission policies' agent identity, alert texts.
+    assert NS not in text
+    bad = render(helm, "namespaceOverride=Not_A_Namespace", check=False)
+    assert bad.returncode != 0
+    assert 'namespaceOverride must be a namespace name (a DNS label), got "Not_A_Namespace"' in bad.stderr
+
+
+def test_service_account_annotations_extra_volumes_and_security_contexts(
+    installed: ControlPlane, helm: str
+) -> None:
+    """Each value lands on its object; securityContext overrides merge over the chart's defaults (the
+    operator keeps passing restricted, the agent stays privileged); the API server accepts the result."""
+    default = docs(render(helm).stdout)
+    for name in ("dynamig-agent", "dynamig-operator"):
+        assert "annotations" not in find(default, "ServiceAccount", name)["metadata"]
+    agent_default = find(default, "DaemonSet")["spec"]["template"]["spec"]
+    assert "securityContext" not in agent_default
+    assert agent_default["containers"][0]["securityContext"] == {
+        "privileged": True, "runAsUser": 0, "runAsNonRoot": False,
+    }  # fmt: skip
+
+    objs = docs(
+        render(
+            helm,
+            "operator.securityContext.runAsUser=65533",
+            "operator.podSecurityContext.fsGroup=65532",
+            set_json=(
+                'agent.serviceAccount.annotations={"iam.example.com/role":"dynamig-agent"}',
+                'operator.serviceAccount.annotations={"iam.example.com/role":"dynamig-operator"}',
+                'agent.extraVolumes=[{"name":"etc-cdi","hostPath":{"path":"/etc/cdi","type":"DirectoryOrCreate"}}]',
+                'agent.extraVolumeMounts=[{"name":"etc-cdi","mountPath":"/etc/cdi","readOnly":true}]',
+                'operator.extraVolumes=[{"name":"corp-ca","configMap":{"name":"corp-ca","optional":true}}]',
+                'operator.extraVolumeMounts=[{"name":"corp-ca","mountPath":"/etc/ssl/corp","readOnly":true}]',
+                'agent.securityContext={"seLinuxOptions":{"type":"spc_t"}}',
+                'agent.podSecurityContext={"seccompProfile":{"type":"Unconfined"}}',
+            ),
+        ).stdout
+    )
+    accounts = {
+        o["metadata"]["name"]: o["metadata"].get("annotations") for o in objs if o["kind"] == "ServiceAccount"
+    }
+    assert accounts["dynamig-agent"] == {"iam.example.com/role": "dynamig-agent"}
+    assert accounts["dynamig-operator"] == {"iam.example.com/role": "dynamig-operator"}
+    agent = find(objs, "DaemonSet")["spec"]["template"]["spec"]
+    assert {"name": "etc-cdi", "hostPath": {"path": "/etc/cdi", "type": "DirectoryOrCreate"}} in agent[
+        "volumes"
+    ]
+    assert {"name": "etc-cdi", "mountPath": "/etc/cdi", "readOnly": True} in agent["containers"][0][
+        "volumeMounts"
+    ]
+    assert agent["securityContext"] == {"seccompProfile": {"type": "Unconfined"}}
+    assert agent["containers"][0]["securityContext"] == {
+        "privileged": True, "runAsUser": 0, "runAsNonRoot": False, "seLinuxOptions": {"type": "spc_t"},
+    }  # fmt: skip
+    op = find(objs, "Deployment")["spec"]["template"]["spec"]
+    assert {"name": "corp-ca", "configMap": {"name": "corp-ca", "optional": True}} in op["volumes"]
+    assert {"name": "tmp", "emptyDir": {}} in op["volumes"]
+    mounts = op["containers"][0]["volumeMounts"]
+    assert {"name": "corp-ca", "mountPath": "/etc/ssl/corp", "readOnly": True} in mounts
+    assert {"name": "tmp", "mountPath": "/tmp"} in mounts
+    assert op["securityContext"] == {
+        "runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }  # fmt: skip
+    assert op["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
+        "runAsUser": 65533,
+    }  # fmt: skip
+    workloads = [o for o in objs if o["kind"] in WORKLOAD_KINDS | {"ServiceAccount"}]
+    proc = installed.kubectl(
+        "apply", "--server-side", "--force-conflicts", "--dry-run=server", "-f", "-",
+        input=yaml.safe_dump_all(workloads),
+    )  # fmt: skip
+    assert "Warning" not in proc.stderr, proc.stderr
+    assert proc.stdout.count("serverside-applied (server dry run)") == len(workloads), proc.stdout
+
+
+def test_aggregated_roles_extend_view_and_edit(installed: ControlPlane, helm: str) -> None:
+    """People bound cluster-wide to Kubernetes' view role read policies and GpuPartitions; those bound to edit
+    also write policies, never GpuPartitions (the agents' and the operator's). Asked of the real RBAC
+    authorizer, after the controller manager aggregated the chart's rules."""
+    objs = docs(render(helm).stdout)
+    view, edit = find(objs, "ClusterRole", "dynamig-view"), find(objs, "ClusterRole", "dynamig-edit")
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    for off in ("rbac.aggregateToDefaultRoles=false", "rbac.create=false"):
+        names = {o["metadata"]["name"] for o in docs(render(helm, off).stdout) if o["kind"] == "ClusterRole"}
+        assert not names & {"dynamig-view", "dynamig-edit"}, off
+
+    cp = installed
+    users = {"view": "dynamig-test-viewer", "edit": "dynamig-test-editor"}
+    for role, user in users.items():
+        cp.kubectl("create", "clusterrolebinding", user, f"--clusterrole={role}", f"--user={user}")
+    try:
+        expect = [
+            ("view", ("list", "gpupartitions.dynamig.io"), True),
+            ("view", ("watch", "gpupartitionpolicies.dynamig.io"), True),
+            ("view", ("create", "gpupartitionpolicies.dynamig.io"), False),
+            ("edit", ("get", "gpupartitions.dynamig.io"), True),
+            ("edit", ("create", "gpupartitionpolicies.dynamig.io"), True),
+            ("edit", ("delete", "gpupartitionpolicies.dynamig.io"), True),
+            ("edit", ("patch", "gpupartitions.dynamig.io"), False),
+            ("edit", ("create", "gpupartitions.dynamig.io"), False),
+        ]
+
+        def wrong() -> list[str]:
+            return [
+                f"{role} {' '.join(args)}: expected {want}"
+                for role, args, want in expect
+                if (
+                    cp.kubectl("auth", "can-i", *args, f"--as={users[role]}", check=False).stdout.strip()
+                    == "yes"
+                )
+                != want
+            ]
+
+        deadline = time.monotonic() + 30
+        while (left := wrong()) and time.monotonic() < deadline:
+            time.sleep(1)
+        assert not left, "\n".join(left)
+    finally:
+        for user in users.values():
+            cp.kubectl("delete", "clusterrolebinding", user, "--ignore-not-found", check=False)

@@ -28,6 +28,7 @@ from dynamig.devcluster.binaries import BinariesNotFoundError, build_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "manifests" / "helm" / "dynamig"
+RUNBOOKS = "https://docs.example.org/dynamig/operations.md"  # where an install publishes its runbooks
 GPU_UUID = "GPU-7c4f0e2a-1b3d-4e5f-8a9b-0c1d2e3f4a5b"
 
 
@@ -149,7 +150,8 @@ def test_the_chart_alert_rules_pass_promtool_and_fire_on_the_first_agent_error(
     rendered = subprocess.run(
         [helm, "template", "dynamig", str(CHART), "--namespace", "dynamig-system",
          "--set", "metrics.prometheusRule.enabled=true",
-         "--set", "metrics.prometheusRule.skipCapabilityCheck=true"],
+         "--set", "metrics.prometheusRule.skipCapabilityCheck=true",
+         "--set", f"metrics.prometheusRule.runbookBaseURL={RUNBOOKS}"],
         capture_output=True, text=True, timeout=120, check=True,
     ).stdout  # fmt: skip
     (rule,) = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "PrometheusRule"]
@@ -197,7 +199,7 @@ def test_the_chart_alert_rules_pass_promtool_and_fire_on_the_first_agent_error(
                                     "in the last 10 minutes; their pods cannot start.",
                                     "description": "The agent's log and the pods' Events "
                                     "(FailedPrepareDynamicResources) say why.",
-                                    "runbook_url": "docs/operations.md#dynamigkubeletpluginerrors",
+                                    "runbook_url": f"{RUNBOOKS}#dynamigkubeletpluginerrors",
                                 },
                             }
                         ],

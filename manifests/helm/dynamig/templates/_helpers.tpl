@@ -18,7 +18,7 @@
 {{- end -}}
 
 {{- define "dynamig.namespace" -}}
-{{- .Release.Namespace -}}
+{{- default .Release.Namespace .Values.namespaceOverride -}}
 {{- end -}}
 
 {{- define "dynamig.labels" -}}

@@ -16,7 +16,11 @@ instead of producing objects the API server or the pods would reject later.
 {{- if and $v.image.digest (not (hasPrefix "sha256:" $v.image.digest)) -}}
 {{- fail (printf "image.digest must look like sha256:<hex>, got %q" $v.image.digest) -}}
 {{- end -}}
-{{- if eq .Release.Namespace "default" -}}
+{{- $ns := include "dynamig.namespace" . -}}
+{{- if and $v.namespaceOverride (not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" (toString $v.namespaceOverride))) -}}
+{{- fail (printf "namespaceOverride must be a namespace name (a DNS label), got %q" (toString $v.namespaceOverride)) -}}
+{{- end -}}
+{{- if eq $ns "default" -}}
 {{- fail "the release namespace is default: install dynamig in a namespace of its own (e.g. --namespace dynamig-system --create-namespace); the agent runs privileged and its Roles, Leases and Events live there" -}}
 {{- end -}}
 {{- if not (or $v.operator.enabled $v.agent.enabled) -}}
@@ -64,7 +68,7 @@ instead of producing objects the API server or the pods would reject later.
 {{- fail (printf "namespace.podSecurityEnforce is %q: the agent runs privileged (NVML, /dev, host paths) and its pods would be refused; use privileged (the operator's pod passes restricted on its own)" (toString $v.namespace.podSecurityEnforce)) -}}
 {{- end -}}
 {{- /* An existing namespace (helm install -n NS): read its Pod Security label; offline rendering sees none. */ -}}
-{{- with (lookup "v1" "Namespace" "" .Release.Namespace) -}}
+{{- with (lookup "v1" "Namespace" "" $ns) -}}
 {{- $enforce := index (.metadata.labels | default dict) "pod-security.kubernetes.io/enforce" | default "" -}}
 {{- if and $enforce (ne $enforce "privileged") (not $v.namespace.create) -}}
 {{- fail (printf "namespace %s enforces the %q Pod Security level (label pod-security.kubernetes.io/enforce): the agent runs privileged and its pods would be refused; label the namespace privileged or install dynamig in another one" .metadata.name $enforce) -}}
@@ -79,6 +83,21 @@ instead of producing objects the API server or the pods would reject later.
 {{- end -}}
 {{- if and $v.metrics.prometheusRule.enabled (not (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/PrometheusRule")) (not $v.metrics.prometheusRule.skipCapabilityCheck) -}}
 {{- fail "metrics.prometheusRule.enabled is true but the cluster does not serve monitoring.coreos.com/v1 PrometheusRule (install the Prometheus Operator, or set metrics.prometheusRule.skipCapabilityCheck=true when rendering offline)" -}}
+{{- end -}}
+{{- if $v.uninstall.hook -}}
+{{- if gt (add (int $v.uninstall.timeoutSeconds) 60) (int $v.uninstall.activeDeadlineSeconds) -}}
+{{- fail (printf "uninstall.timeoutSeconds (%v) does not fit in uninstall.activeDeadlineSeconds (%v): the Job needs the wait plus 60 s to pull its image and remove what is left; raise the deadline (and helm uninstall --timeout) or lower the wait" $v.uninstall.timeoutSeconds $v.uninstall.activeDeadlineSeconds) -}}
+{{- end -}}
+{{- end -}}
+{{- with $v.metrics.networkPolicy -}}
+{{- if and .enabled (not .allowAll) (not (hasKey . "from")) -}}
+{{- fail "metrics.networkPolicy.from is null, which would admit every source to the metrics ports: list the peers allowed to scrape, [] for none, or set metrics.networkPolicy.allowAll=true" -}}
+{{- end -}}
+{{- end -}}
+{{- with $v.metrics.prometheusRule.runbookBaseURL -}}
+{{- if or (not (regexMatch "^https?://[^/?#\\s]+" (toString .))) (contains "#" (toString .)) -}}
+{{- fail (printf "metrics.prometheusRule.runbookBaseURL must be an absolute http(s) URL without a #fragment (each alert adds its own), got %q" (toString .)) -}}
+{{- end -}}
 {{- end -}}
 {{- if and (lt (int $v.metrics.prometheusRule.pendingClaimSeconds) 60) $v.metrics.prometheusRule.enabled -}}
 {{- fail (printf "metrics.prometheusRule.pendingClaimSeconds must be at least 60, got %v" $v.metrics.prometheusRule.pendingClaimSeconds) -}}
