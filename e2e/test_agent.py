@@ -727,7 +727,7 @@ async def test_agent_killed_mid_reshape_converges_after_restart(
         remover = await asyncio.to_thread(
             subprocess.run,
             [sys.executable, "-m", "dynamig", "uninstall", f"--kubeconfig={crd.kubeconfig_path}",
-             f"--node={node}", "--timeout=30"],
+             f"--node={node}", "--timeout=30", "--yes"],
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert remover.returncode == 0, remover.stdout + remover.stderr

@@ -316,6 +316,7 @@ async def test_uninstall_leaves_the_gpu_at_its_baseline_and_nothing_on_the_node(
         f"--kubeconfig={cp.kubeconfig_path}",
         "--timeout=90",
         f"--node={node.name}",  # the session's other nodes are other tests' business
+        "--yes",
     ]
     done = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=180)
     print(f"\nreal node: dynamig uninstall took {time.monotonic() - t0:.1f}s:\n{done.stdout}")

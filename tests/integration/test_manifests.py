@@ -1290,10 +1290,11 @@ def test_the_uninstall_hook_renders_for_helm_only_and_its_job_parses(helm: str) 
     assert all(weights[k] < weights["Job"] for k in weights if k != "Job"), "RBAC exists before the Job"
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
     parsed = build_parser().parse_args(args)
-    assert (parsed.command, parsed.leave, parsed.timeout, parsed.allow_unreported) == (
+    assert (parsed.command, parsed.leave, parsed.timeout, parsed.allow_unreported, parsed.yes) == (
         "uninstall",
         "empty",
         60,
+        True,
         True,
     )
     assert parsed.operator_deployment == find(objs, "Deployment")["metadata"]["name"]
@@ -1339,7 +1340,7 @@ def test_the_uninstall_hook_runs_with_exactly_its_rbac(
     kubeconfig = _token_kubeconfig(cp, token, tmp_path / "hook.kubeconfig")
     done = subprocess.run(
         [sys.executable, "-m", "dynamig", "uninstall", f"--kubeconfig={kubeconfig}", f"--namespace={NS}",
-         "--operator-deployment=dynamig-operator", f"--node={node}", "--timeout=3"],
+         "--operator-deployment=dynamig-operator", f"--node={node}", "--timeout=3", "--yes"],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 3, done.stdout + done.stderr  # the agent never reported: listed, not fatal

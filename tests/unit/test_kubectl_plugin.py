@@ -7,14 +7,17 @@ catalog check the operator applies)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from dynamig import __version__
+from dynamig.cli import render
 from dynamig.cli.kubectl_plugin import build_parser
 from dynamig.cli.kubectl_plugin.gather import dynamig_labelled
 from dynamig.cli.kubectl_plugin.report import (
@@ -249,6 +252,31 @@ def test_plan_in_dry_run_holds_the_recut_and_says_why() -> None:
     assert p["claims"][0]["reason"] == "WouldReshape"
     (recut,) = p["reshapes"]
     assert recut["action"] == "held" and "DryRun" in recut["held"]
+
+
+def test_json_and_yaml_show_null_where_the_tables_show_a_dash() -> None:
+    """What `-o json` and `-o yaml` print (dynamig.cli.render) of the same rows the tables are made of."""
+    rows = verify_report(
+        [
+            partition("n", 0, HALVES, [("3g.40gb", 0, "free"), ("3g.40gb", 4, "free")]),
+            partition("n", 1, [], []),
+        ]
+    )
+    assert [(r["spec"], r["actual"], r["reason"]) for r in rows][1] == ("-", "-", "")
+    assert verify_table(rows).splitlines()[2].split()[2:4] == ["-", "-"]
+    shown = json.loads(render(rows, "json"))
+    assert shown[0]["reason"] is None and shown[0]["spec"] == "3g.40gb@0,3g.40gb@4"
+    assert (shown[1]["spec"], shown[1]["actual"], shown[1]["reason"]) == (None, None, None)
+    free = [("3g.40gb", 0, "free"), ("3g.40gb", 4, "free")]
+    snap = snapshot(
+        [partition("n", 0, HALVES, free)], [policy("p")], [claim_and_pod("t", "c", "1g.10gb", "n")]
+    )
+    report = plan_report(snap, CATALOG, NOW)
+    assert report["policies"][0]["reshapes"][0]["held"] == ""  # written now: nothing holds it
+    for output in ("json", "yaml"):
+        text = render(report, output)
+        (recut,) = (json.loads(text) if output == "json" else yaml.safe_load(text))["policies"][0]["reshapes"]
+        assert recut["action"] == "write" and recut["held"] is None, output
 
 
 def test_plan_of_an_unknown_policy_is_an_error() -> None:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import re
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 # module name under dynamig.cli -> exposes register(subparsers: argparse._SubParsersAction) -> None
 _COMMAND_MODULES = (
@@ -24,6 +26,47 @@ def plain(text: str | None) -> str | None:
     if text is None:
         return None
     return re.sub(r":[a-z]+:`([^`]*)`", r"\1", text).replace("``", "")
+
+
+# -o/--output of every command that prints a report (`kubectl dynamig` too): the same name, choices and
+# default everywhere; yaml only where a command has it.
+OUTPUT_FORMATS = ("table", "json")
+# What a text table shows for "nothing"; JSON and YAML show null instead.
+EMPTY_MARKS = ("", "-")
+
+
+def add_output_argument(parser: argparse.ArgumentParser, *, yaml: bool = False) -> None:
+    """The shared ``-o/--output`` flag: table (the default), json, and yaml with ``yaml=True``."""
+    choices = (*OUTPUT_FORMATS, "yaml") if yaml else OUTPUT_FORMATS
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=choices,
+        default="table",
+        help=f"output format: {', '.join(choices)} (default table); machine formats show an empty value "
+        "as null",
+    )
+
+
+def nulls_for_empty(value: Any) -> Any:
+    """``value`` with the tables' marks for nothing ("" and "-") as None, in every dict and list. Pure."""
+    if isinstance(value, str):
+        return None if value in EMPTY_MARKS else value
+    if isinstance(value, dict):
+        return {k: nulls_for_empty(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [nulls_for_empty(v) for v in value]
+    return value
+
+
+def render(data: Any, output: str) -> str:
+    """``data`` as ``-o json`` or ``-o yaml`` prints it (no trailing newline), empty values null. Pure."""
+    data = nulls_for_empty(data)
+    if output == "yaml":
+        import yaml
+
+        return str(yaml.safe_dump(data, sort_keys=False)).rstrip("\n")
+    return json.dumps(data, indent=2)
 
 
 DESCRIPTION = (
@@ -54,7 +97,9 @@ DEV_ONLY_PACKAGES = {"cryptography": "devcluster", "matplotlib": "sim"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: each sub-command sets ``func(args) -> int`` as its handler."""
+    """Entry point: each sub-command sets ``func(args) -> int`` as its handler. A failure a person can fix
+    (``dynamig.cli.errors``) is one line on stderr and exit status 1 (or the error's own); any other
+    exception keeps its traceback."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -73,6 +118,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader went away (`dynamig geometry ... | head`): not our error; silence the flush at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except Exception as exc:
+        from dynamig.cli.errors import describe, exit_code
+
+        message = describe(exc)
+        if message is None:
+            raise
+        print(f"dynamig {args.command}: {message}", file=sys.stderr)
+        return exit_code(exc)
     return result
 
 

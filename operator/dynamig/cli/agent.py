@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 from pathlib import Path
 
 from dynamig.cli._logging import add_logging_arguments
+from dynamig.cli.errors import EXIT_USAGE, CommandError, add_api_wait_argument
 from dynamig.kube.heartbeat import DEFAULT_LEASE_SECONDS
 
 
@@ -161,6 +161,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "restarts the agent)",
     )
     add_logging_arguments(p)
+    add_api_wait_argument(p)
     p.set_defaults(func=run)
 
 
@@ -169,26 +170,26 @@ def run(args: argparse.Namespace) -> int:
     from dynamig.agent.main import (
         AgentOptions,
         SimulationOptions,
+        api_client_for,
         parse_simulated_gpus,
         run_agent,
     )
     from dynamig.agent.plugin.settings import PluginSettings
     from dynamig.cli._logging import configure_logging
+    from dynamig.cli.errors import check_kubeconfig, reach_api
     from dynamig.geometry.catalog import load_catalog
     from dynamig.kube.gpupartition import Inventory
 
     configure_logging(args.log_level, args.log_format)
     if not args.node:
-        logging.error("--node (or $NODE_NAME) is required")
-        return 2
+        raise CommandError("--node (or $NODE_NAME) is required", EXIT_USAGE)
     simulation = None
     if args.nvml == "simulated":
         catalog = load_catalog()
         try:
             keys = tuple(catalog.model(key).key for key in parse_simulated_gpus(args.simulate_gpus))
         except (KeyError, ValueError) as exc:
-            logging.error("--simulate-gpus: %s", exc.args[0])
-            return 2
+            raise CommandError(f"--simulate-gpus: {exc.args[0]}", EXIT_USAGE) from None
         simulation = SimulationOptions(
             gpus=keys,
             state_file=args.state,
@@ -232,7 +233,18 @@ def run(args: argparse.Namespace) -> int:
         plugin=plugin,
         liveness_max_round_age_s=args.liveness_max_round_age,
     )
-    return asyncio.run(run_agent(options))
+    check_kubeconfig(args.kubeconfig)
+
+    async def main() -> int:
+        # The agent retries an unreachable server for ever (right once it runs): check it at start.
+        api = await api_client_for(args.kubeconfig)
+        try:
+            await reach_api(api, args.wait_for_api)
+        finally:
+            await api.close()
+        return await run_agent(options)
+
+    return asyncio.run(main())
 
 
 def _count(text: str) -> int:

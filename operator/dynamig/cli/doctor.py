@@ -18,7 +18,6 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Sequence
@@ -35,7 +34,7 @@ from dynamig.agent.nvml_catalog import (
     show,
 )
 from dynamig.agent.nvml_device import GpuInfo, MigInstance, NvmlDevices
-from dynamig.cli import plain
+from dynamig.cli import add_output_argument, plain, render
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.model import PlacedInstance, Profile
 
@@ -76,7 +75,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="also create and destroy one instance of every profile on each idle MIG-enabled GPU",
     )
-    p.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format")
+    add_output_argument(p)
     p.set_defaults(func=run)
 
 
@@ -388,8 +387,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             {"check": "discover", "gpu": index, "ok": False, "error": error} for index, error in lost.items()
         ]
         records += [m.record() for m in made]
-        json.dump(records, out, indent=1)
-        out.write("\n")
+        out.write(render(records, "json") + "\n")
     else:
         if checks:
             _print_catalog_table(checks, out)

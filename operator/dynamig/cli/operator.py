@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from dynamig.cli._logging import add_logging_arguments
+from dynamig.cli.errors import add_api_wait_argument
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -55,6 +56,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="URL",
         help="serve Kopf's liveness probe at this URL, e.g. http://0.0.0.0:8080/healthz",
     )
+    add_api_wait_argument(parser)
     parser.set_defaults(func=run)
 
 
@@ -65,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     import signal
 
     from dynamig.cli._logging import configure_logging
-    from dynamig.operator.handlers import run_operator
+    from dynamig.cli.errors import check_kubeconfig, reach_api
+    from dynamig.operator.handlers import api_client, run_operator
     from dynamig.operator.settings import OperatorSettings
 
     settings = OperatorSettings(
@@ -83,8 +86,12 @@ def run(args: argparse.Namespace) -> int:
         liveness_endpoint=args.liveness,
     )
     configure_logging(args.log_level, args.log_format)
+    check_kubeconfig(args.kubeconfig)
 
     async def main() -> None:
+        # Kopf retries an unreachable server for minutes and then fails with a traceback: check first.
+        async with api_client(settings) as api:
+            await reach_api(api, args.wait_for_api)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

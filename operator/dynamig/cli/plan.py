@@ -1,4 +1,4 @@
-"""``dynamig plan -f scenario.yaml [-o json|table] [--offers]``: what dynamig would do, offline.
+"""``dynamig plan -f scenario.yaml [-o table|json] [--offers]``: what dynamig would do, offline.
 
 Reads a scenario (GPUs with their current instances, pending claims, policy; format in
 ``dynamig.planner.scenario``), runs the planner and prints the target layouts, the assignments and the
@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from dynamig.cli import plain
+from dynamig.cli import add_output_argument, plain, render
 from dynamig.geometry.catalog import Catalog, load_catalog
 from dynamig.kube.inventory import (
     GpuInventory,
@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=plain(__doc__.splitlines()[0] if __doc__ else None),
     )
     parser.add_argument("-f", "--file", required=True, help="scenario YAML or JSON ('-' for stdin)")
-    parser.add_argument("-o", "--output", choices=("json", "table"), default="table")
+    add_output_argument(parser)
     parser.add_argument(
         "--offers",
         action="store_true",
@@ -196,13 +196,11 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     if args.offers:
         offers = scenario_offers(scenario, catalog)
-        print(
-            json.dumps(offers_to_json(offers), indent=2) if args.output == "json" else offers_to_table(offers)
-        )
+        print(render(offers_to_json(offers), "json") if args.output == "json" else offers_to_table(offers))
         return 0
     result = plan(scenario.gpus, scenario.claims, scenario.policy, catalog)
     if args.output == "json":
-        print(json.dumps(result_to_json(result), indent=2))
+        print(render(result_to_json(result), "json"))
     else:
         print(result_to_table(result))
     return 0

@@ -17,6 +17,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from dynamig.cli import add_output_argument
+
 PROG = "kubectl dynamig"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -80,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         "it would offer, and whether each change would be written now or held, and why. A return to the "
         "baseline is shown as a freshly started operator sees it (idle time counted from now).",
     )
-    plan.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    add_output_argument(plan, yaml=True)
     plan.add_argument("--policy", default=None, help="only this GpuPartitionPolicy")
     plan.add_argument(
         "--agent-namespace",
@@ -95,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Compares each GpuPartition's spec.layout with the instances its agent reports, the generation the "
         "agent has seen and its Ready condition. Exit status 1 when any GPU is off its spec.",
     )
-    verify.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    add_output_argument(verify)
 
     export = command(
         "export",

@@ -17,6 +17,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config import ConfigException
 
+from dynamig.cli import render
 from dynamig.cli.kubectl_plugin import EXIT_FAILED, EXIT_OK
 from dynamig.cli.kubectl_plugin.report import (
     ReportError,
@@ -61,12 +62,7 @@ async def _plan(args: argparse.Namespace) -> int:
         leases = args.agent_namespace or await agent_namespace(api)
         snap = await snapshot(api, leases)
     report = plan_report(snap, load_catalog(), time.time(), args.namespace, args.policy)
-    if args.output == "json":
-        print(json.dumps(report, indent=2))
-    elif args.output == "yaml":
-        print(yaml.safe_dump(report, sort_keys=False), end="")
-    else:
-        print(plan_table(report))
+    print(plan_table(report) if args.output == "table" else render(report, args.output))
     return EXIT_OK
 
 
@@ -76,7 +72,7 @@ async def _verify(args: argparse.Namespace) -> int:
             GROUP, VERSION, GPU_PARTITION_PLURAL
         )
     rows = verify_report(body.get("items") or [])
-    print(json.dumps(rows, indent=2) if args.output == "json" else verify_table(rows))
+    print(render(rows, "json") if args.output == "json" else verify_table(rows))
     return EXIT_OK if all(r["atSpec"] for r in rows) else EXIT_FAILED
 
 
