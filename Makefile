@@ -12,11 +12,14 @@ GEN_DIR := operator/dynamig/agent/plugin/_generated
 # marked `matrix` against (dynamig.devcluster.versions.MATRIX names them all).
 MATRIX_TARGETS := v1.36.3 v1.35.4+alpha v1.35.4
 
-$(STAMP): pyproject.toml
-	$(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+# pip prints a line per package it collects or installs; its progress bars are off (a CI log has no terminal).
+PIP_INSTALL := $(BIN)/pip install --progress-bar off
+$(STAMP): pyproject.toml setup.py
+	@bash hack/step.sh "creating the virtual environment $(VENV)" $(PY) -m venv $(VENV)
+	@bash hack/step.sh "upgrading pip in $(VENV)" $(PIP_INSTALL) --upgrade pip
+	@bash hack/step.sh "installing dynamig and its dev tools into $(VENV) (pip install -e '.[dev]')" \
+	  $(PIP_INSTALL) -e '.[dev]'
+	@touch $(STAMP)
 
 proto: $(STAMP)
 	@if [ -d $(PROTO_DIR) ]; then $(BIN)/python -m dynamig.agent.plugin.build_protos; fi

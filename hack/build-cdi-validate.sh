@@ -21,6 +21,8 @@ log() { echo "[build-cdi-validate] $*" >&2; }
 # shellcheck source=hack/lib/go-tool.sh
 source "$(dirname "$0")/lib/go-tool.sh"
 go_tool_begin cdi-validate "cdi-validate-${CDI_VERSION}-r${RECIPE}"
+trap step_abort EXIT
+step_begin "building cdi-validate (tags.cncf.io/container-device-interface $CDI_VERSION; once, cached in $OUT)"
 
 cat > "$work/go.mod" <<GOMOD
 module dynamig.io/tools/cdi-validate
@@ -121,9 +123,8 @@ func main() {
 }
 GO
 
-start=$(date +%s)
-(cd "$work" && log "go mod tidy (tags.cncf.io/container-device-interface $CDI_VERSION)" && go mod tidy >&2 \
-   && log "go build cdi-validate" && go build -trimpath -ldflags='-s -w' -o "$BIN.tmp" . >&2)
+(cd "$work" && go mod tidy >&2 && go build -trimpath -ldflags='-s -w' -o "$BIN.tmp" . >&2)
 mv "$BIN.tmp" "$BIN"
-log "done in $(( $(date +%s) - start ))s: $BIN"
+step_end
+log "done: $BIN"
 echo "$BIN"

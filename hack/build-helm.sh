@@ -18,14 +18,18 @@ BIN="$OUT/bin/helm"
 if [ -x "$BIN" ]; then echo "$BIN"; exit 0; fi
 
 log() { echo "[build-helm] $*" >&2; }
+# shellcheck source=hack/lib/progress.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/progress.sh"
 command -v go >/dev/null || { echo "go is required to build helm (or set DYNAMIG_HELM to a helm binary)" >&2; exit 1; }
 
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 work="$OUT/src"
 mkdir -p "$work" "$OUT/bin"
+trap step_abort EXIT
+step_begin "building helm $HELM_VERSION (once; cached in $OUT)"
 
 # A wrapper module that requires helm at the pinned release; helm's own go.mod fixes every dependency.
-log "resolving helm.sh/helm/v3 $HELM_VERSION"
+step_begin "resolving helm.sh/helm/v3 $HELM_VERSION and its dependencies (go mod download, go mod tidy)"
 helm_gomod=$(cd "$work" && go mod download -json "helm.sh/helm/v3@$HELM_VERSION" \
   | sed -n 's/^\s*"GoMod": "\(.*\)",\?$/\1/p')
 go_directive=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$helm_gomod" | head -n1)
@@ -53,10 +57,12 @@ if [ -n "$k8s_minor" ]; then
   done
 fi
 
-start=$(date +%s)
-(cd "$work" && log "go mod tidy" && go mod tidy >&2 \
-   && log "go build helm.sh/helm/v3/cmd/helm" \
-   && go build -trimpath -ldflags="$ldflags" -o "$BIN.tmp" helm.sh/helm/v3/cmd/helm >&2)
+(cd "$work" && go mod tidy >&2)
+step_end
+step_begin "go build helm.sh/helm/v3/cmd/helm $HELM_VERSION"
+(cd "$work" && go build -trimpath -ldflags="$ldflags" -o "$BIN.tmp" helm.sh/helm/v3/cmd/helm >&2)
 mv "$BIN.tmp" "$BIN"
-log "done in $(( $(date +%s) - start ))s: $("$BIN" version --short 2>/dev/null || echo "$BIN")"
+step_end
+step_end
+log "done: $("$BIN" version --short 2>/dev/null || echo "$BIN")"
 echo "$BIN"

@@ -6,6 +6,8 @@ set -euo pipefail
 
 # shellcheck source=hack/lib/k8s-module.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/k8s-module.sh"
+# shellcheck source=hack/lib/progress.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/progress.sh"
 K8S_VERSION="${DYNAMIG_K8S_VERSION:-$K8S_PRIMARY_VERSION}"
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,14 +24,16 @@ command -v go >/dev/null || { echo "go is required to build the hold scheduler" 
 mkdir -p "$OUT"
 if command -v flock >/dev/null; then
   exec 9>"$OUT/.lock"
-  flock 9 || true
+  wait_for_lock 9 "kube-scheduler with HoldForTest ($K8S_VERSION) in $OUT"
   if [ -x "$BIN" ]; then echo "$BIN"; exit 0; fi
 fi
+trap step_abort EXIT
+step_begin "building kube-scheduler with HoldForTest $K8S_VERSION (go mod tidy, go build; once, cached in $OUT)"
 work="$OUT/src"; rm -rf "$work"; mkdir -p "$work"
 ldflags=$(k8s_wrapper_module "$work" "$K8S_VERSION")
 cp "$src" "$work/main.go"
-log "go build kube-scheduler with HoldForTest ($K8S_VERSION)"
 (cd "$work" && go mod tidy >&2 && go build -trimpath -ldflags="$ldflags" -o "$BIN.tmp" . >&2)
 mv -f "$BIN.tmp" "$BIN"
+step_end
 log "done: $BIN"
 echo "$BIN"

@@ -10,12 +10,17 @@ log() { echo "[build-promtool] $*" >&2; }
 # shellcheck source=hack/lib/go-tool.sh
 source "$(dirname "$0")/lib/go-tool.sh"
 go_tool_begin promtool "promtool-${PROMETHEUS_VERSION}"
+trap step_abort EXIT
+step_begin "building promtool $PROMETHEUS_VERSION (once; cached in $OUT)"
 printf 'module dynamig.io/tools/promtool\n\ngo 1.26.0\n\nrequire github.com/prometheus/prometheus %s\n' "$PROMETHEUS_VERSION" > "$work/go.mod"
 printf '//go:build tools\n\npackage tools\n\nimport _ "github.com/prometheus/prometheus/cmd/promtool"\n' > "$work/tools.go"
-start=$(date +%s)
-(cd "$work" && log "go mod tidy (prometheus $PROMETHEUS_VERSION)" && go mod tidy >&2 \
-   && log "go build promtool" \
-   && go build -trimpath -tags netgo -ldflags='-s -w' -o "$BIN.tmp" github.com/prometheus/prometheus/cmd/promtool >&2)
+step_begin "go mod tidy (github.com/prometheus/prometheus $PROMETHEUS_VERSION)"
+(cd "$work" && go mod tidy >&2)
+step_end
+step_begin "go build promtool $PROMETHEUS_VERSION"
+(cd "$work" && go build -trimpath -tags netgo -ldflags='-s -w' -o "$BIN.tmp" github.com/prometheus/prometheus/cmd/promtool >&2)
 mv "$BIN.tmp" "$BIN"
-log "done in $(( $(date +%s) - start ))s: $BIN"
+step_end
+step_end
+log "done: $BIN"
 echo "$BIN"

@@ -1,7 +1,12 @@
 # Sourced by the scripts that build one Go tool into the cache. go_tool_begin TOOL DIR sets OUT
 # (<cache>/tools/DIR), BIN ($OUT/bin/TOOL) and work ($OUT/src); when BIN is already built it prints it and
 # exits the script; otherwise it takes the build lock (another process may be building the same tool, and
-# then BIN is printed once it is done) and sets up Go to build from the module proxy.
+# then BIN is printed once it is done, with a heartbeat while it waits) and sets up Go to build from the
+# module proxy.
+
+# shellcheck source=hack/lib/progress.sh
+source "$(dirname "${BASH_SOURCE[0]}")/progress.sh"
+
 go_tool_begin() {
   local tool="$1" dir="$2"
   OUT="${DYNAMIG_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dynamig}/tools/$dir"
@@ -13,7 +18,7 @@ go_tool_begin() {
   mkdir -p "$work" "$OUT/bin"
   if command -v flock >/dev/null; then
     exec 9>"$OUT/.lock"
-    flock 9 || true
+    wait_for_lock 9 "$tool in $OUT"
     if [ -x "$BIN" ]; then echo "$BIN"; exit 0; fi
   fi
 }

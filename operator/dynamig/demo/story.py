@@ -24,21 +24,23 @@ import functools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 from dynamig.backends.simnvml import SimEvent
 from dynamig.demo.cluster import AllocationWatch, ScenarioApi, allocated_device, layout_text
 from dynamig.demo.inprocess import agent_running, operator_running
 from dynamig.devcluster import eventually
 from dynamig.devcluster.node import ContainerReport, RealNode, parse_report, runnable
+from dynamig.devcluster.processes import Component
 from dynamig.kube.names import MANAGED_NODE_LABEL, gpu_partition_name
 from dynamig.simulate.trace import percentile
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 NAMESPACE = "demo"
 NODE = "gpu-node-a"
@@ -196,6 +198,21 @@ async def run_demo(options: DemoOptions, write: Callable[[str], None]) -> int:
         write("\nEverything stopped; nothing is left running.")
 
 
+class AgentExitedError(RuntimeError):
+    """The node agent's process exited while the story waited for it; the message carries its log's end."""
+
+
+def agent_report(comp: Component, lines: int = 20) -> str:
+    """The agent process's exit status (or that it still runs) and the last ``lines`` lines of its log, for
+    an error message: the log lives in the node's work directory, which is removed when the demo ends.
+    Side effect: reads the log."""
+    code = comp.popen.poll()
+    state = f"exited with code {code}" if code is not None else "is still running"
+    tail = comp.log_tail(lines).rstrip()
+    body = "\n".join(f"    {line}" for line in tail.splitlines()) if tail else "    (its log is empty)"
+    return f"the node agent (pid {comp.pid}) {state}; the last {lines} lines of its log:\n{body}"
+
+
 class _NodeAgent:
     """The node's agent and the simulated GPUs' history: in this process over ``nvml``, or, on a real node,
     the agent's own process, whose simulated NVML keeps its state (and history) in a file."""
@@ -203,6 +220,7 @@ class _NodeAgent:
     def __init__(self, nvml: ModuleType, node: RealNode | None) -> None:
         self.nvml = nvml
         self.node = node
+        self.process: Component | None = None  # the agent's process on a real node, once started
 
     @contextlib.asynccontextmanager
     async def running(self, api_client: Any, cp: Any, gpus: tuple[str, ...]) -> AsyncIterator[None]:
@@ -212,11 +230,29 @@ class _NodeAgent:
             return
         quick = ("--interval=0.5", "--settle-seconds=0.3", "--reshape-poll=0.1")
         spec = ",".join(f"{m}:1" for m in gpus)
-        await asyncio.to_thread(self.node.start_agent, spec, cp.kubeconfig_path, *quick)
+        self.process = await asyncio.to_thread(self.node.start_agent, spec, cp.kubeconfig_path, *quick)
         try:
             yield
+        except AgentExitedError:
+            raise
+        except (TimeoutError, RuntimeError) as exc:
+            # Read before stop_agent (its SIGTERM would hide the exit status) and before the node's work
+            # directory, which holds the log, is removed.
+            message = f"{exc}\n{agent_report(self.process)}"
+            raise (TimeoutError(message) if isinstance(exc, TimeoutError) else RuntimeError(message)) from exc
         finally:
             await asyncio.to_thread(self.node.stop_agent)
+
+    async def wait(self, probe: Callable[[], Awaitable[T | None]], what: str, within_s: float) -> T:
+        """:func:`eventually` for a step the agent must take; on a real node it fails at once with
+        :class:`AgentExitedError` when the agent's process has exited, instead of waiting out the timeout."""
+
+        async def checked() -> T | None:
+            if self.process is not None and not self.process.running():
+                raise AgentExitedError(f"waiting for {what}: {agent_report(self.process)}")
+            return await probe()
+
+        return await eventually(checked, what, within_s)
 
     def history(self) -> list[SimEvent]:
         if self.node is None:
@@ -240,13 +276,12 @@ async def _story(options: DemoOptions, report: Reporter, cp: Any, api_client: An
         report.step("8 AM: the admin pre-cuts every GPU as " + layout_text(baseline))
         t = time.monotonic()
         for name in gpus:
-            await eventually(functools.partial(api.stable, name), f"the agent's GpuPartition {name}", within)
+            await agent.wait(functools.partial(api.stable, name), f"the agent's GpuPartition {name}", within)
         for name in gpus:
             await api.set_layout(name, baseline)
         for name in gpus:
-            await eventually(
-                functools.partial(api.stable, name, layout_text(baseline)), f"{name} pre-cut", within
-            )
+            probe = functools.partial(api.stable, name, layout_text(baseline))
+            await agent.wait(probe, f"{name} pre-cut", within)
         report.timed("agent applied the layout through NVML", time.monotonic() - t)
         await _show_layouts(api, report, len(gpus))
         history_start = len(agent.history())

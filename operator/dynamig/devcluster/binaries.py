@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from dynamig.devcluster.progress import run_streaming
 from dynamig.devcluster.versions import PRIMARY
 
 TOOLS = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "etcd", "kubectl")
@@ -138,22 +139,16 @@ def find_binaries(
 
 def build_tool(script: str) -> Path:
     """Run ``hack/<script>``, which builds one Go tool from its module once (cached; a no-op afterwards) and
-    prints the binary's path last, and return that path. Side effect: may build (minutes on a cold cache).
+    prints the binary's path last, and return that path. Side effect: may build (minutes on a cold cache),
+    its progress lines passed through to this process's stderr as they come.
     Raises :class:`BinariesNotFoundError` with the end of the script's log when it fails."""
     root = find_repo_root()
     if root is None:
         raise BinariesNotFoundError(f"hack/{script} needs a dynamig source checkout")
-    proc = subprocess.run(
-        ["bash", str(root / "hack" / script)],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
+    proc = run_streaming(["bash", str(root / "hack" / script)], cwd=root, timeout=1800)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         raise BinariesNotFoundError(
-            f"hack/{script} failed (exit code {proc.returncode}): {proc.stderr[-2000:]}"
+            f"hack/{script} failed (exit code {proc.returncode}): {proc.stderr_tail[-2000:]}"
         )
     return Path(lines[-1])
