@@ -24,3 +24,13 @@ def devices(nvml: ModuleType) -> Iterator[NvmlDevices]:
     d.init()
     yield d
     d.shutdown()
+
+
+@pytest.fixture
+def sim() -> Iterator[ModuleType]:
+    """The simulated NVML module (the test configures its GPUs), emptied afterwards."""
+    from dynamig.backends.nvml import load_nvml
+
+    module: ModuleType = load_nvml("simulated")
+    yield module
+    module.configure(gpus=[], state_file=None)

@@ -17,7 +17,7 @@ import dataclasses
 import functools
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -49,15 +49,6 @@ pytestmark = pytest.mark.controlplane
 BASELINE = [("3g.40gb", 0), ("3g.40gb", 4)]
 CREATE_LATENCY_S = 0.5
 A100_PROFILES = ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
-
-
-@pytest.fixture
-def sim() -> Iterator[ModuleType]:
-    from dynamig.backends.nvml import load_nvml
-
-    module: ModuleType = load_nvml("simulated")
-    yield module
-    module.configure(gpus=[], state_file=None)
 
 
 def partitionable(node: str) -> AgentSettings:

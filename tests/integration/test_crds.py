@@ -59,7 +59,7 @@ def test_crds_are_structural_and_carry_descriptions() -> None:
             assert not missing, f"{path.name}: spec fields without a description: {missing}"
 
 
-def test_kubectl_get_gpupartitions_shows_node_product_layout_slices_phase(crds: ControlPlane) -> None:
+def test_kubectl_get_gpupartitions_shows_node_product_layout_slices_offers_phase(crds: ControlPlane) -> None:
     cp = crds
     node = _name("gpu-node")
     name = f"{node}-gpu0"
@@ -89,6 +89,7 @@ def test_kubectl_get_gpupartitions_shows_node_product_layout_slices_phase(crds: 
                 "layoutSummary": "3g.40gb@0,1g.10gb@4",
                 "freeSlices": 1,
                 "totalSlices": 2,
+                "offeredPlacements": 3,
                 "instances": [
                     {"profile": "3g.40gb", "start": 0, "deviceName": "gpu0-3g40gb-s0", "state": "allocated"},
                     {"profile": "1g.10gb", "start": 4, "deviceName": "gpu0-1g10gb-s4", "state": "free"},
@@ -110,18 +111,19 @@ def test_kubectl_get_gpupartitions_shows_node_product_layout_slices_phase(crds: 
         )
         out = cp.kubectl("get", "gpupartitions", name).stdout
         header, row = out.splitlines()[:2]
-        assert header.split() == ["NAME", "MODEL", "FREE", "TOTAL", "READY", "REASON", "AGE"]
-        assert row.split()[:6] == [name, "A100-80GB", "1", "2", "True", "LayoutApplied"]
+        # OFFERED in the default row: a Partitionable GPU may have no instance yet offer every placement.
+        assert header.split() == ["NAME", "FREE", "TOTAL", "OFFERED", "READY", "REASON", "AGE"]
+        assert row.split()[:6] == [name, "1", "2", "3", "True", "LayoutApplied"]
         assert max(len(line) for line in out.splitlines()) <= 80  # fits a terminal
         wide = cp.kubectl("get", "gpupartitions", name, "-o", "wide").stdout.splitlines()
         columns = [
+            "MODEL",
             "NODE",
             "GPU",
             "LAYOUT",
             "PRODUCT",
             "MIG",
             "INVENTORY",
-            "OFFERED",
             "LAST RESHAPE",
             "MESSAGE",
         ]
@@ -129,6 +131,7 @@ def test_kubectl_get_gpupartitions_shows_node_product_layout_slices_phase(crds: 
             assert column in wide[0], column
         # The product name and the message have spaces in them, so look for the cells rather than split.
         for cell in (
+            "A100-80GB",
             node,
             "3g.40gb@0,1g.10gb@4",
             "NVIDIA A100-SXM4-80GB",

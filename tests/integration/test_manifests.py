@@ -484,6 +484,10 @@ OPERATOR_ALLOWED = [
     ("delete", "resourceslices.resource.k8s.io"),
     ("update", "resourceclaims.resource.k8s.io", "--subresource=status", "-n", "default"),
     ("arbitrary-node:update", "resourceclaims.resource.k8s.io/mig.dynamig.io", "--subresource=driver"),
+    # The DeviceClass per offered profile serving the device plugin's resource names (operator/extended.py).
+    ("create", "deviceclasses.resource.k8s.io"),
+    ("update", "deviceclasses.resource.k8s.io"),
+    ("delete", "deviceclasses.resource.k8s.io"),
 ]
 OPERATOR_DENIED = [
     ("create", "resourceslices.resource.k8s.io"),
@@ -503,7 +507,8 @@ OPERATOR_DENIED = [
     ("create", "leases.coordination.k8s.io", "-n", NS),
     ("list", "leases.coordination.k8s.io", "--all-namespaces"),
     ("create", "customresourcedefinitions.apiextensions.k8s.io"),
-    ("create", "deviceclasses.resource.k8s.io"),
+    ("patch", "deviceclasses.resource.k8s.io"),
+    ("deletecollection", "deviceclasses.resource.k8s.io"),
     ("update", "gpupartitions.dynamig.io"),
     ("update", "gpupartitionpolicies.dynamig.io", "--subresource=status"),
 ]

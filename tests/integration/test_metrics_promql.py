@@ -8,12 +8,15 @@
   by ``promtool test rules`` over the series the agent's registry exposes; the dashboard's panel built on
   that join returns the pod too.
 - The chart's PrometheusRule (rendered by helm) passes ``promtool check rules``, and each alert on an agent
-  error counter fires on the first error, because the counters start at zero.
+  error counter fires on the first error, because the counters start at zero; so does the operator's alert
+  on failed layout writes. The pending-too-long alert reads the oldest pending claim's age, so a claim
+  pending since before the operator started fires at once.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -25,11 +28,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dynamig.agent.metrics import AgentMetrics, InstanceSample
 from dynamig.devcluster.binaries import BinariesNotFoundError, build_tool
+from dynamig.operator.metrics import OperatorMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "manifests" / "helm" / "dynamig"
 RUNBOOKS = "https://docs.example.org/dynamig/operations.md"  # where an install publishes its runbooks
 GPU_UUID = "GPU-7c4f0e2a-1b3d-4e5f-8a9b-0c1d2e3f4a5b"
+PENDING_CLAIM_SECONDS = 600  # the chart's default metrics.prometheusRule.pendingClaimSeconds
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +180,7 @@ def test_the_chart_alert_rules_pass_promtool_and_fire_on_the_first_agent_error(
     zero = _series(generate_latest(metrics.registry).decode(), "dynamig_kubelet_plugin_requests_total")
     errors = [s for s in zero if 'result="error"' in s and 'operation="prepare"' in s]
     assert len(errors) == 1, zero
-    test = {
+    test: dict[str, Any] = {
         "rule_files": [str(rules)],
         "evaluation_interval": "1m",
         "tests": [
@@ -208,7 +213,96 @@ def test_the_chart_alert_rules_pass_promtool_and_fire_on_the_first_agent_error(
             }
         ],
     }
+    test["tests"] += [*_operator_alert_tests(), _reshape_failure_test()]
     path = tmp_path / "alert_test.yaml"
     path.write_text(yaml.safe_dump(test, sort_keys=False))
     proc = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _operator_alert_tests() -> list[dict[str, Any]]:
+    """DynamigDemandPendingTooLong over the operator's series (names and labels as its registry exposes
+    them): policy ``old`` has a claim created 15 minutes before the operator started, policy ``new`` one
+    created when it started. The old claim fires at once; the new one once it is older than the limit."""
+    metrics = OperatorMetrics()
+    for policy in ("old", "new"):
+        metrics.set_pending(policy, {("1g.10gb", "NoCapacity"): 2})
+        metrics.set_governed(policy, 1, 0.0)
+    text = generate_latest(metrics.registry).decode()
+
+    def by_policy(family: str) -> dict[str, str]:
+        return {re.sub(r'.*policy="([^"]*)".*', r"\1", s): s for s in _series(text, family)}
+
+    pending = by_policy("dynamig_operator_pending_devices")
+    age = by_policy("dynamig_operator_oldest_pending_claim_age_seconds")
+    summary = (
+        "A claim under policy {p} has been pending for more than {limit}s; 2 device(s) of MIG profile "
+        "1g.10gb are pending (NoCapacity)."
+    )
+
+    def firing(policy: str) -> dict[str, Any]:
+        return {
+            "exp_labels": {
+                "severity": "warning",
+                "policy": policy,
+                "profile": "1g.10gb",
+                "reason": "NoCapacity",
+            },
+            "exp_annotations": {
+                "summary": summary.format(p=policy, limit=PENDING_CLAIM_SECONDS),
+                "description": "kubectl describe gpupartitionpolicy and the Events of the pending claims "
+                "say why.",
+                "runbook_url": f"{RUNBOOKS}#dynamigdemandpendingtoolong",
+            },
+        }
+
+    name = "DynamigDemandPendingTooLong"
+    return [
+        {
+            "interval": "1m",
+            "input_series": [
+                {"series": pending["old"], "values": "2x15"},
+                {"series": age["old"], "values": "900+60x15"},  # 15 min old when the operator starts
+                {"series": pending["new"], "values": "2x15"},
+                {"series": age["new"], "values": "0+60x15"},
+            ],
+            "alert_rule_test": [
+                {"eval_time": "1m", "alertname": name, "exp_alerts": [firing("old")]},
+                {"eval_time": "9m", "alertname": name, "exp_alerts": [firing("old")]},
+                {"eval_time": "11m", "alertname": name, "exp_alerts": [firing("new"), firing("old")]},
+            ],
+        }
+    ]
+
+
+def _reshape_failure_test() -> dict[str, Any]:
+    """DynamigReshapeFailures fires on a policy's first failed layout write: the operator's counter of
+    failures exists at 0 from the policy's first round (OperatorMetrics.policy_seen)."""
+    metrics = OperatorMetrics()
+    metrics.set_governed("p", 1, 0.0)
+    zero = _series(generate_latest(metrics.registry).decode(), "dynamig_operator_reshapes_total")
+    (failed,) = [s for s in zero if 'result="failed"' in s]
+    return {
+        "interval": "1m",
+        "input_series": [{"series": failed, "values": "0 0 0 1 1 1 1 1 1 1 1 1"}],
+        "alert_rule_test": [
+            {"eval_time": "2m", "alertname": "DynamigReshapeFailures", "exp_alerts": []},
+            {
+                "eval_time": "9m",  # after its `for: 5m`
+                "alertname": "DynamigReshapeFailures",
+                "exp_alerts": [
+                    {
+                        "exp_labels": {"severity": "warning", "policy": "p"},
+                        "exp_annotations": {
+                            "summary": "Writing GpuPartition layouts for policy p failed in the last 30 "
+                            "minutes.",
+                            "description": "The operator's log and the policy's Events (kubectl describe "
+                            "gpupartitionpolicy) name the API error; RBAC or an admission webhook are the "
+                            "usual causes.",
+                            "runbook_url": f"{RUNBOOKS}#dynamigreshapefailures",
+                        },
+                    }
+                ],
+            },
+        ],
+    }

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
 from dynamig.agent.gpu_status import (
     degraded_status,
     gpu_status,
@@ -19,6 +26,7 @@ from dynamig.geometry.model import PlacedInstance, device_name
 from dynamig.kube.gpupartition import (
     ConditionType,
     GpuPartition,
+    GpuPartitionStatus,
     InstanceState,
     Inventory,
     Phase,
@@ -27,6 +35,8 @@ from dynamig.kube.gpupartition import (
 
 MODEL = load_catalog().model("A100-40GB")
 STAMP = "2026-12-03T08:00:00Z"
+CRD = Path(__file__).resolve().parents[2] / "crds" / "gpupartitions.yaml"
+EVERY_PROFILE = ["1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"]  # 7 + 3 + 2 + 1 + 1 placements
 
 
 def gpu(**kw: object) -> GpuInfo:
@@ -44,8 +54,16 @@ def instance(profile: str, start: int, processes: int = 0, ci_slices: int | None
     return MigInstance(0, profile, start, p.placement_size, 1, p.compute_slices, (ci,))
 
 
-def partition(uuid: str = "", offered: list[str] | None = None) -> GpuPartition:
-    spec: dict[str, object] = {"node": "n1", "gpuIndex": 0, "layout": []}
+def partition(
+    uuid: str = "",
+    offered: list[str] | None = None,
+    layout: Sequence[tuple[str, int]] = (),
+) -> GpuPartition:
+    spec: dict[str, object] = {
+        "node": "n1",
+        "gpuIndex": 0,
+        "layout": [{"profile": p, "start": s} for p, s in layout],
+    }
     if offered is not None:
         spec["offeredProfiles"] = offered
     return GpuPartition.model_validate(
@@ -172,3 +190,100 @@ def test_mig_device_names_the_instance() -> None:
     assert dev["name"] == device_name(0, "3g.20gb", 4)
     assert dev["attributes"]["mig.dynamig.io/uuid"] == {"string": "MIG-3g.20gb-4"}
     assert dev["attributes"]["mig.dynamig.io/placementStart"] == {"int": 4}
+
+
+def round_status(
+    inventory: Inventory, part: GpuPartition, insts: list[MigInstance], claims: dict[str, list[str]]
+) -> GpuPartitionStatus:
+    """The status a round of the agent writes for a GPU with nothing left to do, as the controller makes it:
+    the partitionable offer (none under Instances), gpu_status, readiness, managed_status."""
+    offer, published = None, {i.placed for i in insts}
+    if inventory is Inventory.PARTITIONABLE:
+        offer = partitionable_offer(gpu(), part, insts, claims, (), (), False)
+        published = set(offer.unguarded)
+    plan = GpuPlan()
+    ready = readiness(0, plan, None, [])
+    status = gpu_status("n1", inventory, gpu(), part, insts, claims, (), published, Phase.STABLE, ready[0])
+    return managed_status(
+        status, part, MODEL.key, plan, ready, STAMP,
+        reshape_finished=False, offered_placements=offer.placements if offer else 0,
+    )  # fmt: skip
+
+
+def test_ready_message_says_what_is_true_in_each_inventory() -> None:
+    insts = [
+        instance("1g.5gb", 0, processes=1),
+        instance("1g.5gb", 1),
+        instance("1g.5gb", 2),
+        instance("1g.5gb", 3),
+    ]
+    claims = {device_name(0, "1g.5gb", 1): ["ns/a"]}
+    # Partitionable: spec.layout is a floor and pods book the rest, so it is not "the layout" of the GPU.
+    floorless = round_status(Inventory.PARTITIONABLE, partition(offered=["1g.5gb"]), insts, claims)
+    ready = floorless.condition(ConditionType.READY)
+    assert ready is not None and ready.is_true and ready.reason == Reason.LAYOUT_APPLIED
+    assert (
+        ready.message
+        == "4 instances (2 booked or in use), 3 placements offered to cut; floor spec.layout empty"
+    )
+    assert floorless.message == ready.message  # the phase message says the same
+    floored = round_status(
+        Inventory.PARTITIONABLE, partition(offered=["1g.5gb"], layout=[("1g.5gb", 0)]), insts, claims
+    )
+    assert floored.message.endswith("; floor spec.layout (1 instance) kept")
+    # Instances: the GPU is cut to spec.layout, which lists every instance.
+    exact = round_status(
+        Inventory.INSTANCES, partition(layout=[("1g.5gb", s) for s in range(4)]), insts, claims
+    )
+    ready = exact.condition(ConditionType.READY)
+    assert ready is not None and ready.message == exact.message == "GPU matches spec.layout"
+
+
+def printer_columns() -> list[dict[str, Any]]:
+    (version,) = yaml.safe_load(CRD.read_text())["spec"]["versions"]
+    return list(version["additionalPrinterColumns"])
+
+
+def resolve(obj: dict[str, Any], path: str) -> Any:
+    """The value kubectl prints for a printer column's ``jsonPath``: the two forms the CRD uses (a dotted
+    path; a condition's field picked by type); None where kubectl prints <none>."""
+    picked = re.fullmatch(r'\.status\.conditions\[\?\(@\.type=="(\w+)"\)\]\.(\w+)', path)
+    if picked:
+        cond = [c for c in obj["status"].get("conditions", []) if c["type"] == picked[1]]
+        return cond[0].get(picked[2]) if cond else None
+    assert re.fullmatch(r"(\.\w+)+", path), f"printer column path this test cannot read: {path}"
+    value: Any = obj
+    for key in path[1:].split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def test_default_columns_show_what_a_partitionable_gpu_offers() -> None:
+    # An idle partitionable GPU has no instance: FREE 0 and TOTAL 0 alone would read as "nothing here".
+    part = partition(offered=EVERY_PROFILE)
+    status = round_status(Inventory.PARTITIONABLE, part, [], {})
+    obj = {"metadata": {"name": part.name, "creationTimestamp": STAMP}, "status": status.to_api()}
+    row = {c["name"]: resolve(obj, c["jsonPath"]) for c in printer_columns() if not c.get("priority")}
+    assert row == {
+        "Free": 0,
+        "Total": 0,
+        "Offered": 14,
+        "Ready": "True",
+        "Reason": "LayoutApplied",
+        "Age": STAMP,
+    }
+    wide = {c["name"]: resolve(obj, c["jsonPath"]) for c in printer_columns()}
+    assert wide["Inventory"] == "Partitionable" and wide["Model"] == MODEL.key
+    assert (
+        wide["Message"]
+        == "0 instances (0 booked or in use), 14 placements offered to cut; floor spec.layout empty"
+    )
+    # Instances inventory: the same columns count instances, and nothing is offered to cut.
+    insts = [instance("3g.20gb", 0), instance("3g.20gb", 4)]
+    claims = {device_name(0, "3g.20gb", 0): ["ns/a"]}
+    exact = round_status(
+        Inventory.INSTANCES, partition(layout=[("3g.20gb", 0), ("3g.20gb", 4)]), insts, claims
+    )
+    obj = {"metadata": {"name": part.name, "creationTimestamp": STAMP}, "status": exact.to_api()}
+    row = {c["name"]: resolve(obj, c["jsonPath"]) for c in printer_columns() if not c.get("priority")}
+    assert (row["Free"], row["Total"], row["Offered"], row["Ready"]) == (1, 2, 0, "True")

@@ -1,18 +1,27 @@
 """The reconciler's pure parts: a snapshot parsed into a world, claims given to policies, status patches, and
-the metrics registry.
+the metrics registry; and what a round writes for GPUs whose agent went silent.
 
 Real: policy/GpuPartition/claim parsing, CEL evaluation of selectors, ownership resolution and the Prometheus
-client registry. The snapshot is made of plain dicts shaped like API objects; no API server is involved.
+client registry. The snapshot is made of plain dicts shaped like API objects; no API server is involved: a
+round talks to :class:`FakeKube`, which records what it is asked to write.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from collections.abc import Mapping
+from typing import Any, cast
 
+import pytest
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from dynamig import DRIVER_NAME
 from dynamig.geometry.catalog import load_catalog
-from dynamig.operator.kubeio import Snapshot
+from dynamig.kube.heartbeat import lease_body
+from dynamig.operator.kubeio import KubeIO, Snapshot
 from dynamig.operator.metrics import OperatorMetrics
-from dynamig.operator.reconciler import _differs, _replacing, parse_world
+from dynamig.operator.reconciler import Reconciler, _differs, _replacing, parse_world
+from dynamig.operator.settings import OperatorSettings
 
 PROFILE = 'device.attributes["mig.dynamig.io"].profile'
 
@@ -136,3 +145,107 @@ def test_metrics_series_are_replaced_and_forgotten() -> None:
     assert r.get_sample_value("dynamig_operator_governed_gpus", {"policy": "p"}) is None
     assert r.get_sample_value("dynamig_operator_oldest_pending_claim_age_seconds", {"policy": "p"}) is None
     assert r.get_sample_value("dynamig_operator_build_info", {"version": "0.1.0"}) == 1
+
+
+class FakeKube:
+    """The KubeIO calls a round makes, answered from one snapshot; writes are recorded."""
+
+    def __init__(
+        self, snap: Snapshot, slices: tuple[dict[str, Any], ...] = (), patch_errors: int = 0
+    ) -> None:
+        self.snap = snap
+        self.slices = slices
+        self.patch_errors = patch_errors  # this many condition patches fail (an API server error)
+        self.conditions: dict[str, list[dict[str, Any]]] = {}
+        self.events: list[tuple[dict[str, Any], str, str]] = []  # (involvedObject, type, reason)
+
+    async def snapshot(self, lease_namespace: str | None = None) -> Snapshot:
+        return self.snap
+
+    async def patch_partition_conditions(self, name: str, conditions: list[dict[str, Any]]) -> None:
+        if self.patch_errors:
+            self.patch_errors -= 1
+            raise ApiException(status=500, reason="Internal Server Error")
+        self.conditions[name] = conditions
+
+    async def post_event(
+        self, involved: Mapping[str, Any], event_type: str, reason: str, message: str, namespace: str
+    ) -> None:
+        self.events.append((dict(involved), event_type, reason))
+
+    async def list_node_slices(self, node: str) -> tuple[dict[str, Any], ...]:
+        return tuple(s for s in self.slices if s["spec"]["nodeName"] == node)
+
+    async def delete_slice(self, name: str) -> None:
+        pass
+
+    async def put_device_status(self, namespace: str, name: str, entry: dict[str, Any]) -> bool:
+        return True
+
+    async def write_spec(self, name: str, spec: Any, annotations: Any, rv: str) -> dict[str, Any]:
+        return {"metadata": {"generation": 2}}
+
+    async def patch_policy_status(self, name: str, status: Mapping[str, Any]) -> None:
+        pass
+
+    async def write_device_classes(self, changes: Any) -> None:
+        pass
+
+
+def silent_node_snapshot() -> Snapshot:
+    """Node ``a``: an A100 that policy ``ampere`` governs and an H100 no policy governs, both Ready, and an
+    agent whose Lease ran out ten minutes ago."""
+    parts = []
+    for index, model, product in (
+        (0, "A100-80GB", "NVIDIA A100-SXM4-80GB"),
+        (1, "H100-80GB", "NVIDIA H100 80GB HBM3"),
+    ):
+        part = gpu("a", index, model, product)
+        part["metadata"]["uid"] = f"uid-a-gpu{index}"
+        part["status"]["conditions"] = [
+            {"type": "Ready", "status": "True", "reason": "LayoutApplied", "message": "ok",
+             "lastTransitionTime": "2026-01-01T00:00:00Z"},
+        ]  # fmt: skip
+        parts.append(part)
+    return Snapshot(
+        policies=(policy("ampere", "2026-02-01T00:00:00Z", gpuProducts=["A100-80GB"]),),
+        partitions=tuple(parts),
+        nodes=({"metadata": {"name": "a", "uid": "uid-node-a", "labels": {"kubernetes.io/hostname": "a"}}},),
+        pods=(),
+        claims=(),
+        device_classes=(),
+        leases=(lease_body("a", "default", time.time() - 600, 30),),
+    )
+
+
+def reconciler(kube: FakeKube) -> Reconciler:
+    return Reconciler(cast(KubeIO, kube), load_catalog(), OperatorMetrics(), OperatorSettings())
+
+
+async def test_silent_agent_events_carry_the_uid_of_their_object() -> None:
+    # kubectl describe finds an object's Events by its uid: the first round already knows them.
+    node_slice = {"metadata": {"name": "a-mig-0"}, "spec": {"driver": DRIVER_NAME, "nodeName": "a"}}
+    kube = FakeKube(silent_node_snapshot(), slices=(node_slice,))
+    await reconciler(kube).round("ampere")
+    silent = [(ref, kind) for ref, kind, reason in kube.events if reason == "AgentSilent"]
+    assert sorted((ref["kind"], ref["name"], ref.get("uid")) for ref, _ in silent) == [
+        ("GpuPartition", "a-gpu0", "uid-a-gpu0"),
+        ("GpuPartition", "a-gpu1", "uid-a-gpu1"),
+        ("Node", "a", "uid-node-a"),
+    ]
+    assert {kind for _, kind in silent} == {"Warning"}
+
+
+async def test_every_gpu_of_a_silent_node_is_ready_unknown_governed_or_not() -> None:
+    world = parse_world(silent_node_snapshot(), load_catalog(), time.time())
+    assert world.ownership.owner == {"a-gpu0": "ampere"}  # a-gpu1: no policy governs it
+    kube = FakeKube(silent_node_snapshot(), patch_errors=1)
+    rec = reconciler(kube)
+    with pytest.raises(ApiException):
+        await rec.round("ampere")  # the API server refused the first patch: the loop runs the round again
+    await rec.round("ampere")
+    assert sorted(kube.conditions) == ["a-gpu0", "a-gpu1"]
+    for name, conditions in kube.conditions.items():
+        (ready,) = [c for c in conditions if c["type"] == "Ready"]
+        assert (ready["status"], ready["reason"]) == ("Unknown", "AgentSilent"), name
+        assert "has not renewed its lease" in ready["message"], name

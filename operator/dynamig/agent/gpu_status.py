@@ -186,6 +186,24 @@ def readiness(
     return "GPU matches spec.layout", True, Reason.LAYOUT_APPLIED
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def floor_kept(status: GpuPartitionStatus, part: GpuPartition, offered_placements: int) -> str:
+    """The Ready message of a partitionable GPU with nothing left to do: what exists, what is booked, what
+    is offered, and the floor (spec.layout) it keeps."""
+    busy = sum(1 for i in status.instances if i.state != InstanceState.FREE)
+    floor = part.spec.desired()
+    kept = (
+        f"floor spec.layout ({_count(len(floor), 'instance')}) kept" if floor else "floor spec.layout empty"
+    )
+    return (
+        f"{_count(len(status.instances), 'instance')} ({busy} booked or in use), "
+        f"{_count(offered_placements, 'placement')} offered to cut; {kept}"
+    )
+
+
 def managed_status(
     status: GpuPartitionStatus,
     part: GpuPartition,
@@ -200,6 +218,10 @@ def managed_status(
     """``status`` of a GPU the agent manages, with its Managed, Healthy, LayoutValid and Ready conditions."""
     gen = part.metadata.generation
     message, is_ready, reason = ready
+    changes: dict[str, Any] = {"offered_placements": offered_placements}
+    if reason == Reason.LAYOUT_APPLIED and status.inventory is Inventory.PARTITIONABLE:
+        # spec.layout is only the floor here (pods book the rest): "matches spec.layout" would not be true.
+        message = changes["message"] = floor_kept(status, part, offered_placements)
     conds = set_condition(
         status.conditions, ConditionType.MANAGED, True, Reason.MANAGED, "managed by dynamig", gen, stamp
     )
@@ -215,7 +237,7 @@ def managed_status(
         text = f"spec.layout is valid for {model_key}"
         conds = set_condition(conds, ConditionType.LAYOUT_VALID, True, Reason.VALID, text, gen, stamp)
     conds = set_condition(conds, ConditionType.READY, is_ready, reason, message, gen, stamp)
-    changes: dict[str, Any] = {"conditions": conds, "offered_placements": offered_placements}
+    changes["conditions"] = conds
     if reshape_finished:
         changes["last_reshape_time"] = stamp
     return status.model_copy(update=changes)

@@ -49,6 +49,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=None,
         help="namespace of the agents' heartbeat Leases (default $POD_NAMESPACE, else default)",
     )
+    parser.add_argument(
+        "--device-plugin-classes",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep a DeviceClass per offered MIG profile serving the device plugin's resource name for it "
+        "(nvidia.com/mig-1g.10gb), so unchanged device-plugin pods are served (default: on)",
+    )
     add_logging_arguments(parser)
     parser.add_argument(
         "--liveness",
@@ -84,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         agent_lease_namespace=args.agent_lease_namespace or os.environ.get("POD_NAMESPACE") or "default",
         log_level=args.log_level,
         liveness_endpoint=args.liveness,
+        device_plugin_classes=args.device_plugin_classes,
     )
     configure_logging(args.log_level, args.log_format)
     check_kubeconfig(args.kubeconfig)

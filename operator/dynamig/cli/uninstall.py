@@ -116,6 +116,7 @@ class UninstallPlan:
     nodes: tuple[str, ...]  # the nodes whose agents are waited for
     slices: tuple[str, ...]  # the driver's ResourceSlices now published (what the agents leave is deleted)
     finalizers: tuple[str, ...]  # policies that lose dynamig's finalizers
+    classes: tuple[str, ...] = ()  # the operator's profile DeviceClasses (a whole-cluster uninstall only)
 
 
 def plan_uninstall(
@@ -131,6 +132,7 @@ def plan_uninstall(
 ) -> UninstallPlan:
     """The steps of :func:`dynamig.operator.teardown.uninstall`, computed instead of taken. Pure."""
     from dynamig.kube.gpupartition import layout_summary, parse_gpu_partition
+    from dynamig.operator.extended import class_changes
     from dynamig.operator.reconciler import parse_world
     from dynamig.operator.teardown import OWN_FINALIZER_PREFIXES, _node_of, left_layout
 
@@ -175,6 +177,7 @@ def plan_uninstall(
                 )
             )
         ),
+        classes=class_changes((), snap.device_classes).delete if nodes is None else (),
     )
 
 
@@ -200,6 +203,8 @@ def plan_lines(plan: UninstallPlan, *, leave: str, timeout_s: float) -> list[str
         f"would delete {len(plan.layouts)} GpuPartition(s)"
         + (f": {', '.join(plan.layouts)}" if plan.layouts else "")
     )
+    if plan.classes:
+        lines.append(f"would delete the profile DeviceClass(es) {', '.join(plan.classes)}")
     if plan.finalizers:
         lines.append(
             f"would remove dynamig's finalizers from GpuPartitionPolicy(ies): {', '.join(plan.finalizers)}"
@@ -298,8 +303,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"{gpu}: left with {layout}; {state}")
         print(
             f"{len(report.cleaned)}/{len(report.layouts)} GPU(s) cleaned by their agents; "
-            f"{report.slices_deleted} ResourceSlice(s) and {report.partitions_deleted} GpuPartition(s) "
-            f"deleted; finalizers removed from {len(report.finalizers_removed)} policy(ies)"
+            f"{report.slices_deleted} ResourceSlice(s), {report.partitions_deleted} GpuPartition(s) and "
+            f"{report.classes_deleted} profile DeviceClass(es) deleted; finalizers removed from "
+            f"{len(report.finalizers_removed)} policy(ies)"
         )
         if report.complete or args.allow_unreported:
             return 0

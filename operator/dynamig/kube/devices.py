@@ -1,5 +1,5 @@
-"""The DRA device a MIG instance is published as (resource.k8s.io/v1 ``Device``), and the DeviceClass that
-selects this driver's devices. Pure.
+"""The DRA device a MIG instance is published as (resource.k8s.io/v1 ``Device``), the DeviceClass that
+selects this driver's devices, and the per-profile DeviceClasses serving device-plugin resource names. Pure.
 
 The agent publishes these in ResourceSlices; the operator builds the same device for a profile that does not
 exist yet and evaluates claim CEL selectors against it, so both sides must use this one builder.
@@ -12,7 +12,14 @@ from typing import Any
 
 from dynamig import DRIVER_NAME
 from dynamig.geometry.model import Profile, device_name
-from dynamig.kube.names import ATTRIBUTE_DOMAIN, DEVICE_CLASS_NAME
+from dynamig.kube.names import (
+    ATTRIBUTE_DOMAIN,
+    DEVICE_CLASS_NAME,
+    PROFILE_ANNOTATION,
+    PROFILE_CLASS_LABEL,
+    extended_resource_name,
+    profile_class_name,
+)
 
 MIB = 1024 * 1024
 
@@ -74,4 +81,27 @@ def device_class() -> dict[str, Any]:
         "kind": "DeviceClass",
         "metadata": {"name": DEVICE_CLASS_NAME},
         "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]},
+    }
+
+
+def profile_device_class(profile: str) -> dict[str, Any]:
+    """The DeviceClass ``mig-<profile>.dynamig.io``: this driver's devices of one profile, serving pods that
+    ask for the NVIDIA device plugin's resource name of it (``extendedResourceName``, DRAExtendedResource:
+    the scheduler then allocates such a request from this class, k8s.io/api resource/v1 DeviceClassSpec).
+    Pure."""
+    selector = (
+        f'device.driver == "{DRIVER_NAME}" && device.attributes["{ATTRIBUTE_DOMAIN}"].profile == "{profile}"'
+    )
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {
+            "name": profile_class_name(profile),
+            "labels": {PROFILE_CLASS_LABEL: "true"},
+            "annotations": {PROFILE_ANNOTATION: profile},
+        },
+        "spec": {
+            "selectors": [{"cel": {"expression": selector}}],
+            "extendedResourceName": extended_resource_name(profile),
+        },
     }

@@ -52,7 +52,7 @@ class Inventory(StrEnum):
 class ConditionType(StrEnum):
     """Condition types the agent sets on a GpuPartition."""
 
-    READY = "Ready"  # the GPU matches spec.layout (True) or why not (False)
+    READY = "Ready"  # the GPU matches spec.layout, or keeps it as the floor of its offers (True); or why not
     LAYOUT_VALID = "LayoutValid"  # spec.layout is valid for this GPU model
     MANAGED = "Managed"  # the agent may manage this GPU (no other MIG owner, MIG enabled)
     HEALTHY = "Healthy"  # NVML can reach the GPU

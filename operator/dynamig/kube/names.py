@@ -15,6 +15,12 @@ POLICY_PLURAL = "gpupartitionpolicies"
 
 DEVICE_CLASS_NAME = DRIVER_NAME
 ATTRIBUTE_DOMAIN = DRIVER_NAME
+# The DeviceClasses the operator keeps, one per offered profile, carry this label ("true") and the profile
+# in this annotation (label values take no "+").
+PROFILE_CLASS_LABEL = f"{API_GROUP}/profile-class"
+PROFILE_ANNOTATION = f"{API_GROUP}/profile"
+# The prefix of the NVIDIA device plugin's "mixed" MIG strategy resource names (nvidia.com/mig-1g.10gb).
+DEVICE_PLUGIN_MIG_PREFIX = "nvidia.com/mig-"
 
 # A node opts in to being managed by the agent with this label set to "true".
 MANAGED_NODE_LABEL = f"{API_GROUP}/managed"
@@ -30,3 +36,19 @@ UNINSTALL_ANNOTATION = f"{API_GROUP}/uninstall"
 def gpu_partition_name(node: str, gpu_index: int) -> str:
     """``<node>-gpu<index>``, the GpuPartition (one per physical GPU) name."""
     return f"{node}-gpu{gpu_index}"
+
+
+def profile_resource_suffix(profile: str) -> str:
+    """A profile as the NVIDIA device plugin spells it in resource names: ``+`` becomes ``.``
+    (k8s-device-plugin internal/rm/rm.go: ``strings.ReplaceAll("mig-"+p.String(), "+", ".")``)."""
+    return profile.replace("+", ".")
+
+
+def extended_resource_name(profile: str) -> str:
+    """The device plugin's mixed-strategy resource for ``profile``: ``nvidia.com/mig-1g.10gb``."""
+    return DEVICE_PLUGIN_MIG_PREFIX + profile_resource_suffix(profile)
+
+
+def profile_class_name(profile: str) -> str:
+    """``mig-1g.10gb.dynamig.io``: the DeviceClass of one profile, named after its device-plugin resource."""
+    return f"mig-{profile_resource_suffix(profile)}.{API_GROUP}"

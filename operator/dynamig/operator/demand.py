@@ -18,6 +18,11 @@ representative device (GPU 0, the profile's first placement): the planner cannot
 
 A claim with several MIG requests becomes one planner demand per request (named ``ns/claim/request``); the
 planner then keeps each request's devices on one node, not all requests together.
+
+A pod that asks for an extended resource a DeviceClass serves (``nvidia.com/mig-1g.10gb: 1``, the device
+plugin's name, mapped by the class's ``extendedResourceName``; DRAExtendedResource) has no claim until the
+scheduler allocates one, so while it is unschedulable its request is demand of its own: one
+:class:`PendingClaim` whose :class:`ClaimRef` is the pod (``kind`` ``Pod``), with one request per resource.
 """
 
 from __future__ import annotations
@@ -43,17 +48,46 @@ DRIVER = ATTRIBUTE_DOMAIN
 class DeviceClass:
     name: str
     selectors: tuple[str, ...]
+    extended_resource_name: str = ""  # spec.extendedResourceName
+    created: str = ""  # creationTimestamp (RFC 3339: compares as text)
+    labels: Mapping[str, str] = field(default_factory=dict)
 
 
 def parse_device_classes(objs: Iterable[Mapping[str, Any]]) -> dict[str, DeviceClass]:
-    """DeviceClass name -> its CEL selectors (resource.k8s.io/v1). Pure."""
+    """DeviceClass name -> its CEL selectors and extended resource name (resource.k8s.io/v1). Pure."""
     out: dict[str, DeviceClass] = {}
     for obj in objs:
-        name = obj["metadata"]["name"]
-        exprs = tuple(
-            s["cel"]["expression"] for s in (obj.get("spec") or {}).get("selectors") or [] if "cel" in s
+        meta = obj["metadata"]
+        spec = obj.get("spec") or {}
+        exprs = tuple(s["cel"]["expression"] for s in spec.get("selectors") or [] if "cel" in s)
+        out[meta["name"]] = DeviceClass(
+            meta["name"],
+            exprs,
+            str(spec.get("extendedResourceName") or ""),
+            str(meta.get("creationTimestamp") or ""),
+            dict(meta.get("labels") or {}),
         )
-        out[name] = DeviceClass(name, exprs)
+    return out
+
+
+IMPLICIT_RESOURCE_PREFIX = "deviceclass.resource.kubernetes.io/"
+
+
+def resource_classes(classes: Mapping[str, DeviceClass]) -> dict[str, str]:
+    """Extended resource name -> the DeviceClass kube-scheduler serves it from: each class's
+    ``extendedResourceName`` (where several name one, the newest class, then the first by name) and its
+    implicit ``deviceclass.resource.kubernetes.io/<class>`` (k8s.io/dynamic-resource-allocation v0.37.2,
+    deviceclass/extendedresourcecache, updateResourceName2class). Pure."""
+    out: dict[str, str] = {}
+    chosen: dict[str, DeviceClass] = {}
+    for c in sorted(classes.values(), key=lambda c: c.name):  # a tie keeps the first by name
+        out[IMPLICIT_RESOURCE_PREFIX + c.name] = c.name
+        if not c.extended_resource_name:
+            continue
+        have = chosen.get(c.extended_resource_name)
+        if have is None or c.created > have.created:
+            chosen[c.extended_resource_name] = c
+    out.update({name: c.name for name, c in chosen.items()})
     return out
 
 
@@ -140,6 +174,35 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRef:
         scheduling_message=message,
         scheduler_error=scheduler_error and not spec.get("nodeName"),
     )
+
+
+def _quantity(value: Any) -> int:
+    """An extended resource's quantity (whole numbers only: the API refuses fractions of them)."""
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+def pod_extended_requests(pod: Mapping[str, Any], served: Mapping[str, str]) -> dict[str, int]:
+    """The pod's requests for the extended resources in ``served`` (resource -> DeviceClass): its containers'
+    requests summed, or an init container's when larger (init containers run one at a time, before the
+    others), as the scheduler counts a pod's requests. Pure."""
+    spec = pod.get("spec") or {}
+
+    def requests(container: Mapping[str, Any]) -> dict[str, int]:
+        res = container.get("resources") or {}
+        asked = {**(res.get("limits") or {}), **(res.get("requests") or {})}  # requests default to limits
+        return {name: _quantity(q) for name, q in asked.items() if name in served}
+
+    total: dict[str, int] = {}
+    for c in spec.get("containers") or []:
+        for name, n in requests(c).items():
+            total[name] = total.get(name, 0) + n
+    for c in spec.get("initContainers") or []:
+        for name, n in requests(c).items():
+            total[name] = max(total.get(name, 0), n)
+    return {name: n for name, n in total.items() if n > 0}
 
 
 def pod_claim_names(pod: Mapping[str, Any]) -> tuple[str, ...]:
@@ -298,13 +361,20 @@ def _targets_driver(selectors: tuple[str, ...], models: tuple[GpuModel, ...]) ->
 
 @dataclass(frozen=True, slots=True)
 class ClaimRef:
+    """A pending claim, or a pod whose extended resources stand for the claim it does not have yet."""
+
     namespace: str
     name: str
     uid: str
+    kind: str = "ResourceClaim"  # or "Pod"
 
     @property
     def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
+        return f"{self.namespace}/{self.name}" if self.kind != "Pod" else f"{self.namespace}/pod/{self.name}"
+
+    @property
+    def is_pod(self) -> bool:
+        return self.kind == "Pod"
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,6 +489,7 @@ def extract_demand(
     """Pending MIG claims from raw API dicts. ``models``: the GPU models to match against; ``nodes``: the
     candidate nodes (name -> labels) used to resolve pod node constraints. Pure."""
     users: dict[tuple[str, str], list[PodRef]] = {}
+    pods = tuple(pods)
     for pod in pods:
         ref = parse_pod(pod)
         for cname in pod_claim_names(pod):
@@ -464,5 +535,54 @@ def extract_demand(
                 created=str(meta.get("creationTimestamp", "")),
             )
         )
+    pending += extended_resource_demand(pods, device_classes, models, nodes, product_names, targets)
     pending.sort(key=lambda p: (p.created, p.claim.key))
     return DemandSnapshot(tuple(pending), frozenset(allocated))
+
+
+def extended_resource_demand(
+    pods: Iterable[Mapping[str, Any]],
+    device_classes: Mapping[str, DeviceClass],
+    models: Sequence[GpuModel],
+    nodes: Mapping[str, Mapping[str, str]],
+    product_names: Mapping[str, str] | None = None,
+    targets: dict[str, bool] | None = None,
+) -> list[PendingClaim]:
+    """Unschedulable pods asking for extended resources that DeviceClasses of this driver serve, each as a
+    :class:`PendingClaim` of kind ``Pod`` (one request per resource, named after it). A pod the scheduler
+    already made its claim for (``status.extendedResourceClaimStatus``) is left to that claim. Pure."""
+    served = resource_classes(device_classes)
+    targets = {} if targets is None else targets
+    out: list[PendingClaim] = []
+    for pod in pods:
+        ref = parse_pod(pod)
+        if not (ref.unschedulable or ref.scheduler_error):
+            continue
+        if ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get("resourceClaimName"):
+            continue
+        asked = pod_extended_requests(pod, served)
+        req_demands: list[RequestDemand] = []
+        key = ClaimRef(ref.namespace, ref.name, ref.uid, kind="Pod").key
+        for resource, count in sorted(asked.items()):
+            dclass = served[resource]
+            if not targets.setdefault(dclass, class_targets_driver(device_classes.get(dclass), models)):
+                continue
+            sub = SubRequest(resource, dclass, (), count, False)
+            match = match_sub_request(sub, device_classes, models, product_names)
+            name = key if len(asked) == 1 else f"{key}/{resource}"
+            req_demands.append(RequestDemand(demand_name=name, request=resource, matches=(match,)))
+        if not req_demands:
+            continue
+        constrained = bool(ref.node_selector or ref.required_terms)
+        out.append(
+            PendingClaim(
+                claim=ClaimRef(ref.namespace, ref.name, ref.uid, kind="Pod"),
+                pods=(ref,),
+                requests=tuple(req_demands),
+                nodes=frozenset(n for n, labels in nodes.items() if pod_fits_node(ref, n, labels))
+                if constrained
+                else None,
+                created=str((pod.get("metadata") or {}).get("creationTimestamp", "")),
+            )
+        )
+    return out

@@ -10,6 +10,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 import aiohttp
@@ -28,6 +29,7 @@ from dynamig.kube.apicalls import (
 from dynamig.kube.events import OPERATOR_COMPONENT, EventCorrelator, deliver, event_body
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, NODE_LABEL, POLICY_PLURAL, VERSION
 from dynamig.kube.times import now_rfc3339
+from dynamig.operator.extended import ClassChanges
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -196,6 +198,27 @@ class KubeIO:
             await self._retry(call)
         except ApiException as exc:
             if exc.status != 404:  # the policy was deleted meanwhile
+                raise
+
+    async def write_device_classes(self, changes: ClassChanges) -> None:
+        """Create, replace and delete DeviceClasses (dynamig's profile classes). One already made or already
+        gone is fine (another replica, a person), and so is one changed meanwhile: the next round sees it."""
+        args = (RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses")
+        for body in changes.create:
+            await self._tolerating(partial(self.custom.create_cluster_custom_object, *args, body), 409)
+        for body in changes.replace:
+            name = body["metadata"]["name"]
+            await self._tolerating(
+                partial(self.custom.replace_cluster_custom_object, *args, name, body), 404, 409
+            )
+        for name in changes.delete:
+            await self._tolerating(partial(self.custom.delete_cluster_custom_object, *args, name), 404)
+
+    async def _tolerating(self, call: Callable[[], Awaitable[Any]], *statuses: int) -> None:
+        try:
+            await self._retry(call)
+        except ApiException as exc:
+            if exc.status not in statuses:
                 raise
 
     async def post_event(

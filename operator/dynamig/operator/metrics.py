@@ -11,6 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dynamig import __version__
 
+RESHAPE_RESULTS = ("written", "completed", "blocked", "failed")
+
 
 @dataclass
 class OperatorMetrics:
@@ -30,7 +32,7 @@ class OperatorMetrics:
         )
         self.reshapes = Counter(
             "dynamig_operator_reshapes_total",
-            "GpuPartition layouts written and their outcome (result=written|completed|blocked|failed)",
+            f"GpuPartition layouts written and their outcome (result={'|'.join(RESHAPE_RESULTS)})",
             ["policy", "result"],
             registry=r,
         )
@@ -79,8 +81,15 @@ class OperatorMetrics:
             self.pending_devices.labels(policy=policy, profile=profile, reason=reason).set(n)
             self._pending_series.add((policy, profile, reason))
 
+    def policy_seen(self, policy: str) -> None:
+        """Start the policy's reshape counters at zero for every result, so that an alert on their increase
+        sees the first failure (a series born at 1 has no increase). Counters outlive a deleted policy, as
+        counters do; idempotent."""
+        for result in RESHAPE_RESULTS:
+            self.reshapes.labels(policy=policy, result=result)
+
     def forget_policy(self, policy: str) -> None:
-        """Drop every series of a deleted policy."""
+        """Drop the gauge series of a deleted policy (its counters stay, as counters do)."""
         self.set_pending(policy, {})
         if policy in self._governed_series:
             self.governed_gpus.remove(policy)
@@ -88,6 +97,7 @@ class OperatorMetrics:
             self._governed_series.discard(policy)
 
     def set_governed(self, policy: str, gpus: int, oldest_pending_s: float) -> None:
+        self.policy_seen(policy)
         self.governed_gpus.labels(policy=policy).set(gpus)
         self.oldest_pending.labels(policy=policy).set(oldest_pending_s)
         self._governed_series.add(policy)

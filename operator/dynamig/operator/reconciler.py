@@ -30,7 +30,7 @@ from dynamig.kube.events import gpu_partition_ref
 from dynamig.kube.gpupartition import Condition, layout_summary, set_condition
 from dynamig.kube.heartbeat import next_silence, silent_agents
 from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
-from dynamig.kube.names import GROUP_VERSION, POLICY_KIND
+from dynamig.kube.names import GROUP_VERSION, POLICY_KIND, extended_resource_name
 from dynamig.kube.policy import (
     GpuPartitionPolicy,
     Mode,
@@ -51,6 +51,7 @@ from dynamig.operator.decide import (
     decide_round,
 )
 from dynamig.operator.demand import PendingClaim, extract_demand, parse_device_classes
+from dynamig.operator.extended import class_changes, offered_profiles
 from dynamig.operator.fencing import REASON_AGENT_SILENT, failed_answer, fences
 from dynamig.operator.inventory import LAYOUT_WRITTEN_ANNOTATION, GpuView, allocated_devices, parse_inventory
 from dynamig.operator.kubeio import KubeIO, Snapshot
@@ -76,6 +77,7 @@ class _Memory:
     told: dict[str, tuple[str, str, float]] = field(default_factory=dict)  # claim uid -> (reason, gpu, t)
     problems: dict[str, str] = field(default_factory=dict)  # policy -> last problems text
     silent: set[str] = field(default_factory=set)  # GPUs already reported as having a silent agent
+    taken: dict[str, str] = field(default_factory=dict)  # profile -> the other owner's class reported
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +198,7 @@ class Reconciler:
         """The loop of one policy, until ``stopped`` is set (its Kopf daemon's body)."""
         waker = self._wakers.setdefault(name, asyncio.Event())
         waker.set()
+        self.metrics.policy_seen(name)  # its counters start at 0, so the first failure is an increase
         try:
             while not stopped.is_set():
                 await self._wait(waker, stopped, self._until_next_round())
@@ -253,6 +256,7 @@ class Reconciler:
             self._next_silence = next_silence(snap.leases, time.time())
             await self._report_silent_agents(world, snap)
             await self._fence_silent_nodes(world.silent, snap)
+            await self._keep_profile_classes(world, snap)
             self._gpu_uids = {p["metadata"]["name"]: p["metadata"].get("uid", "") for p in snap.partitions}
             raw = next((p for p in snap.policies if p["metadata"]["name"] == name), None)
             policy = next((p for p in world.policies if p.name == name), None)
@@ -293,7 +297,6 @@ class Reconciler:
                 continue
             if g.name in self._memory.silent:
                 continue
-            self._memory.silent.add(g.name)
             reason = silent[g.node]
             conditions = [
                 c
@@ -311,8 +314,10 @@ class Reconciler:
                 }
             )
             await self.kube.patch_partition_conditions(g.name, conditions)
+            self._memory.silent.add(g.name)  # only once written: a failed patch is tried again next round
+            uid = str(((raw.get(g.name) or {}).get("metadata") or {}).get("uid", ""))
             await self._event_gpu(
-                g.name, "Warning", "AgentSilent", f"{reason}: {g.name} is left out of planning"
+                g.name, "Warning", "AgentSilent", f"{reason}: {g.name} is left out of planning", uid
             )
             self._memory.awaiting.pop(g.name, None)
             log.warning("%s: %s; left out of planning", g.name, reason)
@@ -360,6 +365,44 @@ class Reconciler:
                 "could not withdraw the devices of silent agents' nodes: %s %s", exc.status, exc.reason
             )
 
+    async def _keep_profile_classes(self, world: World, snap: Snapshot) -> None:
+        """One DeviceClass per offered profile for pods asking the device plugin's resource names
+        (operator/extended.py); a Warning Event on the policies offering a profile whose name another
+        owner's class already serves. A refusal to write (RBAC) is logged and the round goes on."""
+        if not self.settings.device_plugin_classes:
+            offered: dict[str, tuple[str, ...]] = {}  # and any made before are removed
+        else:
+            offered = offered_profiles(world.policies, world.gpus, world.ownership.owner)
+        changes = class_changes(offered, snap.device_classes)
+        if changes.writes:
+            try:
+                await self.kube.write_device_classes(changes)
+            except ApiException as exc:
+                log.warning("could not keep the profile DeviceClasses: %s %s", exc.status, exc.reason)
+                return
+            log.info(
+                "profile DeviceClasses: created %s, updated %s, deleted %s",
+                [c["metadata"]["name"] for c in changes.create] or "none",
+                [c["metadata"]["name"] for c in changes.replace] or "none",
+                list(changes.delete) or "none",
+            )
+        for profile, other in changes.refused.items():
+            if self._memory.taken.get(profile) == other:
+                continue
+            self._memory.taken[profile] = other
+            text = (
+                f"{extended_resource_name(profile)} is already served by DeviceClass {other}, which dynamig "
+                f"did not make: pods asking for it get that class's devices, not a {profile} of this policy; "
+                f"delete {other} to let dynamig serve it"
+            )
+            log.warning("%s", text)
+            for name in offered[profile]:
+                policy = next((p for p in world.policies if p.name == name), None)
+                if policy is not None:
+                    await self._event_policy(policy, "Warning", "ExtendedResourceTaken", text)
+        for profile in set(self._memory.taken) - set(changes.refused):
+            del self._memory.taken[profile]
+
     def _track_claims(self, world: World, snap: Snapshot, now: float) -> None:
         mem = self._memory
         for c in world.pending:
@@ -369,6 +412,7 @@ class Reconciler:
                 self.metrics.pending_to_allocated.observe(now - mem.pending_since.pop(uid))
                 mem.told.pop(uid, None)
         live = {str(c["metadata"].get("uid", "")) for c in snap.claims}
+        live |= {c.claim.uid for c in world.pending if c.claim.is_pod}  # pods waiting with extended resources
         for uid in list(mem.pending_since):
             if uid not in live:
                 mem.pending_since.pop(uid, None)
@@ -494,6 +538,14 @@ class Reconciler:
                 continue
             told[uid] = (key[0], key[1], now)
             kind = "Warning" if v.warning else "Normal"
+            if v.claim.claim.is_pod:  # extended resources: no claim exists yet, the pod is told
+                (pod,) = v.claim.pods
+                await self.kube.post_event(
+                    {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace,
+                     "uid": pod.uid},
+                    kind, v.reason.value, f"extended resources: {v.message}", pod.namespace,
+                )  # fmt: skip
+                continue
             claim_ref = {
                 "apiVersion": CLAIM_API,
                 "kind": "ResourceClaim",
@@ -653,9 +705,10 @@ class Reconciler:
         }
         await self.kube.post_event(ref, kind, reason, message, self.settings.events_namespace)
 
-    async def _event_gpu(self, gpu: str, kind: str, reason: str, message: str) -> None:
-        # kubectl describe finds an object's Events by uid: without it they exist but never show.
-        ref = gpu_partition_ref(gpu, self._gpu_uids.get(gpu))
+    async def _event_gpu(self, gpu: str, kind: str, reason: str, message: str, uid: str = "") -> None:
+        # kubectl describe finds an object's Events by uid: without it they exist but never show. ``uid``
+        # for a caller that runs before the round's snapshot uids are kept (a silent agent's GPUs).
+        ref = gpu_partition_ref(gpu, uid or self._gpu_uids.get(gpu))
         await self.kube.post_event(ref, kind, reason, message, self.settings.events_namespace)
 
 

@@ -26,6 +26,8 @@ class OperatorSettings:
     - ``events_namespace``: namespace of Events about cluster-scoped objects (policies, GpuPartitions).
     - ``agent_lease_namespace``: where the agents keep their heartbeat Leases; a GPU whose agent's Lease ran
       out is left out of planning and frees its policy's disruption budget (None: Leases are not read).
+    - ``device_plugin_classes``: keep a DeviceClass per offered profile that serves the NVIDIA device
+      plugin's resource name for it (``nvidia.com/mig-1g.10gb``; operator/extended.py).
     """
 
     kubeconfig: Path | None = None
@@ -41,4 +43,5 @@ class OperatorSettings:
     events_namespace: str = "default"
     agent_lease_namespace: str | None = "default"
     log_level: str = "INFO"
+    device_plugin_classes: bool = True
     liveness_endpoint: str | None = None  # e.g. "http://0.0.0.0:8080/healthz": Kopf's probe of its own loop

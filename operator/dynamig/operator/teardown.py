@@ -36,6 +36,7 @@ from dynamig.kube.names import (
     UNINSTALL_ANNOTATION,
     VERSION,
 )
+from dynamig.operator.extended import class_changes
 from dynamig.operator.kubeio import KubeIO
 from dynamig.operator.reconciler import World, parse_world
 
@@ -54,6 +55,7 @@ class TeardownReport:
     unreported: dict[str, str] = field(default_factory=dict)  # GPU -> why its agent did not report
     slices_deleted: int = 0
     partitions_deleted: int = 0
+    classes_deleted: int = 0
     finalizers_removed: list[str] = field(default_factory=list)
 
     @property
@@ -170,6 +172,10 @@ async def uninstall(
     for name in report.layouts:
         await _delete(custom.delete_cluster_custom_object(GROUP, VERSION, GPU_PARTITION_PLURAL, name))
         report.partitions_deleted += 1
+    if nodes is None:  # the profile DeviceClasses; pods already served keep their claims
+        classes = class_changes((), snap.device_classes)
+        await io.write_device_classes(classes)
+        report.classes_deleted = len(classes.delete)
     policies = await custom.list_cluster_custom_object(GROUP, VERSION, POLICY_PLURAL)
     for pol in policies.get("items") or []:
         meta = pol["metadata"]
