@@ -12,6 +12,9 @@ back to back, and the time from each pod's creation to the first poll (50 ms) th
 - ``free-guarded``: the same, with ``--guard-free-instances`` (every device carries binding conditions:
   how every booking waited before free instances bound at once): the in-run baseline for ``free``;
 - ``cuts``: idle GPUs, every booking a placement that the agent cuts (binding conditions, answered ready).
+- ``free-dp``, ``cuts-dp``: ``free`` and ``cuts`` with the pods written for the NVIDIA device plugin
+  (``nvidia.com/mig-1g.10gb: 1`` in their limits, no claim), served through the DeviceClass the operator keeps
+  for the profile (created here as the operator would): the same burst, side by side with its claim form;
 - ``stuck-agent`` (``--stuck``): ``cuts`` with half the pods, the operator running (a Dynamic policy, the
   agents' heartbeat Leases at the production 30 s), and the agent of one node stopped once both published
   (its slices stay, as with a SIGSTOPped agent): how long until every pod is bound, and where.
@@ -40,11 +43,12 @@ from dynamig.agent.kubeapi import KubeApi
 from dynamig.agent.metrics import AgentMetrics
 from dynamig.agent.nvml_device import NvmlDevices
 from dynamig.backends.nvml import fresh_simulated_nvml
-from dynamig.demo.cluster import AllocationWatch, ScenarioApi
+from dynamig.demo.cluster import AllocationWatch, ScenarioApi, device_plugin_pod
 from dynamig.demo.inprocess import operator_running
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.devcluster.sandbox import install
 from dynamig.geometry.catalog import load_catalog
+from dynamig.kube.devices import profile_device_class
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, MANAGED_NODE_LABEL, VERSION, gpu_partition_name
 from dynamig.operator.metrics import OperatorMetrics
 from dynamig.operator.settings import OperatorSettings
@@ -53,6 +57,7 @@ from dynamig.simulate.trace import percentile
 NAMESPACE = "bind"
 POOL_LABEL = "dynamig.io/bench-pool"
 WARM = [("1g.10gb", s) for s in range(7)]  # every 1g.10gb placement of an A100-80GB
+DEVICE_PLUGIN = "-dp"  # scenario suffix: the pods ask nvidia.com/mig-1g.10gb: 1 instead of a claim
 
 
 @dataclasses.dataclass
@@ -154,7 +159,10 @@ async def run_scenario(
         created: dict[str, float] = {}
         pods = [f"{scenario}-{i:02d}" for i in range(args.pods // 2 if stuck else args.pods)]
         for name in pods:
-            await k.pod(name, "one-1g", {POOL_LABEL: scenario})
+            if scenario.endswith(DEVICE_PLUGIN):
+                await k.core.create_namespaced_pod(NAMESPACE, device_plugin_pod(name, {POOL_LABEL: scenario}))
+            else:
+                await k.pod(name, "one-1g", {POOL_LABEL: scenario})
             created[name] = time.time()
         wait_s = args.stuck_wait if stuck else 120.0
 
@@ -202,7 +210,11 @@ async def main_async(args: argparse.Namespace) -> int:
         cp.kubectl("create", "namespace", NAMESPACE)
         k = ScenarioApi(api, NAMESPACE)
         await k.claim_template("one-1g", ["1g.10gb"])
-        scenarios = ["free", "free-guarded", "cuts"] + (["stuck-agent"] if args.stuck else [])
+        classes = ("resource.k8s.io", "v1", "deviceclasses")
+        await k.custom.create_cluster_custom_object(*classes, profile_device_class("1g.10gb"))
+        scenarios = ["free", "free-dp", "free-guarded", "cuts", "cuts-dp"] + (
+            ["stuck-agent"] if args.stuck else []
+        )
         for scenario in scenarios:
             print(f"running {scenario} ...", file=sys.stderr, flush=True)
             outcomes.append(await run_scenario(cp, api, scenario, args))
@@ -222,6 +234,12 @@ async def main_async(args: argparse.Namespace) -> int:
     if by["free"].p99_s > 0:
         ratio = by["free-guarded"].p99_s / by["free"].p99_s
         print(f"free instances: p99 {ratio:.1f}x faster without binding conditions than with them")
+    for form in ("free", "cuts"):
+        claim, plugin = by[form], by[form + DEVICE_PLUGIN]
+        print(
+            f"{form}: the device-plugin form binds at p50 {plugin.p50_s:.2f}s / p99 {plugin.p99_s:.2f}s "
+            f"against {claim.p50_s:.2f}s / {claim.p99_s:.2f}s for the claim form"
+        )
     return 0
 
 

@@ -28,9 +28,10 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from dynamig.agent.plugin import cdi
-from dynamig.demo.cluster import ScenarioApi, allocated_device, claim_pod
+from dynamig.demo.cluster import ScenarioApi, allocated_device, claim_pod, device_plugin_pod
 from dynamig.devcluster import eventually
 from dynamig.devcluster.node import ContainerReport, RealNode, parse_report, runnable
+from dynamig.kube.devices import profile_device_class
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, VERSION
 
 pytestmark = pytest.mark.controlplane
@@ -71,10 +72,14 @@ class NodeScenario:
         return parse_report(await self.k.core.read_namespaced_pod_log(name, self.k.ns))
 
     async def claim(self, pod_name: str) -> dict[str, Any]:
-        pod = await self.k.core.read_namespaced_pod(pod_name, self.k.ns)
-        (status,) = pod.status.resource_claim_statuses
+        """The pod's one claim: from its template, or the scheduler's for its extended resources."""
+        raw = await self.k.core.read_namespaced_pod(pod_name, self.k.ns, _preload_content=False)
+        status = (await raw.json()).get("status") or {}
+        names = [s["resourceClaimName"] for s in status.get("resourceClaimStatuses") or []]
+        extended = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+        (name,) = names or [extended]
         claim: dict[str, Any] = await self.k.custom.get_namespaced_custom_object(
-            "resource.k8s.io", "v1", self.k.ns, "resourceclaims", status.resource_claim_name
+            "resource.k8s.io", "v1", self.k.ns, "resourceclaims", name
         )
         return claim
 
@@ -210,6 +215,31 @@ async def test_each_pod_sees_exactly_its_own_mig_slice(scenario: NodeScenario) -
     # Neither container has the other's capability nodes.
     small_caps, medium_caps = set(seen["small"].capability_nodes), set(seen["medium"].capability_nodes)
     assert small_caps and medium_caps and not small_caps & medium_caps
+
+
+async def test_a_pod_written_for_the_device_plugin_runs_on_its_mig_slice(scenario: NodeScenario) -> None:
+    """``nvidia.com/mig-1g.10gb: 1`` in the limits, no claim: the scheduler books it from the profile's
+    DeviceClass (the one the operator keeps), the kubelet prepares the claim it made through dynamig's plugin,
+    and the container gets that instance's device nodes and MIG UUID; deleting it frees the instance."""
+    s = scenario
+    try:
+        await s.k.custom.create_cluster_custom_object(
+            "resource.k8s.io", "v1", "deviceclasses", profile_device_class("1g.10gb")
+        )
+    except ApiException as exc:
+        if exc.status != 409:  # made by an operator of another test
+            raise
+    await s.offer(["1g.10gb"])
+    pod = runnable(device_plugin_pod("plugin-way", {"kubernetes.io/hostname": s.node.name}))
+    await s.k.core.create_namespaced_pod(s.k.ns, pod)
+    got = await eventually(functools.partial(s.reported, "plugin-way"), "pod reporting", within_s=120)
+    claim = await s.claim("plugin-way")
+    assert any(r["kind"] == "Pod" for r in claim["metadata"]["ownerReferences"])  # the scheduler's claim
+    inst = await s.instance_of("plugin-way")
+    assert inst["profile"] == "1g.10gb" and inst["state"] == "in-use", inst
+    assert got.devices == s.expected_devices(inst), (got.devices, inst)
+    assert got.env["DYNAMIG_MIG_UUIDS"] == inst["migUUID"], (got.env, inst)
+    await s.finish("plugin-way")
 
 
 async def test_deleting_the_pod_unprepares_its_claim_and_frees_the_instance(scenario: NodeScenario) -> None:

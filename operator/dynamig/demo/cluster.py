@@ -87,6 +87,27 @@ async def ensure_device_class(resource: client.ResourceV1Api) -> None:
             raise
 
 
+def device_plugin_pod(
+    name: str, node_selector: Mapping[str, str], resource: str = "nvidia.com/mig-1g.10gb", count: int = 1
+) -> dict[str, Any]:
+    """A Pod written for the NVIDIA device plugin: ``resource`` in its limits, no claim. Pure."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": dict(node_selector),
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "example.invalid/app:1",
+                    "resources": {"limits": {resource: str(count)}},
+                }
+            ],
+        },
+    }
+
+
 def claim_pod(
     name: str,
     node_selector: Mapping[str, str],
