@@ -28,7 +28,7 @@ from dynamig import DRIVER_NAME
 from dynamig.geometry.catalog import Catalog
 from dynamig.kube.events import gpu_partition_ref
 from dynamig.kube.gpupartition import Condition, layout_summary, set_condition
-from dynamig.kube.heartbeat import next_silence, silent_agents
+from dynamig.kube.heartbeat import Sighting, next_silence, sightings, silent_agents
 from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
 from dynamig.kube.names import GROUP_VERSION, POLICY_KIND, extended_resource_name
 from dynamig.kube.policy import (
@@ -78,6 +78,7 @@ class _Memory:
     problems: dict[str, str] = field(default_factory=dict)  # policy -> last problems text
     silent: set[str] = field(default_factory=set)  # GPUs already reported as having a silent agent
     taken: dict[str, str] = field(default_factory=dict)  # profile -> the other owner's class reported
+    leases: dict[str, Sighting] = field(default_factory=dict)  # agent Lease -> when seen renewed
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,16 +123,19 @@ def assign_claims(
     return out
 
 
-def parse_world(snap: Snapshot, catalog: Catalog, now: float | None = None) -> World:
+def parse_world(
+    snap: Snapshot, catalog: Catalog, now: float | None = None, seen: Mapping[str, Sighting] | None = None
+) -> World:
     """Parse a snapshot into a :class:`World`; with ``now`` (epoch seconds), GPUs of nodes whose agent
-    Lease ran out are unusable. Pure."""
+    Lease ran out are unusable, judged by ``seen`` (when the reader saw each Lease renewed; without it, by
+    the Leases' own times, bounded by ``now``). Pure."""
     policies: list[GpuPartitionPolicy] = []
     for raw in snap.policies:
         try:
             policies.append(parse_policy(raw))
         except ValidationError as exc:
             log.warning("skipping malformed policy %s: %s", raw.get("metadata", {}).get("name"), exc)
-    silent = silent_agents(snap.leases, now) if now is not None else {}
+    silent = silent_agents(snap.leases, now, seen) if now is not None else {}
     gpus = parse_inventory(snap.partitions, catalog, allocated_devices(snap.claims, DRIVER_NAME), silent)
     node_labels = {
         str(n["metadata"]["name"]): dict(n["metadata"].get("labels") or {})
@@ -252,8 +256,10 @@ class Reconciler:
         async with self._lock:
             snap = await self.kube.snapshot(self.settings.agent_lease_namespace)
             now = self.clock()
-            world = parse_world(snap, self.catalog, time.time())  # Lease times are wall-clock
-            self._next_silence = next_silence(snap.leases, time.time())
+            wall = time.time()  # Lease times are wall-clock
+            self._memory.leases = sightings(snap.leases, self._memory.leases, wall)
+            world = parse_world(snap, self.catalog, wall, self._memory.leases)
+            self._next_silence = next_silence(snap.leases, wall, self._memory.leases)
             await self._report_silent_agents(world, snap)
             await self._fence_silent_nodes(world.silent, snap)
             await self._keep_profile_classes(world, snap)
