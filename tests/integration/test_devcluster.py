@@ -331,7 +331,8 @@ def test_dev_cluster_with_gpu_nodes_runs_dynamig_you_can_kubectl(
     control_plane: ControlPlane, tmp_path: Path
 ) -> None:
     """`up --gpu-node` gives a cluster a newcomer can `kubectl apply -k manifests/examples` against: the CRDs,
-    the DeviceClass, Ready managed nodes, an agent per node, the operator; the example pods get MIG slices."""
+    the DeviceClass, Ready managed nodes, an agent per node, the operator; the example pods get MIG slices,
+    those written for the device plugin too."""
     state_dir = tmp_path / "state"
     env = dict(os.environ, KUBEBUILDER_ASSETS=str(control_plane.binaries.directory))
 
@@ -379,11 +380,14 @@ def test_dev_cluster_with_gpu_nodes_runs_dynamig_you_can_kubectl(
         assert root is not None
         kubectl("apply", "-k", str(root / "manifests" / "examples"))
 
-        def inference_bound() -> bool:
+        def bound(app: str, replicas: int) -> bool:
             pods = json.loads(
-                kubectl("get", "pods", "-n", "dynamig-examples", "-l", "app=inference", "-o", "json").stdout
+                kubectl("get", "pods", "-n", "dynamig-examples", "-l", f"app={app}", "-o", "json").stdout
             )
-            return len(pods["items"]) == 7 and all(p["spec"].get("nodeName") for p in pods["items"])
+            return len(pods["items"]) == replicas and all(p["spec"].get("nodeName") for p in pods["items"])
+
+        def inference_bound() -> bool:  # the claim form, and the device-plugin form served unchanged
+            return bound("inference", 7) and bound("inference-device-plugin", 2)
 
         assert wait_for(inference_bound, 120), kubectl(
             "get", "pods,resourceclaims", "-n", "dynamig-examples"
