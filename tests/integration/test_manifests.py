@@ -863,6 +863,18 @@ def _agent_token(cp: ControlPlane, node: str) -> str:
     return token
 
 
+def _event(name: str, kind: str, about: str, reporter: str, host: str = "", **fields: Any) -> dict[str, Any]:
+    """A core/v1 Event in ``default`` about ``kind``/``about``, reported by ``reporter``, as the agent posts
+    them (dynamig.kube.events.event_body). Pure."""
+    return {
+        "apiVersion": "v1", "kind": "Event", "metadata": {"name": name, "namespace": "default"},
+        "involvedObject": {"kind": kind, "name": about, "namespace": "default"},
+        "type": "Warning", "reason": fields.pop("reason", "AllocatedInstanceLost"), "message": "forged",
+        "source": {"component": fields.pop("component", "dynamig-agent"), **({"host": host} if host else {})},
+        "reportingComponent": "dynamig-agent", "reportingInstance": reporter, "count": 1, **fields,
+    }  # fmt: skip
+
+
 def _allocated_claim(name: str, node: str, device: str = "gpu0-1g10gb-s0") -> dict[str, Any]:
     """A claim whose status allocates one of this driver's devices on ``node``, as the scheduler writes it."""
     claim = resource_claim(name, exactly('device.attributes["mig.dynamig.io"].profile == "1g.10gb"'))
@@ -916,6 +928,7 @@ def test_an_agents_own_token_cannot_write_another_nodes_objects(
         cp.kubectl("delete", "resourceslice", f"{b}-mig.dynamig.io-0", "--ignore-not-found")
         cp.kubectl("delete", "gpupartition", f"{b}-gpu0", "--ignore-not-found")
         cp.kubectl("delete", "lease", "-n", NS, f"dynamig-agent-{b}", "--ignore-not-found")
+        cp.kubectl("delete", "event", "-n", "default", f"sched-{a}", "--ignore-not-found")
         for node in (a, b):
             cp.kubectl("delete", "resourceclaim", "-n", "default", f"claim-{node}", "--ignore-not-found")
 
@@ -931,7 +944,10 @@ def _agent_cannot_write_another_nodes_objects(cp: ControlPlane, kc: Path, a: str
     b_slice = _slice(b, f"{b}-mig.dynamig.io-0")
     b_part = _partition(b, f"{b}-gpu0")
     b_lease = lease_body(b, NS, time.time(), 60)
-    for obj in (b_slice, b_part, b_lease):
+    # The scheduler's Event on some pod, as kube-scheduler reports it.
+    sched_event = _event(f"sched-{a}", "Pod", "unrelated", "default-scheduler-abc", reason="FailedScheduling",
+                         component="default-scheduler", reportingComponent="default-scheduler")  # fmt: skip
+    for obj in (b_slice, b_part, b_lease, sched_event):
         cp.kubectl("create", "-f", "-", input=yaml.safe_dump(obj))
     claims = {"on-b": _allocated_claim(f"claim-{b}", b), "on-a": _allocated_claim(f"claim-{a}", a)}
     for claim in claims.values():
@@ -962,6 +978,9 @@ def _agent_cannot_write_another_nodes_objects(cp: ControlPlane, kc: Path, a: str
     other_pool = _slice(a, f"{a}-mig.dynamig.io-7")
     other_pool["spec"]["pool"]["name"] = b
     mine = f"the dynamig agent on node {a}"
+    posing = (
+        f"{mine} may only post and change Events it reports as {a} (reportingInstance, source.host), not as"
+    )
     denied = [
         ("a slice on B", ("create", "-f", "-"), _slice(b, f"{b}-mig.dynamig.io-9"),
          f"{mine} may not write ResourceSlices of node {b}"),
@@ -993,6 +1012,8 @@ def _agent_cannot_write_another_nodes_objects(cp: ControlPlane, kc: Path, a: str
          f"{mine} may only write Lease dynamig-agent-{a}, not dynamig-agent-{b}x"),
         ("its own Lease held as B", ("create", "-f", "-"), a_lease_held_as_b,
          f"{mine} may only hold its Lease as {a} (holderIdentity and the dynamig.io/node label)"),
+        ("its own Lease for decades", ("create", "-f", "-"), lease_body(a, NS, time.time(), 2_000_000_000),
+         f"{mine} may not hold its Lease for more than 300s, not 2000000000s"),
         # Claims: the API server's own granular status authorization (1.36) decides, per driver and node.
         ("an answer on a claim allocated on B", ("replace", "--subresource=status", "-f", "-"),
          answered("on-b", _device_status(b)),
@@ -1005,6 +1026,24 @@ def _agent_cannot_write_another_nodes_objects(cp: ControlPlane, kc: Path, a: str
         ("a claim's allocation dropped", ("replace", "--subresource=status", "-f", "-"),
          answered("on-a", _device_status(a), keep_allocation=False),
          'cannot update resource "resourceclaims/binding"'),
+        # Events people debug with: none about another node, none posing as another node, none rewritten.
+        ("an Event on B's claim posing as B", ("create", "-f", "-"),
+         _event(f"lost-{b}", "ResourceClaim", f"claim-{b}", b, host=b),
+         f"{posing} {b}"),
+        ("an Event from A's agent under B's host", ("create", "-f", "-"),
+         _event(f"host-{b}", "ResourceClaim", f"claim-{b}", a, host=b),
+         f"{posing} {b}"),
+        ("AgentSilent about node B", ("create", "-f", "-"),
+         _event(f"silent-{b}", "Node", b, a, host=a, reason="AgentSilent"),
+         f"{mine} may only post Events about its Node, its GpuPartitions and ResourceClaims, not Node {b}"),
+        ("an Event on B's GpuPartition", ("create", "-f", "-"),
+         _event(f"gpu-{b}", "GpuPartition", f"{b}-gpu0", a, host=a),
+         f"{mine} may only post Events about its Node, its GpuPartitions and ResourceClaims, "
+         f"not GpuPartition {b}-gpu0"),
+        ("the scheduler's Event rewritten",
+         ("apply", "--server-side", "--force-conflicts", "--field-manager=agent", "-f", "-"),
+         {**sched_event, "message": "forged", "count": 9, "reportingInstance": a, "source": {"host": a}},
+         f"{posing} default-scheduler-abc"),
     ]  # fmt: skip
     # A policy takes effect a moment after it is created: wait until the first case is denied.
     deadline = time.monotonic() + 30
@@ -1024,6 +1063,9 @@ def _agent_cannot_write_another_nodes_objects(cp: ControlPlane, kc: Path, a: str
         (("create", "-f", "-"), _partition(a, f"{a}-gpu0")),
         (("create", "-f", "-"), lease_body(a, NS, time.time(), 60)),
         (("replace", "--subresource=status", "-f", "-"), answered("on-a", _device_status(a))),
+        (("create", "-f", "-"), _event(f"own-{a}", "Node", a, a, host=a, reason="NvmlUnavailable")),
+        (("create", "-f", "-"), _event(f"gpu-{a}", "GpuPartition", f"{a}-gpu0", a, host=a)),
+        (("create", "-f", "-"), _event(f"claim-{a}", "ResourceClaim", f"claim-{a}", a, host=a)),
     ]
     for args, body in allowed:
         got = as_agent(*args, "--dry-run=server", obj=body)
