@@ -6,6 +6,9 @@
 # Base image pinned by the digest of its multi-platform index, as docker-library/repo-info recorded it for
 # python:3.11.16-slim-bookworm (repos/python/remote/3.11.16-slim-bookworm.md, commit 422f3cfe488d, built
 # 2026-09-01). Bump tag and digest together; the image is always pulled by digest.
+# `make image` (hack/build-image.sh) builds this file without a Docker engine, on a base of its own made from
+# Debian packages, named through these two args: PYTHON_BASE=localhost/dynamig-python-base:<key> and its
+# PYTHON_DIGEST; the labels below then name that base.
 ARG PYTHON_BASE=python:3.11.16-slim-bookworm
 ARG PYTHON_DIGEST=sha256:c425d915a89a6dcd3183b1797ad9bd8878caff5a417f6371c8df93c8ea8b727f
 

@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PROTO_DIR := operator/dynamig/agent/plugin/proto
 GEN_DIR := operator/dynamig/agent/plugin/_generated
 
-.PHONY: setup demo test lint typecheck imports controlplane matrixplanes node helm holdscheduler cdivalidate promtool proto bench clean lock release
+.PHONY: setup demo test lint typecheck imports controlplane matrixplanes node helm holdscheduler cdivalidate promtool proto bench clean lock release image
 
 # The Kubernetes targets besides the primary one (hack/lib/k8s-module.sh) that `make test` runs the tests
 # marked `matrix` against (dynamig.devcluster.versions.MATRIX names them all).
@@ -87,6 +87,12 @@ lock: $(STAMP)
 # clean tree (ALLOW_DIRTY=1 builds from a dirty one, its revision marked -dirty).
 release: $(STAMP) helm
 	@bash hack/release.sh
+
+# The image from the Dockerfile without a Docker engine (buildah, on a Python base built from Debian packages;
+# needs root): dist/dynamig-image-<version>.oci.tar, its manifest digest in .digest beside it. Rebuilt only
+# when its inputs change (cached under ~/.cache/dynamig/image).
+image:
+	@bash hack/build-image.sh --out dist >/dev/null
 
 clean:
 	rm -rf $(VENV) $(GEN_DIR) .mypy_cache .ruff_cache
