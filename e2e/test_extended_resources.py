@@ -139,11 +139,11 @@ async def test_unchanged_device_plugin_pods_get_mig_slices_recut_for_them(
             "big": await eventually(lambda: _pod_of(k, "big"), "the big Deployment's pod"),
             "mixed": "mixed",
         }
-        for app, pod in pods.items():
-            assert await eventually(lambda p=pod: bound_node(k, p), f"{app} bound", within_s=120) == node
         got: dict[str, dict[str, Any]] = {}
         for app, pod in pods.items():
-            got[app] = await eventually(lambda p=pod: _claim(k, p), f"{app}'s extended-resource claim")
+            bound = functools.partial(bound_node, k, pod)
+            assert await eventually(bound, f"{app} bound", within_s=120) == node
+            got[app] = await eventually(functools.partial(_claim, k, pod), f"{app}'s extended-resource claim")
         devices = {app: allocated_device(claim) for app, claim in got.items()}
         assert devices["small"] and "-1g10gb-" in devices["small"], devices
         assert devices["big"] and "-3g40gb-" in devices["big"], devices

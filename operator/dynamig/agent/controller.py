@@ -49,7 +49,14 @@ from dynamig.agent.gpu_status import (
     refusal,
     refused_status,
 )
-from dynamig.agent.kubeapi import KubeApi, NodeFacts, allocated_devices, node_facts
+from dynamig.agent.kubeapi import (
+    API_RETRY_MAX_S,
+    KubeApi,
+    NodeFacts,
+    allocated_devices,
+    backoff_delay,
+    node_facts,
+)
 from dynamig.agent.metrics import AgentMetrics
 from dynamig.agent.nvml_device import GpuInfo, MigInstance, NvmlDevices
 from dynamig.agent.ownership import foreign_mig_owners, node_is_managed, node_mig_owner
@@ -99,6 +106,9 @@ class AgentSettings:
     lease_seconds: int = DEFAULT_LEASE_SECONDS  # renewed every third of this
 
 
+# The longest wait after rounds that keep failing for another reason than the API server (a bug, a refusal):
+# a hot loop would fill the log. Rounds that fail on the API server (out of reach, 5xx, 429) wait at most
+# API_RETRY_MAX_S, so the node is served within seconds of its return, whatever the outage's length.
 ERROR_BACKOFF_MAX_S = 30.0
 
 
@@ -160,6 +170,7 @@ class NodeAgent:
         self._quiet_since: dict[InstanceKey, float] = {}
         self._reshape_started: dict[int, float] = {}
         self._wake = asyncio.Event()
+        self._reconnected = asyncio.Event()  # a watch listed again after the API server was out of reach
         self._managed_logged: bool | None = None
         self.rounds = 0
         self.copies: NodeCopies | None = None  # with settings.watch: rounds read the API objects from these
@@ -189,6 +200,12 @@ class NodeAgent:
         """Ask for a round now (e.g. after the plugin created or released an instance)."""
         self._wake.set()
 
+    def reconnected(self) -> None:
+        """The API server answers again (a watch listed anew after losing it): a round now, even one an
+        error back-off holds."""
+        self._reconnected.set()
+        self._wake.set()
+
     async def run(self, stop: asyncio.Event) -> None:
         """Reconcile until ``stop`` is set. Errors end the round, not the loop.
 
@@ -199,6 +216,8 @@ class NodeAgent:
         watchers: list[asyncio.Task[None]] = [asyncio.create_task(self._heartbeats(stop), name="agent-lease")]
         if self.settings.watch:
             self.copies = node_copies(self.api, self.settings.node, self.settings.driver, self.wake)
+            for copy in self.copies.all():
+                copy.on_reconnect = self.reconnected
             watchers += [
                 asyncio.create_task(c.run(stop), name=f"agent-watch-{c.source.name}")
                 for c in self.copies.all()
@@ -218,23 +237,30 @@ class NodeAgent:
             await asyncio.sleep(max(0.0, self.settings.min_round_gap_seconds - (self.clock() - last)))
             last = self.clock()
             self._wake.clear()  # a wake during the round below starts the next one at once
+            self._reconnected.clear()
             busy = True
+            cap = ERROR_BACKOFF_MAX_S
             try:
                 busy = await self.reconcile_once()
                 failures = 0
-            except Exception:
+            except Exception as exc:
                 failures += 1
                 self.metrics.reconcile_errors.labels(self.settings.node).inc()
-                log.exception("reconcile round failed (%d in a row); retrying", failures)
+                if is_transient(exc):
+                    cap = API_RETRY_MAX_S
+                    log.warning("round failed (%d in a row) on the API server: %r; retrying", failures, exc)
+                else:
+                    log.exception("reconcile round failed (%d in a row); retrying", failures)
             if self.on_round is not None:
                 self.on_round()  # the liveness probe's evidence that the loop turns
             delay = self.settings.reshape_poll_seconds if busy else self.settings.interval_seconds
             events = [stop, self._wake]
             if failures:
-                # A round that keeps failing (API errors, a bug) backs off, and watch events do not cut the
-                # wait short: a hot loop would load the API server and fill the log.
-                delay = min(self.settings.reshape_poll_seconds * 2**failures, ERROR_BACKOFF_MAX_S)
-                events = [stop]
+                # A round that keeps failing backs off, and watch events do not cut the wait short: a hot loop
+                # would load the API server and fill the log. A watch that lists again after losing the API
+                # server does: it is back, and the node's waiting demand is served now.
+                delay = backoff_delay(failures, self.settings.reshape_poll_seconds, cap)
+                events = [stop, self._reconnected]
             waiters = [asyncio.ensure_future(e.wait()) for e in events]
             try:
                 await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
@@ -248,23 +274,28 @@ class NodeAgent:
         goes silent like a dead one and the operator withdraws its node (operator/fencing.py)."""
         while not stop.is_set():
             started = self._round_started
-            if started is None or self.clock() - started < self.settings.lease_seconds / 2:
-                await self._heartbeat()
+            every = max(1.0, self.settings.lease_seconds / 3)
+            answering = started is None or self.clock() - started < self.settings.lease_seconds / 2
+            if answering and not await self._heartbeat():
+                # Renewed again within seconds of the API server's return, not a third of the Lease later.
+                every = min(every, API_RETRY_MAX_S)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=max(1.0, self.settings.lease_seconds / 3))
+                await asyncio.wait_for(stop.wait(), timeout=every)
 
-    async def _heartbeat(self) -> None:
-        """Renew the node's Lease (the operator's evidence the agent lives)."""
+    async def _heartbeat(self) -> bool:
+        """Renew the node's Lease (the operator's evidence the agent lives). False when that failed."""
         namespace = self.settings.lease_namespace
         now = time.time()
         if namespace is None:
-            return
+            return True
         try:
             await self.api.renew_lease(
                 lease_body(self.settings.node, namespace, now, self.settings.lease_seconds)
             )
-        except Exception as exc:  # a missed renewal is retried a third of the lease later
+        except Exception as exc:  # a missed renewal is retried within API_RETRY_MAX_S
             log.warning("could not renew the agent lease in namespace %s: %s", namespace, exc)
+            return False
+        return True
 
     async def reconcile_once(self) -> bool:
         """One round over every GPU. Returns True while some GPU still reshapes (poll again soon)."""

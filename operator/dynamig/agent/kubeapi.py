@@ -3,7 +3,9 @@
 Objects are exchanged as plain dicts (``CustomObjectsApi`` serves built-in groups such as
 ``resource.k8s.io`` too); typed parsing happens in the callers. Every method does network I/O.
 A transient error is a 5xx or 429 from the API server, or a connection/timeout error; 4xx errors
-(NotFound, Conflict, Invalid) are returned to the caller at once.
+(NotFound, Conflict, Invalid) are returned to the caller at once. No wait between two tries, here or in the
+agent's loop and watches (:func:`backoff_delay`), grows past :data:`API_RETRY_MAX_S`: an API server that
+comes back after an outage of any length is used again within seconds.
 """
 
 from __future__ import annotations
@@ -35,6 +37,17 @@ T = TypeVar("T")
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSION = "v1"
 
+# The longest wait before the agent tries an API server that failed it (connection refused, a timeout, a 5xx
+# or 429) again: waits double from a fraction of a second up to this and stay there while the API server is
+# away, so the agent is back within this of its return, however long the outage.
+API_RETRY_MAX_S = 2.0
+
+
+def backoff_delay(failures: int, base: float, cap: float) -> float:
+    """Seconds to wait after ``failures`` (>= 1) failures in a row: ``base`` doubled for each, at most
+    ``cap``. Pure."""
+    return min(cap, base * 2.0 ** min(max(failures, 0), 64))  # bounded exponent: no overflow, ever
+
 
 @dataclass(frozen=True)
 class NodeFacts:
@@ -53,7 +66,9 @@ def node_facts(node: dict[str, Any]) -> NodeFacts:
 class KubeApi:
     """Thin async wrapper over kubernetes-asyncio for the agent's objects."""
 
-    def __init__(self, api_client: client.ApiClient, attempts: int = 6, max_wait_s: float = 5.0) -> None:
+    def __init__(
+        self, api_client: client.ApiClient, attempts: int = 6, max_wait_s: float = API_RETRY_MAX_S
+    ) -> None:
         self.api_client = api_client
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
@@ -63,6 +78,7 @@ class KubeApi:
         self._max_wait = max_wait_s
 
     async def _retry(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        # Waits of 0.1, 0.2, 0.4, ... s (plus up to 0.1 s of jitter), none longer than max_wait_s.
         async for attempt in AsyncRetrying(
             retry=retry_if_exception(is_transient),
             stop=stop_after_attempt(self._attempts),

@@ -157,7 +157,28 @@ def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
     ks.peering.standalone = settings.standalone
     ks.peering.mandatory = not settings.standalone
     ks.watching.server_timeout = 60
-    ks.watching.connect_timeout = 10
+    # Back within seconds of an API server outage of any length (read in Kopf 1.45.2's source):
+    # - kopf/_cogs/clients/api.py `request()` retries a request that met a connection error, a timeout, a 5xx,
+    #   403 or 429 after each delay of `networking.error_backoffs` (one attempt more than delays), then
+    #   escalates. Its default (1, 1, 2, 3, 5, 8, 13, 21) waits up to 21 s: a watch came back up to 21 s after
+    #   the API server did. Here no wait exceeds 2 s, and there are enough of them (about 6 minutes) that an
+    #   outage of 5 minutes escalates nothing: a peering keep-alive that escalates is not restarted
+    #   (kopf/_core/engines/peering.py `keepalive()` under `aiotasks.guard`), nor is a watcher whose request
+    #   escalates a 5xx or 403 (kopf/_cogs/clients/watching.py: `continuous_watch()` ends quietly only on
+    #   connection errors and timeouts, which `infinite_watch()` retries).
+    # - `watching.reconnect_backoff` is the pause before `infinite_watch()` opens the next watch (list
+    #   included); pinned at Kopf's default, 0.1 s.
+    # - `networking.request_timeout` bounds a whole request but a watch (default 300 s, aiohttp's); the API
+    #   server ends any other request after 60 s itself (kube-apiserver --request-timeout), so 70 s cuts
+    #   nothing it would serve. `networking.connect_timeout` / `watching.connect_timeout` bound the TCP
+    #   connect (default: none): an API server that drops packets instead of refusing costs a short attempt.
+    # The policy loops read and write through kubernetes-asyncio, not Kopf, and retry alike (kubeio.py
+    # `KubeIO._retry`, reconciler.py `Reconciler.run_policy`); Kopf's watches only wake them.
+    ks.networking.error_backoffs = (0.5, 1.0, *(2.0,) * 180)  # 182 waits, about 6 minutes
+    ks.networking.request_timeout = 70.0
+    ks.networking.connect_timeout = 5.0
+    ks.watching.connect_timeout = 5.0
+    ks.watching.reconnect_backoff = 0.1
     return ks
 
 

@@ -63,10 +63,13 @@ class KubeIO:
         self._attempts = attempts
 
     async def _retry(self, call: Callable[[], Awaitable[T]]) -> T:
+        # Waits of 0.1, 0.2, 0.4, ... s plus up to 1 s of jitter, none longer than 2 s: a call in flight when
+        # the API server returns goes through within 2 s. Once the attempts are spent the error reaches the
+        # policy loop, whose retries are capped alike (Reconciler.run_policy).
         async for attempt in AsyncRetrying(
             retry=retry_if_exception(is_transient),
             stop=stop_after_attempt(self._attempts),
-            wait=wait_exponential_jitter(multiplier=0.1, max=3.0),
+            wait=wait_exponential_jitter(multiplier=0.1, max=2.0),
             reraise=True,
         ):
             with attempt:

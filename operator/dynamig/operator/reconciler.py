@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from dynamig import DRIVER_NAME
 from dynamig.geometry.catalog import Catalog
+from dynamig.kube.apicalls import is_transient, status_of
 from dynamig.kube.events import gpu_partition_ref
 from dynamig.kube.gpupartition import Condition, layout_summary, set_condition
 from dynamig.kube.heartbeat import Sighting, next_silence, sightings, silent_agents
@@ -203,20 +204,35 @@ class Reconciler:
         waker = self._wakers.setdefault(name, asyncio.Event())
         waker.set()
         self.metrics.policy_seen(name)  # its counters start at 0, so the first failure is an increase
+        failures = 0  # rounds failed in a row on the API server
         try:
             while not stopped.is_set():
                 await self._wait(waker, stopped, self._until_next_round())
                 if stopped.is_set():
                     break
-                window = await self._batch_window(name)
+                window = 0 if failures else await self._batch_window(name)  # a retry has had its window
                 if window > 0:
                     await self._sleep(window, stopped)
                 waker.clear()
                 try:
                     await self.round(name)
-                except ApiException as exc:
-                    log.warning("policy %s: API error in round (%s); retrying", name, exc.status)
-                    await self._sleep(1.0, stopped)
+                    failures = 0
+                except Exception as exc:
+                    # Any API error, answered or not, is retried here: one that ended the daemon would be
+                    # retried by Kopf only after settings.execution.default_backoff (60 s). Waits double from
+                    # 0.5 s to 2 s at most, whatever the outage's length.
+                    if not (isinstance(exc, ApiException) or is_transient(exc)):
+                        raise
+                    failures += 1
+                    delay = min(2.0, 0.25 * 2 ** min(failures, 8))
+                    why = status_of(exc) or repr(exc)
+                    log.warning("policy %s: API error in round (%s); retrying in %.1fs", name, why, delay)
+                    if status_of(exc) in (None, 0):
+                        # Out of reach: a watch event (Kopf lists again once it reconnects) shows the API
+                        # server answers again, and the round is retried at once.
+                        await self._wait(waker, stopped, delay)
+                    else:
+                        await self._sleep(delay, stopped)
                     waker.set()
         finally:
             self._wakers.pop(name, None)
