@@ -8,6 +8,7 @@ round talks to :class:`FakeKube`, which records what it is asked to write.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 from typing import Any, cast
@@ -158,6 +159,7 @@ class FakeKube:
         self.patch_errors = patch_errors  # this many condition patches fail (an API server error)
         self.conditions: dict[str, list[dict[str, Any]]] = {}
         self.events: list[tuple[dict[str, Any], str, str]] = []  # (involvedObject, type, reason)
+        self.deleted: list[str] = []  # ResourceSlices withdrawn
 
     async def snapshot(self, lease_namespace: str | None = None) -> Snapshot:
         return self.snap
@@ -177,7 +179,7 @@ class FakeKube:
         return tuple(s for s in self.slices if s["spec"]["nodeName"] == node)
 
     async def delete_slice(self, name: str) -> None:
-        pass
+        self.deleted.append(name)
 
     async def put_device_status(self, namespace: str, name: str, entry: dict[str, Any]) -> bool:
         return True
@@ -249,3 +251,28 @@ async def test_every_gpu_of_a_silent_node_is_ready_unknown_governed_or_not() -> 
         (ready,) = [c for c in conditions if c["type"] == "Ready"]
         assert (ready["status"], ready["reason"]) == ("Unknown", "AgentSilent"), name
         assert "has not renewed its lease" in ready["message"], name
+
+
+async def test_every_agent_silent_at_once_is_a_disruption_and_no_node_is_withdrawn() -> None:
+    """Right after an API server outage no agent has renewed yet: withdrawing every node would only churn
+    (kube-controller-manager likewise stops evicting from a fully disrupted zone). One silent agent among live
+    ones is still withdrawn."""
+
+    def slices(*nodes: str) -> tuple[dict[str, Any], ...]:
+        return tuple(
+            {"metadata": {"name": f"{n}-mig-0"}, "spec": {"driver": DRIVER_NAME, "nodeName": n}}
+            for n in nodes
+        )
+
+    snap = silent_node_snapshot()
+    both_silent = dataclasses.replace(
+        snap, leases=(*snap.leases, lease_body("b", "default", time.time() - 600, 30))
+    )
+    kube = FakeKube(both_silent, slices=slices("a", "b"))
+    await reconciler(kube).round("ampere")
+    assert kube.deleted == []
+    assert not [ref for ref, _, reason in kube.events if reason == "AgentSilent" and ref["kind"] == "Node"]
+    one_silent = dataclasses.replace(snap, leases=(*snap.leases, lease_body("b", "default", time.time(), 30)))
+    kube = FakeKube(one_silent, slices=slices("a", "b"))
+    await reconciler(kube).round("ampere")
+    assert kube.deleted == ["a-mig-0"]

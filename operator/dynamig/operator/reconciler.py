@@ -29,7 +29,7 @@ from dynamig.geometry.catalog import Catalog
 from dynamig.kube.apicalls import is_transient, status_of
 from dynamig.kube.events import gpu_partition_ref
 from dynamig.kube.gpupartition import Condition, layout_summary, set_condition
-from dynamig.kube.heartbeat import Sighting, next_silence, sightings, silent_agents
+from dynamig.kube.heartbeat import LEASE_PREFIX, Sighting, next_silence, sightings, silent_agents
 from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
 from dynamig.kube.names import GROUP_VERSION, POLICY_KIND, extended_resource_name
 from dynamig.kube.policy import (
@@ -347,8 +347,22 @@ class Reconciler:
     async def _fence_silent_nodes(self, silent: Mapping[str, str], snap: Snapshot) -> None:
         """A node whose agent went silent offers nothing and its waiting bookings fail, so no pod waits for
         an agent that cannot answer (operator/fencing.py). Each round while it stays silent, so a slice
-        written meanwhile is withdrawn too; a refusal (RBAC) is logged and the round goes on."""
+        written meanwhile is withdrawn too; a refusal (RBAC) is logged and the round goes on.
+
+        Every agent silent at once (more than one) is taken as the API server's or the network's doing, as
+        kube-controller-manager stops evicting from a fully disrupted zone: right after an outage no agent has
+        renewed yet, and withdrawing every node then would only churn. They are withdrawn once one renews."""
         if not silent:
+            return
+        agents = sum(
+            1 for lease in snap.leases if str(lease["metadata"].get("name", "")).startswith(LEASE_PREFIX)
+        )
+        if len(silent) > 1 and len(silent) >= agents:
+            log.warning(
+                "every agent (%d) is silent at once: taken as an API server or network disruption, not as "
+                "dead agents; no node is withdrawn until one of them renews its Lease",
+                len(silent),
+            )
             return
         try:
             slices = [s for node in sorted(silent) for s in await self.kube.list_node_slices(node)]
