@@ -31,6 +31,7 @@ from dynamig.devcluster import sandbox
 from dynamig.devcluster.binaries import find_binaries
 from dynamig.devcluster.controlplane import ControlPlane
 from dynamig.devcluster.processes import Component, stop_all
+from dynamig.devcluster.progress import lock_with_heartbeat
 from dynamig.devcluster.sandbox import parse_gpu_node
 
 Say = Callable[[str], None]
@@ -96,7 +97,8 @@ def running_state(state_dir: Path) -> ClusterState | None:
 def _locked(state_dir: Path) -> Iterator[None]:
     state_dir.mkdir(parents=True, exist_ok=True)
     with open(state_dir / "lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+        # `up` holds it while the first build runs (minutes): a second `up` or `down` says what it waits for.
+        lock_with_heartbeat(fh, f"the dev cluster in {state_dir}")
         try:
             yield
         finally:
