@@ -10,20 +10,22 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 from kubernetes_asyncio import client
 
-from dynamig.devcluster import BinariesNotFoundError, ControlPlane, find_binaries
-from dynamig.devcluster.binaries import TOOLS, find_repo_root
+from dynamig.devcluster import BinariesNotFoundError, ControlPlane, find_binaries, sandbox
+from dynamig.devcluster.binaries import TOOLS, build_tool, find_repo_root
 
 pytestmark = pytest.mark.controlplane
 
@@ -331,10 +333,15 @@ def test_dev_cluster_with_gpu_nodes_runs_dynamig_you_can_kubectl(
     control_plane: ControlPlane, tmp_path: Path
 ) -> None:
     """`up --gpu-node` gives a cluster a newcomer can `kubectl apply -k manifests/examples` against: the CRDs,
-    the DeviceClass, Ready managed nodes, an agent per node, the operator; the example pods get MIG slices,
-    those written for the device plugin too."""
+    the DeviceClass, Ready managed nodes, an agent per node, the operator, each serving its metrics; the
+    examples apply in order (no claim made before its template) and their pods get MIG slices, those written
+    for the device plugin too; `kubectl dynamig` is found the README's way; the chart installs into it; the
+    GPUs a run left cut start clean next time."""
     state_dir = tmp_path / "state"
-    env = dict(os.environ, KUBEBUILDER_ASSETS=str(control_plane.binaries.directory))
+    # As a newcomer's shell: this installation's scripts (kubectl-dynamig) are not on PATH.
+    scripts = str(Path(sys.executable).parent)
+    path = os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep) if d != scripts)
+    env = dict(os.environ, KUBEBUILDER_ASSETS=str(control_plane.binaries.directory), PATH=path)
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         argv = [sys.executable, "-m", "dynamig", "dev-cluster", f"--state-dir={state_dir}", *args]
@@ -392,9 +399,67 @@ def test_dev_cluster_with_gpu_nodes_runs_dynamig_you_can_kubectl(
         assert wait_for(inference_bound, 120), kubectl(
             "get", "pods,resourceclaims", "-n", "dynamig-examples"
         ).stdout
+        failed = kubectl(
+            "get", "events", "-n", "dynamig-examples", "-o", "name",
+            "--field-selector=reason=FailedResourceClaimCreation",
+        ).stdout.split()  # fmt: skip
+        assert failed == [], kubectl("get", "events", "-n", "dynamig-examples").stdout
+
         state = json.loads((state_dir / "state.json").read_text())
         pids = [state["supervisor_pid"], *state["component_pids"].values(), *state["dynamig_pids"].values()]
+        assert sorted(state["metrics"]) == ["agent-gpu-a", "agent-gpu-b", "operator"]
+        for name, url in state["metrics"].items():
+            assert f"{name}: pid" in status and url in status, status
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                served = resp.read().decode()
+            # The agent's own series (its node's instances), the operator's planning state.
+            family = (
+                f'dynamig_mig_instances{{Hostname="{name[6:]}"'
+                if name != "operator"
+                else "dynamig_operator_governed_gpus"
+            )
+            assert family in served, (name, served[:500])
+
+        # The README's next line: eval the exports, and kubectl finds the plugin.
+        shell = f'eval "$({shlex.quote(sys.executable)} -m dynamig dev-cluster --state-dir={state_dir} env)"'
+        plugin = subprocess.run(
+            ["bash", "-c", f"{shell} && kubectl dynamig verify"],
+            env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert "unknown command" not in plugin.stderr and "gpu-a-gpu0" in plugin.stdout + plugin.stderr, (
+            plugin.stdout,
+            plugin.stderr,
+        )
+
+        # The chart, as the install docs write it, adopts the CRDs and the DeviceClass the sandbox applied.
+        helm = str(build_tool("build-helm.sh"))
+        installed = subprocess.run(
+            [
+                helm, "install", sandbox.CHART_RELEASE, str(root / "manifests" / "helm" / "dynamig"),
+                "--namespace", sandbox.CHART_NAMESPACE, "--create-namespace", f"--kubeconfig={kubeconfig}",
+            ],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert installed.returncode == 0, installed.stderr
+        owner = kubectl(
+            "get", "deviceclass", "mig.dynamig.io", "-o",
+            "jsonpath={.metadata.annotations.meta\\.helm\\.sh/release-namespace}",
+        ).stdout  # fmt: skip
+        assert owner == sandbox.CHART_NAMESPACE
+        assert "running" in cli("status").stdout  # the processes serve on beside the chart's objects
+        gpu_state = sorted(p.name for p in state_dir.glob("nvml-*.json"))
+        assert gpu_state == ["nvml-gpu-a.json", "nvml-gpu-b.json"]
     finally:
         down = cli("down")
     assert down.returncode == 0, down.stderr
     assert wait_for(lambda: not any(pid_alive(p) for p in pids), 15)
+    # The simulated GPUs' instances outlive `down` (for `up --keep-gpu-state`); a plain `up` clears them.
+    assert sorted(p.name for p in state_dir.glob("nvml-*.json")) == gpu_state
+    again = cli("up", "--gpu-node", "gpu-a=A100-80GB:2", "--gpu-node", "gpu-b=H100-80GB:1")
+    try:
+        assert again.returncode == 0, again.stderr
+        assert "simulated GPUs start clean: removed the last run's nvml-gpu-a.json, nvml-gpu-b.json" in (
+            again.stderr
+        ), again.stderr
+    finally:
+        assert cli("down").returncode == 0

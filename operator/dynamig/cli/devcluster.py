@@ -47,6 +47,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="a simulated GPU node (repeatable): registers it and runs its agent over simulated NVML; the "
         "operator, the CRDs and the DeviceClass come with it. e.g. --gpu-node n1=A100-80GB:2",
     )
+    up.add_argument(
+        "--keep-gpu-state",
+        action="store_true",
+        help="keep the MIG instances the simulated GPUs had when the last run stopped (default: start clean)",
+    )
     actions.add_parser("down", help="stop the cluster and delete its files")
     actions.add_parser("env", help="print shell exports for KUBECONFIG and PATH (kubectl)")
     actions.add_parser(
@@ -71,9 +76,9 @@ def run(args: argparse.Namespace) -> int:
     state_dir: Path = args.state_dir or default_state_dir(os.environ)
     try:
         if args.action == "up" and args.foreground:
-            return run_foreground(state_dir, _say, args.gpu_node)
+            return run_foreground(state_dir, _say, args.gpu_node, keep_gpu_state=args.keep_gpu_state)
         if args.action == "up":
-            started = up(state_dir, _say, gpu_nodes=args.gpu_node)
+            started = up(state_dir, _say, gpu_nodes=args.gpu_node, keep_gpu_state=args.keep_gpu_state)
             _say(f"ready in {started.start_seconds:.1f}s at {started.server_url}; logs in {started.log_dir}")
             _say('use it with: eval "$(dynamig dev-cluster env)"   stop it with: dynamig dev-cluster down')
             print(started.kubeconfig)
@@ -88,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
             return 1
         if args.action == "env":
             print(f"export KUBECONFIG={shlex.quote(state.kubeconfig)}")
-            print(f'export PATH={shlex.quote(state.bin_dir)}:"$PATH"')
+            print(f'export PATH={":".join(shlex.quote(d) for d in _path_dirs(state.bin_dir))}:"$PATH"')
         elif args.action == "logs":
             return _logs(Path(state.log_dir), args.component)
         else:
@@ -96,11 +101,22 @@ def run(args: argparse.Namespace) -> int:
             print(f"kubeconfig: {state.kubeconfig}")
             print(f"logs: {state.log_dir}")
             for name, pid in sorted(state.dynamig_pids.items()):
-                print(f"{name}: pid {pid}, {'running' if pid_running(pid) else 'exited'}")
+                metrics = f", metrics {state.metrics[name]}" if name in state.metrics else ""
+                print(f"{name}: pid {pid}, {'running' if pid_running(pid) else 'exited'}{metrics}")
         return 0
     except (BinariesNotFoundError, RuntimeError, ValueError) as exc:
         _say(f"error: {exc}")
         return 1
+
+
+def _path_dirs(bin_dir: str) -> list[str]:
+    """kubectl's directory, then this installation's scripts (``kubectl-dynamig``) unless on PATH."""
+    dirs = [bin_dir]
+    scripts = Path(sys.executable).parent  # a venv's bin/, where pip put kubectl-dynamig
+    on_path = os.environ.get("PATH", "").split(os.pathsep)
+    if (scripts / "kubectl-dynamig").exists() and str(scripts) not in on_path:
+        dirs.append(str(scripts))
+    return dirs
 
 
 def _logs(log_dir: Path, component: str | None) -> int:

@@ -59,6 +59,7 @@ class ClusterState:
     start_seconds: float
     gpu_nodes: list[str] = field(default_factory=list)  # the --gpu-node arguments it runs
     dynamig_pids: dict[str, int] = field(default_factory=dict)  # agent-<node> / operator -> pid
+    metrics: dict[str, str] = field(default_factory=dict)  # agent-<node> / operator -> its /metrics URL
 
     @classmethod
     def read(cls, state_dir: Path) -> ClusterState | None:
@@ -105,12 +106,20 @@ def _locked(state_dir: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def up(state_dir: Path, say: Say, *, gpu_nodes: Sequence[str] = (), timeout: float = 120.0) -> ClusterState:
+def up(
+    state_dir: Path,
+    say: Say,
+    *,
+    gpu_nodes: Sequence[str] = (),
+    keep_gpu_state: bool = False,
+    timeout: float = 120.0,
+) -> ClusterState:
     """Start the dev cluster in the background unless it runs already; returns its state. Side effects.
 
     ``gpu_nodes`` (``NAME=MODEL:COUNT[,MODEL:COUNT]``): simulated GPU nodes, each with its agent, plus the
-    operator, the CRDs and the DeviceClass. Raises ``RuntimeError`` with the supervisor's log tail when the
-    cluster does not come up, or when it runs already with other GPU nodes.
+    operator, the CRDs and the DeviceClass. Their GPUs start without MIG instances unless ``keep_gpu_state``
+    keeps those the last run left (a cluster rebuilt over GPUs still cut). Raises ``RuntimeError`` with the
+    supervisor's log tail when the cluster does not come up, or when it runs already with other GPU nodes.
     """
     for text in gpu_nodes:
         parse_gpu_node(text)  # bad input fails here, before anything starts
@@ -142,6 +151,7 @@ def up(state_dir: Path, say: Say, *, gpu_nodes: Sequence[str] = (), timeout: flo
                 "up",
                 "--foreground",
                 *(f"--gpu-node={n}" for n in gpu_nodes),
+                *(["--keep-gpu-state"] if keep_gpu_state else []),
             ]
             proc = subprocess.Popen(
                 argv,
@@ -179,9 +189,12 @@ def _relay_progress(log: Path, already: int, say: Say) -> int:
     return len(lines)
 
 
-def run_foreground(state_dir: Path, say: Say, gpu_nodes: Sequence[str] = ()) -> int:
+def run_foreground(
+    state_dir: Path, say: Say, gpu_nodes: Sequence[str] = (), *, keep_gpu_state: bool = False
+) -> int:
     """Run the control plane (and, with ``gpu_nodes``, dynamig on simulated GPU nodes) until a signal
-    arrives or a component dies; returns the exit code. Blocks."""
+    arrives or a component dies; returns the exit code. Blocks. The simulated GPUs start without MIG
+    instances unless ``keep_gpu_state``."""
     stop_requested: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -193,11 +206,17 @@ def run_foreground(state_dir: Path, say: Say, gpu_nodes: Sequence[str] = ()) -> 
     cp = ControlPlane(work_dir=state_dir / "cluster", progress=say)
     nodes = [parse_gpu_node(n) for n in gpu_nodes]
     dynamig: list[Component] = []
+    metrics: dict[str, str] = {}
     try:
         cp.start()
         if nodes:
+            if not keep_gpu_state and (cleared := sandbox.clear_gpu_state(state_dir)):
+                say(
+                    f"simulated GPUs start clean: removed the last run's {', '.join(p.name for p in cleared)}"
+                )
             sandbox.install(cp)
-            dynamig = sandbox.start(cp, nodes, state_dir)
+            running = sandbox.start(cp, nodes, state_dir)
+            dynamig, metrics = running.components, running.metrics
             names = ", ".join(n.name for n in nodes)
             say(f"GPU nodes {names}: an agent each over simulated NVML, and the operator")
         ClusterState(
@@ -210,6 +229,7 @@ def run_foreground(state_dir: Path, say: Say, gpu_nodes: Sequence[str] = ()) -> 
             start_seconds=round(cp.start_seconds or 0.0, 2),
             gpu_nodes=list(gpu_nodes),
             dynamig_pids={c.name: c.pid for c in dynamig},
+            metrics=metrics,
         ).write(state_dir)
         say(f"kubeconfig: {cp.kubeconfig_path}")
         while not stop_requested:
