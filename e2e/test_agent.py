@@ -937,3 +937,69 @@ async def test_a_gpu_whose_round_raises_does_not_stop_the_nodes_other_gpus(
         assert errors == 4
     finally:
         devices.shutdown()
+
+
+async def test_a_layout_nvml_always_refuses_backs_off_then_is_reported_failed_with_a_way_out(
+    crd: ControlPlane,
+    kube_api: client.ApiClient,
+    make_node: Callable[..., str],
+    sim_nvml: ModuleType,
+) -> None:
+    # NVML refuses every create of the GPU's spec.layout (as for a placement held by something dynamig cannot
+    # see). The agent tries again on a doubling back-off (rounds in between touch nothing), then reports the
+    # GPU Degraded with Ready=False LayoutFailed, the error and what to do; once NVML accepts, a retry applies
+    # the layout. The agent's clock is the test's, so the back-off is stepped through without waiting it out.
+    api = Api(kube_api)
+    node = make_node("failing", labels={"dynamig.io/managed": "true"})
+    devices = NvmlDevices(sim_nvml, load_catalog())
+    devices.init()
+    now = [1000.0]
+    agent = NodeAgent(
+        agent_settings(node), KubeApi(kube_api), devices, AgentMetrics(CollectorRegistry(), node),
+        clock=lambda: now[0],
+    )  # fmt: skip
+    name = f"{node}-gpu0"
+    three = load_catalog().model("H100-80GB").profile("3g.40gb")
+
+    def refused() -> float:
+        return (
+            agent.metrics.registry.get_sample_value(
+                "dynamig_reshape_operations_total",
+                {"Hostname": node, "operation": "create", "result": "error"},
+            )
+            or 0.0
+        )
+
+    try:
+        await agent.reconcile_once()  # the GpuPartitions
+        sim_nvml.fail_next(
+            "nvmlDeviceCreateGpuInstanceWithPlacement", sim_nvml.NVML_ERROR_INSUFFICIENT_RESOURCES,
+            times=1000, profileId=three.profile_id,
+        )  # fmt: skip
+        gen = await api.set_layout(name, "3g.40gb@0")
+        waits = []
+        for attempt in range(1, 6):
+            await agent.reconcile_once()
+            assert refused() == attempt
+            await agent.reconcile_once()  # within the back-off: NVML is not asked again
+            assert refused() == attempt
+            part = await api.partition(name) or {}
+            waits.append(agent.reshaper.attempts[devices.gpu(0).uuid].retry_at - now[0])
+            now[0] += waits[-1]
+        assert waits == [2.0, 4.0, 8.0, 16.0, 32.0]
+        ready = condition(part, "Ready") or {}
+        assert part["status"]["phase"] == "Degraded" and ready.get("reason") == "LayoutFailed", part["status"]
+        assert ready["observedGeneration"] == gen
+        assert "failed 5 times in a row" in ready["message"] and "InsufficientResources" in ready["message"]
+        assert "write another spec.layout" in ready["message"], ready
+        events = await api.core.list_namespaced_event("default", field_selector=f"involvedObject.name={name}")
+        assert [e.type for e in events.items if e.reason == "LayoutFailed"] == ["Warning"]
+
+        sim_nvml.clear_failures()  # whatever NVML refused is gone: the next retry applies the layout
+        await agent.reconcile_once()
+        await agent.reconcile_once()
+        part = await api.partition(name) or {}
+        assert stable_at(part, gen) and layout_of(part) == "3g.40gb@0", part["status"]
+        assert devices.gpu(0).uuid not in agent.reshaper.attempts
+    finally:
+        devices.shutdown()

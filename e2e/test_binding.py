@@ -10,6 +10,7 @@ which bounds how fast a pod binds after the answer.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -19,15 +20,19 @@ from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
 from dynamig.agent.binding import Failed, Ready
+from dynamig.agent.booked import published_devices
 from dynamig.agent.controller import AgentSettings, NodeAgent
 from dynamig.agent.kubeapi import KubeApi
 from dynamig.agent.metrics import AgentMetrics
 from dynamig.agent.nvml_device import NvmlDevices
+from dynamig.agent.watch import node_copies
 from dynamig.backends.nvml import load_nvml
 from dynamig.demo.cluster import (
+    PROFILE_ATTRIBUTE,
     allocated_device,
     claim_pod,
     ensure_device_class,
+    exactly,
     first_available,
     resource_claim,
 )
@@ -44,6 +49,7 @@ from dynamig.kube.inventory import (
     Occupancy,
     build_inventory_slices,
 )
+from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, VERSION, gpu_partition_name
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.matrix("partitionable")]
 
@@ -229,3 +235,223 @@ async def test_a_booking_on_a_gpu_that_fell_off_the_bus_is_failed_at_once_not_le
         assert (cond["type"], cond["reason"]) == (BINDING_FAILED, "GpuUnavailable")
         assert "GpuIsLost" in cond["message"], cond
     assert not (await client.CoreV1Api(kube_api).read_namespaced_pod("lost", namespace)).spec.node_name
+
+
+async def admin_claim_and_pod(api: client.ApiClient, ns: str, name: str, profile: str, node: str) -> None:
+    """A monitoring claim: exactly one device of ``profile`` with admin access (the namespace must allow it:
+    label ``resource.kubernetes.io/admin-access=true``, enforced by the API server)."""
+    request = exactly(f'{PROFILE_ATTRIBUTE} == "{profile}"')
+    request["exactly"]["adminAccess"] = True
+    await client.CustomObjectsApi(api).create_namespaced_custom_object(
+        "resource.k8s.io", "v1", ns, "resourceclaims", resource_claim(name, request)
+    )
+    await client.CoreV1Api(api).create_namespaced_pod(
+        ns, claim_pod(name, {"kubernetes.io/hostname": node}, claim=name)
+    )
+
+
+async def test_an_admin_access_booking_is_answered_without_a_cut_or_a_destroy(
+    control_plane: ControlPlane,
+    kube_api: client.ApiClient,
+    make_node: Any,
+    namespace: str,
+    sim: ModuleType,
+) -> None:
+    # Seven free 1g.10gb instances: every 2g.20gb placement lies over two of them. A monitoring claim (admin
+    # access) for a 2g.20gb is booked on such a placement by the real scheduler (it counts admin access as
+    # no allocation); answering it with a cut would destroy two free instances for a claim that holds
+    # nothing. The agent answers it failed instead, and NVML is not touched.
+    custom = client.CustomObjectsApi(kube_api)
+    node, devices, agent = await booking_node(kube_api, make_node, "admin", sim)
+    gpu = devices.gpu(0)
+    for start in range(7):
+        devices.create(gpu, PlacedInstance(start, "1g.10gb"))
+    await publish(custom, node, 1, devices)
+    before = len(sim.history())
+    await client.CoreV1Api(kube_api).patch_namespace(
+        namespace, {"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}}
+    )
+    await admin_claim_and_pod(kube_api, namespace, "monitor", "2g.20gb", node)
+    claim = await eventually(lambda: allocated_claim(kube_api, namespace, "monitor"), "monitor allocated")
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert result["adminAccess"] is True and result["device"].startswith("gpu0-2g20gb-s"), result
+    assert result["bindingConditions"] == [BINDING_READY], "the scheduler waits for the agent's answer"
+
+    async with agent.lock:
+        ((pending, answer),) = await agent.answerer.answer_all(await agent.api.list_claims())
+    assert pending.device == result["device"]
+    assert isinstance(answer, Failed) and answer.reason == "AdminAccessNoInstance", answer
+    assert sim.history()[before:] == [], "an admin-access booking cut or destroyed something"
+    assert len(devices.instances(gpu)) == 7
+    claim = await get_claim(kube_api, namespace, "monitor")
+    entries = [e for e in (claim["status"].get("devices") or []) if e["device"] == result["device"]]
+    if entries:  # else the scheduler has already released the allocation, and the entry with it
+        assert entries[0]["conditions"][0]["type"] == BINDING_FAILED
+    assert not (await client.CoreV1Api(kube_api).read_namespaced_pod("monitor", namespace)).spec.node_name
+    devices.shutdown()
+
+
+async def test_a_booking_on_a_gpu_the_round_refuses_is_failed_with_the_reason_not_cut(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    make_node: Any,
+    namespace: str,
+    sim: ModuleType,
+) -> None:
+    # The NVIDIA MIG manager's label on the node: the agent leaves its GPUs alone. A booking made from a
+    # slice published before (here by the test) must not be cut either: it is answered failed, saying why.
+    custom = client.CustomObjectsApi(kube_api)
+    node, devices, agent = await booking_node(
+        kube_api, make_node, "refused", sim, inventory=Inventory.PARTITIONABLE, watch=False
+    )
+    await publish(custom, node, 1, devices)
+    await claim_and_pod(kube_api, namespace, "late", "1g.10gb", node)
+    claim = await eventually(lambda: allocated_claim(kube_api, namespace, "late"), "late allocated")
+    device = allocated_device(claim)
+    await client.CoreV1Api(kube_api).patch_node(
+        node, {"metadata": {"labels": {"nvidia.com/mig.config": "all-1g.10gb"}}}
+    )
+    before = len(sim.history())
+
+    await agent.reconcile_once()
+    assert sim.history()[before:] == [], "a GPU the round refuses was cut"
+    failed = agent.metrics.registry.get_sample_value(
+        "dynamig_binding_answers_total", {"Hostname": node, "answer": "failed"}
+    )
+    assert failed == 1
+    claim = await get_claim(kube_api, namespace, "late")
+    entries = [e for e in (claim["status"].get("devices") or []) if e["device"] == device]
+    if entries:  # else the scheduler has already released the allocation, and the entry with it
+        (cond,) = entries[0]["conditions"]
+        assert (cond["type"], cond["reason"]) == (BINDING_FAILED, "ForeignMigOwner"), cond
+        assert "nvidia.com/mig.config" in cond["message"], cond
+    assert not (await client.CoreV1Api(kube_api).read_namespaced_pod("late", namespace)).spec.node_name
+    devices.shutdown()
+
+
+async def test_ready_carries_the_mig_uuid_nvml_lists_and_a_device_never_listed_fails(
+    control_plane: ControlPlane,
+    kube_api: client.ApiClient,
+    make_node: Any,
+    namespace: str,
+    sim: ModuleType,
+) -> None:
+    # nvml.h lets nvmlDeviceGetMigDeviceHandleByIndex answer NOT_FOUND for a MIG device not set up yet. Right
+    # after the cut the agent has no MIG UUID: it reads again (bounded) and answers ready only with the UUID;
+    # a MIG device that is never listed in time fails the booking instead of binding a pod to "".
+    custom = client.CustomObjectsApi(kube_api)
+    node, devices, agent = await booking_node(kube_api, make_node, "enum", sim)
+    gpu = devices.gpu(0)
+    await publish(custom, node, 1, devices)
+    sim.set_mig_enumeration_delay(0.6)  # within the answerer's reads (8, 0.25 s apart)
+    await claim_and_pod(kube_api, namespace, "soon", "1g.10gb", node)
+    claim = await eventually(lambda: allocated_claim(kube_api, namespace, "soon"), "soon allocated")
+    device = allocated_device(claim)
+    assert device is not None
+    async with agent.lock:
+        ((_, answer),) = await agent.answerer.answer_all(await agent.api.list_claims())
+    assert isinstance(answer, Ready) and answer.mig_uuid.startswith("MIG-"), answer
+    listed = {i.placed: i.mig_uuid for i in devices.instances(gpu)}
+    assert listed[answer.placed] == answer.mig_uuid
+    claim = await get_claim(kube_api, namespace, "soon")
+    (entry,) = claim["status"]["devices"]
+    assert entry["data"]["migUUID"] == answer.mig_uuid
+    await eventually(lambda: _bound(kube_api, namespace, "soon", node), "soon bound", within_s=30)
+
+    sim.set_mig_enumeration_delay(60)  # never within the answer
+    await claim_and_pod(kube_api, namespace, "never", "1g.10gb", node)
+    claim = await eventually(lambda: allocated_claim(kube_api, namespace, "never"), "never allocated")
+    device = allocated_device(claim)
+    async with agent.lock:
+        ((_, answer),) = await agent.answerer.answer_all(await agent.api.list_claims())
+    assert isinstance(answer, Failed) and answer.reason == "MigDeviceNotEnumerated", answer
+    made = [i for i in devices.instances(gpu) if i.placed not in listed]
+    assert len(made) == 1 and made[0].whole is not None and made[0].mig_uuid == "", made
+    assert not (await client.CoreV1Api(kube_api).read_namespaced_pod("never", namespace)).spec.node_name
+    devices.shutdown()
+
+
+async def _unschedulable(api: client.ApiClient, ns: str, name: str) -> bool | None:
+    pod = await client.CoreV1Api(api).read_namespaced_pod(name, ns)
+    conds = (pod.status.conditions if pod.status else None) or []
+    return True if any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in conds) else None
+
+
+async def _published(api: client.ApiClient, node: str) -> set[str]:
+    res = await client.CustomObjectsApi(api).list_cluster_custom_object(
+        "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node}"
+    )
+    return published_devices(res["items"])
+
+
+async def test_a_booked_placement_stays_published_when_the_offer_narrows_before_the_agent_sees_it(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    make_node: Any,
+    namespace: str,
+    sim: ModuleType,
+) -> None:
+    # The race: the scheduler books the whole GPU (7g.80gb@0); the operator narrows offeredProfiles to
+    # 1g.10gb before the agent's copy of the claims shows the booking (a watch a moment behind). A round
+    # publishing the narrowed offer without the booked device would free its counters in the scheduler's
+    # eyes, and a 1g.10gb booking over the same memory slices would go through, only to be answered failed.
+    # The agent's own rounds run here, reading copies listed from the real API server; the claims copy is
+    # simply not updated until the test lets it catch up.
+    custom = client.CustomObjectsApi(kube_api)
+    node, devices, agent = await booking_node(
+        kube_api, make_node, "narrow", sim, inventory=Inventory.PARTITIONABLE, watch=False
+    )
+    part = gpu_partition_name(node, 0)
+    await agent.reconcile_once()  # makes the GpuPartition
+
+    async def offer(profiles: list[str]) -> None:
+        await custom.patch_cluster_custom_object(
+            GROUP, VERSION, GPU_PARTITION_PLURAL, part, {"spec": {"offeredProfiles": profiles}},
+            _content_type="application/merge-patch+json",
+        )  # fmt: skip
+
+    await offer(["1g.10gb", "7g.80gb"])
+    await agent.reconcile_once()
+    assert "gpu0-7g80gb-s0" in await _published(kube_api, node)
+    agent.copies = copies = node_copies(agent.api, node, agent.settings.driver, agent.wake)
+    for c in copies.all():
+        await c.relist()  # the claims copy stays as it is now: before the booking
+
+    await claim_and_pod(kube_api, namespace, "whole", "7g.80gb", node)
+    claim = await eventually(lambda: allocated_claim(kube_api, namespace, "whole"), "whole allocated")
+    assert allocated_device(claim) == "gpu0-7g80gb-s0"
+    await offer(["1g.10gb"])  # the operator narrows the offer
+    for c in (copies.node, copies.partitions, copies.slices):
+        await c.relist()
+    await agent.reconcile_once()  # sees the narrowed offer, not the booking
+    published = await _published(kube_api, node)
+    assert "gpu0-7g80gb-s0" in published, "the booked device vanished from the slices before its answer"
+    assert any(d.startswith("gpu0-1g10gb-") for d in published)
+
+    # A 1g.10gb booking now would overlap the booked whole GPU: the scheduler must find no room.
+    await claim_and_pod(kube_api, namespace, "small", "1g.10gb", node)
+
+    async def verdict() -> str | None:
+        if await allocated_claim(kube_api, namespace, "small") is not None:
+            return "allocated"
+        return "unschedulable" if await _unschedulable(kube_api, namespace, "small") else None
+
+    assert await eventually(verdict, "the scheduler's verdict on small", within_s=30) == "unschedulable", (
+        "an overlapping booking went through"
+    )
+    await asyncio.sleep(2)
+    assert await allocated_claim(kube_api, namespace, "small") is None, "an overlapping booking went through"
+
+    await copies.claims.relist()  # the agent's copy catches up: the booking is answered
+    await agent.reconcile_once()
+    answers = {
+        a: agent.metrics.registry.get_sample_value(
+            "dynamig_binding_answers_total", {"Hostname": node, "answer": a}
+        )
+        for a in ("ready", "failed")
+    }
+    assert (answers["ready"], answers["failed"] or 0.0) == (1.0, 0.0), answers
+    assert [i.placed for i in devices.instances(devices.gpu(0))] == [PlacedInstance(0, "7g.80gb")]
+    await eventually(lambda: _bound(kube_api, namespace, "whole", node), "whole bound", within_s=30)
+    assert await allocated_claim(kube_api, namespace, "small") is None
+    devices.shutdown()

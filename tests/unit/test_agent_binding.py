@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dynamig.agent.answering import admin_allocations, ordinary_holders
 from dynamig.agent.binding import (
+    REASON_ADMIN_NO_INSTANCE,
     REASON_LAYOUT_RULE,
     REASON_MIG_DISABLED,
     REASON_PLACEMENT_TAKEN,
     REASON_UNKNOWN_DEVICE,
     Cut,
+    Enumerate,
     Failed,
     GpuState,
     Ready,
@@ -124,4 +129,74 @@ def test_a_cut_never_destroys_anything_busy_and_always_yields_a_valid_layout(
     elif isinstance(answer, Ready):
         assert target in layout and target not in busy
     else:
+        assert isinstance(answer, Failed), answer  # every whole instance here has its UUID: no Enumerate
         assert answer.reason in (REASON_PLACEMENT_TAKEN, REASON_LAYOUT_RULE)
+
+
+# --- admin access, refused GPUs, MIG devices not yet enumerated ------------------------------------------
+
+
+@pytest.mark.parametrize("target", _A100_PLACEMENTS)
+def test_an_admin_access_allocation_never_cuts_nor_destroys(target: PlacedInstance) -> None:
+    # Free instances everywhere a cut could destroy them, one of them held by an ordinary claim.
+    held = Observed(PlacedInstance(6, "1g.10gb"), claims=("team/other",))
+    state = gpu(*free("3g.40gb@0,2g.20gb@4"), held)
+    answer = decide(device_name(0, target.profile, target.start), "ops/monitor", [state], admin=True)
+    existing = {o.placed for o in state.observed}
+    if target in existing:  # shared with whoever holds it: admin access ignores ordinary claims
+        assert answer == Ready(0, target, f"MIG-{target.profile}-{target.start}")
+    else:
+        assert isinstance(answer, Failed) and answer.reason == REASON_ADMIN_NO_INSTANCE, answer
+    # The same allocation without admin access would have cut somewhere: admin access is what stops it.
+    ordinary = [decide(device_name(0, p.profile, p.start), ME, [state]) for p in _A100_PLACEMENTS]
+    assert any(isinstance(a, Cut) and a.destroy for a in ordinary)
+
+
+def test_admin_access_holders_do_not_block_an_ordinary_answer() -> None:
+    claims = [
+        {
+            "metadata": {"namespace": "ops", "name": "monitor"},
+            "status": {"allocation": {"devices": {"results": [
+                {"driver": "mig.dynamig.io", "pool": "n1", "device": "gpu0-1g10gb-s6", "adminAccess": True},
+            ]}}},
+        },
+        {
+            "metadata": {"namespace": "team", "name": "claim-a"},
+            "status": {"allocation": {"devices": {"results": [
+                {"driver": "mig.dynamig.io", "pool": "n1", "device": "gpu0-1g10gb-s6"},
+                {"driver": "other.example", "pool": "n1", "device": "gpu0-1g10gb-s5", "adminAccess": True},
+            ]}}},
+        },
+    ]  # fmt: skip
+    assert admin_allocations(claims, "mig.dynamig.io", "n1") == {("ops/monitor", "gpu0-1g10gb-s6")}
+    holders = ordinary_holders(claims, "mig.dynamig.io", "n1")
+    assert holders == {"gpu0-1g10gb-s6": [ME]}
+    inst = Observed(PlacedInstance(6, "1g.10gb"), claims=tuple(holders["gpu0-1g10gb-s6"]))
+    assert isinstance(decide("gpu0-1g10gb-s6", ME, [gpu(inst)]), Ready)
+
+
+@pytest.mark.parametrize(
+    "refused",
+    [
+        ("MigModePending", "MIG mode change pending; the GPU needs a reset"),
+        ("GpuReplaced", "this GpuPartition describes GPU GPU-old, but index 0 is now GPU-new"),
+        ("ForeignMigOwner", "not managing this GPU: driver gpu.nvidia.com publishes MIG devices"),
+    ],
+)
+def test_an_allocation_on_a_refused_gpu_fails_with_the_refusal_and_is_never_cut(
+    refused: tuple[str, str],
+) -> None:
+    state = dataclasses.replace(gpu(*free("1g.10gb@0,1g.10gb@1")), refused=refused)
+    for device in ("gpu0-1g10gb-s0", "gpu0-7g80gb-s0", "gpu0-1g10gb-s4"):  # ready, cut over, cut
+        answer = decide(device, ME, [state])
+        assert isinstance(answer, Failed) and answer.reason == refused[0], answer
+        assert refused[1] in answer.message and device in answer.message
+        assert isinstance(decide(device, ME, [dataclasses.replace(state, refused=None)]), Ready | Cut)
+
+
+def test_a_whole_instance_without_a_mig_uuid_is_read_again_never_answered_ready_empty() -> None:
+    state = GpuState(0, A100, True, free("1g.10gb@6"), {PlacedInstance(6, "1g.10gb"): ""})
+    assert decide("gpu0-1g10gb-s6", ME, [state]) == Enumerate(0, PlacedInstance(6, "1g.10gb"))
+    assert decide("gpu0-1g10gb-s6", "ops/monitor", [state], admin=True) == Enumerate(
+        0, PlacedInstance(6, "1g.10gb")
+    )

@@ -17,7 +17,7 @@ from dynamig.agent.controller import AgentSettings, NodeAgent
 from dynamig.agent.devices_service import AgentMigInstances
 from dynamig.agent.kubeapi import KubeApi
 from dynamig.agent.metrics import AgentMetrics
-from dynamig.agent.nvml_device import NvmlDevices
+from dynamig.agent.nvml_device import PROFILE_RETRY_S, NvmlDevices
 from dynamig.agent.plugin.instances import PlacementTaken, UnknownDevice
 from dynamig.backends.nvml import load_nvml
 from dynamig.geometry.catalog import load_catalog
@@ -213,3 +213,43 @@ def test_a_gpu_is_identified_by_uuid_not_index(devices: NvmlDevices, nvml: Modul
     with pytest.raises(nvml.NVMLError_NotFound):
         devices.create(other, PlacedInstance(0, "1g.10gb"))
     assert devices.instances(devices.gpu(0)) == []
+
+
+def test_a_transient_error_on_one_profile_is_read_again_not_hidden_until_restart(nvml: ModuleType) -> None:
+    nvml.configure(gpus=["H100-80GB"], state_file=None)
+    now = [100.0]
+    devices = NvmlDevices(nvml, load_catalog(), clock=lambda: now[0])
+    devices.init()
+    three = load_catalog().model("H100-80GB").profile("3g.40gb")
+    nvml.fail_next("nvmlDeviceGetGpuInstanceProfileInfo", nvml.NVML_ERROR_TIMEOUT, profile=three.nvml_enum)
+    gpu = devices.gpu(0)
+    # Not hidden: the profile keeps the catalog's figures, its placements can be booked and its instances
+    # are listed; the failure is on record for the GPU.
+    assert gpu.model is not None and gpu.model.has_profile("3g.40gb")
+    devices.create(gpu, PlacedInstance(4, "3g.40gb"))
+    assert [i.placed for i in devices.instances(gpu)] == [PlacedInstance(4, "3g.40gb")]
+    assert devices.unread_profiles == {gpu.uuid: ["3g.40gb: Timeout"]}
+    # Read again once PROFILE_RETRY_S has passed (not on every round), and then from NVML.
+    nvml.fail_next("nvmlDeviceGetGpuInstanceProfileInfo", nvml.NVML_ERROR_TIMEOUT, profile=three.nvml_enum)
+    now[0] += PROFILE_RETRY_S - 1
+    assert devices.gpu(0).model == gpu.model and devices.unread_profiles == {gpu.uuid: ["3g.40gb: Timeout"]}
+    now[0] += 1
+    devices.gpu(0)  # the table is read again: the error injected above is met once more
+    assert devices.unread_profiles == {gpu.uuid: ["3g.40gb: Timeout"]}
+    now[0] += PROFILE_RETRY_S
+    again = devices.gpu(0)
+    assert devices.unread_profiles == {}
+    assert again.model is not None and again.model.profile("3g.40gb").profile_id == three.profile_id
+
+
+def test_a_profile_nvml_does_not_offer_stays_out(nvml: ModuleType) -> None:
+    nvml.configure(gpus=["H100-80GB"], state_file=None)
+    devices = NvmlDevices(nvml, load_catalog())
+    devices.init()
+    one = load_catalog().model("H100-80GB").profile("1g.10gb")
+    nvml.fail_next(
+        "nvmlDeviceGetGpuInstanceProfileInfo", nvml.NVML_ERROR_NOT_SUPPORTED, profile=one.nvml_enum
+    )
+    gpu = devices.gpu(0)
+    assert gpu.model is not None and not gpu.model.has_profile("1g.10gb")
+    assert devices.unread_profiles == {}

@@ -190,3 +190,16 @@ def test_mixed_placement_sizes_are_a_difference() -> None:
     diffs = diff_profiles(model, reported)
     sizes = [d for d in diffs if d.field == "placement_size"]
     assert sizes == [ProfileDifference("mismatch", "1g.5gb", 0x0, "placement_size", 1, (1, 2))]
+
+
+def test_a_transient_error_on_one_profile_is_asked_again_and_a_lasting_one_raised(nvml: ModuleType) -> None:
+    enum = CATALOG.model("A100-80GB").profile("3g.40gb").nvml_enum
+    handle = nvml.nvmlDeviceGetHandleByIndex(KEYS.index("A100-80GB"))
+    waited: list[float] = []
+    nvml.fail_next("nvmlDeviceGetGpuInstanceProfileInfo", nvml.NVML_ERROR_TIMEOUT, times=2, profile=enum)
+    reported = read_nvml_profiles(nvml, handle, sleep=waited.append)
+    assert enum in {p.nvml_enum for p in reported}, "a transient error dropped the profile"
+    assert diff_profiles(CATALOG.model("A100-80GB"), reported) == [] and waited == [0.1, 0.2]
+    nvml.fail_next("nvmlDeviceGetGpuInstanceProfileInfo", nvml.NVML_ERROR_TIMEOUT, times=3, profile=enum)
+    with pytest.raises(nvml.NVMLError_Timeout):
+        read_nvml_profiles(nvml, handle, sleep=waited.append)

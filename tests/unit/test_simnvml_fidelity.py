@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -133,6 +134,21 @@ def mig_handle_by_index_then_not_found() -> None:
         nv.nvmlDeviceGetMigDeviceHandleByIndex(w.parent, count)
 
 
+def mig_device_enumerated_after_its_create() -> None:
+    # A compute instance whose MIG device the driver has not set up yet: the GI and CI are listed, but no
+    # valid MIG device is at its index (nor under its UUID) until the delay has passed.
+    w = _world()
+    nv.set_mig_enumeration_delay(0.3)
+    gi = nv.nvmlDeviceCreateGpuInstanceWithPlacement(w.parent, 19, ctypes.byref(_placement(1, 1)))
+    ci = nv.nvmlGpuInstanceCreateComputeInstance(gi, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE)
+    key = (nv.nvmlGpuInstanceGetInfo(gi).id, nv.nvmlComputeInstanceGetInfo(ci).id)
+    assert key not in _migs(w.parent) and len(_migs(w.parent)) == 2
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        nv.nvmlDeviceGetMigDeviceHandleByIndex(w.parent, 2)  # GI ids 1, 2, 3: the new one is third
+    time.sleep(0.35)
+    assert key in _migs(w.parent) and len(_migs(w.parent)) == 3
+
+
 def mig_handle_not_supported_without_mig() -> None:
     w = _world(mig_enabled=False)
     with pytest.raises(pynvml.NVMLError_NotSupported):
@@ -189,6 +205,19 @@ def handle_by_uuid_fails_when_any_gpu_is_lost() -> None:
     with pytest.raises(pynvml.NVMLError_NotFound):
         nv.set_gpu_lost(1, False)
         nv.nvmlDeviceGetHandleByUUID("GPU-00000000-0000-0000-0000-000000000000")
+
+
+def handle_by_uuid_not_found_before_the_mig_device_is_enumerated() -> None:
+    w = _world()
+    nv.set_mig_enumeration_delay(0.3)
+    gi = nv.nvmlDeviceCreateGpuInstanceWithPlacement(w.parent, 19, ctypes.byref(_placement(1, 1)))
+    nv.nvmlGpuInstanceCreateComputeInstance(gi, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE)
+    (new,) = [e.mig_uuid for e in nv.history() if e.kind == "create-ci"][-1:]
+    assert new is not None
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        nv.nvmlDeviceGetHandleByUUID(new)  # not yet a valid device on the system
+    time.sleep(0.35)
+    assert nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByUUID(new)) == new
 
 
 def handle_by_index_gpu_lost() -> None:
@@ -372,6 +401,9 @@ CASES = [
          "NVML_ERROR_NOT_FOUND if no valid MIG device was found at index",
          mig_handle_by_index_then_not_found),
     Case("nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetMigDeviceHandleByIndex",
+         "NVML_ERROR_NOT_FOUND if no valid MIG device was found at index",
+         mig_device_enumerated_after_its_create),
+    Case("nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetMigDeviceHandleByIndex",
          "NVML_ERROR_NOT_SUPPORTED if this query is not supported by the device",
          mig_handle_not_supported_without_mig),
     Case("nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMaxMigDeviceCount",
@@ -390,6 +422,9 @@ CASES = [
     Case("nvmlDeviceGetHandleByUUID", "nvmlDeviceGetHandleByUUID",
          "NVML_ERROR_GPU_IS_LOST if any GPU has fallen off the bus or is otherwise inaccessible",
          handle_by_uuid_fails_when_any_gpu_is_lost),
+    Case("nvmlDeviceGetHandleByUUID", "nvmlDeviceGetHandleByUUID",
+         "NVML_ERROR_NOT_FOUND if uuid does not match a valid device on the system",
+         handle_by_uuid_not_found_before_the_mig_device_is_enumerated),
     Case("nvmlDeviceGetHandleByIndex", "nvmlDeviceGetHandleByIndex_v2",
          "NVML_ERROR_GPU_IS_LOST if the target GPU has fallen off the bus or is otherwise inaccessible",
          handle_by_index_gpu_lost),

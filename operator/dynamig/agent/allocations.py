@@ -6,21 +6,37 @@ in the way, create the instance at its placement) and writes the answer into the
 ``status.devices[]``. It runs inside the agent's round, under the agent's lock, so no reshape of its own
 runs at the same time; a crash before the status write leaves the allocation unanswered and the next
 round answers it once (a cut that already happened is then simply ready).
+
+``ready`` carries the MIG UUID NVML reported: a MIG device not enumerated yet right after its create is read
+again (:attr:`AllocationAnswerer.uuid_reads` times, :attr:`AllocationAnswerer.uuid_retry_s` apart), and the
+allocation is answered failed if it still is not (the instance stays; the next booking finds it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
-from dynamig.agent.binding import Cut, Failed, GpuState, Ready, decide, device_status, locate
-from dynamig.agent.kubeapi import KubeApi, allocated_devices
+from dynamig.agent.answering import admin_allocations, ordinary_holders
+from dynamig.agent.binding import (
+    REASON_NO_MIG_DEVICE,
+    Cut,
+    Enumerate,
+    Failed,
+    GpuState,
+    Ready,
+    decide,
+    device_status,
+    locate,
+)
+from dynamig.agent.gpu_status import Problem
+from dynamig.agent.kubeapi import KubeApi
 from dynamig.agent.metrics import AgentMetrics
 from dynamig.agent.nvml_device import GpuInfo, NvmlDevices
 from dynamig.agent.reconcile import observe
-from dynamig.geometry.model import device_name
+from dynamig.geometry.model import PlacedInstance, device_name
 from dynamig.kube.answers import Pending, data_entry, unanswered, unreported
 from dynamig.kube.events import AGENT_COMPONENT, claim_ref, event_body
 from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
@@ -29,6 +45,8 @@ from dynamig.kube.times import now_rfc3339
 log = logging.getLogger(__name__)
 
 REASON_GPU_UNAVAILABLE = "GpuUnavailable"
+
+Refuse = Callable[[GpuInfo], Problem | None]  # why the round leaves a GPU alone, or None
 
 
 class AllocationAnswerer:
@@ -43,20 +61,28 @@ class AllocationAnswerer:
         devices: NvmlDevices,
         metrics: AgentMetrics,
         prepared: Collection[str],
+        *,
+        uuid_reads: int = 8,
+        uuid_retry_s: float = 0.25,
     ) -> None:
         self.driver, self.node = driver, node
         self.api, self.devices, self.metrics = api, devices, metrics
         self.prepared = prepared
+        # A MIG device NVML has not enumerated yet is read this many times, this far apart (about 2 s in all:
+        # the round holds the agent's lock meanwhile), before the allocation is answered failed.
+        self.uuid_reads, self.uuid_retry_s = max(1, uuid_reads), uuid_retry_s
 
     async def answer_all(
-        self, claims: list[dict[str, Any]], unavailable: str | None = None
+        self, claims: list[dict[str, Any]], unavailable: str | None = None, refuse: Refuse | None = None
     ) -> list[tuple[Pending, Ready | Failed]]:
         """Answer every unanswered allocation in ``claims``: ``failed`` with ``unavailable`` as the reason
         when the node's GPUs cannot be read (the pod is booked again elsewhere instead of waiting for the
-        scheduler's binding timeout). Call under the agent's lock. Returns the answers written."""
+        scheduler's binding timeout), and with the refusal's reason on a GPU ``refuse`` names. Call under
+        the agent's lock. Returns the answers written."""
         written: list[tuple[Pending, Ready | Failed]] = []
+        admin = admin_allocations(claims, self.driver, self.node)
         for p in unanswered(claims, self.driver, self.node, BINDING_READY, BINDING_FAILED):
-            answer = await self._answer(p, claims, unavailable)
+            answer = await self._answer(p, claims, unavailable, refuse, (p.claim, p.device) in admin)
             entry = device_status(
                 self.driver,
                 self.node,
@@ -72,7 +98,8 @@ class AllocationAnswerer:
                 continue
             written.append((p, answer))
             if isinstance(answer, Ready):
-                log.info("allocation of %s to %s: ready (%s)", p.device, p.claim, answer.mig_uuid)
+                kind = "admin-access allocation" if (p.claim, p.device) in admin else "allocation"
+                log.info("%s of %s to %s: ready (%s)", kind, p.device, p.claim, answer.mig_uuid)
                 event = ("Normal", "AllocationReady", f"{p.device} on node {self.node} is {answer.mig_uuid}")
             else:
                 log.warning(
@@ -110,34 +137,67 @@ class AllocationAnswerer:
         return written
 
     async def _answer(
-        self, p: Pending, claims: list[dict[str, Any]], unavailable: str | None
+        self,
+        p: Pending,
+        claims: list[dict[str, Any]],
+        unavailable: str | None,
+        refuse: Refuse | None,
+        admin: bool,
     ) -> Ready | Failed:
-        """Decide, and cut when that is the answer; an NVML error on the way is a failed answer, never
-        silence."""
+        """Decide, and cut or read the MIG UUID again when that is the answer; an NVML error on the way is a
+        failed answer, never silence."""
         if unavailable is not None:
             return Failed(REASON_GPU_UNAVAILABLE, f"{p.device}: {unavailable}")
         devices = self.devices
         try:
-            gpus, states = await self._observe(claims)
+            gpus, states = await self._observe(claims, refuse)
+            answer = decide(p.device, p.claim, states, admin=admin)
+            if isinstance(answer, Cut):
+                return await self._cut(answer, gpus)
+            if isinstance(answer, Enumerate):
+                return await self._enumerated(gpus[answer.gpu_index], answer.placed)
+            return answer
         except devices.error_type as exc:
             self.metrics.nvml_error("answer", devices.error_name(exc))
             return Failed(REASON_GPU_UNAVAILABLE, f"{p.device}: NVML cannot read the GPUs: {exc}")
-        answer = decide(p.device, p.claim, states)
-        return await self._cut(answer, gpus) if isinstance(answer, Cut) else answer
 
-    async def _observe(self, claims: list[dict[str, Any]]) -> tuple[dict[int, GpuInfo], list[GpuState]]:
+    async def _observe(
+        self, claims: list[dict[str, Any]], refuse: Refuse | None = None
+    ) -> tuple[dict[int, GpuInfo], list[GpuState]]:
         gpus, _ = await asyncio.to_thread(self.devices.discover)
-        holders = allocated_devices(claims, self.driver, self.node)
+        holders = ordinary_holders(claims, self.driver, self.node)  # admin access holds nothing
         states = []
         for gpu in gpus:
             instances = await asyncio.to_thread(self.devices.instances, gpu)
             uuids = {i.placed: i.mig_uuid for i in instances if i.whole is not None}
-            states.append(
-                GpuState(
-                    gpu.index, gpu.model, gpu.mig_enabled, observe(instances, holders, self.prepared), uuids
-                )
-            )
+            observed = observe(instances, holders, self.prepared)
+            refused = refuse(gpu) if refuse is not None else None
+            states.append(GpuState(gpu.index, gpu.model, gpu.mig_enabled, observed, uuids, refused))
         return {g.index: g for g in gpus}, states
+
+    async def _enumerated(self, gpu: GpuInfo, placed: PlacedInstance) -> Ready | Failed:
+        """Ready with the MIG UUID NVML reports for the whole instance at ``placed``, read up to
+        ``uuid_reads`` times (nvml.h: a MIG device may not be enumerated yet, NOT_FOUND); failed if NVML
+        never lists it, or the instance is gone."""
+        what = device_name(gpu.index, placed.profile, placed.start)
+        for attempt in range(self.uuid_reads):
+            if attempt:
+                await asyncio.sleep(self.uuid_retry_s)
+            instances = await asyncio.to_thread(self.devices.instances, gpu)
+            inst = next((i for i in instances if i.placed == placed and i.whole is not None), None)
+            if inst is None:
+                return Failed("InstanceGone", f"{what}: no whole instance there any more")
+            if inst.mig_uuid:
+                if attempt:
+                    log.info("%s: NVML lists its MIG device after %d read(s)", what, attempt + 1)
+                return Ready(gpu.index, placed, inst.mig_uuid)
+        self.metrics.nvml_error("answer", "MigDeviceNotFound")
+        return Failed(
+            REASON_NO_MIG_DEVICE,
+            f"{what}: the instance exists, but NVML listed no MIG device for it in {self.uuid_reads} reads "
+            f"over {(self.uuid_reads - 1) * self.uuid_retry_s:.1f}s (nvmlDeviceGetMigDeviceHandleByIndex: "
+            "NOT_FOUND), so there is no MIG UUID to hand out; the instance stays, the scheduler books again",
+        )
 
     async def _cut(self, cut: Cut, gpus: dict[int, GpuInfo]) -> Ready | Failed:
         """Destroy what is in the way, then create; any NVML refusal fails the binding (nothing busy is
@@ -162,4 +222,6 @@ class AllocationAnswerer:
         except ValueError as exc:  # e.g. a GPU instance split by someone else
             return Failed("PlacementTaken", f"{what}: {exc}")
         log.info("created %s for an allocation", what)
+        if not made.mig_uuid:  # created, but its MIG device is not enumerated yet
+            return await self._enumerated(gpu, cut.create)
         return Ready(gpu.index, cut.create, made.mig_uuid)

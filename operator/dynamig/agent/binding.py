@@ -7,9 +7,19 @@ until the agent of its node answers in ``ResourceClaim.status.devices[]``:
 - the instance exists whole (one compute instance spanning it) and nobody else holds it -> :class:`Ready`;
 - the placement is free, or held only by free instances -> :class:`Cut`: destroy those, create this one
   (then ready); a GPU instance left without its compute instance is completed the same way;
-- anything else (a busy instance in the way, a GPU instance someone else split, MIG off, a name that is no
-  placement here, a rule of the model broken) -> :class:`Failed` with a reason, which makes the scheduler
-  release the allocation and try again. A pod never binds to an instance that does not exist.
+- the instance exists whole but NVML has not enumerated its MIG device yet (no UUID to hand out) ->
+  :class:`Enumerate`: read again, a bounded number of times, then ready with the UUID or failed;
+- anything else (a busy instance in the way, a GPU instance someone else split, MIG off, a GPU the round
+  refuses, a name that is no placement here, a rule of the model broken) -> :class:`Failed` with a reason,
+  which makes the scheduler release the allocation and try again. A pod never binds to an instance that does
+  not exist, and ``ready`` always carries the MIG UUID NVML reported.
+
+An allocation with ``adminAccess`` (monitoring; resource.k8s.io/v1 DeviceRequestAllocationResult: admin
+access "ignore[s] all ordinary claims to the device with respect to access modes and any resource
+allocations", and kube-scheduler does not count it as allocated, allocateddevices.go) never cuts and never
+destroys: it is ready for an instance that exists whole, whoever holds it, and failed for a placement with
+no instance. Its binding conditions are answered all the same: the scheduler copies a device's conditions
+into every allocation result, admin or not (allocator_incubating.go), and holds the pod until they are.
 
 :func:`decide` reads only what it is given; the agent observes NVML and the API afresh for each answer and
 acts under its lock, so nothing it decides here can be raced by its own reshapes.
@@ -31,6 +41,8 @@ REASON_UNKNOWN_DEVICE = "UnknownDevice"
 REASON_MIG_DISABLED = "MigDisabled"
 REASON_PLACEMENT_TAKEN = "PlacementTaken"
 REASON_LAYOUT_RULE = "LayoutRule"
+REASON_ADMIN_NO_INSTANCE = "AdminAccessNoInstance"
+REASON_NO_MIG_DEVICE = "MigDeviceNotEnumerated"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +53,8 @@ class GpuState:
     model: GpuModel | None
     mig_enabled: bool
     observed: tuple[Observed, ...] = ()
-    mig_uuids: dict[PlacedInstance, str] = field(default_factory=dict)  # whole instances only
+    mig_uuids: dict[PlacedInstance, str] = field(default_factory=dict)  # whole instances only ("" unread)
+    refused: tuple[str, str] | None = None  # (reason, message): the round leaves this GPU alone
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,12 +74,21 @@ class Cut:
 
 
 @dataclass(frozen=True, slots=True)
+class Enumerate:
+    """The instance exists whole, but NVML does not list its MIG device yet (nvml.h:
+    ``nvmlDeviceGetMigDeviceHandleByIndex`` NOT_FOUND): read its UUID again before answering."""
+
+    gpu_index: int
+    placed: PlacedInstance
+
+
+@dataclass(frozen=True, slots=True)
 class Failed:
     reason: str
     message: str
 
 
-Answer = Ready | Cut | Failed
+Answer = Ready | Cut | Enumerate | Failed
 
 
 def locate(device: str, gpus: Sequence[GpuState]) -> tuple[GpuState, PlacedInstance] | None:
@@ -83,15 +105,41 @@ def _holders_besides(o: Observed, claim: str) -> Observed:
     return dataclasses.replace(o, claims=tuple(c for c in o.claims if c != claim))
 
 
-def decide(device: str, claim: str, gpus: Sequence[GpuState]) -> Answer:
-    """What to answer for ``claim`` ("namespace/name"), allocated ``device`` of this node. Pure."""
+def _whole(gpu: GpuState, placed: PlacedInstance) -> Ready | Enumerate:
+    """The answer for a whole instance that exists: ready with the UUID NVML reported, if it did."""
+    uuid = gpu.mig_uuids.get(placed, "")
+    return Ready(gpu.index, placed, uuid) if uuid else Enumerate(gpu.index, placed)
+
+
+def _admin(device: str, gpu: GpuState, placed: PlacedInstance) -> Ready | Enumerate | Failed:
+    """An admin-access allocation: the instance that exists, shared with whoever holds it; never a cut."""
+    for o in gpu.observed:
+        if o.placed == placed and o.has_compute_instance and not o.partitioned:
+            return _whole(gpu, placed)
+    return Failed(
+        REASON_ADMIN_NO_INSTANCE,
+        f"{device}: admin access is answered only for an instance that exists, and none is at "
+        f"{placed.profile}@{placed.start}; dynamig cuts no instance for admin access (monitoring), since "
+        "the cut would take memory slices the scheduler does not count as allocated",
+    )
+
+
+def decide(device: str, claim: str, gpus: Sequence[GpuState], *, admin: bool = False) -> Answer:
+    """What to answer for ``claim`` ("namespace/name"), allocated ``device`` of this node; ``admin``: the
+    allocation has ``adminAccess``. ``gpus[].observed`` name only ordinary (not admin-access) holders.
+    Pure."""
     found = locate(device, gpus)
     if found is None:
         return Failed(REASON_UNKNOWN_DEVICE, f"{device} is not a MIG placement of any GPU on this node")
     gpu, placed = found
     assert gpu.model is not None
+    if gpu.refused is not None:
+        reason, why = gpu.refused
+        return Failed(reason, f"{device}: GPU {gpu.index} is left alone: {why}")
     if not gpu.mig_enabled:
         return Failed(REASON_MIG_DISABLED, f"{device}: MIG mode is not enabled on GPU {gpu.index}")
+    if admin:
+        return _admin(device, gpu, placed)
     model = gpu.model
     in_way: list[PlacedInstance] = []
     for raw in gpu.observed:
@@ -100,7 +148,7 @@ def decide(device: str, claim: str, gpus: Sequence[GpuState]) -> Answer:
             if o.claims or o.partitioned or (o.processes and not o.prepared):
                 return Failed(REASON_PLACEMENT_TAKEN, f"{device}: {o.busy_reason()}")
             if o.has_compute_instance:
-                return Ready(gpu.index, placed, gpu.mig_uuids.get(placed, ""))
+                return _whole(gpu, placed)
             return Cut(gpu.index, placed)  # a GPU instance whose compute instance is missing
         if overlaps(model, placed, o.placed):
             if o.busy:

@@ -34,6 +34,7 @@ from typing import Any
 
 from dynamig import DRIVER_NAME
 from dynamig.agent.allocations import AllocationAnswerer
+from dynamig.agent.answering import refusals
 from dynamig.agent.binding import Ready
 from dynamig.agent.features import InventorySupport, detect_inventory
 from dynamig.agent.gpu_status import (
@@ -315,11 +316,11 @@ class NodeAgent:
             return False
         assert meta is not None
         view = await self._observe(meta)
+        parts = map(parse_gpu_partition, await self._partitions())
+        view.parts = {p.name: self.reporter.freshest(p) for p in parts}  # the answers need the refusals
         if self.partitionable and (view.gpus or view.unavailable):
             await self._answer(view)  # a pod waiting on its binding is the most urgent thing on the node
         view.claims = allocated_devices(view.raw_claims, self.settings.driver, self.settings.node)
-        parts = map(parse_gpu_partition, await self._partitions())
-        view.parts = {p.name: self.reporter.freshest(p) for p in parts}
         outcomes, created, replaced = await self._each_gpu(view)
         await self._publish(view, outcomes)
         self._after_publish(outcomes, view.claims)  # the guards stand from now: their settle clocks start
@@ -404,10 +405,11 @@ class NodeAgent:
     # --- answer --------------------------------------------------------------------------------------
 
     async def _answer(self, view: NodeView) -> None:
-        """Answer every booking of this node: with no GPU readable each fails at once, so its pod is booked
-        again elsewhere; then write the MIG UUIDs of bookings that bound without an answer."""
+        """Answer every booking of this node (failed at once with no GPU readable or on a GPU the round
+        refuses: booked again elsewhere); then write the MIG UUIDs of bookings bound without an answer."""
         unavailable = None if view.gpus else view.unavailable
-        for _, answer in await self.answerer.answer_all(view.raw_claims, unavailable):
+        refuse = refusals(self.settings.node, view.parts, view.node_owner, view.foreign, _NO_PARTITION)
+        for _, answer in await self.answerer.answer_all(view.raw_claims, unavailable, refuse):
             outcome = "ready" if isinstance(answer, Ready) else "failed"
             self.metrics.binding_answers.labels(self.settings.node, outcome).inc()
         if view.gpus:
@@ -506,10 +508,10 @@ class NodeAgent:
         for p in done.destroyed:
             self._quiet_since.pop((gpu.index, p), None)
         claims.update(done.claims)  # claims that won a race against a destroy count as allocated
-        plan, instances, blocker = done.plan, done.instances, done.blocker
-
-        # Blocked only by busy instances is Stable: nothing moves until a workload lets go.
-        reshaping = bool(plan.acts or plan.draining or blocker) and plan.violation is None
+        plan, instances, blocker = done.plan, done.instances, done.failed or done.blocker
+        # Blocked only by busy instances is Stable: nothing moves until a workload lets go. A layout that
+        # keeps failing is Degraded (the operator plans around it), retried on a back-off (agent/retry.py).
+        reshaping = bool(plan.acts or plan.draining or blocker) and plan.violation is None and not done.failed
         if reshaping:
             self._reshape_started.setdefault(gpu.index, now)
         started = None if reshaping else self._reshape_started.pop(gpu.index, None)
@@ -527,7 +529,7 @@ class NodeAgent:
             if offer.problem:
                 blocker = (Reason.INVALID_LAYOUT, offer.problem)
         ready = readiness(gpu.index, plan, blocker, done.notes)
-        phase = Phase.RESHAPING if reshaping else Phase.STABLE
+        phase = Phase.DEGRADED if done.failed else Phase.RESHAPING if reshaping else Phase.STABLE
         status = gpu_status(
             node, inventory, gpu, part, instances, claims, self.prepared, published, phase, ready[0]
         )
@@ -559,11 +561,9 @@ class NodeAgent:
             return
         if self.partitionable:
             inventory = [o.inventory for o in outcomes if o.inventory is not None]
-            changed = await self.publisher.sync_inventory(inventory, existing=view.slices)
+            changed = await self.publisher.sync_inventory(inventory, view.slices, view.raw_claims)
         else:
-            changed = await self.publisher.sync(
-                [d for o in outcomes for d in o.devices], existing=view.slices
-            )
+            changed = await self.publisher.sync([d for o in outcomes for d in o.devices], view.slices)
         if changed:
             self.metrics.slice_publishes.labels(node).inc()
 

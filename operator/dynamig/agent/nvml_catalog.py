@@ -15,7 +15,8 @@ the catalog's independent check is ``tests/unit/test_geometry_reference.py`` aga
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal
@@ -122,12 +123,40 @@ def _placements(nvml: ModuleType, handle: Any, profile_id: int) -> tuple[tuple[i
     return tuple((int(arr[i].start), int(arr[i].size)) for i in range(count.value))
 
 
-def read_nvml_profiles(nvml: ModuleType, handle: Any, *, version: int = 2) -> list[NvmlProfile]:
+def _profile_info(
+    nvml: ModuleType, handle: Any, enum: int, version: int, retries: int, sleep: Callable[[float], None]
+) -> Any:
+    """The profile info of ``enum``: an error other than "not offered" (a transient driver error) is asked
+    again ``retries`` times, 0.1 s, 0.2 s ... apart, before it is raised."""
+    skip = _not_offered(nvml)
+    for attempt in range(retries + 1):
+        try:
+            if version == 2:
+                return nvml.nvmlDeviceGetGpuInstanceProfileInfoV(handle, enum)
+            return nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum, version)
+        except skip:
+            raise
+        except nvml.NVMLError:
+            if attempt == retries:
+                raise
+            sleep(0.1 * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+def read_nvml_profiles(
+    nvml: ModuleType,
+    handle: Any,
+    *,
+    version: int = 2,
+    retries: int = 2,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[NvmlProfile]:
     """Every GPU-instance profile NVML offers on the GPU ``handle``, in enum order. Reads NVML only.
 
     ``version=2`` uses ``nvmlDeviceGetGpuInstanceProfileInfoV`` (needs MIG enabled; reports the name);
     ``version=1`` the unversioned call, which nvml.h does not tie to MIG mode but which has no name. An enum
-    answered with ``NOT_SUPPORTED`` or ``INVALID_ARGUMENT`` is not offered; any other NVML error is raised.
+    answered with ``NOT_SUPPORTED`` or ``INVALID_ARGUMENT`` is not offered; any other NVML error is asked
+    again ``retries`` times (an error of a moment must not drop the profile from the table), then raised.
     A placement query NVML refuses (e.g. ``NoPermission``: it needs a privileged user) is recorded on the
     profile instead of aborting the table.
     """
@@ -135,10 +164,7 @@ def read_nvml_profiles(nvml: ModuleType, handle: Any, *, version: int = 2) -> li
     out: list[NvmlProfile] = []
     for enum in range(int(nvml.NVML_GPU_INSTANCE_PROFILE_COUNT)):
         try:
-            if version == 2:
-                info = nvml.nvmlDeviceGetGpuInstanceProfileInfoV(handle, enum)
-            else:
-                info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum, version)
+            info = _profile_info(nvml, handle, enum, version, retries, sleep)
         except skip:
             continue
         placements: tuple[tuple[int, int], ...] | None

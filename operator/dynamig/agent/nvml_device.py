@@ -7,6 +7,10 @@ serialises them because NVML's MIG calls are not meant to run concurrently on on
 
 What NVML reports wins over the catalog: a GPU's profiles (ids, instance counts, memory, multiprocessors,
 placements) are read from NVML and only matched to the catalog model for the fields NVML does not report.
+A profile NVML answers ``NOT_SUPPORTED`` or ``INVALID_ARGUMENT`` for is not offered (nvml.h's way to say so);
+any other error on one profile (a transient driver error) keeps the catalog's figures for it and the table is
+read again :data:`PROFILE_RETRY_S` later, so an error of a moment neither hides a profile (and the instances
+of it) nor freezes a guess until the agent restarts.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import ctypes
 import dataclasses
 import logging
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -28,6 +34,9 @@ MIB = 1024 * 1024
 
 MIG_DISABLED = 0
 MIG_ENABLED = 1
+
+PROFILE_RETRY_S = 30.0  # a profile table with a profile NVML failed to read is read again this much later
+_NOT_OFFERED = ("NotSupported", "InvalidArgument")  # nvml.h: the GPU (or driver) lacks the profile
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,12 +166,17 @@ class NvmlDevices:
     so a GPU that disappears or is re-enumerated is never confused with another one.
     """
 
-    def __init__(self, nvml: ModuleType, catalog: Catalog) -> None:
+    def __init__(
+        self, nvml: ModuleType, catalog: Catalog, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.nvml = nvml
         self.catalog = catalog
+        self.clock = clock
         self._lock = threading.RLock()
-        # (GPU UUID, MIG mode) -> refined model: refreshed when MIG mode changes (profiles need MIG on).
-        self._models: dict[tuple[str, int], GpuModel | None] = {}
+        # (GPU UUID, MIG mode) -> (refined model, when to read it again: None when NVML answered every
+        # profile). Refreshed when MIG mode changes (profiles need MIG on).
+        self._models: dict[tuple[str, int], tuple[GpuModel | None, float | None]] = {}
+        self.unread_profiles: dict[str, list[str]] = {}  # GPU UUID -> "profile: error" NVML failed to read
         self.reinits = 0  # times the library was re-initialised after a driver reload
 
     # --- lifecycle -----------------------------------------------------------------------------------
@@ -269,8 +283,14 @@ class NvmlDevices:
         except nv.NVMLError_NotSupported:
             current, pending = MIG_DISABLED, MIG_DISABLED
         key = (uuid, int(current))
-        if key not in self._models:
-            self._models[key] = self._refine_model(h, product, pci_device_id, int(current) == MIG_ENABLED)
+        cached = self._models.get(key)
+        if cached is None or (cached[1] is not None and self.clock() >= cached[1]):
+            model, unread = self._refine_model(h, product, pci_device_id, int(current) == MIG_ENABLED)
+            self._models[key] = (model, self.clock() + PROFILE_RETRY_S if unread else None)
+            if unread:
+                self.unread_profiles[uuid] = unread
+            elif self.unread_profiles.pop(uuid, None) is not None:
+                log.info("GPU %s: NVML reports every profile again", uuid)
         return GpuInfo(
             index=index,
             uuid=uuid,
@@ -279,11 +299,14 @@ class NvmlDevices:
             minor=minor,
             mig_current=int(current),
             mig_pending=int(pending),
-            model=self._models[key],
+            model=self._models[key][0],
         )
 
-    def _refine_model(self, h: Any, product: str, pci_device_id: int, mig_enabled: bool) -> GpuModel | None:
-        """The catalog model for this GPU with profile data replaced by what NVML reports.
+    def _refine_model(
+        self, h: Any, product: str, pci_device_id: int, mig_enabled: bool
+    ) -> tuple[GpuModel | None, list[str]]:
+        """The catalog model for this GPU with profile data replaced by what NVML reports, and the profiles
+        NVML failed to read (``"profile: error"``; kept with the catalog's figures until read again).
 
         NVML answers profile queries only with MIG enabled (nvml.h, ``nvmlDeviceGetGpuInstanceProfileInfoV``:
         NOT_SUPPORTED "if device doesn't have MIG mode enabled"), so with MIG off the catalog model is kept
@@ -292,19 +315,25 @@ class NvmlDevices:
         base = self.catalog.for_product(product, pci_device_id)
         if base is None:
             log.warning("GPU %r (PCI device 0x%04x) is not in the catalog", product, pci_device_id)
-            return None
+            return None, []
         if not mig_enabled:
-            return base
+            return base, []
         nv = self.nvml
         profiles: list[Profile] = []
+        unread: list[str] = []
         for p in base.profiles:
             try:
                 info = nv.nvmlDeviceGetGpuInstanceProfileInfo(h, p.nvml_enum)
             except nv.NVMLError as exc:
-                # NOT_SUPPORTED / INVALID_ARGUMENT: this GPU or driver lacks the profile.
-                log.info("%s: profile %s not offered by NVML (%s)", product, p.name, _error_name(exc))
+                if _error_name(exc) in _NOT_OFFERED:  # this GPU or driver lacks the profile
+                    log.info("%s: profile %s not offered by NVML (%s)", product, p.name, _error_name(exc))
+                    continue
+                unread.append(f"{p.name}: {_error_name(exc)}")
+                profiles.append(p)  # the catalog's figures until NVML answers again
                 continue
-            reported = self._placements(h, int(info.id))
+            reported, error = self._placements(h, int(info.id))
+            if error and error != "NoPermission":  # NoPermission stays: the catalog's placements it is
+                unread.append(f"{p.name} placements: {error}")
             starts = tuple(s for s, _ in reported) if reported else p.placement_starts
             size = reported[0][1] if reported else p.placement_size
             profiles.append(
@@ -318,9 +347,15 @@ class NvmlDevices:
                     placement_size=int(size),
                 )
             )
-        return dataclasses.replace(base, profiles=tuple(profiles))
+        if unread:
+            log.warning(
+                "%s: NVML failed to read profile(s) %s; using the catalog's figures for them and reading "
+                "them again in %.0fs", product, ", ".join(unread), PROFILE_RETRY_S,
+            )  # fmt: skip
+        return dataclasses.replace(base, profiles=tuple(profiles)), unread
 
-    def _placements(self, h: Any, profile_id: int) -> list[tuple[int, int]]:
+    def _placements(self, h: Any, profile_id: int) -> tuple[list[tuple[int, int]], str]:
+        """NVML's placements of the profile, and the NVML error's name when it refused to list them."""
         nv = self.nvml
         placement_t = _ctype(nv, "c_nvmlGpuInstancePlacement_t")
         count = ctypes.c_uint(0)
@@ -330,8 +365,8 @@ class NvmlDevices:
             nv.nvmlDeviceGetGpuInstancePossiblePlacements(h, profile_id, arr, ctypes.byref(count))
         except nv.NVMLError as exc:
             log.info("possible placements of profile id %d: %s", profile_id, _error_name(exc))
-            return []
-        return [(int(arr[i].start), int(arr[i].size)) for i in range(count.value)]
+            return [], _error_name(exc)
+        return [(int(arr[i].start), int(arr[i].size)) for i in range(count.value)], ""
 
     def instances(self, gpu: GpuInfo) -> list[MigInstance]:
         """Every GPU instance on ``gpu`` with its compute instances, MIG UUIDs and processes. Reads only."""

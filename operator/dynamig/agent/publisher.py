@@ -6,18 +6,24 @@ inventory makes and, on any difference, write every slice of the pool at a new p
 highest seen), then delete slices the pool no longer needs (including those of the other inventory's naming,
 so switching inventories leaves nothing behind). A slice someone deleted is therefore recreated on the next
 sync. Side effects: API writes.
+
+In the partitionable inventory every device booked and not answered yet stays published
+(:mod:`dynamig.kube.inventory`): when a write would drop a published device, the claims are read afresh first
+(the round's copy may not show a booking made a moment ago) and the devices they book are kept.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from dynamig import DRIVER_NAME
+from dynamig.agent.answering import booked_devices
+from dynamig.agent.booked import kept_booked, published_devices
 from dynamig.agent.kubeapi import KubeApi
 from dynamig.kube.apicalls import status_of
-from dynamig.kube.inventory import GpuInventory, build_inventory_slices
+from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY, GpuInventory, build_inventory_slices
 from dynamig.kube.slices import CONTENT_ANNOTATION, build_resource_slices
 
 log = logging.getLogger(__name__)
@@ -64,17 +70,41 @@ class SlicePublisher:
         )
 
     async def sync_inventory(
-        self, gpus: Sequence[GpuInventory], existing: list[dict[str, Any]] | None = None
+        self,
+        gpus: Sequence[GpuInventory],
+        existing: list[dict[str, Any]] | None = None,
+        claims: list[dict[str, Any]] | None = None,
     ) -> bool:
-        """Make the pool publish the partitionable inventory of ``gpus`` (counter sets, ranked devices).
-        Returns True when it wrote anything. Raises ``InventoryError`` before writing when it cannot be
-        published."""
-        return await self._sync(
-            lambda gen: build_inventory_slices(self.node, gen, gpus, self.driver), existing
-        )
+        """Make the pool publish the partitionable inventory of ``gpus`` (counter sets, ranked devices), with
+        every device ``claims`` book and the agent has not answered yet (``claims``: the round's copy; read
+        afresh before a write that would drop a device). Returns True when it wrote anything. Raises
+        ``InventoryError`` before writing when it cannot be published."""
+        booked = self._booked(claims or [])
+
+        def build(gen: int) -> list[dict[str, Any]]:
+            return build_inventory_slices(self.node, gen, gpus, self.driver, booked)
+
+        async def before_dropping() -> None:
+            fresh = self._booked(await self.api.list_claims())  # newer than the round's copy: it wins
+            booked.clear()
+            booked.update(fresh)
+            kept = kept_booked(gpus, booked)
+            if kept:
+                log.info(
+                    "node %s: %d booked device(s) stay published until answered: %s",
+                    self.node, len(kept), ", ".join(kept),
+                )  # fmt: skip
+
+        return await self._sync(build, existing, before_dropping)
+
+    def _booked(self, claims: list[dict[str, Any]]) -> set[str]:
+        return set(booked_devices(claims, self.driver, self.node, BINDING_READY, BINDING_FAILED))
 
     async def _sync(
-        self, build: Callable[[int], list[dict[str, Any]]], existing: list[dict[str, Any]] | None
+        self,
+        build: Callable[[int], list[dict[str, Any]]],
+        existing: list[dict[str, Any]] | None,
+        before_dropping: Callable[[], Awaitable[None]] | None = None,
     ) -> bool:
         current = self._ours(existing if existing is not None else await self.api.list_slices(self.node))
         by_name = {s["metadata"]["name"]: s for s in current}
@@ -91,7 +121,9 @@ class SlicePublisher:
             self.generation = top
             return False
         if existing is not None:  # a watched copy may be a moment behind: write from a fresh read
-            return await self._sync(build, None)
+            return await self._sync(build, None, before_dropping)
+        if before_dropping is not None and published_devices(current) - published_devices(probe):
+            await before_dropping()  # a booking the round did not see keeps its device (kube/inventory.py)
         generation = top + 1
         wanted = build(generation)
         for body in wanted:

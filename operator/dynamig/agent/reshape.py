@@ -1,6 +1,8 @@
 """Carries out one GPU's reshape plan through NVML: destroys what may go now (read again right before, the
 decision :func:`dynamig.agent.lifecycle.destroys_now`'s), plans again from what really went, creates.
-Returns what happened as data; the round turns it into status, Events and the published inventory."""
+Returns what happened as data; the round turns it into status, Events and the published inventory.
+A layout whose NVML operations keep failing is retried on a back-off and reported failed after a few tries
+(:mod:`dynamig.agent.retry`)."""
 
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ from dynamig.agent.lifecycle import destroys_now
 from dynamig.agent.metrics import AgentMetrics
 from dynamig.agent.nvml_device import GpuInfo, MigInstance, NvmlDevices
 from dynamig.agent.reconcile import GpuPlan, Observed, observe, plan_gpu, without_creates_over
+from dynamig.agent.retry import Attempts, after_attempt, current, gave_up, holding
 from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, device_name
 from dynamig.kube.apicalls import status_of
 from dynamig.kube.gpupartition import Reason
+from dynamig.kube.times import now_rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +37,7 @@ class Reshaped:
     events: list[tuple[str, str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     blocker: Problem | None = None  # an NVML operation that failed
+    failed: Problem | None = None  # the layout failed too often in a row: the GPU is reported failed
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +51,7 @@ class Reshaper:
     metrics: AgentMetrics
     prepared: Collection[str]  # device names the kubelet plugin prepared
     clock: Callable[[], float]
+    attempts: dict[str, Attempts] = field(default_factory=dict)  # GPU UUID -> failed tries of its layout
 
     def observe(
         self, instances: Sequence[MigInstance], claims: Mapping[str, Sequence[str]]
@@ -66,8 +72,41 @@ class Reshaper:
         keep_undesired: bool,
     ) -> Reshaped:
         out = Reshaped(instances, plan, {k: list(v) for k, v in claims.items()})
+        att = current(self.attempts.get(gpu.uuid), desired)
         if not plan.acts:
+            if plan.converged or att is None:
+                self.attempts.pop(gpu.uuid, None)  # applied (or another layout): nothing failing any more
             return out
+        if holding(att, self.clock()):
+            assert att is not None
+            out.blocker, out.failed = att.error, gave_up(att)  # nothing is tried before retry_at
+            return out
+        await self._act(
+            gpu, model, desired, plan, observed, guarded_since, settle_seconds, keep_undesired, out
+        )
+        att = after_attempt(att, desired, out.blocker, self.clock(), now_rfc3339())
+        if att is None:
+            self.attempts.pop(gpu.uuid, None)
+            return out
+        self.attempts[gpu.uuid] = att
+        out.failed = gave_up(att)  # Ready turns LayoutFailed: the round's Event on that change says so
+        if out.failed is not None:
+            log.warning("%s GPU %d: %s", self.node, gpu.index, out.failed[1])
+        return out
+
+    async def _act(
+        self,
+        gpu: GpuInfo,
+        model: GpuModel,
+        desired: Layout,
+        plan: GpuPlan,
+        observed: tuple[Observed, ...],
+        guarded_since: Mapping[PlacedInstance, float],
+        settle_seconds: float,
+        keep_undesired: bool,
+        out: Reshaped,
+    ) -> None:
+        """Destroy, plan again, create, plan again; NVML failures land in ``out.blocker``."""
 
         async def plan_again() -> GpuPlan:
             """From what NVML shows now: what was really destroyed or created decides what fits."""
@@ -87,7 +126,6 @@ class Reshaper:
         for p in (*out.plan.complete, *out.plan.create):
             await self._create(gpu, p, out)
         out.plan = await plan_again()
-        return out
 
     async def _destroys_now(
         self,

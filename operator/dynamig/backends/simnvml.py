@@ -24,7 +24,8 @@ and answers UUID, memory, attributes and processes for that instance alone.
 that documents it.
 
 Not in ``pynvml`` (simulation control): :func:`configure`, :func:`attach_process`, :func:`detach_process`,
-:func:`set_gpu_lost`, :func:`reload_driver`, :func:`history`, :func:`snapshot`, :func:`reset`.
+:func:`set_gpu_lost`, :func:`reload_driver`, :func:`set_mig_enumeration_delay`, :func:`fail_next`,
+:func:`clear_failures`, :func:`history`, :func:`snapshot`, :func:`reset`.
 
 State (GPUs, MIG mode, instances, processes, the event history) lives in memory or, with ``state_file``, in a
 JSON file shared by every process that configures the same path: each call re-reads the file when it has
@@ -178,6 +179,7 @@ class _ComputeInstance:
     size: int
     uuid: str
     processes: list[_Process] = field(default_factory=list)
+    enumerable_at: float = 0.0  # wall-clock time from which its MIG device is enumerated (0: at once)
 
 
 @dataclass
@@ -271,6 +273,8 @@ class _Simulator:
             catalog.model(key)  # KeyError naming the known keys
         self.state_file = state_file
         self.create_latency_s = create_latency_s
+        self.mig_enumeration_delay_s = 0.0  # a new compute instance's MIG device is listed this much later
+        self.failures: list[_Failure] = []  # injected errors (fail_next), in this process only
         self.destroy_latency_s = destroy_latency_s
         self._lock = threading.RLock()
         self._stamp: tuple[int, int, int] | None = None
@@ -481,6 +485,53 @@ def reload_driver() -> None:
             sim.record(state, "driver-reload", gpu, value=state.driver_epoch)
 
 
+def set_mig_enumeration_delay(seconds: float) -> None:
+    """Compute instances created from now on get their MIG device enumerated ``seconds`` after the create:
+    until then ``nvmlDeviceGetMigDeviceHandleByIndex`` answers NOT_FOUND at its index (nvml.h: "if no valid
+    MIG device was found at index") and ``nvmlDeviceGetHandleByUUID`` NOT_FOUND for its UUID, while the GI
+    and CI themselves are listed. Models a MIG device the driver has not set up yet right after the create.
+    The delay is this process's setting; the time it ends is kept in the state. Side effect: module state.
+    """
+    _sim().mig_enumeration_delay_s = max(0.0, float(seconds))
+
+
+@dataclass
+class _Failure:
+    function: str
+    code: int
+    remaining: int
+    match: dict[str, Any]
+
+
+def fail_next(function: str, code: int, *, times: int = 1, **match: Any) -> None:
+    """The next ``times`` calls of ``function`` (a pynvml name this module serves; only those that check
+    :func:`_injected`) whose keyword arguments include ``match`` raise NVML error ``code`` instead (e.g. a
+    transient ``NVML_ERROR_UNKNOWN`` on one profile enum). In this process only. Side effect: module state.
+    """
+    _sim().failures.append(_Failure(function, code, times, dict(match)))
+
+
+def clear_failures() -> None:
+    """Forget every error :func:`fail_next` set up and not yet raised. Side effect: module state."""
+    _sim().failures = []
+
+
+def _injected(function: str, **args: Any) -> None:
+    """Raise the error :func:`fail_next` set up for this call, if any."""
+    sim = _SIM
+    if sim is None or not sim.failures:
+        return
+    for f in sim.failures:
+        if f.function == function and f.remaining > 0 and all(args.get(k) == v for k, v in f.match.items()):
+            f.remaining -= 1
+            sim.failures = [x for x in sim.failures if x.remaining > 0]
+            raise _error(f.code)
+
+
+def _enumerated(ci: _ComputeInstance) -> bool:
+    return ci.enumerable_at <= time.time()
+
+
 def history() -> list[SimEvent]:
     """Every create/destroy/attach/detach/mode event so far, oldest first (a copy). Reads state."""
     return list(_sim().state().history)
@@ -671,7 +722,7 @@ def nvmlDeviceGetHandleByUUID(uuid_: str | bytes) -> Any:
             return _gpu_handle(_gpu_of(state, gpu.index).index)
         for gi in gpu.gpu_instances:
             for ci in gi.compute_instances:
-                if ci.uuid == text:
+                if ci.uuid == text and _enumerated(ci):
                     _gpu_of(state, gpu.index)
                     return _mig_handle(gpu.index, gi.id, ci.id)
     raise _error(NVML_ERROR_NOT_FOUND)
@@ -838,8 +889,8 @@ def nvmlDeviceGetMigDeviceHandleByIndex(device: Any, index: int) -> Any:
     if index < 0 or index >= r.model.compute_slices:
         raise _error(NVML_ERROR_INVALID_ARGUMENT)
     devices = _mig_devices(r.gpu)
-    if index >= len(devices):
-        raise _error(NVML_ERROR_NOT_FOUND)
+    if index >= len(devices) or not _enumerated(devices[index][1]):
+        raise _error(NVML_ERROR_NOT_FOUND)  # nvml.h: "if no valid MIG device was found at index"
     gi, ci = devices[index]
     return _mig_handle(r.gpu.index, gi.id, ci.id)
 
@@ -887,6 +938,7 @@ def _fill_gi_profile_info(info: Any, p: Profile, *, with_name: bool) -> Any:
 def nvmlDeviceGetGpuInstanceProfileInfo(device: Any, profile: int, version: int = 2) -> Any:
     """By NVML enum. Version 2 (``...InfoV``) needs MIG enabled, as on the real driver."""
     r = _read(device, _KIND_GPU)
+    _injected("nvmlDeviceGetGpuInstanceProfileInfo", profile=profile)
     if version not in (1, 2):
         raise _error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
     if not 0 <= profile < NVML_GPU_INSTANCE_PROFILE_COUNT:
@@ -922,6 +974,7 @@ def nvmlDeviceGetGpuInstancePossiblePlacements(
     countRef: Any,
 ) -> int:
     """All placements of the profile, whether or not MIG is enabled or they are free (nvml.h ``_v2``)."""
+    _injected("nvmlDeviceGetGpuInstancePossiblePlacements", profileId=profileId)
     r = _read(device, _KIND_GPU)
     p = _profile_by_id(r.model, profileId)
     count = _deref(countRef)
@@ -978,6 +1031,7 @@ def _create_gi(device: Any, profile_id: int, start: int | None, size: int | None
 
 
 def nvmlDeviceCreateGpuInstanceWithPlacement(device: Any, profileId: int, placement: Any) -> Any:
+    _injected("nvmlDeviceCreateGpuInstanceWithPlacement", profileId=profileId)
     pl = _deref(placement)
     return _create_gi(device, profileId, int(pl.start), int(pl.size))
 
@@ -1127,7 +1181,11 @@ def nvmlGpuInstanceCreateComputeInstance(gpuInstance: Any, profileId: int) -> An
         used = {c.id for c in gi.compute_instances}
         ci_id = next(i for i in range(4096) if i not in used)
         mig_uuid = "MIG-" + str(uuid.uuid5(_NAMESPACE, f"{r.gpu.uuid}/mig/{state.serial + 1}"))
-        gi.compute_instances.append(_ComputeInstance(ci_id, profileId, starts[0], slices, mig_uuid))
+        delay = _sim().mig_enumeration_delay_s
+        ready_at = time.time() + delay if delay > 0 else 0.0
+        gi.compute_instances.append(
+            _ComputeInstance(ci_id, profileId, starts[0], slices, mig_uuid, enumerable_at=ready_at)
+        )
         sim.record(
             state, "create-ci", r.gpu,
             gi_id=gi.id, ci_id=ci_id, profile=gi_profile.name, profile_id=gi_profile.profile_id,

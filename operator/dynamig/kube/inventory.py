@@ -28,6 +28,12 @@ What is published
   cut this".
 * ``allocated`` instances (a claim allocation names their device): still published, last, because the
   scheduler subtracts the counters of allocated devices only for devices it finds in the pool's slices.
+* ``booked`` devices (allocated with binding conditions, not answered yet) the offer above lacks: still
+  published, with their counters and binding conditions, until the agent answers. The scheduler counts an
+  allocated device's counters only while the device is in the pool's current slices (allocator_incubating.go
+  looks the counters up in the slices it gathers): if the offer changes between a booking and its answer
+  (``offeredProfiles`` narrowed, a floor instance re-ranking the GPU), a vanished placement would leave its
+  counters free and an overlapping second booking would go through, one of the two then answered failed.
 * ``busy`` instances (busy outside DRA: processes, or not ours): not published; their counters are taken
   out of the counter set's values instead, and placements that would need them gone are not offered. The
   reduced counters then say exactly "fits beside the busy instances", with no device the scheduler could
@@ -58,7 +64,7 @@ content (order kept) as ``dynamig.io/content-hash``.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -147,7 +153,7 @@ class GpuInventory:
 class OfferedDevice:
     """One published device and why it is there."""
 
-    kind: str  # an OfferKind value ("free", "new", "recut") or "allocated"
+    kind: str  # an OfferKind value ("free", "new", "recut"), "allocated" or "booked"
     device: MigDevice
     counters: Mapping[str, int]  # consumed from counter set ``counter_set_name(gpu_index)``
     destroys: Layout = ()  # free instances this placement needs destroyed
@@ -348,13 +354,52 @@ def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
+BOOKED = "booked"  # OfferedDevice.kind of a device kept for an allocation not answered yet
+
+
+def _booked_device(gpus: Sequence[GpuInventory], name: str) -> OfferedDevice | None:
+    """The device ``name`` stands for on one of ``gpus``, as a guarded placement; None when it names no
+    placement here, or an instance busy outside DRA (its counters are already out of the set)."""
+    for g in gpus:
+        placed = placement_of(name, g.index, g.model)
+        if placed is None:
+            continue
+        if any(i.placed == placed and i.occupancy is Occupancy.BUSY for i in g.instances):
+            return None
+        device = MigDevice(
+            gpu_index=g.index,
+            profile=g.model.profile(placed.profile),
+            placement_start=placed.start,
+            product_name=g.product_name or g.model.product_name,
+            parent_uuid=g.parent_uuid,
+        )
+        return OfferedDevice(BOOKED, device, counter_consumption(g.model, placed.profile, placed.start))
+    return None
+
+
+def published_devices_of(
+    gpus: Sequence[GpuInventory], booked: Collection[str] = ()
+) -> tuple[OfferedDevice, ...]:
+    """What the pool publishes: the offer of ``gpus`` (:func:`offered_devices`), then every ``booked`` device
+    it lacks, in name order. Pure; InventoryError as the offer raises it."""
+    devices = offered_devices(gpus)
+    have = {d.name for d in devices}
+    kept = (_booked_device(gpus, name) for name in sorted(set(booked) - have))
+    return (*devices, *(d for d in kept if d is not None))
+
+
 def build_inventory_slices(
-    node: str, generation: int, gpus: Sequence[GpuInventory], driver: str = DRIVER_NAME
+    node: str,
+    generation: int,
+    gpus: Sequence[GpuInventory],
+    driver: str = DRIVER_NAME,
+    booked: Collection[str] = (),
 ) -> list[dict[str, Any]]:
     """The ResourceSlices (resource.k8s.io/v1) that publish the node's inventory as pool ``node`` at
-    ``generation``: counter-set slices first, then device slices in rank order (see the module docstring).
-    Always at least one device slice, so the pool and its generation stay visible. Pure."""
-    devices = offered_devices(gpus)
+    ``generation``, every ``booked`` device kept: counter-set slices first, then device slices in rank order
+    (see the module docstring). Always at least one device slice, so the pool and its generation stay
+    visible. Pure."""
+    devices = published_devices_of(gpus, booked)
     sets = counter_sets(gpus, devices)
     api_devices = [d.to_api() for d in devices]
     for d in api_devices:
