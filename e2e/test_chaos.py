@@ -1,19 +1,27 @@
 """Chaos: faults injected at random (seeded) points while claims come and go; after each, all converges.
 
-Real: etcd, kube-apiserver, kube-scheduler (DRA allocation of the agent's partitionable devices, binding held
-until the agent answers), kube-controller-manager (claims from templates, removed with their pods); the node
-agent (``python -m dynamig agent``) and the operator (``python -m dynamig operator --standalone``) as
-processes of their own, so SIGKILL hits them where they are. Simulated: two A100-80GB GPUs (simnvml, shared
-with the agent through its state file, with create and destroy latencies) and the node (no kubelet).
+Real: etcd, kube-apiserver, kube-scheduler (DRA allocation of the agent's devices), kube-controller-manager
+(claims from templates, removed with their pods); the node agent (``python -m dynamig agent``) and the
+operator (``python -m dynamig operator --standalone``) as processes of their own, so SIGKILL hits them where
+they are. Simulated: two A100-80GB GPUs (simnvml, shared with the agent through its state file, with create
+and destroy latencies) and the node (no kubelet).
 
-Faults, each injected while (for ``nvml-change``: just before) a change of the workload is carried out (pods
-deleted and created, which makes the scheduler book placements the agent must cut, and the operator move free
-GPUs back to the baseline):
+Every fault runs in each inventory (``--inventory``): ``partitionable`` (the scheduler books placements,
+binding held until the agent cuts and answers) and ``instances`` (the scheduler allocates existing instances,
+the operator re-cuts free ones ahead of demand).
+
+Faults, each injected while (for ``nvml-change`` and ``allocated-replaced``: just before) a change of the
+workload is carried out (pods deleted and created, which makes the scheduler book placements the agent must
+cut or the operator re-cut GPUs, and the operator move free GPUs back to the baseline):
 
 - ``agent-kill``: SIGKILL the agent once NVML shows 1 to 4 changes since the workload changed, restart it;
 - ``operator-kill``: SIGKILL the operator after a random delay, restart it;
 - ``slice-delete`` / ``partition-delete``: delete one of the node's ResourceSlices / GpuPartitions by hand;
 - ``nvml-change``: behind the agent's back, destroy a free instance or create a stray one;
+- ``allocated-replaced``: behind the agent's back, stop the workload on an allocated instance, destroy it and
+  create it again at the same place (a new MIG UUID); the agent must say so on the claim
+  (``AllocatedInstanceReplaced``, or ``AllocatedInstanceLost`` if a round saw it gone), after which the
+  pod is restarted, as its owner would;
 - ``claim-storm``: release every pod and create a burst of new ones while the GPUs are being re-cut;
 - ``control-plane-restart`` (on a control plane of the test's own): stop kube-apiserver and etcd, or one of
   them, for a few seconds and start them again.
@@ -21,13 +29,14 @@ GPUs back to the baseline):
 After each fault the system must converge within ``CONVERGE_S``: both processes alive, every GpuPartition
 Stable at its generation, NVML holding exactly the instances the GpuPartitions report (each with its compute
 instance), the node's ResourceSlices one complete pool generation, every pod bound with its claim answered by
-an instance that exists, no claim without its pod. Over the whole run, no instance is destroyed while a claim
-it was answered to was still allocated, or while a process ran on it (the simulated NVML's history against
-the claims seen every 50 ms).
+an instance that exists, no claim without its pod. Over the whole run, no instance is destroyed by dynamig
+while a claim that held it was still allocated, or while a process ran on it (the simulated NVML's history
+against the claims seen every 50 ms, each with the MIG UUID at its device then and the one it was answered).
 
-Each seed runs every fault once, in an order drawn from the seed, on a control plane of its own. The default
-run is one seed (``SHORT_SEEDS``); ``DYNAMIG_CHAOS_SEEDS=N`` runs seeds 0..N-1; ``DYNAMIG_CHAOS_REPORT=path``
-appends one JSON line per fault (kind, seed, convergence seconds) for the figures in docs/operations.md.
+Each seed runs every fault once per inventory, in an order drawn from the seed, on a control plane of its
+own. The default run is one seed (``SHORT_SEEDS``) in each inventory; ``DYNAMIG_CHAOS_SEEDS=N`` runs seeds
+0..N-1; ``DYNAMIG_CHAOS_REPORT=path`` appends one JSON line per fault (inventory, kind, seed, convergence
+seconds) for the figures in docs/operations.md.
 """
 
 from __future__ import annotations
@@ -89,10 +98,13 @@ FAULTS = (
     "slice-delete",
     "partition-delete",
     "nvml-change",
+    "allocated-replaced",
     "claim-storm",
     "control-plane-restart",
 )
 AGENT_FLAGS = ("--settle-seconds", "0.3", "--sim-create-latency", "0.2", "--sim-destroy-latency", "0.2")
+INVENTORIES = ("instances", "partitionable")
+REPLACED_REASONS = ("AllocatedInstanceReplaced", "AllocatedInstanceLost")
 
 
 def chaos_seeds() -> list[int]:
@@ -103,6 +115,7 @@ def chaos_seeds() -> list[int]:
 
 @dataclasses.dataclass
 class FaultRecord:
+    inventory: str
     kind: str
     seed: int
     converge_s: float
@@ -112,12 +125,28 @@ class FaultRecord:
 
 @dataclasses.dataclass
 class ClaimSeen:
-    """One claim as the watch saw it: its device, the MIG UUID the agent answered, when last allocated."""
+    """One claim as the watch saw it: its device, the MIG UUID the agent answered (partitionable), and each
+    MIG UUID it held (the answered one, and the instance at its device in NVML) with when it was last seen
+    allocated holding it."""
 
     name: str
     device: str | None = None
     mig_uuid: str | None = None
-    last_allocated: float = 0.0
+    held: dict[str, float] = dataclasses.field(default_factory=dict)
+    holding: set[str] = dataclasses.field(default_factory=set)  # held since its allocation was last seen
+
+    def seen(self, device: str | None, uuids: set[str], now: float) -> None:
+        """One sighting: allocated ``device`` (None: not allocated), the MIG UUIDs it holds now. An instance
+        once held stays held while the allocation lasts (dynamig must not destroy it even if it was replaced
+        behind its back)."""
+        if device is None or device != self.device:
+            self.holding = set()
+        self.device = device if device is not None else self.device
+        if device is None:
+            return
+        self.holding |= uuids
+        for mig in self.holding:
+            self.held[mig] = now
 
 
 # --------------------------------------------------------------------------------------------- NVML
@@ -157,13 +186,17 @@ def nvml_instances(doc: dict[str, Any]) -> dict[tuple[int, str, int], list[str]]
     return out
 
 
-def losses(history: list[dict[str, Any]], claims: dict[str, ClaimSeen]) -> list[str]:
-    """Destroys of an instance while a claim it was answered to was still seen allocated, or while a
-    process ran on it, from the simulated NVML's history. Pure."""
+def losses(
+    history: list[dict[str, Any]], claims: dict[str, ClaimSeen], outside: frozenset[str] = frozenset()
+) -> list[str]:
+    """Destroys of an instance while a claim that held it was still seen allocated, or while a process ran
+    on it, from the simulated NVML's history; ``outside``: MIG UUIDs the test itself destroyed behind the
+    agent's back (not dynamig's doing). Pure."""
     held_until: dict[str, tuple[float, str]] = {}  # a free instance may serve several claims in turn
     for c in claims.values():
-        if c.mig_uuid and c.last_allocated > held_until.get(c.mig_uuid, (0.0, ""))[0]:
-            held_until[c.mig_uuid] = (c.last_allocated, c.name)
+        for held_mig, last in c.held.items():
+            if last > held_until.get(held_mig, (0.0, ""))[0]:
+                held_until[held_mig] = (last, c.name)
     running: dict[str, set[int]] = {}
     bad = []
     for ev in history:
@@ -172,7 +205,7 @@ def losses(history: list[dict[str, Any]], claims: dict[str, ClaimSeen]) -> list[
             running.setdefault(mig, set()).add(ev["pid"])
         elif ev["kind"] == "detach-process" and mig:
             running.get(mig, set()).discard(ev["pid"])
-        elif ev["kind"] == "destroy-ci" and mig:
+        elif ev["kind"] == "destroy-ci" and mig and mig not in outside:
             if running.get(mig):
                 bad.append(f"{mig} destroyed at {ev['timestamp']:.2f} with processes {sorted(running[mig])}")
             until = held_until.get(mig)
@@ -225,6 +258,23 @@ class Admin:
         finally:
             self.devices.shutdown()
 
+    def replace(self, gpu_index: int, placed: PlacedInstance) -> str:
+        """Destroy one instance and create it again at once at the same place (``nvidia-smi mig -dci -dgi``
+        then ``-cgi -C``); what was done. The agent may re-create it first (instances inventory: it is in
+        spec.layout), which also gives it a new MIG UUID."""
+        self.devices.init()
+        try:
+            gpu = self.devices.gpu(gpu_index)
+            self.devices.destroy(gpu, placed, check_processes=False)
+            what = f"{placed.profile}@{placed.start} on gpu{gpu_index}"
+            try:
+                made = self.devices.create(gpu, placed)
+            except (self.devices.error_type, ValueError) as exc:  # taken: the agent re-created it first
+                return f"destroyed {what}; re-created first by the agent ({exc})"
+            return f"replaced {what}: now {made.mig_uuid}"
+        finally:
+            self.devices.shutdown()
+
     def attach(self, mig_uuid: str, pid: int) -> None:
         self.module.attach_process(mig_uuid, pid)
 
@@ -240,9 +290,16 @@ class System:
     """One managed node: the agent and operator processes, a Dynamic policy, pods coming and going."""
 
     def __init__(
-        self, cp: ControlPlane, api: client.ApiClient, namespace: str, node: str, pool: str, work: Path
+        self,
+        cp: ControlPlane,
+        api: client.ApiClient,
+        namespace: str,
+        node: str,
+        pool: str,
+        work: Path,
+        inventory: str,
     ) -> None:
-        self.cp, self.node, self.pool, self.work = cp, node, pool, work
+        self.cp, self.node, self.pool, self.work, self.inventory = cp, node, pool, work, inventory
         self.k = ScenarioApi(api, namespace)
         self.state = work / "simnvml.json"
         self.agent: subprocess.Popen[bytes] | None = None
@@ -252,6 +309,7 @@ class System:
         self.pods: dict[str, str] = {}  # live pod -> template
         self.processes: dict[str, tuple[str, int]] = {}  # pod -> (MIG UUID, pid) of its simulated process
         self.claims: dict[str, ClaimSeen] = {}  # claim uid -> what the watch saw
+        self.outside: set[str] = set()  # MIG UUIDs the test destroyed behind the agent's back
         self.serial = 0
         self._watch: asyncio.Task[None] | None = None
 
@@ -260,8 +318,9 @@ class System:
         log = self.work / "agent.log"
         health = ("--metrics-port", "0", "--metrics-address", "127.0.0.1")
         self.agent = start_agent_process(
-            self.cp, self.node, f"{GPU}:{GPU_COUNT}", self.state, log, *AGENT_FLAGS, *health
-        )
+            self.cp, self.node, f"{GPU}:{GPU_COUNT}", self.state, log, *AGENT_FLAGS, *health,
+            f"--inventory={self.inventory}",
+        )  # fmt: skip
 
     def start_operator(self) -> None:
         argv = [
@@ -336,17 +395,20 @@ class System:
         while True:
             try:
                 now = time.time()
-                for c in await self.k.claims():
+                claims = await self.k.claims()
+                # NVML after the claims: an instance at a claim's device now was there while it was allocated.
+                at = {device_name(g, p, st): us[0] for (g, p, st), us in (await self.nvml()).items() if us}
+                for c in claims:
                     seen = self.claims.setdefault(c["metadata"]["uid"], ClaimSeen(c["metadata"]["name"]))
                     device = allocated_device(c)
-                    if device is None:
-                        continue
-                    seen.device, seen.last_allocated = device, now
+                    uuids = {at[device]} if device in at else set()
                     for entry in (c.get("status") or {}).get("devices") or []:
                         mig = (entry.get("data") or {}).get("migUUID")
-                        if entry.get("device") == device and mig:
+                        if device is not None and entry.get("device") == device and mig:
                             seen.mig_uuid = mig
-            except (TimeoutError, ApiException, aiohttp.ClientError, OSError):
+                            uuids.add(mig)
+                    seen.seen(device, uuids, now)
+            except (TimeoutError, ApiException, aiohttp.ClientError, OSError, ValueError):
                 pass  # the API server is down or slow: the next poll catches up
             await asyncio.sleep(0.05)
 
@@ -560,6 +622,8 @@ class System:
             at = time.monotonic()
             await self.churn(rng)
             return at, detail
+        if kind == "allocated-replaced":
+            return await self.replace_allocated(rng)
         if kind == "control-plane-restart":
             which = rng.choice([("etcd", "kube-apiserver"), ("kube-apiserver",), ("etcd",)])
             await self.churn(rng)
@@ -581,6 +645,66 @@ class System:
             await self.create(rng, MAX_PODS)
             return at, f"{len(self.pods)} pods at once, {delay:.2f}s after releasing all"
         raise ValueError(kind)
+
+    async def replace_allocated(self, rng: random.Random) -> tuple[float, str]:
+        """An allocated instance destroyed and created again behind the agent's back: the agent says so on
+        the claim; then its pod is restarted, as the owner told so would, and the rest converges."""
+        assert self.admin is not None
+        held = []
+        for c in await self.k.claims():
+            pod = next((o["name"] for o in c["metadata"].get("ownerReferences") or []), None)
+            device = allocated_device(c)
+            if pod in self.pods and device is not None:
+                held.append((pod, c["metadata"]["name"], device))
+        if not held:
+            return time.monotonic(), "nothing allocated"
+        pod, claim, device = rng.choice(sorted(held))
+        index, placed = placement(device)
+        # The agent learns which MIG UUID a claim was given when a round first sees it allocated (or, in the
+        # partitionable inventory, from its answer): a replacement before that cannot be told apart from the
+        # instance the claim got. Its GpuPartition listing the claim on the instance says it has seen it.
+        holder = f"{self.k.ns}/{claim}"
+
+        async def seen_held() -> bool | None:
+            for p in await self.partitions():
+                st = p.get("status") or {}
+                for i in st.get("instances") or [] if st.get("gpuIndex") == index else []:
+                    here = (i["profile"], i["start"]) == (placed.profile, placed.start)
+                    if here and holder in (i.get("claims") or []):
+                        return True
+            return None
+
+        await eventually(seen_held, f"the agent to see {device} held by {claim}", within_s=30)
+        if pod in self.processes:  # the workload dies with its GPU
+            mig, pid = self.processes.pop(pod)
+            await asyncio.to_thread(self.admin.detach, mig, pid)
+        self.outside.update((await self.nvml()).get((index, placed.profile, placed.start)) or [])
+        detail = await asyncio.to_thread(self.admin.replace, index, placed)
+        at = time.monotonic()
+
+        async def told() -> str | None:
+            events = await self.k.core.list_namespaced_event(
+                self.k.ns, field_selector=f"involvedObject.name={claim}"
+            )
+            return next((e.reason for e in events.items if e.reason in REPLACED_REASONS), None)
+
+        try:
+            reason = await eventually(told, f"an Event on claim {claim} about {device}", within_s=CONVERGE_S)
+        except TimeoutError as exc:
+            raise AssertionError(
+                f"claim {claim}: no {' or '.join(REPLACED_REASONS)} Event ({detail})"
+            ) from exc
+        took = time.monotonic() - at
+        template = self.pods[pod]
+        await self.release([pod])
+        self.serial += 1
+        name = f"{template}-{self.serial}"
+        self.pods[name] = template
+        await self.k.pod(name, template, {"test-pool": self.pool})
+        return (
+            at,
+            f"{pod}'s {device}: {detail}; {reason} on the claim after {took:.2f}s, pod restarted as {name}",
+        )
 
 
 def record(faults: list[FaultRecord]) -> None:
@@ -613,8 +737,8 @@ async def run_faults(system: System, seed: int, kinds: list[str]) -> list[FaultR
     for kind in kinds:
         at, detail = await system.inject(kind, rng)
         took, blocker = await system.wait_converged(at, f"seed {seed}: {kind} ({detail})")
-        faults.append(FaultRecord(kind, seed, took, detail, blocker))
-        bad = losses(await system.history(), system.claims)
+        faults.append(FaultRecord(system.inventory, kind, seed, took, detail, blocker))
+        bad = losses(await system.history(), system.claims, frozenset(system.outside))
         assert bad == [], f"seed {seed}, after {kind} ({detail}): {bad}"
         await system.run_processes(rng)
     return faults
@@ -643,17 +767,23 @@ def own_control_plane(tmp_path: Path) -> Iterator[ControlPlane]:
 
 @pytest.mark.controlplane
 @pytest.mark.parametrize("seed", chaos_seeds())
+@pytest.mark.parametrize("inventory", INVENTORIES)
 async def test_faults_converge_without_losses(
-    own_control_plane: ControlPlane, tmp_path: Path, seed: int, capsys: pytest.CaptureFixture[str]
+    own_control_plane: ControlPlane,
+    tmp_path: Path,
+    inventory: str,
+    seed: int,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     cp = own_control_plane
+    started = time.monotonic()
     kinds = list(FAULTS)
     random.Random(seed).shuffle(kinds)
     pool = uuid.uuid4().hex[:8]
     node = f"chaos-{pool}"
     await asyncio.to_thread(cp.register_node, node, labels={"dynamig.io/managed": "true", "test-pool": pool})
     async with cp.api_client() as api:
-        system = System(cp, api, "chaos", node, pool, tmp_path)
+        system = System(cp, api, "chaos", node, pool, tmp_path, inventory)
         try:
             await system.start()
             faults = await run_faults(system, seed, kinds)
@@ -670,11 +800,13 @@ async def test_faults_converge_without_losses(
                 if any(o["name"] == pod for o in c["metadata"].get("ownerReferences") or [])
             )
             held = system.claims[claim["metadata"]["uid"]]
-            assert held.mig_uuid is not None and held.device is not None
-            await asyncio.to_thread(system.admin.destroy, *placement(held.device))
+            assert held.device is not None
+            index, placed = placement(held.device)
+            (mig,) = (await system.nvml())[(index, placed.profile, placed.start)]
+            await asyncio.to_thread(system.admin.destroy, index, placed)
             await asyncio.sleep(0.5)  # the watch sees the claim still allocated after the destroy
             found = losses(await system.history(), system.claims)
-            assert any(held.mig_uuid in line for line in found), found
+            assert any(mig in line for line in found), found
         finally:
             try:
                 with contextlib.suppress(ApiException, aiohttp.ClientError, TimeoutError, OSError):
@@ -685,22 +817,24 @@ async def test_faults_converge_without_losses(
     record(faults)
     destroys = sum(1 for ev in history if ev["kind"] == "destroy-ci")
     creates = sum(1 for ev in history if ev["kind"] == "create-ci")
-    answered = sum(1 for c in system.claims.values() if c.mig_uuid)
+    served = sum(1 for c in system.claims.values() if c.held)
     with capsys.disabled():
         print(
-            f"\n[chaos seed {seed}] {summary(faults)}; NVML {creates} creates, {destroys} destroys; "
-            f"{answered} claims answered; losses 0"
+            f"\n[chaos {inventory} seed {seed}] {summary(faults)}; NVML {creates} creates, {destroys} "
+            f"destroys; {served} claims served; losses 0; {time.monotonic() - started:.0f}s"
         )
         for f in faults:
             print(f"  {f.kind}: {f.converge_s:.2f}s, last waiting on {f.blocker!r} ({f.detail})")
-    # The faults hit a system at work: instances were cut, claims answered.
-    assert creates > 0 and answered > 0
+    # The faults hit a system at work: instances were cut, claims served (and answered where they are booked).
+    assert creates > 0 and served > 0
+    if inventory == "partitionable":
+        assert any(c.mig_uuid for c in system.claims.values())
 
 
 def test_the_loss_check_reports_destroys_of_held_or_busy_instances() -> None:
     """``losses`` on a history in the simulated NVML's format: a destroy while the claim was still seen
     allocated, or while a process ran, is reported; a destroy after the claim was last seen is not."""
-    claims = {"a": ClaimSeen("held", "gpu0-1g10gb-s0", "MIG-a", last_allocated=100.0)}
+    claims = {"a": ClaimSeen("held", "gpu0-1g10gb-s0", "MIG-a", held={"MIG-a": 100.0})}
     ok = [
         {"kind": "attach-process", "mig_uuid": "MIG-b", "pid": 1, "timestamp": 90.0},
         {"kind": "detach-process", "mig_uuid": "MIG-b", "pid": 1, "timestamp": 95.0},
@@ -711,10 +845,29 @@ def test_the_loss_check_reports_destroys_of_held_or_busy_instances() -> None:
     held = [{"kind": "destroy-ci", "mig_uuid": "MIG-a", "timestamp": 99.0}]
     assert len(losses(held, claims)) == 1
     # The same free instance served a second claim later: held until that claim's end.
-    claims["b"] = ClaimSeen("later", "gpu0-1g10gb-s0", "MIG-a", last_allocated=200.0)
+    claims["b"] = ClaimSeen("later", "gpu0-1g10gb-s0", "MIG-a", held={"MIG-a": 200.0})
     assert "claim later" in losses(ok, claims)[0]
+    # Destroyed behind the agent's back by the test itself: not dynamig's doing.
+    assert losses(held, claims, frozenset({"MIG-a"})) == []
     busy = [
         {"kind": "attach-process", "mig_uuid": "MIG-c", "pid": 7, "timestamp": 1.0},
         {"kind": "destroy-ci", "mig_uuid": "MIG-c", "timestamp": 2.0},
     ]
     assert "processes [7]" in losses(busy, {})[0]
+
+
+def test_an_instance_a_claim_held_stays_held_while_its_allocation_lasts() -> None:
+    """The watch's sightings: a MIG UUID seen at a claim's device stays held while the claim stays allocated
+    (replaced behind the agent's back or not), and is let go when the allocation ends or moves."""
+    c = ClaimSeen("c")
+    c.seen("gpu0-1g10gb-s0", {"MIG-a"}, 1.0)
+    c.seen("gpu0-1g10gb-s0", {"MIG-b"}, 2.0)  # replaced: both held at 2.0
+    assert c.held == {"MIG-a": 2.0, "MIG-b": 2.0}
+    c.seen(None, set(), 3.0)  # deallocated (a failed booking)
+    c.seen("gpu0-1g10gb-s0", set(), 4.0)  # booked again at the same place: nothing held yet
+    assert c.held == {"MIG-a": 2.0, "MIG-b": 2.0}
+    c.seen("gpu0-1g10gb-s0", {"MIG-c"}, 5.0)
+    c.seen("gpu1-1g10gb-s0", {"MIG-d"}, 6.0)  # moved: the earlier one is no longer held
+    assert c.held == {"MIG-a": 2.0, "MIG-b": 2.0, "MIG-c": 5.0, "MIG-d": 6.0}
+    destroyed = [{"kind": "destroy-ci", "mig_uuid": "MIG-b", "timestamp": 1.5}]
+    assert "claim c allocated to 2.00" in losses(destroyed, {"c": c})[0]

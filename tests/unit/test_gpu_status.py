@@ -287,3 +287,45 @@ def test_default_columns_show_what_a_partitionable_gpu_offers() -> None:
     obj = {"metadata": {"name": part.name, "creationTimestamp": STAMP}, "status": exact.to_api()}
     row = {c["name"]: resolve(obj, c["jsonPath"]) for c in printer_columns() if not c.get("priority")}
     assert (row["Free"], row["Total"], row["Offered"], row["Ready"]) == (1, 2, 0, "True")
+
+
+def floor_round(
+    inventory: Inventory, insts: list[MigInstance], claims: dict[str, list[str]], notes: Sequence[str] = ()
+) -> GpuPartitionStatus:
+    """A round's status for a GPU whose floor (spec.layout 3g.20gb@0) overlaps ``insts``, planned by the
+    reshape protocol as the controller plans it (spec.layout a floor under Partitionable)."""
+    from dynamig.agent.reconcile import observe, plan_gpu
+
+    part = partition(offered=["1g.5gb"], layout=[("3g.20gb", 0)])
+    keep = inventory is Inventory.PARTITIONABLE
+    plan = plan_gpu(MODEL, part.spec.desired(), observe(insts, claims, ()), {}, 0.0, 1.0, keep)
+    offer = partitionable_offer(gpu(), part, insts, claims, (), (), False) if keep else None
+    ready = readiness(0, plan, None, notes)
+    status = gpu_status("n1", inventory, gpu(), part, insts, claims, (), (), Phase.STABLE, ready[0])
+    return managed_status(
+        status, part, MODEL.key, plan, ready, STAMP,
+        reshape_finished=False, offered_placements=offer.placements if offer else 0,
+    )  # fmt: skip
+
+
+def test_a_floor_held_by_bookings_is_ready_and_anything_else_holding_it_is_not() -> None:
+    booked = {device_name(0, "1g.5gb", 1): ["ns/a"]}
+    insts = [instance("1g.5gb", 1), instance("1g.5gb", 5)]
+    # Partitionable: the scheduler booked 1g.5gb@1 over the floor's slices. Expected: Ready, FloorHeld.
+    held = floor_round(Inventory.PARTITIONABLE, insts, booked)
+    ready = held.condition(ConditionType.READY)
+    assert ready is not None and ready.is_true and ready.reason == Reason.FLOOR_HELD, ready
+    assert "waiting to create gpu0-3g20gb-s0" in ready.message and "allocated to ns/a" in ready.message
+    assert "placements offered to cut" in ready.message and held.message == ready.message
+    assert held.phase == Phase.STABLE
+    # A process outside DRA, a split outside dynamig, a claim that won a race: not bookings: InstanceBusy.
+    for insts_, claims, notes in (
+        ([instance("1g.5gb", 1, processes=1)], {}, ()),
+        ([instance("2g.10gb", 0, ci_slices=1)], {}, ()),
+        (insts, booked, ("kept gpu0-1g5gb-s5: allocated to ns/b a moment ago",)),
+    ):
+        other = floor_round(Inventory.PARTITIONABLE, insts_, claims, notes).condition(ConditionType.READY)
+        assert other is not None and not other.is_true and other.reason == Reason.INSTANCE_BUSY, other
+    # Instances: spec.layout is the whole layout the operator planned; an allocation in its way is a race.
+    exact = floor_round(Inventory.INSTANCES, insts[:1], booked).condition(ConditionType.READY)
+    assert exact is not None and not exact.is_true and exact.reason == Reason.INSTANCE_BUSY

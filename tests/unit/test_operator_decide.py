@@ -656,3 +656,73 @@ def test_the_claims_of_one_pod_are_planned_onto_one_node_or_not_at_all() -> None
     decision, _ = run(wide, [*parts, idle], pair)
     (w,) = decision.writes
     assert w.gpu == "node-c-gpu0" and sorted(w.claims) == ["ml/infer-0", "ml/infer-1"]
+
+
+def _devices(claim: PendingClaim, count: int, requests: int = 1) -> PendingClaim:
+    """``claim`` asking ``count`` devices in each of ``requests`` requests (copies of its first)."""
+    (r,) = claim.requests
+    one = dataclasses.replace(r, matches=_with_count(r.matches, count))
+    copies = tuple(
+        dataclasses.replace(one, demand_name=f"{one.demand_name}/r{i}", request=f"r{i}")
+        for i in range(requests)
+    )
+    return dataclasses.replace(claim, requests=copies)
+
+
+def test_a_pod_whose_devices_fit_no_single_partitionable_node_together_has_no_capacity() -> None:
+    # One A100 per node: seven 1g.10gb at most. Each claim of the pod (four 1g.10gb) fits alone; both do not.
+    first, second = (_devices(c, 4) for c in burst(2, "1g.10gb", "1g.10gb"))
+    pair = (first, dataclasses.replace(second, pods=first.pods))
+    small = [on_node(booked_gpu(0, []), n) for n in ("node-a", "node-b")]
+    apart, _ = run(policy(), small, (first, second))  # two pods: a node each
+    assert {v.reason for v in apart.verdicts} == {Reason.WAITING_FOR_SCHEDULER}
+    decision, _ = run(policy(), small, pair)
+    assert {v.claim.claim.key: v.reason for v in decision.verdicts} == {
+        "ml/infer-0": Reason.NO_CAPACITY,
+        "ml/infer-1": Reason.NO_CAPACITY,
+    }
+    v = decision.verdicts[0]
+    assert v.warning and "the 2 claims of its pod need 8 devices on one node" in v.message
+    assert decision.pending_by_reason() == {"NoCapacity": 2}
+    # A node of two A100s holds all eight.
+    wide = [*small, *(on_node(booked_gpu(i, []), "node-c") for i in range(2))]
+    decision, _ = run(policy(), wide, pair)
+    assert {v.reason for v in decision.verdicts} == {Reason.WAITING_FOR_SCHEDULER}
+    # Busy instances count: with a 1g.10gb allocated on each of node-c's GPUs, six fit beside them, not eight.
+    busy = [*small, *(on_node(booked_gpu(i, [("1g.10gb", 0, "allocated")]), "node-c") for i in range(2))]
+    busy[3]["status"]["instances"][0]["start"] = 6
+    decision, _ = run(policy(), busy, pair)
+    assert {v.reason for v in decision.verdicts} == {Reason.WAITING_FOR_SCHEDULER}  # 6 + 6 >= 8
+    full = [*small, *(on_node(booked_gpu(i, [("4g.40gb", 0, "allocated")]), "node-c") for i in range(2))]
+    decision, _ = run(policy(), full, pair)
+    assert {v.reason for v in decision.verdicts} == {Reason.NO_CAPACITY}  # 3 + 3 < 8
+
+    # One claim of two requests of four: the same.
+    (two,) = (_devices(c, 4, requests=2) for c in burst(1, "1g.10gb", "1g.10gb"))
+    (v,) = run(policy(), small, (two,))[0].verdicts
+    assert v.reason is Reason.NO_CAPACITY and "its 2 requests need 8 devices on one node" in v.message
+    (v,) = run(policy(), wide, (two,))[0].verdicts
+    assert v.reason is Reason.WAITING_FOR_SCHEDULER
+
+
+def test_pending_demand_by_profile_leaves_out_claims_the_scheduler_fails_on() -> None:
+    """A claim whose pod is PodScheduled=False/SchedulerError (a selector the scheduler cannot evaluate) is
+    counted by reason, not as demand for a profile: no layout serves it."""
+    claims = burst(3)
+    refused = tuple(
+        dataclasses.replace(
+            c,
+            pods=tuple(
+                dataclasses.replace(
+                    p, unschedulable=False, scheduler_error=True, scheduling_message="no such key: rack"
+                )
+                for p in c.pods
+            ),
+        )
+        for c in burst(50)[3:]
+    )
+    for parts in ([baseline_gpu(0)], [booked_baseline(0)]):
+        decision, _ = run(policy(), parts, claims + refused)
+        assert decision.pending_by_reason()["SchedulerError"] == 47
+        assert sum(decision.pending_by_profile().values()) == 3, decision.pending_by_profile()
+        assert "1g.10gb" in decision.pending_by_profile()

@@ -276,3 +276,58 @@ async def test_every_agent_silent_at_once_is_a_disruption_and_no_node_is_withdra
     kube = FakeKube(one_silent, slices=slices("a", "b"))
     await reconciler(kube).round("ampere")
     assert kube.deleted == ["a-mig-0"]
+
+
+def floor_snapshot(inventory: str, generation: int, ready: tuple[str, str], instances: list[Any]) -> Snapshot:
+    """Node ``a``: one A100 at ``generation`` under policy ``warm`` (a warm pool of one 1g.10gb, no
+    baseline), its agent live, reporting ``ready`` (status, reason) for that generation."""
+    part = gpu("a", 0, "A100-80GB", "NVIDIA A100-SXM4-80GB")
+    part["metadata"] |= {"uid": "uid-a-gpu0", "generation": generation, "resourceVersion": "5"}
+    if generation > 1:
+        part["spec"]["layout"] = [{"profile": "1g.10gb", "start": 6}]
+    part["status"] |= {"observedGeneration": generation, "inventory": inventory, "instances": instances}
+    part["status"]["conditions"] = [
+        {"type": "Ready", "status": ready[0], "reason": ready[1], "message": "kept 1g.10gb@6: allocated",
+         "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": generation},
+    ]  # fmt: skip
+    if inventory == "Partitionable":
+        part["spec"]["offeredProfiles"] = ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb",
+                                           "4g.40gb", "7g.80gb"]  # fmt: skip
+    return Snapshot(
+        policies=(policy("warm", "2026-02-01T00:00:00Z", mode="Dynamic", warmPool={"1g.10gb": 1}),),
+        partitions=(part,),
+        nodes=({"metadata": {"name": "a", "uid": "uid-node-a", "labels": {"kubernetes.io/hostname": "a"}}},),
+        pods=(),
+        claims=(),
+        device_classes=(),
+        leases=(lease_body("a", "default", time.time(), 30),),
+    )
+
+
+async def test_a_floor_held_by_bookings_is_told_once_as_normal_a_blocked_reshape_stays_a_warning() -> None:
+    # A booking holds the slices of the warm pool's 1g.10gb@6.
+    booked = [{"profile": "3g.40gb", "start": 4, "deviceName": "gpu0-3g40gb-s4", "state": "allocated",
+               "claims": ["ns/x"]}]  # fmt: skip
+    kube = FakeKube(floor_snapshot("Partitionable", 1, ("True", "LayoutApplied"), []))
+    rec = reconciler(kube)
+    await rec.round("warm")  # the warm pool is written: generation 2
+    assert [r for _, _, r in kube.events if r == "ReshapeStarted"] == ["ReshapeStarted"]
+    kube.snap = floor_snapshot("Partitionable", 2, ("True", "FloorHeld"), booked)
+    for _ in range(3):
+        await rec.round("warm")
+    told = [(kind, reason) for ref, kind, reason in kube.events if reason.startswith(("Floor", "Reshape"))]
+    assert told == [("Normal", "ReshapeStarted"), ("Normal", "FloorHeld")], told  # once, Normal
+    # The bookings end and the agent creates the floor: completed, once.
+    made = [{"profile": "1g.10gb", "start": 6, "deviceName": "gpu0-1g10gb-s6", "state": "free"}]
+    kube.snap = floor_snapshot("Partitionable", 2, ("True", "LayoutApplied"), made)
+    await rec.round("warm")
+    await rec.round("warm")
+    assert [r for _, _, r in kube.events].count("ReshapeCompleted") == 2  # on the policy and the GPU
+
+    # Instances: the operator planned around busy instances, so one in the way is a race: a Warning.
+    kube = FakeKube(floor_snapshot("Instances", 1, ("True", "LayoutApplied"), []))
+    rec = reconciler(kube)
+    await rec.round("warm")
+    kube.snap = floor_snapshot("Instances", 2, ("False", "InstanceBusy"), booked)
+    await rec.round("warm")
+    assert ("Warning", "ReshapeBlocked") in [(kind, reason) for _, kind, reason in kube.events]

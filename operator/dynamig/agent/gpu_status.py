@@ -204,6 +204,32 @@ def floor_kept(status: GpuPartitionStatus, part: GpuPartition, offered_placement
     )
 
 
+def floor_held(
+    status: GpuPartitionStatus, plan: GpuPlan, ready: tuple[str, bool, str], offered_placements: int
+) -> tuple[str, bool, str] | None:
+    """The Ready of a partitionable GPU whose floor (spec.layout) waits only for bookings, else None.
+
+    In the partitionable inventory the scheduler books placements over the floor's slices at any time, so a
+    floor instance waiting for a booking to end is the expected state, not a fault: Ready stays True (the GPU
+    serves bookings) with reason ``FloorHeld``. Anything else that holds the floor (a process or a split
+    outside dynamig, a claim that won a race against a destroy, an NVML refusal) keeps its own reason."""
+    if status.inventory is not Inventory.PARTITIONABLE or ready[2] != Reason.INSTANCE_BUSY:
+        return None
+    if not plan.blocked or plan.draining or plan.violation is not None:
+        return None
+    if ready != readiness(status.gpu_index or 0, plan, None, ()):
+        return None  # notes of the round (a race, NVML in use) or a blocker: not the floor alone
+    booked = {PlacedInstance(i.start, i.profile) for i in status.instances if i.claims}
+    if any(w.placed not in booked for w in plan.kept_busy):
+        return None  # held by processes or a split outside DRA: someone else's doing
+    offered = f"{_count(offered_placements, 'placement')} offered to cut"
+    return (
+        f"floor spec.layout held by bookings, created once they end: {ready[0]}; {offered}",
+        True,
+        Reason.FLOOR_HELD,
+    )
+
+
 def managed_status(
     status: GpuPartitionStatus,
     part: GpuPartition,
@@ -217,8 +243,11 @@ def managed_status(
 ) -> GpuPartitionStatus:
     """``status`` of a GPU the agent manages, with its Managed, Healthy, LayoutValid and Ready conditions."""
     gen = part.metadata.generation
+    ready = floor_held(status, plan, ready, offered_placements) or ready
     message, is_ready, reason = ready
     changes: dict[str, Any] = {"offered_placements": offered_placements}
+    if reason == Reason.FLOOR_HELD:
+        changes["message"] = message
     if reason == Reason.LAYOUT_APPLIED and status.inventory is Inventory.PARTITIONABLE:
         # spec.layout is only the floor here (pods book the rest): "matches spec.layout" would not be true.
         message = changes["message"] = floor_kept(status, part, offered_placements)

@@ -67,6 +67,8 @@ class Reason(StrEnum):
     RESHAPING = "Reshaping"
     DRAINING = "Draining"
     INSTANCE_BUSY = "InstanceBusy"
+    # Partitionable inventory: a floor instance waits for bookings to release its memory slices (expected).
+    FLOOR_HELD = "FloorHeld"
     INSUFFICIENT_RESOURCES = "InsufficientResources"
     PLACEMENT_TAKEN = "PlacementTaken"
     INVALID_LAYOUT = "InvalidLayout"

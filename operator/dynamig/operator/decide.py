@@ -18,7 +18,8 @@ valid placement of ``spec.offeredProfiles`` is a device; the agent cuts it befor
 is planned ahead on them. Their ``spec.offeredProfiles`` is the policy's allowed profiles of the model in
 ``Dynamic`` and empty otherwise (an :class:`OfferWrite`: no cooldown, no budget); their ``spec.layout`` gets
 the baseline and warm pool only. A claim only they can serve is ``WaitingForScheduler`` while an offered
-placement fits beside the busy instances of a GPU on an eligible node, ``NoCapacity`` otherwise. Claims an
+placement fits beside the busy instances of a GPU on an eligible node, and every device of its pod (its
+requests and the pod's other claims) fits one node together; ``NoCapacity`` otherwise. Claims an
 ``Instances`` GPU can serve are planned ahead on those GPUs as before.
 """
 
@@ -37,7 +38,15 @@ from dynamig.kube.policy import GpuPartitionPolicy, Mode, SpecProblem
 from dynamig.operator.demand import PendingClaim, RequestDemand
 from dynamig.operator.inventory import GpuView
 from dynamig.planner import plan
-from dynamig.planner.model import Assignment, ClaimDemand, GpuKey, GpuPlan, GpuState, PlanResult
+from dynamig.planner.model import (
+    Assignment,
+    ClaimDemand,
+    CurrentInstance,
+    GpuKey,
+    GpuPlan,
+    GpuState,
+    PlanResult,
+)
 from dynamig.planner.model import Policy as PlannerPolicy
 from dynamig.planner.reserve import IdleNode, WaitingClaim, keep_idle_nodes
 
@@ -124,8 +133,13 @@ class RoundDecision:
         return dict(sorted(out.items()))
 
     def pending_by_profile(self) -> dict[str, int]:
+        """Devices of pending demand by the profile each claim is counted under. Claims the scheduler fails
+        on (``SchedulerError``) are left out: no layout serves them, so they are no demand for any profile
+        (``pending_by_reason`` still counts them)."""
         out: dict[str, int] = {}
         for v in self.verdicts:
+            if v.reason is Reason.SCHEDULER_ERROR:
+                continue
             key = v.profile or "none"
             devices = sum(r.count for r in v.claim.requests)
             out[key] = out.get(key, 0) + devices
@@ -257,6 +271,8 @@ def _why_frozen(g: GpuView, now: float, cooldown: int) -> str:
         )
     if g.failure:
         return f"the agent could not apply {layout_summary(g.desired)} on {g.name} ({g.failure})"
+    if g.floor_held:
+        return f"{g.name} keeps its floor {layout_summary(g.desired)} waiting for bookings ({g.floor_held})"
     since = now - (g.last_written or now)
     left = _fmt_secs(cooldown - since)
     return f"{g.name} was reshaped {_fmt_secs(since)} ago; cooldown {cooldown}s ({left} left)"
@@ -377,8 +393,8 @@ def decide_round(inp: RoundInput) -> RoundDecision:
         else:
             plannable.append(c)
 
-    booked = _Fleet([g for g in usable if g.partitionable], _allowed(policy))
-    ahead = _Fleet([g for g in usable if not g.partitionable], _allowed(policy))
+    booked = _Fleet([g for g in usable if g.partitionable], _allowed(policy), inp.catalog)
+    ahead = _Fleet([g for g in usable if not g.partitionable], _allowed(policy), inp.catalog)
     # Split plannable claims by inventory first: idle partitionable nodes are kept for the multi-GPU claims
     # the scheduler books there.
     to_book: list[PendingClaim] = []
@@ -387,6 +403,7 @@ def decide_round(inp: RoundInput) -> RoundDecision:
         only_booked = booked.can_serve(c) and not ahead.can_serve(c)
         (to_book if only_booked else to_plan).append(c)
     offers, planned_offers = _offers(policy, booked.gpus, to_book)
+    mates = _pod_mates(plannable)
 
     if spec.mode == Mode.STATIC:
         verdicts.extend(_static_verdict(c, policy, usable) for c in plannable)
@@ -410,7 +427,12 @@ def decide_round(inp: RoundInput) -> RoundDecision:
     # A GPU whose agent could not apply its current spec.layout is not written again (the agent retries it
     # itself): rewriting the same layout every round would be a hot loop that serves nobody.
     failed = {g.name for g in usable if g.failure and not g.in_flight}
-    frozen_gpus = [g for g in usable if g.in_flight or g.name in cooling or g.name in failed]
+    # A partitionable GPU whose floor waits for bookings is not rewritten either: the agent creates the floor
+    # once they end, and a new floor would wait on the same bookings.
+    waiting = {g.name for g in usable if g.floor_held and not g.in_flight}
+    frozen_gpus = [
+        g for g in usable if g.in_flight or g.name in cooling or g.name in failed or g.name in waiting
+    ]
     frozen = frozenset(GpuKey(_planner_node(g), g.index) for g in frozen_gpus)
     planner_policy = replace(spec.to_planner(), frozen=frozen)
     started = time.perf_counter()
@@ -472,7 +494,7 @@ def decide_round(inp: RoundInput) -> RoundDecision:
         if not placed or any(n in result.unsatisfied for n in names):
             if booked:
                 # Nothing ahead for it, but the scheduler may still book a placement on a partitionable GPU.
-                fallback = _booking_verdict(c, policy, booked)
+                fallback = _booking_verdict(c, policy, booked, mates.get(c.claim.key, ()))
                 if fallback.reason is not Reason.NO_CAPACITY:
                     verdicts.append(fallback)
                     continue
@@ -549,7 +571,7 @@ def decide_round(inp: RoundInput) -> RoundDecision:
                     g.name,
                 )
             )
-    verdicts.extend(_booking_verdict(c, policy, booked) for c in to_book)
+    verdicts.extend(_booking_verdict(c, policy, booked, mates.get(c.claim.key, ())) for c in to_book)
     return RoundDecision(
         tuple(writes), tuple(planned), tuple(verdicts), held, plan_seconds, offers, planned_offers
     )
@@ -619,6 +641,11 @@ def _kept_nodes(
     return keep_idle_nodes(idle, claims)
 
 
+# Nodes tried, those with the most free memory slices first, for the devices of a pod that must all fit one
+# partitionable node: a pod that fits none of the roomiest is taken to fit none.
+_TOGETHER_NODES_TRIED = 8
+
+
 @dataclass(frozen=True, slots=True)
 class _Room:
     profile: str
@@ -629,9 +656,12 @@ class _Fleet:
     """GPUs of one inventory indexed by node, with what fits on each cached for the round: a burst of claims
     of one shape costs one scan, not one per claim."""
 
-    def __init__(self, gpus: Sequence[GpuView], allowed: frozenset[str] | None) -> None:
+    def __init__(
+        self, gpus: Sequence[GpuView], allowed: frozenset[str] | None, catalog: Catalog | None = None
+    ) -> None:
         self.gpus = tuple(gpus)
         self.allowed = allowed
+        self.catalog = catalog
         self.by_node: dict[str, list[GpuView]] = {}
         for g in gpus:
             if g.model is not None:
@@ -641,6 +671,7 @@ class _Fleet:
         self._rooms: dict[tuple[object, ...], _Room | None] = {}
         self._node_models: dict[frozenset[str] | None, tuple[list[str], list[str]]] = {}
         self.verdicts: dict[tuple[object, ...], tuple[Reason, str, str, str]] = {}
+        self._together: dict[tuple[object, ...], bool] = {}
 
     def __bool__(self) -> bool:
         return bool(self.gpus)
@@ -703,6 +734,58 @@ class _Fleet:
             self._rooms[key] = self._find(nodes, r, existing)
         return self._rooms[key]
 
+    def fits_together(self, group: Sequence[PendingClaim]) -> bool:
+        """Whether one eligible node has room for every device of ``group`` (a claim's requests and the
+        other claims of its pod) at once, beside the busy instances (free ones do not block). A single
+        request is answered by :meth:`room` already; several are placed by the planner on one node at a
+        time, the nodes with the most free memory slices first. Pure (cached for the round)."""
+        if sum(len(c.requests) for c in group) <= 1:
+            return True
+        key = tuple(sorted((self.shape(c) for c in group), key=repr))
+        if key not in self._together:
+            self._together[key] = self._place_together(group)
+        return self._together[key]
+
+    def _place_together(self, group: Sequence[PendingClaim]) -> bool:
+        nodes = set(self.by_node)
+        for c in group:
+            if c.nodes is not None:
+                nodes &= c.nodes
+        need = sum(r.min_count for c in group for r in c.requests)
+        room: dict[str, int] = {}
+        for node in nodes:
+            free = 0
+            for g in self.by_node[node]:
+                assert g.model is not None
+                busy = sum(g.model.profile(i.profile).placement_size for i in g.busy)
+                free += g.model.memory_slices - busy
+            if free >= need:  # every device takes at least one memory slice
+                room[node] = free
+        for node in sorted(room, key=lambda n: (-room[n], n))[:_TOGETHER_NODES_TRIED]:
+            here = self.by_node[node]
+            models = frozenset(g.model.key for g in here if g.model is not None)
+            demands = [
+                replace(d, name=f"{i}/{d.name}", nodes=frozenset({node}))  # names unique within the group
+                for i, c in enumerate(group)
+                for d in c.planner_demands(self.allowed, models)
+            ]
+            if len(demands) < sum(len(c.requests) for c in group):
+                continue  # a request with no allowed profile on this node's models
+            states = [
+                GpuState(
+                    node=node,
+                    index=g.index,
+                    model=g.model.key,
+                    instances=tuple(CurrentInstance(i.profile, i.start, busy=True) for i in g.busy),
+                )
+                for g in here
+                if g.model is not None
+            ]
+            result = plan(states, demands, PlannerPolicy(allowed_profiles=self.allowed), self.catalog)
+            if not result.unsatisfied:
+                return True
+        return False
+
     def _find(self, nodes: Sequence[str], r: RequestDemand, existing: bool) -> _Room | None:
         for node in nodes:
             here = self.by_node[node]
@@ -736,14 +819,66 @@ def _places_text(room: _Room, limit: int = 4) -> str:
     return f"{shown} (+{more} more)" if more > 0 else shown
 
 
-def _booking_verdict(claim: PendingClaim, policy: GpuPartitionPolicy, fleet: _Fleet) -> ClaimVerdict:
-    """The verdict on a claim the scheduler books on partitionable GPUs (nothing is planned ahead). Pure."""
-    key = fleet.shape(claim)
+def _pod_mates(claims: Sequence[PendingClaim]) -> dict[str, tuple[PendingClaim, ...]]:
+    """Claim key -> the other pending claims that must land on the same node with it (the claims of its pods,
+    transitively: kube-scheduler allocates all of a pod's claims on the node it binds the pod to). Claims
+    alone on their pods are left out. Pure."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            x = parent[x]
+        return x
+
+    first: dict[tuple[str, str], str] = {}
+    for c in claims:
+        find(c.claim.key)
+        for pod in c.pods:
+            other = first.setdefault((pod.namespace, pod.name), c.claim.key)
+            parent[find(c.claim.key)] = find(other)
+    groups: dict[str, list[PendingClaim]] = {}
+    for c in claims:
+        groups.setdefault(find(c.claim.key), []).append(c)
+    return {
+        c.claim.key: tuple(o for o in group if o is not c)
+        for group in groups.values()
+        if len(group) > 1
+        for c in group
+    }
+
+
+def _booking_verdict(
+    claim: PendingClaim, policy: GpuPartitionPolicy, fleet: _Fleet, mates: Sequence[PendingClaim] = ()
+) -> ClaimVerdict:
+    """The verdict on a claim the scheduler books on partitionable GPUs (nothing is planned ahead). A claim
+    whose devices (with those of ``mates``, the other claims of its pod) each fit some node, but no node all
+    together, is ``NoCapacity``: the scheduler binds a pod to one node with every device it asks for. Pure."""
+    key = (fleet.shape(claim), tuple(sorted((fleet.shape(m) for m in mates), key=repr)))
     if key not in fleet.verdicts:
         v = _new_booking_verdict(claim, policy, fleet)
+        if v.reason is Reason.WAITING_FOR_SCHEDULER and not fleet.fits_together((claim, *mates)):
+            v = _apart_verdict(claim, policy, fleet, mates)
         fleet.verdicts[key] = (v.reason, v.message, v.profile, v.gpu)
     reason, message, profile, gpu = fleet.verdicts[key]
     return ClaimVerdict(claim, reason, message, profile, gpu)
+
+
+def _apart_verdict(
+    claim: PendingClaim, policy: GpuPartitionPolicy, fleet: _Fleet, mates: Sequence[PendingClaim]
+) -> ClaimVerdict:
+    """NoCapacity for a claim whose pod's devices fit no single node together. Pure."""
+    group = (claim, *mates)
+    devices = sum(r.min_count for c in group for r in c.requests)
+    what = f"its {len(claim.requests)} requests" if not mates else f"the {len(group)} claims of its pod"
+    eligible = fleet.eligible(claim) or list(fleet.gpus)
+    return ClaimVerdict(
+        claim,
+        Reason.NO_CAPACITY,
+        _no_capacity(claim, policy, eligible, "partitionable ")
+        + f"; {what} need {devices} devices on one node, and no eligible node has room for all of them "
+        "beside its allocated instances (each alone would fit)",
+        _first_profile(claim),
+    )
 
 
 def _new_booking_verdict(claim: PendingClaim, policy: GpuPartitionPolicy, fleet: _Fleet) -> ClaimVerdict:

@@ -27,6 +27,7 @@ from dynamig.kube.gpupartition import (
     Inventory,
     MigMode,
     Phase,
+    Reason,
     parse_gpu_partition,
 )
 from dynamig.kube.names import GPU_INDEX_LABEL, NODE_LABEL
@@ -59,6 +60,9 @@ class GpuView:
     failure: str  # the agent's Ready=False message when it is stuck on the current generation
     inventory: Inventory | None = None  # None: the agent does not report one (treated as Instances)
     offered: tuple[str, ...] | None = None  # spec.offeredProfiles as it is now
+    # Partitionable: the agent's Ready message while a floor instance waits for bookings to end (Ready True,
+    # reason FloorHeld, at the current generation): expected, not a failure; "" otherwise.
+    floor_held: str = ""
 
     @property
     def partitionable(self) -> bool:
@@ -154,6 +158,14 @@ def _gpu_view(
         and ready.reason not in ("Reshaping", "Draining")
     ):
         failure = f"{ready.reason}: {ready.message}"
+    floor_held = ""
+    if (
+        ready is not None
+        and ready.is_true
+        and ready.reason == Reason.FLOOR_HELD
+        and ready.observed_generation == gp.metadata.generation
+    ):
+        floor_held = ready.message
     annotations = (raw.get("metadata") or {}).get("annotations") or {}
     return GpuView(
         name=gp.name,
@@ -173,6 +185,7 @@ def _gpu_view(
         failure=failure,
         inventory=st.inventory,
         offered=tuple(gp.spec.offered_profiles) if gp.spec.offered_profiles is not None else None,
+        floor_held=floor_held,
     )
 
 

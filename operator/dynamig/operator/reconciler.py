@@ -75,6 +75,7 @@ class _Memory:
     pending_since: dict[str, float] = field(default_factory=dict)  # claim uid -> first seen pending
     idle_since: dict[str, float] = field(default_factory=dict)  # GPU -> since when no busy instance
     awaiting: dict[str, tuple[str, int, float]] = field(default_factory=dict)  # GPU -> (policy, gen, t)
+    floor_told: dict[str, int] = field(default_factory=dict)  # GPU -> generation whose FloorHeld was told
     told: dict[str, tuple[str, str, float]] = field(default_factory=dict)  # claim uid -> (reason, gpu, t)
     problems: dict[str, str] = field(default_factory=dict)  # policy -> last problems text
     silent: set[str] = field(default_factory=set)  # GPUs already reported as having a silent agent
@@ -470,8 +471,21 @@ class Reconciler:
             if entry is None or entry[0] != policy.name:
                 continue
             _, generation, started = entry
+            if g.floor_held and (g.observed_generation or 0) >= generation:
+                # Partitionable: the scheduler booked placements over the new floor's slices. Expected: told
+                # once per layout written (Normal), and the completion is reported when the floor exists.
+                if self._memory.floor_told.get(g.name) != generation:
+                    self._memory.floor_told[g.name] = generation
+                    msg = (
+                        f"{g.name}: {layout_summary(g.desired)} waits for bookings to end before the agent "
+                        f"creates it: {g.floor_held}"
+                    )
+                    log.info("%s", msg)
+                    await self._event_policy(policy, "Normal", "FloorHeld", msg)
+                continue
             if g.failure and (g.observed_generation or 0) >= generation:
                 self._memory.awaiting.pop(g.name)
+                self._memory.floor_told.pop(g.name, None)
                 # A busy instance the new layout needed (a claim won the race) blocks; anything else failed.
                 blocked = g.failure.startswith("InstanceBusy")
                 reason = "ReshapeBlocked" if blocked else "ReshapeFailed"
@@ -483,6 +497,7 @@ class Reconciler:
                 await self._event_gpu(g.name, "Warning", reason, msg)
             elif not g.in_flight and (g.observed_generation or 0) >= generation:
                 self._memory.awaiting.pop(g.name)
+                self._memory.floor_told.pop(g.name, None)
                 self.metrics.reshapes.labels(policy=policy.name, result="completed").inc()
                 took = self.clock() - started
                 msg = (
