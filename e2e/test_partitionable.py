@@ -38,10 +38,12 @@ from dynamig.demo.cluster import (
 from dynamig.demo.inprocess import agent_running, operator_running, quick_agent_settings
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.devcluster.versions import PRIMARY, KubeTarget, current
+from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.model import PlacedInstance
 from dynamig.kube.gpupartition import Inventory
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, VERSION
 from dynamig.operator.metrics import OperatorMetrics
+from dynamig.operator.teardown import uninstall
 from dynamig.simulate.trace import percentile
 
 pytestmark = pytest.mark.controlplane
@@ -795,3 +797,40 @@ async def test_a_control_plane_upgraded_in_place_to_1_37_2_switches_the_inventor
                 assert ((await _allocated(k, "before")) or {})["status"]["allocation"] == allocation
                 assert kept.mig_uuid in {i.mig_uuid for i in _instances(sim)}
                 assert not [e for e in sim.history()[history_start:] if e.kind.startswith("destroy")]
+
+
+async def test_uninstall_leaving_gpus_empty_destroys_the_free_instances_kept_for_bookings(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+) -> None:
+    """In the partitionable inventory the agent keeps free instances beyond spec.layout for the next booking;
+    uninstalling withdraws the offer, so with ``leave: empty`` they go too and the GPU is left bare."""
+    k = ScenarioApi(kube_api, namespace)
+    node = await one_gpu_node(k, sim, make_node, "leave")
+    gpu = f"{node}-gpu0"
+    async with agent_running(kube_api, node, sim, partitionable(node)) as agent:
+        await offered(k, gpu, [], A100_PROFILES)
+        await _create_claim(k, "w", {"firstAvailable": first_available(["1g.10gb"])})
+        await k.core.create_namespaced_pod(
+            namespace, claim_pod("w", {"kubernetes.io/hostname": node}, claim="w")
+        )
+        assert await eventually(lambda: bound_node(k, "w"), "the pod bound", within_s=60) == node
+        await k.delete_pods(["w"])
+        await k.resource.delete_namespaced_resource_claim("w", namespace)
+
+        async def kept_free() -> list[Any] | None:
+            part = await k.stable(gpu)
+            held = any(i.get("claims") for i in ((part or {}).get("status") or {}).get("instances") or [])
+            return None if held else _instances(sim) or None
+
+        (kept,) = await eventually(kept_free, "the released 1g.10gb kept free for the next booking")
+        assert kept.profile == "1g.10gb"
+        report = await uninstall(
+            kube_api, load_catalog(), leave="empty", namespace=None, operator_deployment=None,
+            timeout_s=30, nodes=frozenset({node}), poll_s=0.2,
+        )  # fmt: skip
+        assert report.cleaned == [gpu] and report.complete, report
+        assert _instances(sim) == [] and agent.uninstalled

@@ -445,7 +445,9 @@ class NodeAgent:
             if owner is None and gpu.uuid in view.foreign:
                 owner = f"driver {view.foreign[gpu.uuid]} publishes MIG devices of this GPU"
             try:
-                outcome = await self._reconcile_gpu(gpu, part, instances, view.claims, owner)
+                outcome = await self._reconcile_gpu(
+                    gpu, part, instances, view.claims, owner, leaving=view.leaving
+                )
             except Exception as exc:
                 if status_of(exc) is not None or is_transient(exc):
                     raise  # the API server: every GPU of the round would meet it; the round backs off
@@ -481,8 +483,11 @@ class NodeAgent:
         instances: list[MigInstance],
         claims: dict[str, list[str]],
         owner: str | None,
+        *,
+        leaving: bool = False,
     ) -> GpuOutcome:
-        """Observe (done: ``instances``, ``claims``), decide, act, and decide again from the result."""
+        """Observe (done: ``instances``, ``claims``), decide, act, and decide again from the result. While
+        uninstalling nothing is offered, so free instances beyond spec.layout are not kept for bookings."""
         node, inventory = self.settings.node, self.support.inventory if self.support else None
         problem = refusal(gpu, part, owner)
         if problem is not None or gpu.model is None:
@@ -492,7 +497,7 @@ class NodeAgent:
             )
             return GpuOutcome(part.name, status=refused_status(status, part, problem, now_rfc3339()))
 
-        model, desired, keep = gpu.model, part.spec.desired(), self.partitionable
+        model, desired, keep = gpu.model, part.spec.desired(), self.partitionable and not leaving
         settle, now = self.settings.settle_seconds, self.clock()
         observed = self.reshaper.observe(instances, claims)
         for o in observed:
