@@ -902,10 +902,10 @@ async def test_a_hung_reconcile_round_fails_the_liveness_probe(
 class _BrokenGpuAgent(NodeAgent):
     """An agent whose work on GPU 1 raises what no API or NVML error is (a bug, a state nobody foresaw)."""
 
-    async def _reconcile_gpu(self, gpu: Any, *args: Any) -> Any:
+    async def _reconcile_gpu(self, gpu: Any, *args: Any, **kwargs: Any) -> Any:
         if gpu.index == 1:
             raise ValueError("an unforeseen state")
-        return await super()._reconcile_gpu(gpu, *args)
+        return await super()._reconcile_gpu(gpu, *args, **kwargs)
 
 
 async def test_a_gpu_whose_round_raises_does_not_stop_the_nodes_other_gpus(

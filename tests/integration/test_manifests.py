@@ -160,7 +160,11 @@ def test_plain_manifests_and_chart_crds_are_in_sync(helm: str) -> None:
             "agent.kubeletDir=var/lib/kubelet",
             'agent.kubeletDir must be an absolute path, got "var/lib/kubelet"',
         ),
-        ("agent.nvml.mode=magic", 'agent.nvml.mode must be "runtimeClass" or "hostDriverRoot"'),
+        ("agent.nvml.mode=magic", 'agent.nvml.mode must be "runtimeClass", "hostDriverRoot" or "simulated"'),
+        (
+            "agent.nvml.mode=simulated,agent.nvml.simulated.hostDir=",
+            "agent.nvml.simulated.hostDir must be an absolute path when agent.nvml.mode is simulated",
+        ),
         ("agent.nodeSelector=null", "agent.nodeSelector is empty"),
         ("image.digest=abc", "image.digest must look like sha256:<hex>"),
         (
@@ -302,6 +306,59 @@ def test_values_switch_what_is_rendered(helm: str) -> None:
     assert "runtimeClassName" not in agent
     assert "--no-kubelet-plugin" in agent["containers"][0]["args"]
     assert any(v["name"] == "driver-root" for v in agent["volumes"])
+
+
+def test_simulated_gpus_host_network_and_api_server_values(helm: str) -> None:
+    """``agent.nvml.mode: simulated`` runs the agent over simulated NVML with its state and driver files in
+    one host directory mounted at the same path (no host /dev or /proc), the kubelet plugin on, no runtime
+    class, and a securityContext without privileges: every capability dropped but MKNOD, a read-only root.
+    ``*.hostNetwork`` and ``apiServer`` reach each of the three pods. The defaults render none of it."""
+    objs = docs(
+        render(
+            helm,
+            "agent.nvml.mode=simulated",
+            "agent.nvml.simulated.gpus=A100-80GB:2",
+            "agent.nvml.simulated.hostDir=/srv/sim/",
+            "agent.hostNetwork=true",
+            "operator.hostNetwork=true",
+            "uninstall.hostNetwork=true",
+            "apiServer.host=10.1.2.3",
+            "apiServer.port=6443",
+        ).stdout
+    )
+    agent = find(objs, "DaemonSet")["spec"]["template"]["spec"]
+    (container,) = agent["containers"]
+    args = container["args"]
+    assert {
+        "--nvml=simulated", "--simulate-gpus=A100-80GB:2", "--state=/srv/sim/nvml-state.json",
+        "--sim-char-devices", "--dev-root=/srv/sim/dev", "--proc-root=/srv/sim/proc", "--kubelet-plugin",
+    } <= set(args)  # fmt: skip
+    assert "--nvml=real" not in args and "--proc-root=/host/proc" not in args
+    assert "runtimeClassName" not in agent
+    volumes = {v["name"]: v for v in agent["volumes"]}
+    assert volumes["simulated"]["hostPath"] == {"path": "/srv/sim", "type": "DirectoryOrCreate"}
+    assert "dev" not in volumes and "host-proc" not in volumes
+    assert {"name": "simulated", "mountPath": "/srv/sim"} in container["volumeMounts"]
+    names = {e["name"] for e in container["env"]}
+    assert not {n for n in names if n.startswith("NVIDIA_")} and "LD_LIBRARY_PATH" not in names
+    assert container["securityContext"] == {
+        "runAsUser": 0, "runAsNonRoot": False, "privileged": False, "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"], "add": ["MKNOD"]},
+    }  # fmt: skip
+    job = find(objs, "Job")["spec"]["template"]["spec"]
+    for spec in (agent, find(objs, "Deployment")["spec"]["template"]["spec"], job):
+        assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+        env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+        assert env["KUBERNETES_SERVICE_HOST"] == "10.1.2.3" and env["KUBERNETES_SERVICE_PORT"] == "6443"
+
+    default = docs(render(helm).stdout)
+    for kind in ("DaemonSet", "Deployment", "Job"):
+        spec = find(default, kind)["spec"]["template"]["spec"]
+        assert "hostNetwork" not in spec and "dnsPolicy" not in spec
+        assert not any(e["name"].startswith("KUBERNETES_") for e in spec["containers"][0]["env"])
+    args = find(default, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--nvml=real" in args and "--proc-root=/host/proc" in args
+    assert not [a for a in args if a.startswith(("--sim", "--state", "--dev-root", "--kubelet-plugin"))]
 
 
 # ------------------------------------------------------------------------------------------------ cluster

@@ -18,14 +18,18 @@ What this machine needs and what is set for it, each said where it is set:
 from __future__ import annotations
 
 import contextlib
+import io
+import json
 import os
 import re
 import shutil
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +107,28 @@ def runnable(pod: dict[str, Any]) -> dict[str, Any]:
         for c in spec["containers"]
     ]
     return {**pod, "spec": spec}
+
+
+def renamed_oci_archive(archive: Path, name: str, out: Path) -> Path:
+    """A copy of the OCI image layout tar ``archive`` whose one manifest is named ``name``: the annotations
+    ``ctr images import`` names an image by (``io.containerd.image.name``, and the OCI ``ref.name``).
+    Side effect: writes ``out``; returns it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive) as src, tarfile.open(out, "w") as dst:
+        for member in src:
+            data = src.extractfile(member) if member.isfile() else None
+            if member.name.removeprefix("./") == "index.json" and data is not None:
+                index = json.loads(data.read())
+                if len(index.get("manifests") or []) != 1:
+                    raise NodeError(f"{archive} holds {len(index.get('manifests') or [])} manifests, not one")
+                notes = index["manifests"][0].setdefault("annotations", {})
+                notes["io.containerd.image.name"] = notes["org.opencontainers.image.ref.name"] = name
+                raw = json.dumps(index).encode()
+                member.size = len(raw)
+                dst.addfile(member, io.BytesIO(raw))
+            else:
+                dst.addfile(member, data)
+    return out
 
 
 class NodeError(RuntimeError):
@@ -275,6 +301,53 @@ def _mounts_under(path: Path, proc_root: Path = Path("/proc")) -> list[str]:
     return found
 
 
+# What the local control plane's kube-controller-manager leaves out and pods of a DaemonSet, or any pod with a
+# ServiceAccount token, need: DaemonSet pods, and the kube-root-ca.crt ConfigMap of each namespace that the
+# token's projected volume reads. Neither is needed by the tests that only bind pods.
+NODE_CONTROLLERS = ("daemonset-controller", "root-ca-certificate-publisher-controller")
+
+
+def start_node_controllers(cluster: ControlPlane, log_dir: Path, timeout: float = 60.0) -> Component:
+    """A second kube-controller-manager beside ``cluster``'s, running :data:`NODE_CONTROLLERS` only (no
+    leader election: their controllers are not in the first), with the first one's identity and CA; waits
+    until it serves /healthz. The caller stops it. Side effects: a process, its log in ``log_dir``."""
+    import ssl
+    import urllib.request
+
+    port = free_port()
+    work = cluster.work_dir
+    argv = [
+        str(cluster.binaries.kube_controller_manager),
+        f"--kubeconfig={work / 'controller-manager.kubeconfig'}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        "--leader-elect=false",
+        f"--controllers={','.join(NODE_CONTROLLERS)}",
+        "--use-service-account-credentials=true",
+        f"--root-ca-file={cluster.pki.ca.cert}",
+    ]
+    log_dir.mkdir(parents=True, exist_ok=True)
+    comp = Component.spawn("node-controllers", argv, log_path=log_dir / "node-controllers.log", cwd=log_dir)
+    insecure = ssl.create_default_context()
+    insecure.check_hostname, insecure.verify_mode = False, ssl.CERT_NONE  # its self-signed serving cert
+
+    def healthy() -> bool:
+        try:
+            with urllib.request.urlopen(
+                f"https://127.0.0.1:{port}/healthz", timeout=2, context=insecure
+            ) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    try:
+        wait_for(comp, healthy, deadline=time.monotonic() + timeout, what="node controllers", fail=NodeError)
+    except BaseException:
+        stop_all([comp])
+        raise
+    return comp
+
+
 class RealNode:
     """A kubelet and containerd registered as Node ``name`` in ``cluster``; see the module docstring.
 
@@ -419,6 +492,24 @@ class RealNode:
         for name, archive in archives.items():
             self.ctr("images", "import", "--snapshotter=overlayfs", "--platform=linux/amd64", str(archive))
             self._progress(f"imported {name}")
+
+    def import_image(self, archive: Path, name: str) -> str:
+        """Imports the OCI archive ``archive`` (one image) into this node's containerd under the name ``name``
+        (e.g. ``dynamig.local/dynamig:0.1.0``, what a chart's values name), as a node that pulled it would
+        hold it; returns the image's manifest digest. Nothing is pulled. Side effects: a renamed copy of the
+        archive in the node's work directory, containerd's store."""
+        named = renamed_oci_archive(archive, name, self.work_dir / "images" / f"{uuid.uuid4().hex}.tar")
+        try:
+            flags = ("--snapshotter=overlayfs", "--platform=linux/amd64")
+            self.ctr("images", "import", *flags, str(named), timeout=300)
+        finally:
+            named.unlink(missing_ok=True)
+        for line in self.ctr("images", "ls").stdout.splitlines()[1:]:
+            fields = line.split()
+            if fields and fields[0] == name:
+                self._progress(f"imported {name} ({fields[2]})")
+                return fields[2]
+        raise NodeError(f"{archive} imported, but containerd lists no image {name}")
 
     def _start_kubelet(self, cgroup_mode: str) -> None:
         cluster = self.cluster

@@ -42,9 +42,10 @@ def build_registry(reconciler: Reconciler, settings: OperatorSettings) -> kopf.O
 
     @kopf.on.login(registry=registry)  # type: ignore[untyped-decorator]
     async def login(**_: Any) -> kopf.ConnectionInfo | None:
-        # Kopf calls this again when the API answers 401, so an exec plugin's expired token is renewed.
-        if not kubeconfig_available(settings):
-            return kopf.login_with_service_account()
+        # Kopf calls this again when the API answers 401, so an exec plugin's expired token (or a rotated
+        # ServiceAccount token, read again in-cluster) is renewed. In-cluster, kubernetes-asyncio reads the
+        # server from KUBERNETES_SERVICE_HOST/PORT as client-go does (Kopf's own helper dials the
+        # kubernetes.default.svc name, which needs cluster DNS).
         return connection_info(await client_configuration(settings))
 
     @kopf.daemon(GROUP, VERSION, POLICY_PLURAL, registry=registry, cancellation_timeout=10.0)  # type: ignore[untyped-decorator]

@@ -55,3 +55,29 @@ app.kubernetes.io/component: agent
 {{- end -}}
 
 {{- define "dynamig.driverName" -}}mig.dynamig.io{{- end -}}
+
+{{- /* KUBERNETES_SERVICE_HOST/PORT for every container when apiServer.host is set (values.yaml). */ -}}
+{{- define "dynamig.apiServerEnv" -}}
+{{- with .Values.apiServer.host }}
+- name: KUBERNETES_SERVICE_HOST
+  value: {{ . | quote }}
+- name: KUBERNETES_SERVICE_PORT
+  value: {{ $.Values.apiServer.port | quote }}
+{{- end }}
+{{- end -}}
+
+{{- /* The agent container's securityContext: the chart's for the NVML mode, agent.securityContext merged over
+it (values.yaml, docs/install.md "What the agent's container may do"). */ -}}
+{{- define "dynamig.agent.securityContext" -}}
+{{- $chart := dict "runAsUser" 0 "runAsNonRoot" false -}}
+{{- if eq .Values.agent.nvml.mode "simulated" -}}
+{{- $_ := set $chart "privileged" false -}}
+{{- $_ := set $chart "allowPrivilegeEscalation" false -}}
+{{- $_ := set $chart "readOnlyRootFilesystem" true -}}
+{{- /* MKNOD: the simulated driver's device nodes are real character devices, made as instances appear. */ -}}
+{{- $_ := set $chart "capabilities" (dict "drop" (list "ALL") "add" (list "MKNOD")) -}}
+{{- else -}}
+{{- $_ := set $chart "privileged" true -}}
+{{- end -}}
+{{- toYaml (mustMergeOverwrite $chart (deepCopy (.Values.agent.securityContext | default dict))) -}}
+{{- end -}}

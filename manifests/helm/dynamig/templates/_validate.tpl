@@ -47,8 +47,11 @@ instead of producing objects the API server or the pods would reject later.
 {{- if not (hasPrefix "/" (toString $v.agent.cdiRoot)) -}}
 {{- fail (printf "agent.cdiRoot must be an absolute path, got %q" (toString $v.agent.cdiRoot)) -}}
 {{- end -}}
-{{- if not (has $v.agent.nvml.mode (list "runtimeClass" "hostDriverRoot")) -}}
-{{- fail (printf "agent.nvml.mode must be \"runtimeClass\" or \"hostDriverRoot\", got %q" (toString $v.agent.nvml.mode)) -}}
+{{- if not (has $v.agent.nvml.mode (list "runtimeClass" "hostDriverRoot" "simulated")) -}}
+{{- fail (printf "agent.nvml.mode must be \"runtimeClass\", \"hostDriverRoot\" or \"simulated\", got %q" (toString $v.agent.nvml.mode)) -}}
+{{- end -}}
+{{- if and (eq $v.agent.nvml.mode "simulated") (not (hasPrefix "/" (toString (($v.agent.nvml.simulated).hostDir)))) -}}
+{{- fail (printf "agent.nvml.simulated.hostDir must be an absolute path when agent.nvml.mode is simulated, got %q" (toString (($v.agent.nvml.simulated).hostDir))) -}}
 {{- end -}}
 {{- if and (eq $v.agent.nvml.mode "runtimeClass") (not $v.agent.nvml.runtimeClassName) -}}
 {{- fail "agent.nvml.runtimeClassName must be set when agent.nvml.mode is runtimeClass" -}}
