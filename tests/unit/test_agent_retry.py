@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dynamig.agent.retry import (
     GIVE_UP_AFTER,
-    REASON_LAYOUT_FAILED,
     RETRY_MAX_S,
     after_attempt,
     backoff,
@@ -13,6 +12,7 @@ from dynamig.agent.retry import (
     holding,
 )
 from dynamig.geometry.layout import parse_layout
+from dynamig.kube.gpupartition import Reason
 
 LAYOUT = parse_layout("3g.40gb@0")
 ERROR = ("InsufficientResources", "NVML refused to create 3g.40gb at memory slice 0")
@@ -35,7 +35,7 @@ def test_the_gpu_is_reported_failed_only_after_several_failures_with_the_way_out
         assert gave_up(att) is None
     att = after_attempt(att, LAYOUT, ERROR, 0.0, "later")
     verdict = gave_up(att)
-    assert verdict is not None and verdict[0] == REASON_LAYOUT_FAILED
+    assert verdict is not None and verdict[0] == Reason.LAYOUT_FAILED
     assert f"failed {GIVE_UP_AFTER} times in a row since 2026-01-01T00:00:00Z" in verdict[1]
     assert ERROR[1] in verdict[1] and "write another spec.layout" in verdict[1]
     assert gave_up(att) == verdict  # the same words while nothing changes: no status write per round

@@ -177,6 +177,18 @@ def test_offer_guards_only_retiring_free_instances() -> None:
     assert everything.unguarded == frozenset()  # guard_free: every free instance carries conditions
 
 
+def test_a_free_instance_nvml_lists_no_mig_device_for_yet_is_guarded_not_bookable_at_once() -> None:
+    """A booking of it waits for the agent, which answers ready only once NVML lists the MIG device."""
+    p = MODEL.profile("1g.5gb")
+    unlisted = MigInstance(
+        0, "1g.5gb", 0, p.placement_size, 1, p.compute_slices, (ComputeInstance(1, 1, "", 0, 14, 0),)
+    )
+    offer = partitionable_offer(
+        gpu(), partition(offered=["1g.5gb"]), [unlisted, instance("1g.5gb", 1)], {}, (), (), False
+    )
+    assert offer.unguarded == frozenset({PlacedInstance(1, "1g.5gb")})
+
+
 def test_offer_skips_profiles_the_model_lacks_and_split_instances_are_busy() -> None:
     split = instance("2g.10gb", 0, ci_slices=1)  # one 1-slice compute instance in a 2-slice GPU instance
     offer = partitionable_offer(gpu(), partition(offered=["1g.5gb", "9g.99gb"]), [split], {}, (), (), False)

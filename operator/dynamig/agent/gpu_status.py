@@ -292,9 +292,10 @@ def partitionable_offer(
     guard_free: bool,
     placements_per_profile: int = 0,
 ) -> Offer:
-    """This GPU's partitionable inventory: free instances bookable at once unless ``retiring`` (or all of
-    them with ``guard_free``), which are published guarded; allocated ones counted; busy ones unbookable;
-    the best ``placements_per_profile`` placements of each offered profile (0: all)."""
+    """This GPU's partitionable inventory: free instances bookable at once unless ``retiring``, not yet
+    listed by NVML as a MIG device (no UUID to answer with), or all of them with ``guard_free``: those are
+    published guarded; allocated ones counted; busy ones unbookable; the best ``placements_per_profile``
+    placements of each offered profile (0: all)."""
     assert gpu.model is not None
     items = []
     for i in instances:
@@ -307,7 +308,7 @@ def partitionable_offer(
             occupancy = Occupancy.BUSY
         else:
             occupancy = Occupancy.FREE
-        guarded = occupancy is Occupancy.FREE and (i.placed in retiring or guard_free)
+        guarded = occupancy is Occupancy.FREE and (i.placed in retiring or guard_free or not i.mig_uuid)
         items.append(
             Instance(i.profile, i.start, occupancy, i.mig_uuid, i.memory_bytes, i.multiprocessors, guarded)
         )

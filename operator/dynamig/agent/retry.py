@@ -17,13 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dynamig.geometry.model import Layout
+from dynamig.kube.gpupartition import Reason
 
 Problem = tuple[str, str]  # (reason, message), as dynamig.agent.gpu_status.Problem
 
 RETRY_BASE_S = 2.0
 RETRY_MAX_S = 300.0
 GIVE_UP_AFTER = 5
-REASON_LAYOUT_FAILED = "LayoutFailed"
 
 WAY_OUT = (
     "to clear it, remove what makes NVML refuse (`nvidia-smi mig -lgi` shows instances made outside dynamig; "
@@ -78,7 +78,7 @@ def gave_up(att: Attempts | None) -> Problem | None:
         return None
     reason, message = att.error
     return (
-        REASON_LAYOUT_FAILED,
+        Reason.LAYOUT_FAILED,
         f"spec.layout failed {att.failures} times in a row since {att.since} ({reason}: {message}); "
         f"retried every {backoff(att.failures):.0f}s; {WAY_OUT}",
     )

@@ -72,6 +72,7 @@ class Reason(StrEnum):
     INSUFFICIENT_RESOURCES = "InsufficientResources"
     PLACEMENT_TAKEN = "PlacementTaken"
     INVALID_LAYOUT = "InvalidLayout"
+    LAYOUT_FAILED = "LayoutFailed"  # NVML refused spec.layout on every try: Degraded, retried on a back-off
     VALID = "Valid"
     MANAGED = "Managed"
     FOREIGN_MIG_OWNER = "ForeignMigOwner"
