@@ -203,6 +203,43 @@ async def _bound(api: client.ApiClient, ns: str, name: str, node: str) -> bool |
     return True if pod.spec.node_name == node else None
 
 
+async def _booked_partitionable(
+    api: client.ApiClient, make_node: Any, namespace: str, sim: ModuleType, name: str
+) -> tuple[Any, Any, str]:
+    """An agent (partitionable inventory, no watches: its rounds run when the test says) on a node whose
+    slices the test published, and a pod ``name`` whose 1g.10gb claim the real scheduler booked there: the
+    agent, the node's devices and the booked device."""
+    node, devices, agent = await booking_node(
+        api, make_node, name, sim, inventory=Inventory.PARTITIONABLE, watch=False
+    )
+    await publish(client.CustomObjectsApi(api), node, 1, devices)
+    await claim_and_pod(api, namespace, name, "1g.10gb", node)
+    claim = await eventually(lambda: allocated_claim(api, namespace, name), f"{name} allocated")
+    device = allocated_device(claim)
+    assert device is not None
+    return agent, devices, device
+
+
+async def _answered_failed(
+    api: client.ApiClient, namespace: str, name: str, device: str, agent: Any = None
+) -> dict[str, Any] | None:
+    """Pod ``name`` is not bound and ``agent`` (when given) counted one failed answer; the claim's failed
+    condition for ``device``, or None once the scheduler released the allocation (and the entry with it)."""
+    if agent is not None:
+        failed = agent.metrics.registry.get_sample_value(
+            "dynamig_binding_answers_total", {"Hostname": agent.settings.node, "answer": "failed"}
+        )
+        assert failed == 1
+    claim = await get_claim(api, namespace, name)
+    entries = [e for e in (claim["status"].get("devices") or []) if e["device"] == device]
+    assert not (await client.CoreV1Api(api).read_namespaced_pod(name, namespace)).spec.node_name
+    if not entries:
+        return None
+    (cond,) = entries[0]["conditions"]
+    assert cond["type"] == BINDING_FAILED, cond
+    return dict(cond)
+
+
 async def test_a_booking_on_a_gpu_that_fell_off_the_bus_is_failed_at_once_not_left_to_time_out(
     crds: ControlPlane,
     kube_api: client.ApiClient,
@@ -213,28 +250,13 @@ async def test_a_booking_on_a_gpu_that_fell_off_the_bus_is_failed_at_once_not_le
     # The agent's own round (partitionable inventory) after NVML lost the node's only GPU: nothing can be
     # cut, so the booking is answered failed with the reason, and the scheduler books again instead of
     # holding the pod for its binding timeout (600 s).
-    custom = client.CustomObjectsApi(kube_api)
-    node, devices, agent = await booking_node(
-        kube_api, make_node, "lost", sim, inventory=Inventory.PARTITIONABLE, watch=False
-    )
-    await publish(custom, node, 1, devices)
-    await claim_and_pod(kube_api, namespace, "lost", "1g.10gb", node)
-    claim = await eventually(lambda: allocated_claim(kube_api, namespace, "lost"), "lost allocated")
-    device = allocated_device(claim)
+    agent, _, device = await _booked_partitionable(kube_api, make_node, namespace, sim, "lost")
     sim.set_gpu_lost(0)
 
     await agent.reconcile_once()
-    answered = agent.metrics.registry.get_sample_value(
-        "dynamig_binding_answers_total", {"Hostname": node, "answer": "failed"}
-    )
-    assert answered == 1
-    claim = await get_claim(kube_api, namespace, "lost")
-    entries = [e for e in (claim["status"].get("devices") or []) if e["device"] == device]
-    if entries:  # else the scheduler has already released the allocation, and the entry with it
-        (cond,) = entries[0]["conditions"]
-        assert (cond["type"], cond["reason"]) == (BINDING_FAILED, "GpuUnavailable")
-        assert "GpuIsLost" in cond["message"], cond
-    assert not (await client.CoreV1Api(kube_api).read_namespaced_pod("lost", namespace)).spec.node_name
+    cond = await _answered_failed(kube_api, namespace, "lost", device, agent)
+    if cond is not None:
+        assert cond["reason"] == "GpuUnavailable" and "GpuIsLost" in cond["message"], cond
 
 
 async def admin_claim_and_pod(api: client.ApiClient, ns: str, name: str, profile: str, node: str) -> None:
@@ -283,11 +305,7 @@ async def test_an_admin_access_booking_is_answered_without_a_cut_or_a_destroy(
     assert isinstance(answer, Failed) and answer.reason == "AdminAccessNoInstance", answer
     assert sim.history()[before:] == [], "an admin-access booking cut or destroyed something"
     assert len(devices.instances(gpu)) == 7
-    claim = await get_claim(kube_api, namespace, "monitor")
-    entries = [e for e in (claim["status"].get("devices") or []) if e["device"] == result["device"]]
-    if entries:  # else the scheduler has already released the allocation, and the entry with it
-        assert entries[0]["conditions"][0]["type"] == BINDING_FAILED
-    assert not (await client.CoreV1Api(kube_api).read_namespaced_pod("monitor", namespace)).spec.node_name
+    await _answered_failed(kube_api, namespace, "monitor", result["device"])
     devices.shutdown()
 
 
@@ -300,32 +318,17 @@ async def test_a_booking_on_a_gpu_the_round_refuses_is_failed_with_the_reason_no
 ) -> None:
     # The NVIDIA MIG manager's label on the node: the agent leaves its GPUs alone. A booking made from a
     # slice published before (here by the test) must not be cut either: it is answered failed, saying why.
-    custom = client.CustomObjectsApi(kube_api)
-    node, devices, agent = await booking_node(
-        kube_api, make_node, "refused", sim, inventory=Inventory.PARTITIONABLE, watch=False
-    )
-    await publish(custom, node, 1, devices)
-    await claim_and_pod(kube_api, namespace, "late", "1g.10gb", node)
-    claim = await eventually(lambda: allocated_claim(kube_api, namespace, "late"), "late allocated")
-    device = allocated_device(claim)
+    agent, devices, device = await _booked_partitionable(kube_api, make_node, namespace, sim, "late")
     await client.CoreV1Api(kube_api).patch_node(
-        node, {"metadata": {"labels": {"nvidia.com/mig.config": "all-1g.10gb"}}}
+        agent.settings.node, {"metadata": {"labels": {"nvidia.com/mig.config": "all-1g.10gb"}}}
     )
     before = len(sim.history())
 
     await agent.reconcile_once()
     assert sim.history()[before:] == [], "a GPU the round refuses was cut"
-    failed = agent.metrics.registry.get_sample_value(
-        "dynamig_binding_answers_total", {"Hostname": node, "answer": "failed"}
-    )
-    assert failed == 1
-    claim = await get_claim(kube_api, namespace, "late")
-    entries = [e for e in (claim["status"].get("devices") or []) if e["device"] == device]
-    if entries:  # else the scheduler has already released the allocation, and the entry with it
-        (cond,) = entries[0]["conditions"]
-        assert (cond["type"], cond["reason"]) == (BINDING_FAILED, "ForeignMigOwner"), cond
-        assert "nvidia.com/mig.config" in cond["message"], cond
-    assert not (await client.CoreV1Api(kube_api).read_namespaced_pod("late", namespace)).spec.node_name
+    cond = await _answered_failed(kube_api, namespace, "late", device, agent)
+    if cond is not None:
+        assert cond["reason"] == "ForeignMigOwner" and "nvidia.com/mig.config" in cond["message"], cond
     devices.shutdown()
 
 
