@@ -263,6 +263,13 @@ async def _create_claim(k: ScenarioApi, name: str, request: dict[str, Any]) -> N
     )
 
 
+async def _bound_1g_pod(k: ScenarioApi, name: str, node: str) -> None:
+    """Pod ``name`` with a claim of its own for one 1g.10gb, pinned to ``node``; returns once it is bound."""
+    await _create_claim(k, name, {"firstAvailable": first_available(["1g.10gb"])})
+    await k.core.create_namespaced_pod(k.ns, claim_pod(name, {"kubernetes.io/hostname": node}, claim=name))
+    assert await eventually(lambda: bound_node(k, name), f"pod {name} bound", within_s=60) == node
+
+
 async def test_two_claims_and_a_two_device_request_are_cut_on_one_gpu_and_the_pod_binds(
     crds: ControlPlane,
     kube_api: client.ApiClient,
@@ -432,11 +439,7 @@ async def test_a_warm_instance_is_booked_with_no_create_on_the_path(
     async with agent_running(kube_api, node, sim, partitionable(node)):
         await offered(k, gpu, warm, A100_PROFILES)  # a warm pool of one 1g.10gb, pre-created
         history_start = len(sim.history())
-        await _create_claim(k, "w", {"firstAvailable": first_available(["1g.10gb"])})
-        await k.core.create_namespaced_pod(
-            namespace, claim_pod("w", {"kubernetes.io/hostname": node}, claim="w")
-        )
-        assert await eventually(lambda: bound_node(k, "w"), "the pod bound", within_s=60) == node
+        await _bound_1g_pod(k, "w", node)
         claim = await _allocated(k, "w")
         assert allocated_device(claim) == "gpu0-1g10gb-s6"
         assert [e.kind for e in sim.history()[history_start:] if e.kind.startswith("create")] == []
@@ -471,11 +474,7 @@ async def test_an_allocated_instance_recut_behind_the_agents_back_is_reported_on
     gpu = f"{node}-gpu0"
     async with agent_running(kube_api, node, sim, partitionable(node)) as agent:
         await offered(k, gpu, [], A100_PROFILES)
-        await _create_claim(k, "held", {"firstAvailable": first_available(["1g.10gb"])})
-        await k.core.create_namespaced_pod(
-            namespace, claim_pod("held", {"kubernetes.io/hostname": node}, claim="held")
-        )
-        assert await eventually(lambda: bound_node(k, "held"), "the pod bound", within_s=60) == node
+        await _bound_1g_pod(k, "held", node)
         device = allocated_device(await _allocated(k, "held"))
         assert device is not None
         start = int(device.rsplit("-s", 1)[1])
@@ -604,11 +603,7 @@ async def test_without_the_features_the_agent_keeps_the_instances_inventory(
                 devices = [d for s in slices for d in s["spec"].get("devices") or []]
                 assert [d["name"] for d in devices] == ["gpu0-1g10gb-s0"]
                 assert not any("bindingConditions" in d or "consumesCounters" in d for d in devices)
-                await _create_claim(k, "c", {"firstAvailable": first_available(["1g.10gb"])})
-                await k.core.create_namespaced_pod(
-                    "old", claim_pod("c", {"kubernetes.io/hostname": node}, claim="c")
-                )
-                assert await eventually(lambda: bound_node(k, "c"), "the pod bound", within_s=60) == node
+                await _bound_1g_pod(k, "c", node)
                 assert allocated_device(await _allocated(k, "c")) == "gpu0-1g10gb-s0"
 
 
@@ -749,11 +744,7 @@ async def test_a_control_plane_upgraded_in_place_to_1_37_2_switches_the_inventor
                 await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
                 await k.set_layout(gpu, [("1g.10gb", 0)])
                 await eventually(functools.partial(k.stable, gpu, "1g.10gb@0"), f"{gpu} cut")
-                await _create_claim(k, "before", {"firstAvailable": first_available(["1g.10gb"])})
-                await k.core.create_namespaced_pod(
-                    "upg", claim_pod("before", {"kubernetes.io/hostname": node}, claim="before")
-                )
-                assert await eventually(lambda: bound_node(k, "before"), "the pod bound", within_s=60) == node
+                await _bound_1g_pod(k, "before", node)
                 allocation = ((await _allocated(k, "before")) or {})["status"]["allocation"]
                 assert allocation["devices"]["results"][0]["device"] == "gpu0-1g10gb-s0"
                 (kept,) = _instances(sim)
@@ -767,11 +758,7 @@ async def test_a_control_plane_upgraded_in_place_to_1_37_2_switches_the_inventor
                 await k.set_layout(gpu, [("1g.10gb", 0), ("1g.10gb", 1)])  # an admin's (or policy's) re-cut
                 await eventually(functools.partial(k.stable, gpu, "1g.10gb@0,1g.10gb@1"), f"{gpu} cut again")
                 assert agent.support is not None and agent.support.inventory is Inventory.INSTANCES
-                await _create_claim(k, "during", {"firstAvailable": first_available(["1g.10gb"])})
-                await k.core.create_namespaced_pod(
-                    "upg", claim_pod("during", {"kubernetes.io/hostname": node}, claim="during")
-                )
-                assert await eventually(lambda: bound_node(k, "during"), "bound after", within_s=60) == node
+                await _bound_1g_pod(k, "during", node)
 
             async with agent_running(api, node, sim, auto) as agent:  # the agents' rollout
                 assert (
@@ -813,11 +800,7 @@ async def test_uninstall_leaving_gpus_empty_destroys_the_free_instances_kept_for
     gpu = f"{node}-gpu0"
     async with agent_running(kube_api, node, sim, partitionable(node)) as agent:
         await offered(k, gpu, [], A100_PROFILES)
-        await _create_claim(k, "w", {"firstAvailable": first_available(["1g.10gb"])})
-        await k.core.create_namespaced_pod(
-            namespace, claim_pod("w", {"kubernetes.io/hostname": node}, claim="w")
-        )
-        assert await eventually(lambda: bound_node(k, "w"), "the pod bound", within_s=60) == node
+        await _bound_1g_pod(k, "w", node)
         await k.delete_pods(["w"])
         await k.resource.delete_namespaced_resource_claim("w", namespace)
 
