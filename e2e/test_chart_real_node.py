@@ -37,7 +37,6 @@ import pytest
 import yaml
 
 from dynamig.demo.cluster import claim_pod, first_available, resource_claim
-from dynamig.devcluster.binaries import BinariesNotFoundError, build_tool
 from dynamig.devcluster.controlplane import ControlPlane
 from dynamig.devcluster.helmrelease import (
     RELEASE_NAME_ANNOTATION,
@@ -226,14 +225,6 @@ def nvml_live(state_file: Path) -> dict[tuple[int, int], tuple[str, int]]:
 def nvml_history(state_file: Path) -> list[dict[str, Any]]:
     history: list[dict[str, Any]] = json.loads(state_file.read_text())["history"]
     return history
-
-
-@pytest.fixture(scope="module")
-def helm() -> str:
-    try:
-        return str(build_tool("build-helm.sh"))
-    except BinariesNotFoundError as exc:
-        pytest.fail(f"helm could not be built from its Go module (make helm): {exc}")
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from dynamig.devcluster import BinariesNotFoundError, ControlPlane, find_binaries, sandbox
-from dynamig.devcluster.binaries import TOOLS, build_tool, find_repo_root
+from dynamig.devcluster.binaries import TOOLS, find_repo_root
 
 pytestmark = pytest.mark.controlplane
 
@@ -330,7 +330,7 @@ def test_dev_cluster_cli_up_env_down(control_plane: ControlPlane, tmp_path: Path
 
 
 def test_dev_cluster_with_gpu_nodes_runs_dynamig_you_can_kubectl(
-    control_plane: ControlPlane, tmp_path: Path
+    control_plane: ControlPlane, helm: str, tmp_path: Path
 ) -> None:
     """`up --gpu-node` gives a cluster a newcomer can `kubectl apply -k manifests/examples` against: the CRDs,
     the DeviceClass, Ready managed nodes, an agent per node, the operator, each serving its metrics; the
@@ -432,7 +432,6 @@ def test_dev_cluster_with_gpu_nodes_runs_dynamig_you_can_kubectl(
         )
 
         # The chart, as the install docs write it, adopts the CRDs and the DeviceClass the sandbox applied.
-        helm = str(build_tool("build-helm.sh"))
         installed = subprocess.run(
             [
                 helm, "install", sandbox.CHART_RELEASE, str(root / "manifests" / "helm" / "dynamig"),

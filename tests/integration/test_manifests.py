@@ -50,16 +50,6 @@ WORKLOAD_KINDS = {"Deployment", "DaemonSet"}
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-@pytest.fixture(scope="module")
-def helm() -> str:
-    """Path of the helm binary (built once from its Go module; cached). A failed build fails the tests
-    (``make test`` builds helm first), never skips them."""
-    try:
-        return str(build_tool("build-helm.sh"))
-    except BinariesNotFoundError as exc:
-        pytest.fail(f"helm could not be built from its Go module (make helm): {exc}")
-
-
 def render(
     helm: str, *sets: str, check: bool = True, set_json: tuple[str, ...] = ()
 ) -> subprocess.CompletedProcess[str]:

@@ -33,7 +33,6 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from dynamig.devcluster import ControlPlane
-from dynamig.devcluster.binaries import BinariesNotFoundError, build_tool
 from dynamig.devcluster.helmrelease import adopt_crds, forget_release
 from dynamig.devcluster.pytest_plugin import unique_name
 
@@ -134,14 +133,6 @@ def run_release(repo: Path, out: Path, helm: str, **env: str) -> subprocess.Comp
 
 
 # ------------------------------------------------------------------------------------------------ fixtures
-@pytest.fixture(scope="module")
-def helm() -> str:
-    try:
-        return str(build_tool("build-helm.sh"))
-    except BinariesNotFoundError as exc:
-        pytest.fail(f"helm could not be built from its Go module (make helm): {exc}")
-
-
 @pytest.fixture(scope="module")
 def snapshot(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A clone of this repository plus one commit holding its working tree as it is now (what git does not
