@@ -83,8 +83,8 @@ lock: $(STAMP)
 	$(BIN)/uv pip compile --quiet $(LOCK_FLAGS) pyproject.toml -o requirements/runtime.lock
 	$(BIN)/uv pip compile --quiet $(LOCK_FLAGS) requirements/build.in -c requirements/runtime.lock -o requirements/build.lock
 
-# Chart package, single install manifest, image build context, SBOM and checksums into dist/release/, from a
-# clean tree (ALLOW_DIRTY=1 builds from a dirty one, its revision marked -dirty).
+# Chart package, single install manifest, image build context, the image (OCI archive), SBOM and checksums
+# into dist/release/, from a clean tree (ALLOW_DIRTY=1 builds from a dirty one, its revision marked -dirty).
 release: $(STAMP) helm
 	@bash hack/release.sh
 

@@ -113,12 +113,13 @@ def build_image(revision: str | None = None) -> Path:
 
 
 def release_chart(out: Path, helm: str) -> Path:
-    """The chart package ``make release`` writes (hack/release.sh; this tree may be dirty)."""
+    """The chart package ``make release`` writes (hack/release.sh; this tree may be dirty; the image the test
+    built and imported already, so the release leaves it out)."""
     proc = subprocess.run(
         ["bash", str(ROOT / "hack" / "release.sh")],
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
         env={**os.environ, "RELEASE_DIR": str(out), "ALLOW_DIRTY": "1", "DYNAMIG_HELM": helm,
-             "PYTHON": sys.executable},
+             "PYTHON": sys.executable, "RELEASE_IMAGE": "0"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out / f"dynamig-{DYNAMIG_VERSION}.tgz"

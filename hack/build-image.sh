@@ -264,9 +264,9 @@ tar -xOf "$work/archive/dynamig.oci.tar" index.json \
   > "$work/archive/digest"
 mkdir -p "$IMAGE_CACHE/archive"
 rm -rf "$archive_dir" && mv "$work/archive" "$archive_dir"
-# Keep the three newest archives.
+# Keep the five newest archives (a test run builds three: this tree, a release snapshot, an upgrade build).
 for old in $(find "$IMAGE_CACHE/archive" -mindepth 1 -maxdepth 1 -type d -printf '%T@ %f\n' | sort -rn \
-               | tail -n +4 | cut -d' ' -f2); do
+               | tail -n +6 | cut -d" " -f2); do
   rm -rf "${IMAGE_CACHE:?}/archive/$old"
 done
 step_end

@@ -4,10 +4,15 @@
 #   dynamig.yaml                        one install manifest: the CRDs, then manifests/deploy/dynamig.yaml
 #   image-context/ (and its .tar.gz)    the image build context; the Dockerfile's version and revision
 #                                       defaults filled in, the base image pinned by digest, the lock files
-#   dynamig-<version>.spdx.json         SPDX 2.3 SBOM of the Python packages the image installs
+#   dynamig-image-<version>.oci.tar    the image built from that context (hack/build-image.sh: buildah, on a
+#     (and .digest)                    Python base made from Debian packages), its manifest digest beside it
+#   dynamig-<version>.spdx.json         SPDX 2.3 SBOM of the image: the Python packages it installs and the
+#                                       Debian packages of its root filesystem
 #   SHA256SUMS
 # Refuses a dirty tree (the artefacts would not match any commit) unless ALLOW_DIRTY=1, and then marks the
 # revision "-dirty". RELEASE_DIR overrides the output folder; PYTHON the interpreter (default: .venv's).
+# RELEASE_IMAGE=0 leaves the image out (its SBOM then lists the Python packages only): building it needs
+# root, the Debian mirror and PyPI.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -75,9 +80,15 @@ commit_time="$(git log -1 --format=%ct)"
 tar --sort=name --mtime="@$commit_time" --owner=0 --group=0 --numeric-owner -C "$out" -cf - image-context \
   | gzip -n > "$out/dynamig-$version-image-context.tar.gz"
 
+image=()
+if [ "${RELEASE_IMAGE:-1}" != 0 ]; then
+  log "building the image (hack/build-image.sh)"
+  image=("$(DYNAMIG_REVISION="$revision" bash hack/build-image.sh --out "$out")")
+fi
+
 created="$(date -u -d "@$commit_time" +%Y-%m-%dT%H:%M:%SZ)"
 "$python" hack/sbom.py requirements/runtime.lock pyproject.toml "$revision" "$created" \
-  "$out/dynamig-$version.spdx.json"
+  "$out/dynamig-$version.spdx.json" "${image[@]}"
 
 sums="$(mktemp)"
 (cd "$out" && find . -maxdepth 1 -type f -printf '%f\n' | sort | xargs sha256sum) > "$sums"

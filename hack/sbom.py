@@ -1,12 +1,18 @@
-"""Writes an SPDX 2.3 JSON SBOM of the Python packages the image installs (requirements/runtime.lock).
+"""Writes an SPDX 2.3 JSON SBOM of the image: the Python packages it installs (requirements/runtime.lock) and,
+given the image as an OCI archive, the Debian packages of its root filesystem.
 
-    usage: python hack/sbom.py LOCK PYPROJECT REVISION CREATED OUTPUT
+    usage: python hack/sbom.py LOCK PYPROJECT REVISION CREATED OUTPUT [IMAGE.oci.tar]
 
 One SPDX package per locked distribution: name, version, PURL, the lock's sha256 values (one per wheel or
 sdist the lock accepts; the image installs one of them) and, where the distribution installed next to this
 interpreter has that same version and declares a valid SPDX expression, its license. The dependency graph
 comes from the lock's ``# via`` annotations. Refuses a lock that misses a runtime dependency of pyproject or
 pins it outside its declared range, so a release cannot ship a stale lock.
+
+The Debian packages are read from the image itself: dpkg's status database (``var/lib/dpkg/status``) in the
+newest layer that has one, every package dpkg lists as installed, with its version and architecture as a
+``pkg:deb/debian/...`` PURL (the purl-spec's deb type); dynamig depends on each (the interpreter and the
+libraries it runs on).
 """
 
 from __future__ import annotations
@@ -14,11 +20,13 @@ from __future__ import annotations
 import json
 import re
 import sys
+import tarfile
 import tomllib
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -84,11 +92,112 @@ def declared_license(name: str, version: str) -> str:
     return info.normalized_expression if declared.strip() and not info.errors else "NOASSERTION"
 
 
+@dataclass(frozen=True)
+class DebPackage:
+    name: str
+    version: str
+    architecture: str
+    source: str  # the source package; the binary's own name when dpkg names none
+
+
+def parse_dpkg_status(text: str) -> list[DebPackage]:
+    """The installed packages of a dpkg status file, sorted by name. Pure."""
+    packages = []
+    for paragraph in text.split("\n\n"):
+        fields: dict[str, str] = {}
+        for line in paragraph.splitlines():
+            if line[:1] in (" ", "\t") or ":" not in line:
+                continue  # a continuation line (Description, Conffiles)
+            key, _, value = line.partition(":")
+            fields[key] = value.strip()
+        if "Package" not in fields or not fields.get("Status", "").endswith(" installed"):
+            continue
+        source = fields.get("Source", "").split(" ")[0] or fields["Package"]
+        packages.append(DebPackage(fields["Package"], fields["Version"], fields["Architecture"], source))
+    return sorted(packages, key=lambda p: p.name)
+
+
+def image_dpkg_status(archive: Path) -> str:
+    """dpkg's status file in the image of an OCI archive (one manifest): the newest layer's copy."""
+    with tarfile.open(archive) as oci:
+        index = json.load(_member(oci, "index.json"))
+        (entry,) = index["manifests"]
+        manifest = json.load(_member(oci, _blob(entry["digest"])))
+        status = ""
+        for layer in manifest["layers"]:
+            with tarfile.open(fileobj=_member(oci, _blob(layer["digest"])), mode="r:*") as files:
+                for info in files:
+                    if info.name.lstrip("./") == "var/lib/dpkg/status" and info.isfile():
+                        status = _member(files, info).read().decode()
+    if not status:
+        sys.exit(f"{archive}: no var/lib/dpkg/status in the image's layers")
+    return status
+
+
+def _blob(digest: str) -> str:
+    algorithm, _, value = digest.partition(":")
+    return f"blobs/{algorithm}/{value}"
+
+
+def _member(archive: tarfile.TarFile, member: str | tarfile.TarInfo) -> Any:
+    fh = archive.extractfile(member)
+    if fh is None:
+        sys.exit(f"{archive.name}: {member} is not a file")
+    return fh
+
+
+def deb_purl(deb: DebPackage) -> str:
+    """``pkg:deb/debian/<name>@<version>?arch=<arch>``, the version percent-encoded as purl-spec asks
+    (``2.36-9+deb12u14`` -> ``2.36-9%2Bdeb12u14``; an epoch's ``:`` stays). Pure."""
+    return f"pkg:deb/debian/{deb.name}@{quote(deb.version, safe=':')}?arch={deb.architecture}"
+
+
+def deb_spdx_id(name: str) -> str:
+    return "SPDXRef-Package-deb-" + re.sub(r"[^A-Za-z0-9.-]", "-", name)
+
+
+def deb_packages(debs: list[DebPackage], root_id: str) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """SPDX packages for the image's Debian packages and dynamig's dependency on each. Pure."""
+    packages, relationships = [], []
+    for deb in debs:
+        packages.append(
+            {
+                "SPDXID": deb_spdx_id(deb.name),
+                "name": deb.name,
+                "versionInfo": deb.version,
+                "supplier": "Organization: Debian",
+                "downloadLocation": "NOASSERTION",
+                "filesAnalyzed": False,
+                "licenseConcluded": "NOASSERTION",
+                "licenseDeclared": "NOASSERTION",
+                "copyrightText": "NOASSERTION",
+                "sourceInfo": f"Debian source package {deb.source}",
+                "externalRefs": [
+                    {
+                        "referenceCategory": "PACKAGE-MANAGER",
+                        "referenceType": "purl",
+                        "referenceLocator": deb_purl(deb),
+                    }
+                ],
+            }
+        )
+        relationships.append(
+            {
+                "spdxElementId": root_id,
+                "relationshipType": "DEPENDS_ON",
+                "relatedSpdxElement": deb_spdx_id(deb.name),
+            }
+        )
+    return packages, relationships
+
+
 def spdx_id(name: str) -> str:
     return "SPDXRef-Package-" + re.sub(r"[^A-Za-z0-9.-]", "-", name)
 
 
-def document(locked: dict[str, Locked], version: str, revision: str, created: str) -> dict[str, Any]:
+def document(
+    locked: dict[str, Locked], version: str, revision: str, created: str, debs: list[DebPackage] | None = None
+) -> dict[str, Any]:
     root_id = spdx_id(ROOT_PACKAGE)
     packages: list[dict[str, Any]] = [
         {
@@ -136,11 +245,15 @@ def document(locked: dict[str, Locked], version: str, revision: str, created: st
                     "relatedSpdxElement": spdx_id(pin.name),
                 }
             )
+    if debs is not None:
+        more, edges = deb_packages(debs, root_id)
+        packages += more
+        relationships += edges
     return {
         "spdxVersion": "SPDX-2.3",
         "dataLicense": "CC0-1.0",
         "SPDXID": "SPDXRef-DOCUMENT",
-        "name": f"{ROOT_PACKAGE}-{version}-python",
+        "name": f"{ROOT_PACKAGE}-{version}-{'image' if debs is not None else 'python'}",
         "documentNamespace": f"https://spdx.org/spdxdocs/{ROOT_PACKAGE}-{version}-{revision}",
         "creationInfo": {"created": created, "creators": ["Tool: dynamig-hack-sbom"]},
         "packages": packages,
@@ -149,11 +262,12 @@ def document(locked: dict[str, Locked], version: str, revision: str, created: st
 
 
 def main(argv: list[str]) -> None:
-    lock_path, pyproject_path, revision, created, output = argv
+    lock_path, pyproject_path, revision, created, output, *image = argv
     project = tomllib.loads(Path(pyproject_path).read_text())["project"]
     locked = parse_lock(Path(lock_path).read_text())
     check_covers(locked, project["dependencies"])
-    doc = document(locked, project["version"], revision, created)
+    debs = parse_dpkg_status(image_dpkg_status(Path(image[0]))) if image else None
+    doc = document(locked, project["version"], revision, created, debs)
     Path(output).write_text(json.dumps(doc, indent=2) + "\n")
 
 

@@ -26,6 +26,7 @@ import tomllib
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
+from urllib.parse import quote
 
 import pytest
 import yaml
@@ -288,7 +289,18 @@ def test_release_artefacts_are_consistent(release: Path, snapshot: Path, helm: s
         check=False,
     )
     assert sums.returncode == 0, sums.stdout + sums.stderr
-    assert len(sums.stdout.splitlines()) == 4, sums.stdout
+    assert len(sums.stdout.splitlines()) == 6, sums.stdout
+
+    # The image built from that context: one manifest, the digest beside it, this release's labels.
+    image = release / f"dynamig-image-{VERSION}.oci.tar"
+    with tarfile.open(image) as oci:
+        (entry,) = json.load(oci.extractfile("index.json"))["manifests"]  # type: ignore[arg-type]
+        manifest = json.load(oci.extractfile(f"blobs/sha256/{entry['digest'].split(':')[1]}"))  # type: ignore[arg-type]
+        config = json.load(oci.extractfile(f"blobs/sha256/{manifest['config']['digest'].split(':')[1]}"))  # type: ignore[arg-type]
+    assert (release / f"dynamig-image-{VERSION}.oci.tar.digest").read_text().strip() == entry["digest"]
+    labels = config["config"]["Labels"]
+    assert labels["org.opencontainers.image.revision"] == revision, labels
+    assert labels["org.opencontainers.image.version"] == VERSION, labels
 
     shown = subprocess.run(
         [helm, "show", "chart", str(chart_tgz)], capture_output=True, text=True, timeout=60, check=True
@@ -348,7 +360,30 @@ def _containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
     return [*spec.get("initContainers", []), *spec["containers"]]
 
 
-def test_sbom_is_valid_spdx_and_lists_the_locked_packages(release: Path) -> None:
+def dpkg_listing(image: Path, tmp: Path) -> dict[str, tuple[str, str]]:
+    """name -> (version, architecture) of the packages installed in ``image`` (an OCI archive), as the host's
+    dpkg-query reads them from the newest ``var/lib/dpkg/status`` of its layers."""
+    admin = tmp / "dpkg"
+    (admin / "info").mkdir(parents=True)
+    with tarfile.open(image) as oci:
+        (entry,) = json.load(oci.extractfile("index.json"))["manifests"]  # type: ignore[arg-type]
+        manifest = json.load(oci.extractfile(f"blobs/sha256/{entry['digest'].split(':')[1]}"))  # type: ignore[arg-type]
+        for layer in manifest["layers"]:
+            blob = oci.extractfile(f"blobs/sha256/{layer['digest'].split(':')[1]}")
+            with tarfile.open(fileobj=blob, mode="r:*") as files:
+                for info in files:
+                    if info.name.lstrip("./") == "var/lib/dpkg/status" and info.isfile():
+                        (admin / "status").write_bytes(files.extractfile(info).read())  # type: ignore[union-attr]
+    query = subprocess.run(
+        ["dpkg-query", f"--admindir={admin}", "-W",
+         "-f", "${db:Status-Status} ${Package} ${Version} ${Architecture}\\n"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    rows = [line.split() for line in query.stdout.splitlines()]
+    return {name: (version, arch) for status, name, version, arch in rows if status == "installed"}
+
+
+def test_sbom_is_valid_spdx_and_lists_the_locked_packages(release: Path, tmp_path: Path) -> None:
     from spdx_tools.spdx.model.package import ExternalPackageRefCategory
     from spdx_tools.spdx.model.relationship import RelationshipType
     from spdx_tools.spdx.parser.parse_anything import parse_file
@@ -360,19 +395,26 @@ def test_sbom_is_valid_spdx_and_lists_the_locked_packages(release: Path) -> None
     assert not problems, [p.validation_message for p in problems][:10]
 
     pins = parse_lock(RUNTIME_LOCK)
-    by_name = {p.name: p for p in doc.packages}
+
+    def purls(pkg: Any) -> list[str]:
+        return [
+            r.locator
+            for r in pkg.external_references
+            if r.category == ExternalPackageRefCategory.PACKAGE_MANAGER
+        ]
+
+    def is_deb(pkg: Any) -> bool:
+        return any(u.startswith("pkg:deb/") for u in purls(pkg))
+
+    debs = {p.name: p for p in doc.packages if is_deb(p)}  # Debian's tzdata and PyPI's are two packages
+    by_name = {p.name: p for p in doc.packages if not is_deb(p)}
     assert set(by_name) == set(pins) | {"dynamig"}
     assert by_name["dynamig"].version == VERSION
     for name, (version, hashes, _) in pins.items():
         pkg = by_name[name]
         assert pkg.version == version
         assert {c.value for c in pkg.checksums} == hashes, name
-        purls = [
-            r.locator
-            for r in pkg.external_references
-            if r.category == ExternalPackageRefCategory.PACKAGE_MANAGER
-        ]
-        assert purls == [f"pkg:pypi/{name}@{version}"]
+        assert purls(pkg) == [f"pkg:pypi/{name}@{version}"]
     ids = {p.spdx_id: p.name for p in doc.packages}
     depends = {
         (ids[r.spdx_element_id], ids[str(r.related_spdx_element_id)])
@@ -380,11 +422,18 @@ def test_sbom_is_valid_spdx_and_lists_the_locked_packages(release: Path) -> None
         if r.relationship_type == RelationshipType.DEPENDS_ON
     }
     direct = {canonicalize_name(Requirement(r).name) for r in PYPROJECT["dependencies"]}
-    assert {child for parent, child in depends if parent == "dynamig"} == direct
+    assert {child for parent, child in depends if parent == "dynamig"} == direct | set(debs)
     assert ("kopf", "aiohttp") in depends  # a transitive edge, from the lock's annotations
     # Licenses only where a distribution declares a valid SPDX expression; at least the well-known ones.
     assert str(by_name["kubernetes-asyncio"].license_declared) == "Apache-2.0"
     assert json.loads(path.read_text())["spdxVersion"] == "SPDX-2.3"
+
+    # The image's OS packages: exactly those dpkg-query lists from the image's own dpkg database.
+    listed = dpkg_listing(release / f"dynamig-image-{VERSION}.oci.tar", tmp_path)
+    assert {name: p.version for name, p in debs.items()} == {n: v for n, (v, _) in listed.items()}
+    for name, (version, arch) in listed.items():
+        assert purls(debs[name]) == [f"pkg:deb/debian/{name}@{quote(version, safe=':')}?arch={arch}"]
+    assert {"libc6", "python3.11", "ca-certificates", "python3-venv"} <= set(debs)
 
 
 # ------------------------------------------------------------------------------------------------ install
