@@ -19,7 +19,8 @@ from dynamig.geometry.layout import check_layout
 from dynamig.geometry.model import GpuModel, PlacedInstance, normalize_layout
 from dynamig.planner import Policy
 from dynamig.simulate import alibaba, synthetic
-from dynamig.simulate.allocators import FirstFitAllocator, StaticAllocator, WholeGpuAllocator
+from dynamig.simulate.allocators import StaticAllocator, WholeGpuAllocator
+from dynamig.simulate.booking import FirstFitAllocator
 from dynamig.simulate.bounds import served_upper_bound
 from dynamig.simulate.cluster import Cluster, LogEntry
 from dynamig.simulate.dynamig_policy import DynamigAllocator
@@ -220,13 +221,17 @@ def test_dynamig_never_destroys_a_busy_instance_and_layouts_stay_valid(a100: Gpu
         assert check_layout(a100, gpu.layout()) is None
 
 
-def test_dynamig_charges_binding_and_create_latency() -> None:
-    """A job that books a placement waits the binding round trip plus the instance's create latency."""
+def test_dynamig_charges_the_cut_until_the_next_prebind_check() -> None:
+    """A job that books a placement to be cut runs when kube-scheduler's PreBind, checking every 5 s,
+    first sees the agent's answer (given after the watch delay plus the create latency)."""
     spec = uniform_cluster(1, 1, "A100-80GB")
     trace = Trace("one", spec, (Job("j", 10.0, 100.0, ("3g.40gb",)),), horizon=1000.0)
-    alloc = DynamigAllocator(Cluster(spec), Policy(), reshape_latency_s=6.0, cooldown_s=0.0, bind_rtt_s=1.0)
+    alloc = DynamigAllocator(
+        Cluster(spec), Policy(), reshape_latency_s=6.0, cooldown_s=0.0, bind_rtt_s=1.0, prebind_poll_s=5.0
+    )
     result = simulate(trace, alloc, CFG)
-    assert result.started == 1 and result.wait_mean_s == pytest.approx(1.0 + 6.0)
+    assert result.started == 1 and result.wait_mean_s == pytest.approx(10.0)  # answer at 7 s, seen at 10 s
+    assert result.alloc_wait_mean_s == pytest.approx(0.0)  # allocated on arrival
     assert result.served_slice_h == pytest.approx(3 * 100 / 3600)
 
 
@@ -317,7 +322,11 @@ def test_command_prints_tables_and_writes_plots(tmp_path: Path, capsys: pytest.C
     )
     assert rc == 0
     text = capsys.readouterr().out
-    assert "== tiny:" in text and "upper bound (slice arithmetic)" in text and "paper protocol" in text
+    assert (
+        "== tiny [pack node order, create 6s]:" in text
+        and "upper bound (slice arithmetic)" in text
+        and "paper protocol" in text
+    )
     assert "(0.125, 0.250] -> 2g.20gb" in text
     plots = ("served.png", "timeline-tiny.png", "paper-allocation.png", "load.png")  # load: --loads given
     for name in ("results.json", "tables.md", *plots):

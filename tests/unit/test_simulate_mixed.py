@@ -344,7 +344,10 @@ def test_command_runs_a_mixed_cluster(tmp_path: Path, capsys: pytest.CaptureFixt
     )
     assert rc == 0
     text = capsys.readouterr().out
-    assert "== tiny: " in text and "2 x A100-40GB + 2 x H100-80GB + 2 x H200-141GB" in text
+    assert (
+        "== tiny [pack node order, create 6s]: " in text
+        and "2 x A100-40GB + 2 x H100-80GB + 2 x H200-141GB" in text
+    )
     assert "Alibaba share -> H200-141GB profile" in text and "(0.125, 0.250] -> 2g.35gb" in text
     doc = json.loads((out / "results.json").read_text())
     assert doc["meta"]["config"]["mixed"] == {"A100-40GB": 1.0, "H100-80GB": 1.0, "H200-141GB": 1.0}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,15 @@ from dynamig.geometry.model import GpuModel
 from dynamig.planner import ClaimDemand, Policy
 from dynamig.simulate import alibaba
 from dynamig.simulate.allocators import Allocator, StaticAllocator
-from dynamig.simulate.booking import HamiReserveAllocator, NvidiaDynamicMigAllocator
+from dynamig.simulate.booking import (
+    NODE_ORDERS,
+    FirstFitAllocator,
+    HamiReserveAllocator,
+    NvidiaDynamicMigAllocator,
+    OfferAllocator,
+)
 from dynamig.simulate.cluster import Cluster
-from dynamig.simulate.dynamig_policy import NODE_ORDERS, DynamigAllocator
+from dynamig.simulate.dynamig_policy import DynamigAllocator
 from dynamig.simulate.engine import SimConfig, simulate
 from dynamig.simulate.runner import DynamigSettings, allocator_factories, run_paper_protocol
 from dynamig.simulate.static_layouts import whole
@@ -194,6 +201,8 @@ def test_loads_write_the_replay_rows(tmp_path: Path) -> None:
             "0.8,1.2",
             "--policies",
             "first-fit,dynamig",
+            "--node-orders",
+            "pack",
             "--no-plots",
             "--out",
             str(out),
@@ -212,6 +221,7 @@ def test_loads_write_the_replay_rows(tmp_path: Path) -> None:
     }
     for r in rows:
         assert keys <= set(r) and r["trace"].startswith("alibaba-openb-sample-replay-")
+        assert r["node_order"] == "pack" and r["alloc_wait_mean_s"] <= r["mean_wait_s"]
         assert r["reached_load"] >= r["load"]
         assert r["destroyed_while_held"] == 0
         assert sum(r["served_by_size"].values()) == pytest.approx(r["served_slice_h"])
@@ -230,14 +240,52 @@ def test_nvidia_dynamic_mig_books_in_name_order_and_prepares_one_at_a_time() -> 
     assert alloc.cluster.destroyed == 1  # destroyed at unprepare
 
 
-def test_hami_reserves_the_least_fragmenting_placement_on_the_busiest_gpu() -> None:
+def test_hami_spreads_over_the_gpus_of_a_node_in_its_fixed_start_order() -> None:
     spec = uniform_cluster(1, 2, "A100-80GB")
-    alloc = HamiReserveAllocator(Cluster(spec), create_latency_s=0.0)
-    first = alloc.place(Job("a", 0.0, None, ("1g.10gb",)), 0.0)
-    second = alloc.place(Job("b", 0.0, None, ("1g.10gb",)), 0.0)
-    assert first is not None and second is not None
-    assert first.instances[0].gpu is second.instances[0].gpu  # packs onto the GPU already in use
-    assert first.instances[0].start != 0  # start 0 would rule out the 4g, 3g and 7g at 0
+    alloc = HamiReserveAllocator(Cluster(spec), create_latency_s=3.0)
+    got = [alloc.place(Job(n, 0.0, None, (p,)), 0.0) for n, p in (("a", "1g.10gb"), ("b", "1g.10gb"))]
+    got.append(alloc.place(Job("c", 0.0, None, ("2g.20gb",)), 0.0))
+    assert all(g is not None for g in got)
+    placed = [(g.instances[0].gpu.index, g.instances[0].start) for g in got if g is not None]
+    # GPU spread: the least-used GPU first (ties: lowest index); 1g from the highest start, 2g the lowest
+    assert placed == [(0, 6), (1, 6), (0, 0)]
+    assert {g.delay for g in got if g is not None} == {3.0}  # created at allocation, no binding wait
+
+
+def test_every_booking_policy_follows_the_runs_node_order() -> None:
+    spec = ClusterSpec((NodeSpec("a", 2, "A100-80GB"), NodeSpec("b", 2, "A100-80GB")))
+    makers: tuple[type[OfferAllocator], ...] = (
+        FirstFitAllocator,
+        NvidiaDynamicMigAllocator,
+        HamiReserveAllocator,
+    )
+    for make in makers:
+        nodes = {}
+        for order in ("pack", "spread"):
+            alloc = make(Cluster(spec), 0.0, 0.0, node_order=order)
+            first = alloc.place(Job("one", 0.0, None, ("3g.40gb",)), 0.0)
+            second = alloc.place(Job("two", 0.0, None, ("3g.40gb",)), 0.0)
+            assert first is not None and second is not None
+            nodes[order] = (first.node, second.node)
+        assert nodes == {"pack": (0, 0), "spread": (0, 1)}, make.name
+
+
+def test_free_instances_bind_at_once_and_cuts_wait_for_prebind_at_every_latency() -> None:
+    spec = uniform_cluster(1, 1, "A100-80GB")
+    for latency, expected in ((1.5, 5.0), (3.0, 5.0), (6.0, 10.0), (5.0, 5.0)):
+        alloc = DynamigAllocator(
+            Cluster(spec), Policy(), reshape_latency_s=latency, cooldown_s=0.0, prebind_poll_s=5.0
+        )
+        job = Job("a", 0.0, 10.0, ("3g.40gb",))
+        cut = alloc.place(job, 0.0)
+        assert cut is not None and cut.delay == pytest.approx(expected)
+        alloc.release(job, cut, 20.0)
+        again = alloc.place(Job("b", 30.0, None, ("3g.40gb",)), 30.0)
+        assert again is not None and again.instances[0] is cut.instances[0] and again.delay == 0.0
+        # NVIDIA's driver: bound at once, running once its prepare created the instance; no poll
+        nv = NvidiaDynamicMigAllocator(Cluster(spec), latency, 0.0)
+        got = nv.place(Job("n", 0.0, None, ("3g.40gb",)), 0.0)
+        assert got is not None and got.delay == pytest.approx(latency)
 
 
 # -- dynamig as it will run ---------------------------------------------------------------------------------
@@ -302,7 +350,7 @@ def test_node_order_pack_fills_a_node_in_use_and_spread_takes_the_least_busy() -
         second = alloc.place(Job("two", 0.0, None, ("3g.40gb",)), 0.0)
         assert first is not None and second is not None
         nodes[order] = (first.node, second.node)
-    assert nodes == {"pack": (0, 0), "spread": (0, 1)}
+    assert nodes == {"pack": (0, 0), "spread": (0, 1), "binpack": (0, 0)}
     with pytest.raises(ValueError, match="node_order"):
         DynamigAllocator(Cluster(spec), Policy(), reshape_latency_s=0.0, cooldown_s=0.0, node_order="random")
 
@@ -326,8 +374,10 @@ def test_history_warm_pool_cuts_p50_wait_to_the_binding_round_trip() -> None:
     }
     plain, warm, ff = runs["dynamig"], runs["dynamig-warm"], runs["first-fit"]
     assert warm.policy == "dynamig (history warm pool)"
-    # plain dynamig creates an instance for every claim: binding + create latency
-    assert plain.wait_p50_by_profile["1g.10gb"] == pytest.approx(CFG.bind_rtt_s + CFG.reshape_latency_s)
+    # plain dynamig cuts an instance for every claim: bound at the first PreBind check after the answer
+    answered = CFG.bind_rtt_s + CFG.reshape_latency_s
+    polled = CFG.prebind_poll_s * math.ceil(answered / CFG.prebind_poll_s)
+    assert plain.wait_p50_by_profile["1g.10gb"] == pytest.approx(polled)
     assert ff.wait_p50_by_profile["1g.10gb"] >= CFG.reshape_latency_s
     # the history pool (2: two claims per refill time) is ready before each later wave arrives
     assert warm.wait_p50_by_profile["1g.10gb"] <= CFG.bind_rtt_s

@@ -65,6 +65,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=0,
         help="also replay on every K-th node only (the full openb cluster never runs short of GPUs)",
     )
+    p.add_argument(
+        "--gpu-spec-share",
+        type=float,
+        default=0.0,
+        help="Alibaba: restrict this share of the GPU tasks (seeded) to one GPU type of the node list, "
+        "drawn in proportion to each type's GPUs (a GPU-type-limited variant; default 0: none)",
+    )
     p.add_argument("--seeds", type=int, default=10, help="seeds for the paper protocol (default 10)")
     p.add_argument("--model", default="A100-80GB", help="simulated GPU model for the Alibaba trace")
     p.add_argument(
@@ -85,22 +92,43 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--policies",
         default="whole-gpu,static,first-fit,nvidia-dynamic-mig,hami-reserve,dynamig,pool",
         help="comma-separated subset of whole-gpu, static, first-fit, nvidia-dynamic-mig, hami-reserve, "
-        "dynamig, dynamig-warm (dynamig with a warm pool sized from the trace's history; online replays "
-        "only), dynamig-spread (dynamig under the scheduler's default spreading node order), pool",
+        "hami-default (HAMi with its own scheduler's default node binpack instead of the run's node "
+        "order), dynamig, dynamig-warm (dynamig with a warm pool sized from the trace's history; online "
+        "replays only), pool",
     )
     p.add_argument("--window-s", type=float, default=None, help="dynamig batching window (default 2)")
     p.add_argument(
         "--reshape-latency-s",
         type=float,
         default=None,
-        help="seconds per reshaped GPU on a node (and per first-fit creation), default 6",
+        help="create latency: seconds per instance created (per reshaped GPU in a planning round), default 6",
     )
     p.add_argument("--cooldown-s", type=float, default=None, help="dynamig per-GPU cooldown (default 300)")
     p.add_argument(
         "--bind-rtt-s",
         type=float,
         default=None,
-        help="binding round trip before a booked placement is created (default 1)",
+        help="seconds from a booking to the node starting the create, charged to every policy that "
+        "creates (default 0)",
+    )
+    p.add_argument(
+        "--prebind-poll-s",
+        type=float,
+        default=None,
+        help="kube-scheduler's PreBind re-check of binding conditions, waited by dynamig's cuts (default 5)",
+    )
+    p.add_argument(
+        "--node-orders",
+        default="pack,spread",
+        help="the scheduler's node orders, each applied to every policy in turn: pack (nodes in use first, "
+        "then the smallest idle node) and spread (least busy first, kube-scheduler's default); the paper "
+        "protocol runs under the first (default pack,spread)",
+    )
+    p.add_argument(
+        "--create-latencies",
+        default="",
+        help="also run the load levels at these create latencies (policies that create instances only), "
+        "e.g. 1.5,3: the sensitivity table",
     )
     p.add_argument("--warm-pool", default="", help="dynamig warm pool, e.g. 1g.10gb=4,2g.20gb=2")
     p.add_argument(
@@ -169,8 +197,10 @@ def run(args: argparse.Namespace) -> int:
 
     from dynamig.geometry.catalog import load_catalog
     from dynamig.simulate import alibaba, report, synthetic
+    from dynamig.simulate.booking import NODE_ORDERS
     from dynamig.simulate.engine import SimConfig
     from dynamig.simulate.runner import (
+        CREATING,
         POLICIES,
         DynamigSettings,
         run_paper_protocol,
@@ -199,6 +229,8 @@ def run(args: argparse.Namespace) -> int:
         cfg = replace(cfg, cooldown_s=args.cooldown_s)
     if args.bind_rtt_s is not None:
         cfg = replace(cfg, bind_rtt_s=args.bind_rtt_s)
+    if args.prebind_poll_s is not None:
+        cfg = replace(cfg, prebind_poll_s=args.prebind_poll_s)
     try:
         dyn = DynamigSettings(
             warm_pool=_warm_pool(args.warm_pool),
@@ -211,6 +243,11 @@ def run(args: argparse.Namespace) -> int:
         if not 0.0 < args.warm_quantile <= 1.0 or args.warm_history_h <= 0 or args.warm_resize_min <= 0:
             raise ValueError("--warm-quantile must be in (0, 1], --warm-history-h and --warm-resize-min > 0")
         loads = _loads(args.loads)
+        sweep_latencies = _loads(args.create_latencies)
+        orders = [x.strip() for x in args.node_orders.split(",") if x.strip()]
+        bad = [o for o in orders if o not in NODE_ORDERS[:2]]
+        if bad or not orders:
+            raise ValueError(f"--node-orders: choose from pack, spread, not {', '.join(bad) or '(none)'}")
         mixed = parse_model_weights(args.mixed) if args.mixed else None
         mixed_models = order_models(load_catalog().model(k) for k, _ in mixed) if mixed else ()
     except (ValueError, KeyError) as exc:
@@ -229,110 +266,134 @@ def run(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
 
     reports: list[TraceReport] = []
+    sweep: list[TraceReport] = []  # the load levels again at the other create latencies (creating policies)
     paper: list[PaperRun] = []
     timings: dict[str, float] = {}
     wall0 = time.perf_counter()
     try:
-        if not args.no_synthetic:
-            names = args.traces if args.traces else list(synthetic.builtin_trace_names())
-            for name in names:
-                path = Path(name)
-                trace = (
-                    synthetic.load_trace_file(path, mixed)
-                    if path.suffix in (".yaml", ".yml") and path.is_file()
-                    else synthetic.load_builtin_trace(name, mixed)
-                )
-                t0 = time.perf_counter()
-                reports.append(run_trace(trace, cfg, dyn, policies, progress=say))
-                timings[trace.name] = time.perf_counter() - t0
-        if (args.pod_list is None) != (args.node_list is None):
-            print("error: --pod-list and --node-list go together", file=sys.stderr)
-            return 2
-        if args.alibaba is not None or args.alibaba_sample or args.pod_list is not None:
-            model = load_catalog().model(args.model)
-            if args.pod_list is not None and args.node_list is not None:
-                tasks, spec = alibaba.load_files(args.pod_list, args.node_list, model)
-                label = args.pod_list.stem.removesuffix(".csv").replace("_pod_list", "")
-                source = str(args.pod_list)
-            elif args.alibaba_sample:
-                tasks, spec = alibaba.load_sample(model)
-                label = "alibaba-openb-sample"
-                source = alibaba.SAMPLE_POD_FILE
-            else:
-                assert args.alibaba is not None
-                tasks, spec = alibaba.load(args.alibaba, model)
-                label = "alibaba-openb"
-                source = str(args.alibaba / alibaba.POD_FILE)
-            # the model (or models) jobs are mapped to: one model, or a mixed cluster's models
-            sim: alibaba.Models = model
-            single_spec = spec
-            if mixed:
-                # models are assigned on each simulated cluster (the full one, the --replay-node-stride
-                # one), so that each gets the weighted share of its own GPUs
-                sim = mixed_models
-                spec = assign_models(single_spec, mixed)
-            say(
-                f"{label}: {len(tasks)} GPU tasks, {spec.gpu_count} GPUs on {len(spec.nodes)} nodes "
-                f"({describe_cluster(spec)})"
-            )
-            if "replay" in protocols:
-                clusters = [(spec, f"{label}-replay")]
-                if args.replay_node_stride > 1:
-                    small = alibaba.every_kth_node(single_spec, args.replay_node_stride)
-                    if mixed:
-                        small = assign_models(small, mixed)
-                    clusters.append((small, f"{label}-replay-{small.gpu_count}gpus"))
-                    if mixed:
-                        say(f"{label}-replay-{small.gpu_count}gpus: {describe_cluster(small)}")
-                for cluster, name in clusters:
-                    trace = alibaba.replay_trace(
-                        tasks, cluster, sim, fallbacks=args.fallbacks, name=name, source=source
+        for order in orders:
+            ocfg = replace(cfg, node_order=order)
+            first_order = order == orders[0]
+            if not args.no_synthetic:
+                names = args.traces if args.traces else list(synthetic.builtin_trace_names())
+                for name in names:
+                    path = Path(name)
+                    trace = (
+                        synthetic.load_trace_file(path, mixed)
+                        if path.suffix in (".yaml", ".yml") and path.is_file()
+                        else synthetic.load_builtin_trace(name, mixed)
                     )
                     t0 = time.perf_counter()
-                    reports.append(run_trace(trace, cfg, dyn, policies, progress=say))
-                    timings[trace.name] = time.perf_counter() - t0
-                if loads:
-                    # the full openb cluster cannot reach much more than its own size in demand (all tasks
-                    # at once), so load levels run on the smaller cluster when one is asked for
-                    cluster, name = clusters[-1]
-                    for load in loads:
-                        capacity = total_compute_slices(cluster)
-                        compress = alibaba.compression_for_load(tasks, sim, capacity, load, source)
-                        trace = alibaba.replay_trace(
-                            tasks,
-                            cluster,
-                            sim,
-                            fallbacks=args.fallbacks,
-                            name=f"{name}-load{load:g}",
-                            compress=compress,
-                            source=source,
-                            until_last_arrival=True,
-                        )
-                        slices = compute_slices_by_name(alibaba.as_models(sim))
-                        reached = alibaba.peak_demand(trace.jobs, slices) / capacity
-                        say(f"{trace.name}: arrivals compressed {compress:.3g}x, peak demand {reached:.2f}")
-                        t0 = time.perf_counter()
-                        rep = run_trace(trace, cfg, dyn, policies, progress=say, load=load)
-                        rep.reached_load = reached
-                        reports.append(rep)
-                        timings[trace.name] = time.perf_counter() - t0
-            if "paper" in protocols:
-                t0 = time.perf_counter()
-                for seed in range(args.seeds):
-                    say(f"{label}: paper protocol, seed {seed}")
-                    jobs = alibaba.sampled_tasks(tasks, sim, spec.gpu_count, 1.3, seed, args.fallbacks)
-                    paper.extend(run_paper_protocol(jobs, spec, seed, cfg, dyn, policies))
-                timings[f"{label}-paper ({args.seeds} seeds)"] = time.perf_counter() - t0
-            for m in alibaba.as_models(sim):
-                mapping = share_mapping_table(m)
-                print(
-                    f"\nAlibaba share -> {m.key} profile: "
-                    + ", ".join(f"({lo:.3f}, {hi:.3f}] -> {name}" for name, lo, hi in mapping)
+                    reports.append(run_trace(trace, ocfg, dyn, policies, progress=say))
+                    timings[f"{trace.name} [{order}]"] = time.perf_counter() - t0
+            if (args.pod_list is None) != (args.node_list is None):
+                print("error: --pod-list and --node-list go together", file=sys.stderr)
+                return 2
+            if args.alibaba is not None or args.alibaba_sample or args.pod_list is not None:
+                model = load_catalog().model(args.model)
+                if args.pod_list is not None and args.node_list is not None:
+                    tasks, spec = alibaba.load_files(args.pod_list, args.node_list, model)
+                    label = args.pod_list.stem.removesuffix(".csv").replace("_pod_list", "")
+                    source = str(args.pod_list)
+                elif args.alibaba_sample:
+                    tasks, spec = alibaba.load_sample(model)
+                    label = "alibaba-openb-sample"
+                    source = alibaba.SAMPLE_POD_FILE
+                else:
+                    assert args.alibaba is not None
+                    tasks, spec = alibaba.load(args.alibaba, model)
+                    label = "alibaba-openb"
+                    source = str(args.alibaba / alibaba.POD_FILE)
+                if args.gpu_spec_share > 0:
+                    tasks = alibaba.with_gpu_spec(tasks, spec, args.gpu_spec_share)
+                    label += f"-gpuspec{round(100 * args.gpu_spec_share)}"
+                # the model (or models) jobs are mapped to: one model, or a mixed cluster's models
+                sim: alibaba.Models = model
+                single_spec = spec
+                if mixed:
+                    # models are assigned on each simulated cluster (the full one, the --replay-node-stride
+                    # one), so that each gets the weighted share of its own GPUs
+                    sim = mixed_models
+                    spec = assign_models(single_spec, mixed)
+                say(
+                    f"{label}: {len(tasks)} GPU tasks, {spec.gpu_count} GPUs on {len(spec.nodes)} nodes "
+                    f"({describe_cluster(spec)})"
                 )
-            print(
-                "tasks per profile: "
-                + ", ".join(f"{k}: {v}" for k, v in sorted(alibaba.mapping_counts(tasks, sim).items()))
-            )
+                if "replay" in protocols:
+                    clusters = [(spec, f"{label}-replay")]
+                    if args.replay_node_stride > 1:
+                        small = alibaba.every_kth_node(single_spec, args.replay_node_stride)
+                        if mixed:
+                            small = assign_models(small, mixed)
+                        clusters.append((small, f"{label}-replay-{small.gpu_count}gpus"))
+                        if mixed:
+                            say(f"{label}-replay-{small.gpu_count}gpus: {describe_cluster(small)}")
+                    for cluster, name in clusters:
+                        trace = alibaba.replay_trace(
+                            tasks, cluster, sim, fallbacks=args.fallbacks, name=name, source=source
+                        )
+                        t0 = time.perf_counter()
+                        reports.append(run_trace(trace, ocfg, dyn, policies, progress=say))
+                        timings[f"{trace.name} [{order}]"] = time.perf_counter() - t0
+                    if loads:
+                        # the full openb cluster cannot reach much more than its own size in demand (all tasks
+                        # at once), so load levels run on the smaller cluster when one is asked for
+                        cluster, name = clusters[-1]
+                        for load in loads:
+                            capacity = total_compute_slices(cluster)
+                            compress = alibaba.compression_for_load(tasks, sim, capacity, load, source)
+                            trace = alibaba.replay_trace(
+                                tasks,
+                                cluster,
+                                sim,
+                                fallbacks=args.fallbacks,
+                                name=f"{name}-load{load:g}",
+                                compress=compress,
+                                source=source,
+                                until_last_arrival=True,
+                            )
+                            slices = compute_slices_by_name(alibaba.as_models(sim))
+                            reached = alibaba.peak_demand(trace.jobs, slices) / capacity
+                            say(
+                                f"{trace.name}: arrivals compressed {compress:.3g}x, "
+                                f"peak demand {reached:.2f}"
+                            )
+                            t0 = time.perf_counter()
+                            rep = run_trace(trace, ocfg, dyn, policies, progress=say, load=load)
+                            rep.reached_load = reached
+                            reports.append(rep)
+                            timings[f"{trace.name} [{order}]"] = time.perf_counter() - t0
+                            creating = [p for p in policies if p in CREATING]
+                            for latency in sweep_latencies:
+                                if latency == cfg.reshape_latency_s or not creating:
+                                    continue
+                                t0 = time.perf_counter()
+                                lcfg = replace(ocfg, reshape_latency_s=latency)
+                                srep = run_trace(trace, lcfg, dyn, creating, progress=say, load=load)
+                                srep.reached_load = reached
+                                sweep.append(srep)
+                                key = f"{trace.name} [{order}, create {latency:g}s]"
+                                timings[key] = time.perf_counter() - t0
+                if "paper" in protocols and first_order:
+                    t0 = time.perf_counter()
+                    for seed in range(args.seeds):
+                        say(f"{label}: paper protocol, seed {seed}")
+                        jobs = alibaba.sampled_tasks(tasks, sim, spec.gpu_count, 1.3, seed, args.fallbacks)
+                        paper.extend(run_paper_protocol(jobs, spec, seed, ocfg, dyn, policies))
+                    timings[f"{label}-paper ({args.seeds} seeds)"] = time.perf_counter() - t0
+                for m in alibaba.as_models(sim) if first_order else ():
+                    mapping = share_mapping_table(m)
+                    print(
+                        f"\nAlibaba share -> {m.key} profile: "
+                        + ", ".join(f"({lo:.3f}, {hi:.3f}] -> {name}" for name, lo, hi in mapping)
+                    )
+                if first_order:
+                    print(
+                        "tasks per profile: "
+                        + ", ".join(
+                            f"{k}: {v}" for k, v in sorted(alibaba.mapping_counts(tasks, sim).items())
+                        )
+                    )
     except (synthetic.TraceSpecError, alibaba.TraceFormatError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -340,7 +401,7 @@ def run(args: argparse.Namespace) -> int:
     for rep in reports:
         first = rep.results[0] if rep.results else None
         print(
-            f"\n== {rep.trace.name}: {len(rep.trace.jobs)} jobs, {rep.trace.cluster.gpu_count} GPUs"
+            f"\n== {report.heading(rep)}: {len(rep.trace.jobs)} jobs, {rep.trace.cluster.gpu_count} GPUs"
             + (f" ({describe_cluster(rep.trace.cluster)})" if mixed else "")
             + ", "
             f"{rep.trace.horizon / 3600:.1f} h, offered {first.offered_slice_h:,.0f} slice-h"
@@ -358,6 +419,9 @@ def run(args: argparse.Namespace) -> int:
     if any(rep.load is not None for rep in reports):
         print("\n== served share of offered demand by load")
         print(report.text_table(*report.load_rows(reports)))
+    if sweep:
+        print("\n== create latency sweep (load levels, policies that create instances)")
+        print(report.text_table(*report.sensitivity_rows([*reports, *sweep])))
     if paper:
         print(
             f"\n== Alibaba openb, paper protocol ({args.seeds} seeds): "
@@ -374,6 +438,9 @@ def run(args: argparse.Namespace) -> int:
             "reshape_latency_s": cfg.reshape_latency_s,
             "cooldown_s": cfg.cooldown_s,
             "bind_rtt_s": cfg.bind_rtt_s,
+            "prebind_poll_s": cfg.prebind_poll_s,
+            "node_orders": orders,
+            "create_latencies_swept": sweep_latencies,
             "warm_pool": dict(dyn.warm_pool),
             "history_warm_pool": {
                 "history_s": dyn.warm_history_s,
@@ -390,21 +457,23 @@ def run(args: argparse.Namespace) -> int:
         "timings_s": timings,
         "total_s": total,
     }
-    report.write_json(args.out / "results.json", reports, paper, meta)
-    (args.out / "tables.md").write_text(_markdown(reports, paper))
-    if not args.no_plots:
-        for path in report.write_plots(args.out, reports, paper):
+    report.write_json(args.out / "results.json", reports, paper, meta, sweep)
+    (args.out / "tables.md").write_text(_markdown(reports, paper, sweep))
+    if not args.no_plots:  # plots: the first node order's runs
+        shown = [rep for rep in reports if rep.node_order == orders[0]]
+        for path in report.write_plots(args.out, shown, paper):
             say(f"wrote {path}")
     return 0
 
 
-def _markdown(reports: list[TraceReport], paper: list[PaperRun]) -> str:
+def _markdown(reports: list[TraceReport], paper: list[PaperRun], sweep: list[TraceReport]) -> str:
     from dynamig.simulate import report
 
     parts = []
     for rep in reports:
         parts.append(
-            f"### {rep.trace.name}\n\n" + report.markdown_table(report.TRACE_HEADER, report.trace_rows(rep))
+            f"### {report.heading(rep)}\n\n"
+            + report.markdown_table(report.TRACE_HEADER, report.trace_rows(rep))
         )
         lines = [*report.goals(rep), f"best-fit static layout: {report.static_summary(rep)}"]
         parts.append("\n".join(f"- {g}" for g in lines))
@@ -417,6 +486,11 @@ def _markdown(reports: list[TraceReport], paper: list[PaperRun]) -> str:
         parts.append(
             "### Served share of offered demand by load\n\n"
             + report.markdown_table(*report.load_rows(reports))
+        )
+    if sweep:
+        parts.append(
+            "### Create latency sweep\n\n"
+            + report.markdown_table(*report.sensitivity_rows([*reports, *sweep]))
         )
     runs = paper
     if runs:

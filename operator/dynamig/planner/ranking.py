@@ -201,9 +201,11 @@ class _Ranker:
         return tuple((c[0], c[1], n) for c, n in zip(self.classes, key[1:], strict=False) if n)
 
 
-def _candidates(r: _Ranker, g: GpuOffers) -> list[_Candidate]:
-    out = [_Candidate(g.index, f, OfferKind.FREE, ()) for f in g.free]
+def _candidates(r: _Ranker, g: GpuOffers, profile: str | None) -> list[_Candidate]:
+    out = [_Candidate(g.index, f, OfferKind.FREE, ()) for f in g.free if profile in (None, f.profile)]
     for inst in r.placements[g.index]:
+        if profile not in (None, inst.profile):
+            continue
         if inst in g.free or inst in g.held or not r.valid(g.model, (*g.held, inst)):
             continue
         destroys = r.destroys(g, g.held, g.free, inst)
@@ -239,8 +241,12 @@ def _greedy(r: _Ranker, group: list[_Candidate]) -> list[RankedOffer]:
     return out
 
 
-def rank_offers(gpus: Sequence[GpuOffers]) -> tuple[RankedOffer, ...]:
+def rank_offers(gpus: Sequence[GpuOffers], profile: str | None = None) -> tuple[RankedOffer, ...]:
     """Every device a node offers, in the order to publish them (see the module docstring). Pure.
+
+    With ``profile``, only that profile's offers, in the same order, without ranking the others: each
+    (kind, profile) group is ranked on its own from the node's current state, so this is the full ranking
+    filtered (tested), at the cost of one profile (what a scheduler booking one profile looks at).
 
     ValueError when two GPUs share an index, or a GPU's held and free instances together are not a layout
     its model accepts (the inventory would then promise what the hardware refuses).
@@ -259,7 +265,7 @@ def rank_offers(gpus: Sequence[GpuOffers]) -> tuple[RankedOffer, ...]:
     r = _Ranker(gpus)
     groups: dict[tuple[int, tuple[int, int], str], list[_Candidate]] = {}
     for g in gpus:
-        for c in _candidates(r, g):
+        for c in _candidates(r, g, profile):
             w = weight(g.model.profile(c.inst.profile))
             groups.setdefault((_KIND_ORDER[c.kind], w, c.inst.profile), []).append(c)
     out: list[RankedOffer] = []

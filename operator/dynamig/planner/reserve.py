@@ -4,9 +4,8 @@ A claim for several devices needs all of them on one node. kube-scheduler puts a
 node where a device matches, idle nodes included (its default score, NodeResourcesFit ``LeastAllocated``,
 even spreads pods: pkg/scheduler/apis/config/v1/defaults.go in v1.36.3 and v1.37.2), so single claims can
 take the last idle node a waiting 8-GPU claim needs. Keeping it matters when small claims reach the scheduler
-first; how much multi-GPU claims get under load depends mostly on packing (docs/benchmarks.md: in the
-simulator, with the packing node order a kept node never turned a claim away on the openb trace at 1.5x
-load, and with the spreading order no node is ever idle to keep).
+first; how much multi-GPU claims get under load depends mostly on the node order the scheduler packs with
+(docs/benchmarks.md measures every policy under both the packing and the spreading order).
 
 So while multi-device claims wait, one idle node is kept for each: largest claim first (it has the fewest
 nodes that can hold it), the smallest eligible idle node that holds it (bigger nodes stay for bigger

@@ -34,7 +34,7 @@ import io
 import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import IO
@@ -118,6 +118,26 @@ def read_tasks(stream: IO[str], source: str) -> list[Task]:
             )
         )
     return tasks
+
+
+def with_gpu_spec(tasks: Sequence[Task], cluster: ClusterSpec, share: float, seed: int = 0) -> list[Task]:
+    """A GPU-type-restricted variant of ``tasks``: each task without a ``gpu_spec`` gets one, with
+    probability ``share`` (seeded, in list order), naming one GPU type of ``cluster``'s node list drawn
+    with weights proportional to that type's GPUs (scarce types get few restricted tasks, but only their
+    nodes can run them). Other tasks are unchanged. Pure."""
+    gpus: dict[str, int] = {}
+    for node in cluster.nodes:
+        gpus[node.gpu_type] = gpus.get(node.gpu_type, 0) + node.gpus
+    types = sorted(t for t in gpus if t)
+    if not types or share <= 0:
+        return list(tasks)
+    weights = [gpus[t] for t in types]
+    rng = random.Random(seed)
+    out = []
+    for task in tasks:
+        draw, pick = rng.random(), rng.choices(types, weights)[0]  # both drawn for every task: stable
+        out.append(replace(task, gpu_spec=pick) if draw < share and not task.gpu_spec else task)
+    return out
 
 
 def require_times(tasks: Sequence[Task], source: str) -> None:

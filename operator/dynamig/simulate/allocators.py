@@ -2,15 +2,17 @@
 
 - ``WholeGpuAllocator``: no MIG; every device request takes a whole GPU.
 - ``StaticAllocator``: MIG layouts fixed up front; jobs take free instances of an acceptable profile.
-- ``FirstFitAllocator``: per-request slicing without repacking: a request creates an instance at the first
-  free valid placement (GPU order, then lowest start) and the instance is destroyed when the job ends.
+- ``FirstFitAllocator`` (in ``dynamig.simulate.booking``, with the peers): per-request slicing without
+  repacking.
 - ``DynamigAllocator`` (in ``dynamig.simulate.dynamig_policy``): instances are kept, the planner re-cuts
   free space for pending demand.
 - ``PoolAllocator``: ignores placement rules; each node is a pool of compute slices (the reference that
   shows what placement rules cost).
 
 Jobs are placed the way the Kubernetes scheduler allocates DRA claims: alternatives in order, the first
-that has a free device anywhere wins; the devices of a multi-device claim sit on one node, on distinct GPUs.
+that has a free device anywhere wins (the fixed layouts here: the lowest-numbered GPU with a free instance;
+the booking policies follow the run's node order); the devices of a multi-device claim sit on one node, on
+distinct GPUs.
 Allocators mutate their cluster (side effects); they never look at the future of the trace.
 """
 
@@ -22,8 +24,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dynamig.geometry.model import Layout
-from dynamig.simulate.cluster import Cluster, Gpu, Instance
-from dynamig.simulate.trace import Job, full_profile, plain_profiles, preferred_on
+from dynamig.simulate.cluster import Cluster, Instance
+from dynamig.simulate.trace import Job, full_profile, preferred_on
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,11 +115,17 @@ class InstancePoolAllocator(Allocator):
         super().__init__(cluster)
         self._seq = itertools.count()
         self._free: dict[str, list[tuple[int, int, int, Instance]]] = {}
+        # the same per (profile, node GPU type), for jobs restricted to some types
+        self._free_typed: dict[tuple[str, str], list[tuple[int, int, int, Instance]]] = {}
+        # profile -> node -> its free instances of that profile (for multi-GPU claims, which need one node)
+        self._free_by_node: dict[str, dict[int, set[Instance]]] = {}
 
     def _push(self, inst: Instance) -> None:
-        heapq.heappush(
-            self._free.setdefault(inst.profile, []), (inst.gpu.pos, inst.start, next(self._seq), inst)
-        )
+        entry = (inst.gpu.pos, inst.start, next(self._seq), inst)
+        heapq.heappush(self._free.setdefault(inst.profile, []), entry)
+        kind = self.cluster.node_types[inst.gpu.node_pos]
+        heapq.heappush(self._free_typed.setdefault((inst.profile, kind), []), entry)
+        self._free_by_node.setdefault(inst.profile, {}).setdefault(inst.gpu.node_pos, set()).add(inst)
 
     @staticmethod
     def _usable(inst: Instance, now: float) -> bool:
@@ -127,12 +135,14 @@ class InstancePoolAllocator(Allocator):
         return sum(1 for e in self._free.get(profile, ()) if self._usable(e[3], now))
 
     def _first_free(self, profile: str, now: float, job: Job | None = None) -> Instance | None:
-        heap = self._free.get(profile)
-        if job is not None and job.gpu_types:  # restricted to some nodes: scan in the same order
-            for _, _, _, inst in sorted(heap or ()):
-                if self._usable(inst, now) and self.cluster.allows(job, inst.gpu.node_pos):
-                    return inst
-            return None
+        if job is not None and job.gpu_types:  # restricted to some types: the first of their heaps' heads
+            heads = [self._head(self._free_typed.get((profile, kind)), now) for kind in job.gpu_types]
+            found = [h for h in heads if h is not None]
+            return min(found, key=lambda i: (i.gpu.pos, i.start)) if found else None
+        return self._head(self._free.get(profile), now)
+
+    def _head(self, heap: list[tuple[int, int, int, Instance]] | None, now: float) -> Instance | None:
+        """The first usable instance of ``heap``, dropping stale entries. Side effect: pops them."""
         while heap:
             inst = heap[0][3]
             if self._usable(inst, now):
@@ -143,13 +153,17 @@ class InstancePoolAllocator(Allocator):
     def _free_on_one_node(
         self, profile: str, count: int, now: float, job: Job | None = None
     ) -> list[Instance] | None:
-        by_node: dict[int, dict[int, Instance]] = {}
-        for _, _, _, inst in sorted(self._free.get(profile, ())):
-            if self._usable(inst, now) and (job is None or self.cluster.allows(job, inst.gpu.node_pos)):
-                by_node.setdefault(inst.gpu.node_pos, {}).setdefault(inst.gpu.pos, inst)
-        for node in sorted(by_node):
-            if len(by_node[node]) >= count:
-                return list(by_node[node].values())[:count]
+        nodes = self._free_by_node.get(profile, {})
+        for node in sorted(nodes):
+            free = nodes[node]
+            if len(free) < count or (job is not None and not self.cluster.allows(job, node)):
+                continue
+            by_gpu: dict[int, Instance] = {}
+            for inst in sorted(free, key=lambda i: (i.gpu.pos, i.start)):
+                if self._usable(inst, now):
+                    by_gpu.setdefault(inst.gpu.pos, inst)
+            if len(by_gpu) >= count:
+                return list(by_gpu.values())[:count]
         return None
 
     def alternatives(self, job: Job) -> tuple[str, ...]:
@@ -165,6 +179,7 @@ class InstancePoolAllocator(Allocator):
             if chosen:
                 for inst in chosen:
                     self.cluster.assign(inst, job.name, now)
+                    self._free_by_node[inst.profile][inst.gpu.node_pos].discard(inst)
                 return Allocation(sum(i.slices for i in chosen), tuple(chosen), chosen[0].gpu.node_pos)
         return None
 
@@ -227,84 +242,6 @@ class WholeGpuAllocator(InstancePoolAllocator):
             got = tuple(dict.fromkeys(self._full[key] for _, _, key in sorted(ranked))) or self._whole
             self._by_alternatives[job.alternatives] = got
         return got
-
-
-class FirstFitAllocator(Allocator):
-    """Per-request slicing: create at the first free valid placement, destroy when the job ends."""
-
-    name = "first-fit"
-
-    def __init__(self, cluster: Cluster, create_latency_s: float = 0.0) -> None:
-        super().__init__(cluster)
-        self.create_latency = create_latency_s  # creating the instance delays the job, as in dynamig
-        self._profiles = sorted({p.name for m in cluster.models.values() for p in plain_profiles(m)})
-        # profile -> heap of GPU positions that may still host it (checked lazily)
-        self._hosts: dict[str, list[int]] = {p: [g.pos for g in cluster.gpus] for p in self._profiles}
-        self._in_heap: dict[str, set[int]] = {p: {g.pos for g in cluster.gpus} for p in self._profiles}
-
-    def _can_host(self, gpu: Gpu, profile: str) -> int | None:
-        if not self.cluster.offers(gpu, profile):
-            return None
-        starts = self.cluster.free_starts(gpu, profile)
-        return starts[0] if starts else None
-
-    def _first_host(self, profile: str, job: Job) -> tuple[Gpu, int] | None:
-        if job.gpu_types:  # restricted to some nodes: scan them in GPU order
-            for gpu in self.cluster.gpus:
-                if self.cluster.allows(job, gpu.node_pos):
-                    start = self._can_host(gpu, profile)
-                    if start is not None:
-                        return gpu, start
-            return None
-        heap = self._hosts.get(profile)
-        while heap:
-            gpu = self.cluster.gpus[heap[0]]
-            start = self._can_host(gpu, profile)
-            if start is not None:
-                return gpu, start
-            self._in_heap[profile].discard(heapq.heappop(heap))
-        return None
-
-    def _hosts_on_one_node(self, profile: str, count: int, job: Job) -> list[tuple[Gpu, int]] | None:
-        for pos, node in enumerate(self.cluster.nodes):
-            if not self.cluster.allows(job, pos):
-                continue
-            found: list[tuple[Gpu, int]] = []
-            for gpu in node:
-                start = self._can_host(gpu, profile)
-                if start is not None:
-                    found.append((gpu, start))
-                    if len(found) == count:
-                        return found
-        return None
-
-    def _place(self, job: Job, now: float) -> Allocation | None:
-        for profile in job.alternatives:
-            if job.count == 1:
-                host = self._first_host(profile, job)
-                chosen = None if host is None else [host]
-            else:
-                chosen = self._hosts_on_one_node(profile, job.count, job)
-            if chosen:
-                insts = []
-                for gpu, start in chosen:
-                    inst = self.cluster.create(gpu, profile, start, now, now)
-                    self.cluster.assign(inst, job.name, now)
-                    insts.append(inst)
-                return Allocation(
-                    sum(i.slices for i in insts), tuple(insts), chosen[0][0].node_pos, self.create_latency
-                )
-        return None
-
-    def _release(self, job: Job, alloc: Allocation, now: float) -> None:
-        for inst in alloc.instances:
-            self.cluster.release(inst, now)
-            self.cluster.destroy(inst, now)
-            gpu = inst.gpu
-            for profile in self._profiles:
-                if gpu.pos not in self._in_heap[profile] and self._can_host(gpu, profile) is not None:
-                    heapq.heappush(self._hosts[profile], gpu.pos)
-                    self._in_heap[profile].add(gpu.pos)
 
 
 class PoolAllocator(Allocator):

@@ -1,21 +1,35 @@
 """Policies where a node publishes bookable MIG placements and the scheduler books one (DRA style).
 
 ``OfferAllocator`` is the common machinery: per profile it indexes which nodes can offer a device now
-(a free instance, or a placement that can be created), the policy orders nodes and a node's offers, the
-scheduler takes the first that matches, and a booked placement is created after a binding round trip and
-a create latency (creates on one node one after another where the driver serializes them).
+(a free instance, or a placement that can be created), the scheduler tries nodes in one node order shared
+by every policy of a run (``NODE_ORDERS``), takes the first device that matches in the order the node
+offers them, and a booked placement is created after the create latency (creates on one node one after
+another where the driver serializes them). What each policy waits after the scheduler allocated is what
+its real system charges:
 
-Peers, modelled from their documented behaviour:
-
-- ``NvidiaDynamicMigAllocator``: NVIDIA's DRA driver for GPUs with dynamic MIG
-  (github.com/NVIDIA/k8s-dra-driver-gpu, "DynamicMIG" feature): every MIG placement that fits is
-  published as a device, in device-name order; the scheduler takes the first match; the instance is
-  created when the claim is prepared on the node and destroyed when it is unprepared; the kubelet plugin
-  prepares one claim at a time per node; nothing is ever repacked.
-- ``HamiReserveAllocator``: HAMi's dynamic MIG mode (github.com/Project-HAMi/HAMi, "dynamic-mig"
-  support for NVIDIA GPUs): the scheduler scores devices and reserves a specific placement on a GPU,
-  preferring the one that keeps the most placements possible (fragmentation-aware) on the busiest GPU;
-  the instance is created at allocation and destroyed once idle.
+- ``FirstFitAllocator``: the reference for per-request slicing: the first free valid placement (GPUs of
+  the node in order, lowest start), created when allocated, running once created, destroyed at the end.
+- ``NvidiaDynamicMigAllocator``: NVIDIA's DRA driver with the DynamicMIG feature gate
+  (github.com/NVIDIA/k8s-dra-driver-gpu, at 22407113): its devices carry no binding conditions, so the
+  pod is bound at once; the instance is created in NodePrepareResources (``createMigDevice`` in
+  ``prepareDevices``, cmd/gpu-kubelet-plugin/device_state.go:867) and the container runs after it;
+  prepares never interleave on a node (the node-global ``pu.lock`` taken by ``nodePrepareResource``,
+  cmd/gpu-kubelet-plugin/driver.go:43-46 and 381), so creates on a node queue behind each other. Every
+  placement that fits is published as a device, in device-name order (``gpu-%d-mig-%s-%d-%d``: GPU minor,
+  profile, profile ID, start; cmd/gpu-kubelet-plugin/mig.go:113); nothing is repacked; the instance is
+  destroyed at unprepare.
+- ``HamiReserveAllocator``: HAMi's dynamic MIG mode (github.com/Project-HAMi/HAMi, at 4707fb02): not DRA;
+  its own scheduler picks the node and the GPU and the device plugin creates the instance when the
+  container is allocated (running after the create; no binding conditions). Defaults: node policy
+  ``binpack`` and GPU policy ``spread`` (cmd/scheduler/main.go:70-71); ``spread`` takes the least-used GPU
+  of the node (pkg/scheduler/policy/gpu_policy.go:122-126, the device list is walked from its end,
+  pkg/device/nvidia/device.go:727); on a GPU the placement is the first free one in a fixed start order,
+  highest start first for ``1g.*`` and ``3g.*`` profiles, lowest first otherwise
+  (``orderedMigPlacements`` and ``selectMigPlacement``, pkg/device/nvidia/mig_topology.go:26-76). HAMi
+  picks the profile by the memory asked for (``selectMigCandidate``, device.go:621); here a job's profile
+  is taken as asked, as for every policy. In the main tables its node order is the run's, like every
+  policy's; ``hami-default`` is HAMi with its own node binpack (the busiest node first,
+  pkg/scheduler/policy/node_policy.go:48-54 and 106-128).
 
 The dynamig policy (``dynamig.simulate.dynamig_policy``) builds on the same machinery.
 Allocators mutate their cluster (side effects); they never look at the future of the trace.
@@ -28,10 +42,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dynamig.geometry.layout import free_starts
-from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, normalize_layout
+from dynamig.geometry.model import GpuModel, Layout, normalize_layout
 from dynamig.simulate.allocators import Allocation, Allocator
 from dynamig.simulate.cluster import Cluster, Gpu, Instance
 from dynamig.simulate.trace import Job, plain_profiles
+
+# The scheduler's node order, applied alike to every policy of a run:
+# "pack": nodes in use first (in node order), then idle nodes, smallest first (kube-scheduler with a
+#   packing score, NodeResourcesFit MostAllocated, the configuration docs/install.md recommends);
+# "spread": the least busy node first (kube-scheduler's default NodeResourcesFit LeastAllocated,
+#   pkg/scheduler/apis/config/v1/defaults.go);
+# "binpack": the busiest node first (HAMi's own default node policy; used for its labelled row).
+NODE_ORDERS = ("pack", "spread", "binpack")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +71,6 @@ class OfferAllocator(Allocator):
     """Booking of published devices; subclasses decide what is offered and in which order."""
 
     keeps_free = False  # True: an instance outlives its job and is offered again
-    binds_free = False  # True: booking an existing instance also waits for the node agent's binding answer
 
     def __init__(
         self,
@@ -58,8 +79,12 @@ class OfferAllocator(Allocator):
         bind_rtt_s: float = 0.0,
         *,
         serialize_creates: bool = True,
+        node_order: str = "pack",
     ) -> None:
         super().__init__(cluster)
+        if node_order not in NODE_ORDERS:
+            raise ValueError(f"node_order must be one of {', '.join(NODE_ORDERS)}, not {node_order!r}")
+        self.node_order = node_order
         self.latency = create_latency_s
         self.bind = bind_rtt_s
         self.serialize = serialize_creates
@@ -68,6 +93,7 @@ class OfferAllocator(Allocator):
         self._can: list[frozenset[str]] = [frozenset()] * len(cluster.gpus)  # profiles each GPU offers
         self._hosts: dict[str, dict[int, int]] = {p: {} for p in self.profiles}  # node -> GPUs offering
         self._heap: dict[str, list[tuple[tuple[int, ...], int, int]]] = {p: [] for p in self.profiles}
+        self._typed_heap: dict[tuple[str, str], list[tuple[tuple[int, ...], int, int]]] = {}
         self._version = [0] * len(cluster.nodes)
         self._starts: dict[tuple[str, Layout, str], tuple[int, ...]] = {}
         self.node_busy = [0] * len(cluster.nodes)  # compute slices held per node
@@ -106,8 +132,16 @@ class OfferAllocator(Allocator):
 
     # -- node order (subclasses refine) ------------------------------------------------------------------
     def node_key(self, node: int, profile: str) -> tuple[int, ...]:
-        """Order in which the scheduler tries nodes for ``profile`` (smallest first)."""
-        return (node,)
+        """Order in which the scheduler tries nodes for ``profile`` (smallest first): ``node_order``."""
+        busy = self.node_busy[node]
+        if self.node_order == "spread":  # LeastAllocated, on GPU slices; 840 is divisible by 1..8
+            return (busy * 840 // self.node_size[node], node)
+        if self.node_order == "binpack":  # the busiest node first
+            return (-(busy * 840 // self.node_size[node]), node)
+        # nodes in use first, in node order (measured: ordering them busiest first packed no better and
+        # served less on the fragmentation and heavy-tailed traces), then idle nodes smallest first, so
+        # whole big nodes stay whole for multi-GPU claims
+        return (0, node) if busy else (1, self.node_size[node], node)
 
     def node_offers(self, node: int, profile: str, job: Job, now: float) -> list[Offer]:
         """The node's offers of ``profile`` in the order the scheduler books them."""
@@ -136,9 +170,13 @@ class OfferAllocator(Allocator):
     def _push_node(self, node: int) -> None:
         self._version[node] += 1
         v = self._version[node]
+        kind = self.cluster.node_types[node]
         for p in self.profiles:
             if node in self._hosts[p]:
-                heapq.heappush(self._heap[p], (self.node_key(node, p), node, v))
+                entry = (self.node_key(node, p), node, v)
+                heapq.heappush(self._heap[p], entry)
+                # the same per GPU type, for jobs restricted to some types
+                heapq.heappush(self._typed_heap.setdefault((p, kind), []), entry)
 
     def touch(self, gpus: Sequence[Gpu], *, republish: bool = True) -> None:
         """Re-index ``gpus`` after their state changed (and their nodes' order keys). ``republish``:
@@ -149,10 +187,24 @@ class OfferAllocator(Allocator):
             self._push_node(node)
 
     def first_node(self, profile: str, count: int, job: Job) -> int | None:
-        """The best node that can offer ``count`` devices of ``profile`` to ``job`` (lazy heap)."""
+        """The best node that can offer ``count`` devices of ``profile`` to ``job`` (lazy heaps: one per
+        profile, and one per profile and GPU type for jobs restricted to some types)."""
+        if not job.gpu_types:
+            got = self._first_in(self._heap[profile], profile, count, job)
+            return None if got is None else got[1]
+        found = [
+            got
+            for kind in job.gpu_types
+            if (got := self._first_in(self._typed_heap.get((profile, kind), []), profile, count, job))
+        ]
+        return min(found)[1] if found else None
+
+    def _first_in(
+        self, heap: list[tuple[tuple[int, ...], int, int]], profile: str, count: int, job: Job
+    ) -> tuple[tuple[int, ...], int, int] | None:
+        """The first current entry of ``heap`` whose node fits ``job``. Side effect: drops stale entries."""
         hosts = self._hosts[profile]
-        heap = self._heap[profile]
-        found: int | None = None
+        found: tuple[tuple[int, ...], int, int] | None = None
         keep: list[tuple[tuple[int, ...], int, int]] = []
         while heap:
             entry = heapq.heappop(heap)
@@ -165,7 +217,7 @@ class OfferAllocator(Allocator):
                 and self.cluster.allows(job, node)
                 and not self.skip_node(node, job, profile)
             ):
-                found = node
+                found = entry
                 break
         for entry in keep:
             heapq.heappush(heap, entry)
@@ -197,15 +249,19 @@ class OfferAllocator(Allocator):
             return None
         return self.book(job, picked, now)
 
+    def running_at(self, now: float, created: float | None) -> float:
+        """When a job allocated at ``now`` runs, its last create done at ``created`` (None: it took
+        existing instances only, which carry no binding conditions and bind at once): by default once the
+        create is done (the pod was bound at once, the container waits for its device). Pure."""
+        return now if created is None else max(now, created)
+
     def book(self, job: Job, picked: Sequence[Offer], now: float) -> Allocation:
         """Take ``picked`` for ``job``: assign free instances, create the placements. Side effect: state."""
         insts: list[Instance] = []
-        ready = now
+        created: float | None = None
         for offer in picked:
             if offer.inst is not None:
                 inst = offer.inst
-                if self.binds_free:
-                    ready = max(ready, now + self.bind)
             else:
                 for old in offer.destroys:
                     self.cluster.destroy(old, now)
@@ -218,13 +274,14 @@ class OfferAllocator(Allocator):
                     self._node_free_at[node] = begin + self.latency
                 done = begin + self.latency
                 inst = self.cluster.create(offer.gpu, offer.profile, offer.start, now, done)
-                ready = max(ready, done)
+                created = done if created is None else max(created, done)
             self.cluster.assign(inst, job.name, now)
             self.node_busy[inst.gpu.node_pos] += inst.slices
             insts.append(inst)
         # a re-cut destroyed instances: the agent republishes the node; other bookings use the list as is
         self.touch([i.gpu for i in insts], republish=any(o.destroys for o in picked))
-        return Allocation(sum(i.slices for i in insts), tuple(insts), insts[0].gpu.node_pos, ready - now)
+        delay = self.running_at(now, created) - now
+        return Allocation(sum(i.slices for i in insts), tuple(insts), insts[0].gpu.node_pos, delay)
 
     def _release(self, job: Job, alloc: Allocation, now: float) -> None:
         for inst in alloc.instances:
@@ -256,49 +313,71 @@ class NvidiaDynamicMigAllocator(OfferAllocator):
         return [o for _, o in out]
 
 
+class FirstFitAllocator(OfferAllocator):
+    """Per-request slicing: on the node the scheduler picks, the first free valid placement (GPUs in
+    order, lowest start), created at allocation (creates not serialized), destroyed when the job ends."""
+
+    name = "first-fit"
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        create_latency_s: float = 0.0,
+        bind_rtt_s: float = 0.0,
+        *,
+        node_order: str = "pack",
+    ) -> None:
+        super().__init__(
+            cluster, create_latency_s, bind_rtt_s, serialize_creates=False, node_order=node_order
+        )
+
+    def node_offers(self, node: int, profile: str, job: Job, now: float) -> list[Offer]:
+        out: list[Offer] = []
+        for gpu in self.cluster.nodes[node]:
+            if profile not in self._can[gpu.pos]:
+                continue
+            starts = self.starts(gpu.model, gpu.layout(), profile)
+            if starts:
+                out.append(Offer(gpu, profile, starts[0]))
+        return out
+
+
+def _hami_start(profile: str, starts: Sequence[int]) -> int:
+    """HAMi's fixed start order: highest start first for 1g and 3g profiles, lowest otherwise
+    (``preferHighMigPlacement``, pkg/device/nvidia/mig_topology.go:26-39). Pure."""
+    return max(starts) if profile.startswith(("1g.", "3g.")) else min(starts)
+
+
 class HamiReserveAllocator(OfferAllocator):
-    """A specific placement reserved by a fragmentation-aware score: on the most-used GPU that fits
-    (binpack), the start that leaves the most placements creatable; created at allocation, destroyed when
-    idle."""
+    """HAMi's defaults: GPU spread within the node (the least-used GPU first, then GPU index), the first
+    free placement in its fixed start order; created at allocation (no binding wait, creates not
+    serialized), destroyed when the job ends (see the module docstring for the sources)."""
 
     name = "hami-reserve"
 
-    def __init__(self, cluster: Cluster, create_latency_s: float = 0.0, bind_rtt_s: float = 0.0) -> None:
-        self._score: dict[tuple[str, Layout, str], tuple[int, int]] = {}
-        super().__init__(cluster, create_latency_s, bind_rtt_s, serialize_creates=False)
-
-    def _best(self, gpu: Gpu, profile: str) -> tuple[int, int] | None:
-        """(placements left creatable after it, start) of the best start for ``profile``; memoised."""
-        layout = gpu.layout()
-        key = (gpu.model.key, layout, profile)
-        got = self._score.get(key)
-        if got is None:
-            best: tuple[int, int] | None = None
-            for start in self.starts(gpu.model, layout, profile):
-                after = normalize_layout([*layout, PlacedInstance(start, profile)])
-                left = sum(len(self.starts(gpu.model, after, p)) for p in self.profiles)
-                if best is None or left > best[0]:
-                    best = (left, start)
-            got = best if best is not None else (-1, -1)
-            self._score[key] = got
-        return None if got[1] < 0 else got
-
-    def _gpu_key(self, gpu: Gpu, profile: str) -> tuple[int, int, int] | None:
-        best = self._best(gpu, profile)
-        if best is None:
-            return None
-        return (-gpu.busy_slices, -best[0], gpu.index)
-
-    def node_key(self, node: int, profile: str) -> tuple[int, ...]:
-        keys = [k for g in self.cluster.nodes[node] if (k := self._gpu_key(g, profile)) is not None]
-        return (*min(keys), node) if keys else (0, 0, 0, node)
+    def __init__(
+        self,
+        cluster: Cluster,
+        create_latency_s: float = 0.0,
+        bind_rtt_s: float = 0.0,
+        *,
+        node_order: str = "pack",
+    ) -> None:
+        super().__init__(
+            cluster, create_latency_s, bind_rtt_s, serialize_creates=False, node_order=node_order
+        )
+        if node_order == "binpack":
+            self.name = "hami-reserve (HAMi's node binpack)"
 
     def node_offers(self, node: int, profile: str, job: Job, now: float) -> list[Offer]:
-        ranked = []
+        ranked: list[tuple[tuple[int, int], Offer]] = []
         for gpu in self.cluster.nodes[node]:
-            key = self._gpu_key(gpu, profile)
-            best = self._best(gpu, profile)
-            if key is not None and best is not None:
-                ranked.append((key, Offer(gpu, profile, best[1])))
+            if profile not in self._can[gpu.pos]:
+                continue
+            starts = self.starts(gpu.model, gpu.layout(), profile)
+            if starts:
+                ranked.append(
+                    ((gpu.busy_slices, gpu.index), Offer(gpu, profile, _hami_start(profile, starts)))
+                )
         ranked.sort(key=lambda x: x[0])
         return [o for _, o in ranked]

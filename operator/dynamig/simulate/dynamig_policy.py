@@ -5,9 +5,11 @@ What the simulation does, as the operator, the agents and the scheduler would:
 - Each node publishes its free instances and the placements that fit beside what is held, in the order
   ``dynamig.planner.ranking.rank_offers`` gives (the same pure function the agent publishes with): free
   instances first, then new placements, then re-cuts that destroy free instances. The scheduler books the
-  first that matches on the node it picks. A booked placement is created after a binding round trip and
-  the create latency; a node's agent creates one instance after another.
-- Node choice consolidates: nodes already in use first (in node order), then the smallest idle node.
+  first that matches on the node it picks. A free instance carries no binding conditions and binds at
+  once. A placement to be cut carries them: the agent creates it (one instance after another per node)
+  and answers, and kube-scheduler's PreBind, which checked at once and then re-checks every 5 s
+  (``SimConfig.prebind_poll_s``), binds the pod at its first check after the answer.
+- Node choice is the run's node order, the same for every policy (``booking.NODE_ORDERS``).
   While multi-GPU claims wait, one idle node is kept for each and offers only that claim's profiles
   (``dynamig.planner.reserve.keep_idle_nodes``, the function the operator writes ``offeredProfiles`` with).
 - Instances are kept when jobs end, so they serve the next job of that shape with no create.
@@ -22,6 +24,7 @@ What the simulation does, as the operator, the agents and the scheduler would:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
@@ -36,12 +39,7 @@ from dynamig.simulate.booking import Offer, OfferAllocator
 from dynamig.simulate.cluster import Cluster, Gpu, Instance
 from dynamig.simulate.trace import Job, compute_slices_by_name
 
-_RankKey = tuple[tuple[int, str, Layout, Layout], ...]
-
-# How the scheduler picks among nodes that can serve a claim. "pack": nodes in use first, then the smallest
-# idle node (kube-scheduler with a packing score, e.g. NodeResourcesFit MostAllocated); "spread": the least
-# busy node first (its default LeastAllocated), measured to show what the packing order is worth.
-NODE_ORDERS = ("pack", "spread")
+_RankKey = tuple[tuple[tuple[int, str, Layout, Layout], ...], str]
 
 
 class DynamigAllocator(OfferAllocator):
@@ -50,7 +48,6 @@ class DynamigAllocator(OfferAllocator):
     name = "dynamig"
     replans = True
     keeps_free = True
-    binds_free = True  # every device carries binding conditions, an existing free instance's too
 
     def __init__(
         self,
@@ -60,6 +57,7 @@ class DynamigAllocator(OfferAllocator):
         reshape_latency_s: float,
         cooldown_s: float,
         bind_rtt_s: float = 0.0,
+        prebind_poll_s: float = 0.0,
         initial: Layout = (),
         max_claims: int = 500,
         catalog: Catalog | None = None,
@@ -69,11 +67,7 @@ class DynamigAllocator(OfferAllocator):
         resize_every_s: float = 300.0,
         warm_max_slices: int | None = None,
     ) -> None:
-        if node_order not in NODE_ORDERS:
-            raise ValueError(f"node_order must be one of {', '.join(NODE_ORDERS)}, not {node_order!r}")
-        self.node_order = node_order
-        if node_order != "pack":
-            self.name = f"dynamig ({node_order} node order)"
+        self.prebind_poll_s = prebind_poll_s
         self.policy = policy
         # Offers already include every placement free space allows (re-cuts too), so a round for claims
         # they could not place finds nothing new; by default rounds run for the warm pool and baseline only.
@@ -97,10 +91,13 @@ class DynamigAllocator(OfferAllocator):
         self._claims: dict[str, list[Instance]] = {}
         self._not_ready: set[Instance] = set()
         self._rank_cache: dict[_RankKey, tuple[RankedOffer, ...]] = {}
-        self._published: dict[int, tuple[RankedOffer, ...]] = {}  # node -> its list since it republished
+        # node -> (its state when it published, profile -> its offers of that profile) since it republished
+        self._published: dict[int, tuple[tuple[GpuOffers, ...], dict[str, tuple[RankedOffer, ...]]]] = {}
         self._kept_for: dict[int, frozenset[str]] = {}  # idle node kept for a multi-GPU claim -> its profiles
         self._node_pos = {name: n for n, name in enumerate(cluster.node_names)}
-        super().__init__(cluster, reshape_latency_s, bind_rtt_s)
+        self._idle_nodes: list[IdleNode] | None = None
+        self._names_of_types: dict[tuple[str, ...], frozenset[str]] = {}
+        super().__init__(cluster, reshape_latency_s, bind_rtt_s, node_order=node_order)
         self._allowed = (
             frozenset(self.profiles)
             if policy.allowed_profiles is None
@@ -132,13 +129,18 @@ class DynamigAllocator(OfferAllocator):
     def free(self, gpu: Gpu) -> list[Instance]:
         return [i for i in gpu.instances if not self._kept(i)]
 
-    def node_key(self, node: int, profile: str) -> tuple[int, ...]:
-        if self.node_order == "spread":  # kube-scheduler's default LeastAllocated scoring, on GPU slices
-            return (self.node_busy[node] * 840 // self.node_size[node], node)  # 840: divisible by 1..8
-        # nodes in use first, in node order (measured: ordering them busiest first packed no better and
-        # served less on the fragmentation and heavy-tailed traces), then idle nodes smallest first, so
-        # whole big nodes stay whole for multi-GPU claims
-        return (0, node) if self.node_busy[node] else (1, self.node_size[node], node)
+    def running_at(self, now: float, created: float | None) -> float:
+        """A booking of free instances binds at once (no binding conditions). A cut carries binding
+        conditions: PreBind checks at ``now`` and then every ``prebind_poll_s``
+        (``wait.PollUntilContextTimeout(ctx, 5*time.Second, pl.bindingTimeout, true, ...)``,
+        pkg/scheduler/framework/plugins/dynamicresources/dynamicresources.go:1726 in v1.37.2), and the pod
+        binds at the first check at or after the agent's answer, given once the instance exists. Pure."""
+        if created is None or created <= now:
+            return now
+        poll = self.prebind_poll_s
+        if poll <= 0:
+            return created
+        return now + poll * math.ceil((created - now) / poll - 1e-9)
 
     def set_pending(self, jobs: Iterable[Job]) -> None:
         # idle nodes kept for the waiting multi-GPU claims, chosen as the operator chooses them
@@ -146,25 +148,28 @@ class DynamigAllocator(OfferAllocator):
         self._kept_for = {}
         if not multi:
             return
-        names = self.cluster.node_names
-        idle = [
-            IdleNode(names[n], tuple(self._model_profiles[g.model.key] for g in self.cluster.nodes[n]))
-            for n in range(len(names))
-            if not self.node_busy[n]
-        ]
+        if self._idle_nodes is None:  # what each node offers when idle: fixed per node, built once
+            self._idle_nodes = [
+                IdleNode(name, tuple(self._model_profiles[g.model.key] for g in self.cluster.nodes[n]))
+                for n, name in enumerate(self.cluster.node_names)
+            ]
+        idle = [node for n, node in enumerate(self._idle_nodes) if not self.node_busy[n]]
         waiting = [
-            WaitingClaim(
-                j.name,
-                j.count,
-                frozenset(j.alternatives),
-                None
-                if not j.gpu_types
-                else frozenset(names[n] for n in range(len(names)) if self.cluster.allows(j, n)),
-            )
-            for j in multi
+            WaitingClaim(j.name, j.count, frozenset(j.alternatives), self._allowed_names(j)) for j in multi
         ]
         kept = keep_idle_nodes(idle, waiting)
         self._kept_for = {self._node_pos[name]: claim.profiles for name, claim in kept.items()}
+
+    def _allowed_names(self, job: Job) -> frozenset[str] | None:
+        """The names of the nodes ``job``'s GPU types admit (None: any node), memoised per type set."""
+        if not job.gpu_types:
+            return None
+        got = self._names_of_types.get(job.gpu_types)
+        if got is None:
+            names = self.cluster.node_names
+            got = frozenset(names[n] for n in range(len(names)) if self.cluster.allows(job, n))
+            self._names_of_types[job.gpu_types] = got
+        return got
 
     def skip_node(self, node: int, job: Job, profile: str) -> bool:
         # a kept node offers only the profiles of the claim it is kept for (its spec.offeredProfiles)
@@ -186,25 +191,33 @@ class DynamigAllocator(OfferAllocator):
                 self._published.pop(node, None)
         super().touch(gpus, republish=republish)
 
-    def _publish(self, node: int) -> tuple[RankedOffer, ...]:
-        """What the node's agent publishes now, in its order (``rank_offers``, memoised by state)."""
-        offers = [self._gpu_offers(g) for g in self.cluster.nodes[node]]
-        key: _RankKey = tuple((o.index, o.model.key, o.held, o.free) for o in offers)  # model: mixed clusters
+    def _publish(self, node: int, profile: str) -> tuple[RankedOffer, ...]:
+        """What the node's agent published of ``profile``, in its order (``rank_offers`` for that profile;
+        memoised by state). The node's state is read at its first publish since it last republished, as the
+        agent publishes every profile at once."""
+        published = self._published.get(node)
+        if published is None:
+            offers = tuple(self._gpu_offers(g) for g in self.cluster.nodes[node])
+            published = self._published[node] = (offers, {})
+        offers, lists = published
+        ranked = lists.get(profile)
+        if ranked is not None:
+            return ranked
+        state = tuple((o.index, o.model.key, o.held, o.free) for o in offers)  # model: mixed clusters
+        key: _RankKey = (state, profile)
         ranked = self._rank_cache.get(key)
         if ranked is None:
-            ranked = rank_offers(offers)  # the agent's own publishing order
-            if len(self._rank_cache) > 20_000:
+            ranked = rank_offers(offers, profile)  # the agent's own publishing order
+            if len(self._rank_cache) > 50_000:
                 self._rank_cache.clear()
             self._rank_cache[key] = ranked
-        self._published[node] = ranked
+        lists[profile] = ranked
         return ranked
 
     def node_offers(self, node: int, profile: str, job: Job, now: float) -> list[Offer]:
         # Between two republishes the scheduler books from the list as published; an offer that a
         # booking since made impossible (shared counters) is skipped, as the allocator would.
-        ranked = self._published.get(node)
-        if ranked is None:
-            ranked = self._publish(node)
+        ranked = self._publish(node, profile)
         gpus = {g.index: g for g in self.cluster.nodes[node]}
         out: list[Offer] = []
         for r in ranked:
@@ -310,16 +323,8 @@ class DynamigAllocator(OfferAllocator):
     def replan(self, now: float, pending: Sequence[Job]) -> Replan:
         if not self.plan_pending:
             return Replan()
-        names = self.cluster.node_names
         claims = [
-            ClaimDemand(
-                job.name,
-                job.alternatives,
-                job.count,
-                None
-                if not job.gpu_types
-                else frozenset(names[n] for n in range(len(names)) if self.cluster.allows(job, n)),
-            )
+            ClaimDemand(job.name, job.alternatives, job.count, self._allowed_names(job))
             for job in pending
             if job.name not in self._claims
         ][: self.max_claims]

@@ -30,9 +30,17 @@ class SimConfig:
     window_s: float = 2.0  # demand is batched this long before a planning round (operator default)
     reshape_latency_s: float = 6.0  # per GPU reshaped on a node, until its new instances are allocatable
     cooldown_s: float = 300.0  # a reshaped GPU is not reshaped again for this long (operator default)
-    bind_rtt_s: float = (
-        1.0  # booking a placement to be created: scheduler binding to the node agent seeing it
-    )
+    # from a booking to the node starting the create (the agent's or the kubelet's watch), charged alike to
+    # every policy that creates an instance; 0 by default (sub-second on a real cluster, the same for all)
+    bind_rtt_s: float = 0.0
+    # kube-scheduler's PreBind check of binding conditions: at once, then every 5 s
+    # (``wait.PollUntilContextTimeout(ctx, 5*time.Second, pl.bindingTimeout, true, ...)`` in
+    # pkg/scheduler/framework/plugins/dynamicresources/dynamicresources.go, v1.36.3 and v1.37.2). Only a
+    # device with binding conditions waits it: in dynamig, a placement the agent must cut.
+    prebind_poll_s: float = 5.0
+    # the scheduler's node order, the same for every policy that books devices ("pack" or "spread", see
+    # ``dynamig.simulate.booking.NODE_ORDERS``)
+    node_order: str = "pack"
     timeline_points: int = 288
 
 
@@ -66,7 +74,14 @@ class RunResult:
     wait_p95_by_profile: dict[str, float] = field(default_factory=dict)
     # warm pool per profile: (share of the horizon with a target > 0, time-mean target); empty: none
     warm_pool_coverage: dict[str, tuple[float, float]] = field(default_factory=dict)
-    bind_rtt_s: float = 0.0  # the run's binding round trip (what a warm-pool hit should wait at most)
+    bind_rtt_s: float = 0.0  # the run's booking-to-create delay (what a warm-pool hit should wait at most)
+    # wait to allocation: from arrival until the scheduler allocated the job's devices (every arrived job;
+    # one never allocated waits until the horizon). wait_mean_s & co. are the time to running.
+    alloc_wait_mean_s: float = 0.0
+    alloc_wait_p50_s: float = 0.0
+    alloc_wait_p95_s: float = 0.0
+    node_order: str = ""
+    create_latency_s: float = 0.0
 
     @property
     def utilization(self) -> float:
@@ -125,6 +140,7 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
     order: dict[str, int] = {}
     running: dict[str, tuple[Job, Allocation]] = {}
     waits: list[float] = []
+    alloc_waits: list[float] = []
     profile_waits: dict[str, list[float]] = {}  # single-device jobs, by first-choice profile
     served = held = offered = 0.0
     served_by: dict[int, float] = {}
@@ -164,6 +180,7 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
             started.add(name)
             begin = now + alloc.delay
             waits.append(begin - job.arrival)
+            alloc_waits.append(now - job.arrival)
             if job.count == 1:
                 profile_waits.setdefault(job.preferred, []).append(begin - job.arrival)
             run = max(0.0, horizon - begin if job.duration is None else min(job.duration, horizon - begin))
@@ -224,9 +241,11 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
     capacity = allocator.total_slices * horizon
     cluster = allocator.cluster
     # every job counts: one that never started (gave up, or still waiting) waited until the horizon
-    all_waits = waits + [
+    never = [
         horizon - job.arrival for job in trace.jobs if job.arrival <= horizon and job.name not in started
     ]
+    all_waits = waits + never
+    all_alloc = alloc_waits + never
     for job in trace.jobs:
         if job.count == 1 and job.arrival <= horizon and job.name not in started:
             profile_waits.setdefault(job.preferred, []).append(horizon - job.arrival)
@@ -258,4 +277,9 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
         wait_p95_by_profile={p: percentile(w, 95) for p, w in sorted(profile_waits.items())},
         warm_pool_coverage=allocator.warm_pool_coverage(horizon),
         bind_rtt_s=cfg.bind_rtt_s,
+        alloc_wait_mean_s=sum(all_alloc) / len(all_alloc) if all_alloc else 0.0,
+        alloc_wait_p50_s=percentile(all_alloc, 50),
+        alloc_wait_p95_s=percentile(all_alloc, 95),
+        node_order=getattr(allocator, "node_order", ""),
+        create_latency_s=cfg.reshape_latency_s,
     )

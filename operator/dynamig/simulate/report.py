@@ -20,6 +20,8 @@ from dynamig.simulate.trace import gpus_per_model
 
 
 def _h(seconds: float) -> str:
+    if seconds < 10:
+        return f"{seconds:.1f}s"
     if seconds < 120:
         return f"{seconds:.0f}s"
     if seconds < 7200:
@@ -38,11 +40,12 @@ def trace_rows(rep: TraceReport) -> list[list[str]]:
                 f"{r.served_slice_h:,.0f}",
                 f"{100 * r.served_slice_h / offered:.1f}%" if offered else "-",
                 f"{100 * r.utilization:.1f}%",
-                _h(r.wait_mean_s),
-                _h(r.wait_p95_s),
+                f"{_h(r.wait_mean_s)} / {_h(r.wait_p50_s)} / {_h(r.wait_p95_s)}",
+                f"{_h(r.alloc_wait_mean_s)} / {_h(r.alloc_wait_p95_s)}",
                 f"{r.never_served}",
                 f"{r.reshapes}",
                 f"{r.destroyed}",
+                f"{r.destroyed / r.started:.2f}" if r.started else "-",
                 f"{r.wall_s:.1f}s",
             ]
         )
@@ -52,6 +55,7 @@ def trace_rows(rep: TraceReport) -> list[list[str]]:
             f"{rep.upper_bound_slice_h:,.0f}",
             f"{100 * rep.upper_bound_slice_h / offered:.1f}%" if offered else "-",
             f"{100 * rep.upper_bound_slice_h / rep.results[0].capacity_slice_h:.1f}%" if rep.results else "-",
+            "",
             "",
             "",
             "",
@@ -68,13 +72,19 @@ TRACE_HEADER = [
     "served slice-h",
     "of offered",
     "slice util",
-    "mean wait",
-    "p95 wait",
+    "to running mean / p50 / p95",
+    "to allocation mean / p95",
     "never served",
     "reshapes",
     "destroyed",
+    "destroyed per started job",
     "run time",
 ]
+
+
+def heading(rep: TraceReport) -> str:
+    """A trace's name with its node order and create latency. Pure."""
+    return f"{rep.trace.name} [{rep.node_order} node order, create {rep.create_latency_s:g}s]"
 
 
 def goals(rep: TraceReport) -> list[str]:
@@ -106,7 +116,8 @@ HISTORY_WARM = "dynamig (history warm pool)"
 
 def warm_goals(rep: TraceReport, min_share: float = 0.5) -> list[str]:
     """For each profile the history warm pool covers (target > 0 for at least ``min_share`` of the
-    horizon): its p50 wait against the binding round trip, beside plain dynamig and first-fit. Pure."""
+    horizon): its p50 time to running against binding at once (plus ``bind_rtt_s``), beside plain dynamig
+    and first-fit. Pure."""
     warm = rep.by_policy(HISTORY_WARM)
     if warm is None:
         return []
@@ -127,8 +138,8 @@ def warm_goals(rep: TraceReport, min_share: float = 0.5) -> list[str]:
         )
         out.append(
             f"history warm pool {profile} (target > 0 for {100 * share:.0f}% of the time, mean "
-            f"{mean:.1f}): p50 wait {p50:.1f}s vs bind_rtt {warm.bind_rtt_s:g}s: {met}"
-            + (f" ({others})" if others else "")
+            f"{mean:.1f}): p50 time to running {p50:.1f}s vs {warm.bind_rtt_s:g}s (a free instance binds at "
+            f"once): {met}" + (f" ({others})" if others else "")
         )
     return out
 
@@ -175,18 +186,23 @@ def size_rows(rep: TraceReport) -> tuple[list[str], list[list[str]]]:
 
 
 def load_rows(reports: Sequence[TraceReport]) -> tuple[list[str], list[list[str]]]:
-    """Served share of offered demand per policy (rows) and load (columns), per replayed cluster. Pure."""
+    """Served share of offered demand per policy (rows) and node order and load (columns), per replayed
+    cluster. Pure."""
     scaled = [rep for rep in reports if rep.load is not None]
-    columns = sorted({(_base(rep), rep.load or 0.0) for rep in scaled})
-    header = ["policy", *(f"{base} @{load:g}" for base, load in columns)]
+    columns = sorted({(_base(rep), rep.node_order, rep.load or 0.0) for rep in scaled})
+    one_base = len({c[0] for c in columns}) == 1
+    header = [
+        "policy",
+        *(f"{'' if one_base else base + ' '}{order} @{load:g}" for base, order, load in columns),
+    ]
     policies: list[str] = []
     for rep in scaled:
         policies += [r.policy for r in rep.results if r.policy not in policies]
     rows = []
     for policy in policies:
         cells = [policy]
-        for base, load in columns:
-            rep = next(x for x in scaled if _base(x) == base and x.load == load)
+        for base, order, load in columns:
+            rep = next(x for x in scaled if _base(x) == base and x.node_order == order and x.load == load)
             r = rep.by_policy(policy)
             cells.append(
                 f"{100 * r.served_slice_h / r.offered_slice_h:.1f}%" if r and r.offered_slice_h else "-"
@@ -200,10 +216,48 @@ def _base(rep: TraceReport) -> str:
     return name.rsplit("-load", 1)[0] if rep.load is not None else name
 
 
+def sensitivity_rows(reports: Sequence[TraceReport]) -> tuple[list[str], list[list[str]]]:
+    """Per node order, load and creating policy: served slice-h and time to running (p50 / mean / p95)
+    at every create latency run, and the served range over them. Pure."""
+    scaled = [rep for rep in reports if rep.load is not None]
+    latencies = sorted({rep.create_latency_s for rep in scaled})
+    header = ["order", "load", "policy"]
+    header += [f"served @{x:g}s" for x in latencies]
+    header += [f"to running p50 / mean / p95 @{x:g}s" for x in latencies]
+    header.append("served range")
+    groups = sorted({(rep.node_order, rep.load or 0.0) for rep in scaled})
+    rows = []
+    for order, load in groups:
+        at = {rep.create_latency_s: rep for rep in scaled if rep.node_order == order and rep.load == load}
+        swept = [x for x in latencies if x in at]
+        policies = [r.policy for r in at[swept[0]].results] if swept else []
+        for policy in policies:
+            runs = {x: at[x].by_policy(policy) for x in swept}
+            if any(r is None for r in runs.values()) or len(runs) < len(latencies):
+                continue  # not run at every latency (a policy that creates nothing)
+            served = [r.served_slice_h for r in runs.values() if r is not None]
+            cells = [order, f"{load:g}", policy]
+            cells += [f"{r.served_slice_h:,.0f}" if r else "-" for r in runs.values()]
+            cells += [
+                f"{_h(r.wait_p50_s)} / {_h(r.wait_mean_s)} / {_h(r.wait_p95_s)}" if r else "-"
+                for r in runs.values()
+            ]
+            lo, hi = min(served), max(served)
+            cells.append(f"{hi - lo:,.0f} ({100 * (hi - lo) / hi:.2f}%)" if hi else "0")
+            rows.append(cells)
+    return header, rows
+
+
 def replay_row(rep: TraceReport, r: RunResult) -> dict[str, Any]:
     """One online-replay row of ``results.json`` (the schema docs/benchmarks.md lists). Pure."""
     return {
         "trace": _base(rep),
+        "node_order": rep.node_order,
+        "create_latency_s": rep.create_latency_s,
+        "alloc_wait_mean_s": r.alloc_wait_mean_s,
+        "alloc_wait_p50_s": r.alloc_wait_p50_s,
+        "alloc_wait_p95_s": r.alloc_wait_p95_s,
+        "destroyed_per_started_job": r.destroyed / r.started if r.started else None,
         "load": rep.load,
         "reached_load": rep.reached_load,
         "policy": r.policy,
@@ -310,7 +364,11 @@ def _result_json(r: RunResult) -> dict[str, Any]:
 
 
 def write_json(
-    path: Path, reports: Sequence[TraceReport], paper: Sequence[PaperRun], meta: dict[str, Any]
+    path: Path,
+    reports: Sequence[TraceReport],
+    paper: Sequence[PaperRun],
+    meta: dict[str, Any],
+    sweep: Sequence[TraceReport] = (),
 ) -> None:
     """Dump every figure to ``path``. Side effect: writes the file."""
     doc = {
@@ -318,6 +376,8 @@ def write_json(
         "traces": [
             {
                 "trace": rep.trace.name,
+                "node_order": rep.node_order,
+                "create_latency_s": rep.create_latency_s,
                 "load": rep.load,
                 "jobs": len(rep.trace.jobs),
                 "gpus": rep.trace.cluster.gpu_count,
@@ -330,6 +390,7 @@ def write_json(
             for rep in reports
         ],
         "online_replay": [replay_row(rep, r) for rep in reports for r in rep.results],
+        "latency_sweep": [replay_row(rep, r) for rep in sweep for r in rep.results],
         "paper_protocol": [asdict(r) for r in paper],
     }
     path.write_text(json.dumps(doc, indent=2) + "\n")
@@ -453,11 +514,13 @@ def _load_plot(out: Path, reports: Sequence[TraceReport], plt: Any) -> Path:
     served_ax.set_xlabel("load (peak demand / capacity)")
     served_ax.set_ylabel("demand served (% of offered slice-hours)")
     wait_ax.set_xlabel("load (peak demand / capacity)")
-    wait_ax.set_ylabel("mean wait, every job (s)")
+    wait_ax.set_ylabel("mean time to running, every job (s)")
     wait_ax.set_yscale("symlog", linthresh=1.0)  # 0 s waits (pre-cut layouts) stay on the plot
     served_ax.legend(fontsize=7, loc="lower left")
     name = reports[0].trace.name.rsplit("-load", 1)[0]  # one cluster, every load level
-    fig.suptitle(f"{name}: served demand and wait against load")
+    fig.suptitle(
+        f"{name}: served demand and time to running against load ({reports[0].node_order} node order)"
+    )
     fig.tight_layout()
     path = out / "load.png"
     fig.savefig(path, dpi=110)

@@ -6,6 +6,7 @@ Side effects: none beyond the allocators' own state (no files, no printing).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -16,12 +17,11 @@ from dynamig.planner import Policy, Strategy
 from dynamig.planner.warmpool import WarmPoolSizing
 from dynamig.simulate.allocators import (
     Allocator,
-    FirstFitAllocator,
     PoolAllocator,
     StaticAllocator,
     WholeGpuAllocator,
 )
-from dynamig.simulate.booking import HamiReserveAllocator, NvidiaDynamicMigAllocator
+from dynamig.simulate.booking import FirstFitAllocator, HamiReserveAllocator, NvidiaDynamicMigAllocator
 from dynamig.simulate.bounds import served_upper_bound
 from dynamig.simulate.cluster import Cluster
 from dynamig.simulate.dynamig_policy import DynamigAllocator
@@ -35,13 +35,15 @@ POLICIES = (
     "first-fit",
     "nvidia-dynamic-mig",
     "hami-reserve",
+    "hami-default",
     "dynamig",
     "dynamig-warm",
-    "dynamig-spread",
     "pool",
 )
-# what `dynamig simulate` runs unless --policies says otherwise (the two dynamig variants are opt-in)
-DEFAULT_POLICIES = tuple(p for p in POLICIES if p not in ("dynamig-warm", "dynamig-spread"))
+# what `dynamig simulate` runs unless --policies says otherwise (the labelled variants are opt-in)
+DEFAULT_POLICIES = tuple(p for p in POLICIES if p not in ("dynamig-warm", "hami-default"))
+# the policies that create instances, whose figures depend on the create latency (the latency sweep)
+CREATING = ("first-fit", "nvidia-dynamic-mig", "hami-reserve", "hami-default", "dynamig", "dynamig-warm")
 # policies that learn from arrivals over time; the paper protocol (no clock, no departures) leaves them out
 ONLINE_ONLY = ("dynamig-warm",)
 
@@ -92,6 +94,8 @@ class TraceReport:
     static_layouts: dict[str, dict[str, tuple[Layout, ...]]]  # label -> model key -> layouts
     load: float | None = None  # target peak demand / capacity of a load-scaled replay; None: as recorded
     reached_load: float | None = None  # the peak demand / capacity the compressed replay actually has
+    node_order: str = "pack"  # the scheduler's node order every booking policy had
+    create_latency_s: float = 0.0  # the run's create latency
 
     def by_policy(self, name: str) -> RunResult | None:
         return next((r for r in self.results if r.policy == name), None)
@@ -136,14 +140,22 @@ def allocator_factories(
     if "static" in policies:
         for label, layouts in statics.items():
             out.append((f"static:{label}", _static_factory(spec, layouts, label, log)))
+    order = cfg.node_order
     if "first-fit" in policies:
-        out.append(("first-fit", lambda: FirstFitAllocator(Cluster(spec, log=log), cfg.reshape_latency_s)))
+        out.append(
+            (
+                "first-fit",
+                lambda: FirstFitAllocator(
+                    Cluster(spec, log=log), cfg.reshape_latency_s, cfg.bind_rtt_s, node_order=order
+                ),
+            )
+        )
     if "nvidia-dynamic-mig" in policies:
         out.append(
             (
                 "nvidia-dynamic-mig",
                 lambda: NvidiaDynamicMigAllocator(
-                    Cluster(spec, log=log), cfg.reshape_latency_s, cfg.bind_rtt_s
+                    Cluster(spec, log=log), cfg.reshape_latency_s, cfg.bind_rtt_s, node_order=order
                 ),
             )
         )
@@ -151,7 +163,18 @@ def allocator_factories(
         out.append(
             (
                 "hami-reserve",
-                lambda: HamiReserveAllocator(Cluster(spec, log=log), cfg.reshape_latency_s, cfg.bind_rtt_s),
+                lambda: HamiReserveAllocator(
+                    Cluster(spec, log=log), cfg.reshape_latency_s, cfg.bind_rtt_s, node_order=order
+                ),
+            )
+        )
+    if "hami-default" in policies:  # HAMi with its own scheduler's default node policy (binpack)
+        out.append(
+            (
+                "hami-default",
+                lambda: HamiReserveAllocator(
+                    Cluster(spec, log=log), cfg.reshape_latency_s, cfg.bind_rtt_s, node_order="binpack"
+                ),
             )
         )
     if "dynamig" in policies:
@@ -164,20 +187,8 @@ def allocator_factories(
                     reshape_latency_s=cfg.reshape_latency_s,
                     cooldown_s=cfg.cooldown_s,
                     bind_rtt_s=cfg.bind_rtt_s,
-                ),
-            )
-        )
-    if "dynamig-spread" in policies:  # the scheduler's default spreading node order instead of packing
-        out.append(
-            (
-                "dynamig-spread",
-                lambda: DynamigAllocator(
-                    Cluster(spec, log=log),
-                    dyn.policy(models),
-                    reshape_latency_s=cfg.reshape_latency_s,
-                    cooldown_s=cfg.cooldown_s,
-                    bind_rtt_s=cfg.bind_rtt_s,
-                    node_order="spread",
+                    prebind_poll_s=cfg.prebind_poll_s,
+                    node_order=order,
                 ),
             )
         )
@@ -191,6 +202,8 @@ def allocator_factories(
                     reshape_latency_s=cfg.reshape_latency_s,
                     cooldown_s=cfg.cooldown_s,
                     bind_rtt_s=cfg.bind_rtt_s,
+                    prebind_poll_s=cfg.prebind_poll_s,
+                    node_order=order,
                     warm_sizing=dyn.sizing(cfg),
                     resize_every_s=dyn.warm_resize_s,
                     warm_max_slices=int(dyn.warm_max_share * total_slices),
@@ -228,11 +241,21 @@ def run_trace(
             progress(f"{trace.name}: {label}")
         results.append(simulate(trace, make(), cfg))
     slices = compute_slices_by_name(models)
-    # first-fit starts a job one creation latency after placing it, possibly just before its patience ran out
-    bound = served_upper_bound(
-        trace, slices, total_compute_slices(trace.cluster), start_slack_s=cfg.reshape_latency_s
+    # a job may start after its allocation, possibly placed just before its patience ran out: the watch delay
+    # and the create, and for a cut the wait until the next PreBind check
+    slack = cfg.bind_rtt_s + cfg.reshape_latency_s
+    if cfg.prebind_poll_s > 0 and slack > 0:
+        slack = cfg.prebind_poll_s * math.ceil(slack / cfg.prebind_poll_s - 1e-9)
+    bound = served_upper_bound(trace, slices, total_compute_slices(trace.cluster), start_slack_s=slack)
+    return TraceReport(
+        trace,
+        results,
+        bound,
+        statics,
+        load,
+        node_order=cfg.node_order,
+        create_latency_s=cfg.reshape_latency_s,
     )
-    return TraceReport(trace, results, bound, statics, load)
 
 
 # -- the paper's protocol: sampled tasks, no departures ----------------------------------------------------
@@ -264,7 +287,14 @@ def run_paper_protocol(
     re-cuts are instant, and nobody sees a later arrival). Deterministic."""
     models = cluster_models(spec)
     capacity = spec.gpu_count
-    instant = SimConfig(window_s=0.0, reshape_latency_s=0.0, cooldown_s=0.0, bind_rtt_s=0.0)
+    instant = SimConfig(
+        window_s=0.0,
+        reshape_latency_s=0.0,
+        cooldown_s=0.0,
+        bind_rtt_s=0.0,
+        prebind_poll_s=0.0,
+        node_order=cfg.node_order,
+    )
     mixes = {m.key: device_mix_on(jobs, m) for m in models}
     once = tuple(p for p in policies if p not in ONLINE_ONLY)
     factories, _ = allocator_factories(spec, mixes, instant, dyn, once)
