@@ -37,6 +37,7 @@ from dynamig.agent.allocations import AllocationAnswerer
 from dynamig.agent.answering import refusals
 from dynamig.agent.binding import Ready
 from dynamig.agent.features import InventorySupport, detect_inventory
+from dynamig.agent.given_uuids import given_uuids
 from dynamig.agent.gpu_status import (
     GpuOutcome,
     degraded_status,
@@ -426,6 +427,9 @@ class NodeAgent:
         created: dict[str, GpuPartition] = {}
         replaced: list[UuidChange] = []
         stamp = now_rfc3339()
+        given = given_uuids(
+            view.slices, view.raw_claims, self.settings.driver, node, from_slices=not self.partitionable
+        )
         for gpu in view.gpus:
             name = gpu_partition_name(node, gpu.index)
             part = view.parts.get(name)
@@ -459,7 +463,7 @@ class NodeAgent:
                 outcomes.append(GpuOutcome(name, status=status))
                 continue
             now_uuids = {device_name(i.gpu_index, i.profile, i.start): i.mig_uuid for i in instances}
-            for change in self.allocated_uuids.update(f"gpu{gpu.index}-", now_uuids, view.claims):
+            for change in self.allocated_uuids.update(f"gpu{gpu.index}-", now_uuids, view.claims, given):
                 log.warning("%s: %s", name, change.message())
                 outcome.events.append(("Warning", change.reason, change.message()))
                 replaced.append(change)

@@ -47,11 +47,17 @@ class AllocatedUuids:
         self._held: dict[str, _Held] = {}
 
     def update(
-        self, prefix: str, uuids: Mapping[str, str], claims: Mapping[str, Sequence[str]]
+        self,
+        prefix: str,
+        uuids: Mapping[str, str],
+        claims: Mapping[str, Sequence[str]],
+        given: Mapping[str, str] | None = None,
     ) -> list[UuidChange]:
         """One GPU, whose device names start with ``prefix`` (``gpu<index>-``): ``uuids`` maps each instance
-        that exists now to its MIG UUID, ``claims`` each allocated device to its holders. Returns the changes
-        since the last call for that GPU, each reported once."""
+        that exists now to its MIG UUID, ``claims`` each allocated device to its holders, ``given`` the MIG
+        UUID a device was allocated with where that is recorded (:mod:`dynamig.agent.given_uuids`). Returns
+        the changes since the last call for that GPU, each reported once."""
+        given = given or {}
         changes: list[UuidChange] = []
         scope = {d for d in claims if d.startswith(prefix)} | {d for d in self._held if d.startswith(prefix)}
         for dev in sorted(scope):
@@ -62,9 +68,13 @@ class AllocatedUuids:
             now = uuids.get(dev, "")
             seen = self._held.get(dev)
             if seen is None or seen.holders != holders:
-                if now:  # first seen held (or held by new claims): this is the UUID they were given
-                    self._held[dev] = _Held(now, holders, True)
-                continue
+                # First seen held: the UUID recorded with the allocation, else the one there now (an instance
+                # replaced before this sighting is then told from the one the claims got). Held by new
+                # claims: the instance there now is theirs.
+                first = (given.get(dev, "") if seen is None else "") or now
+                if not first:
+                    continue
+                seen = self._held[dev] = _Held(first, holders, True)
             if not now and seen.present:
                 changes.append(UuidChange(dev, holders, seen.uuid, ""))
                 seen.present = False
