@@ -100,6 +100,10 @@ async def test_expected_states_are_normal_and_verdicts_and_demand_tell_the_truth
             warnings = [e for e in gpu_events if e["type"] == "Warning"]
             assert warnings == [], warnings
 
+            # What the policy counted before this test's waiting claims: in a session other tests' claims
+            # without node constraints may be pending too; the figures below are this test's share.
+            before = ((await k.policy(policy)).get("status") or {}).get("pendingDemand") or {}
+
             # ---- 2. a pod of two claims of four: each fits the node alone, both do not -------------
             for name in ("left", "right"):
                 body = resource_claim(name, exactly(f'{PROFILE} == "1g.10gb"', count=4))
@@ -120,15 +124,24 @@ async def test_expected_states_are_normal_and_verdicts_and_demand_tell_the_truth
             )
             await k.core.create_namespaced_pod(namespace, claim_pod("broken", where, claim="broken"))
 
+            seen: list[dict[str, Any]] = [before]
+
+            def added(key: str) -> dict[str, int]:
+                now, then = seen[-1].get(key) or {}, before.get(key) or {}
+                return {name: n - then.get(name, 0) for name, n in now.items() if n != then.get(name, 0)}
+
             async def demand() -> dict[str, Any] | None:
                 st = (await k.policy(policy)).get("status") or {}
-                pending = st.get("pendingDemand") or {}
-                want = {"NoCapacity": 2, "SchedulerError": 1}
-                return pending if pending.get("byReason") == want else None
+                seen.append(st.get("pendingDemand") or {})
+                return seen[-1] if added("byReason") == {"NoCapacity": 2, "SchedulerError": 1} else None
 
-            pending = await eventually(demand, "the policy's pending demand by reason", within_s=60)
-            assert pending["total"] == 3
-            assert pending["byProfile"] == {"1g.10gb": 8}, pending  # not the claim the scheduler fails on
+            try:
+                pending = await eventually(demand, "the policy's pending demand by reason", within_s=60)
+            except TimeoutError as exc:
+                raise AssertionError(f"pendingDemand before {before}, last {seen[-1]}") from exc
+            assert pending["total"] - before.get("total", 0) == 3, (before, pending)
+            # Not the claim the scheduler fails on:
+            assert added("byProfile") == {"1g.10gb": 8}, (before, pending)
             for name in ("left", "right"):
                 reasons = {(e["type"], e["reason"]) for e in await k.events(name)}
                 assert ("Warning", "NoCapacity") in reasons, reasons

@@ -412,11 +412,11 @@ def test_dev_cluster_with_gpu_nodes_runs_dynamig_you_can_kubectl(
             assert f"{name}: pid" in status and url in status, status
             with urllib.request.urlopen(url, timeout=10) as resp:
                 served = resp.read().decode()
-            # The agent's own series (its node's instances), the operator's planning state.
+            # The agent's own series (a phase per GPU of its node; instances come and go), the operator's.
             family = (
-                f'dynamig_mig_instances{{Hostname="{name[6:]}"'
+                f'dynamig_gpu_partition_phase{{Hostname="{name.removeprefix("agent-")}"'
                 if name != "operator"
-                else "dynamig_operator_governed_gpus"
+                else "dynamig_operator_build_info{"
             )
             assert family in served, (name, served[:500])
 
