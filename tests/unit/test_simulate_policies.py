@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.model import GpuModel
 from dynamig.planner import ClaimDemand, Policy
 from dynamig.simulate import alibaba
-from dynamig.simulate.allocators import Allocator, StaticAllocator
+from dynamig.simulate.allocators import Allocator, PoolAllocator, StaticAllocator, WholeGpuAllocator
 from dynamig.simulate.booking import (
     NODE_ORDERS,
     FirstFitAllocator,
@@ -353,6 +354,35 @@ def test_node_order_pack_fills_a_node_in_use_and_spread_takes_the_least_busy() -
     assert nodes == {"pack": (0, 0), "spread": (0, 1), "binpack": (0, 0)}
     with pytest.raises(ValueError, match="node_order"):
         DynamigAllocator(Cluster(spec), Policy(), reshape_latency_s=0.0, cooldown_s=0.0, node_order="random")
+
+
+def test_fixed_layouts_and_the_pool_follow_the_run_node_order(a100: GpuModel) -> None:
+    # two 2-GPU nodes around a 1-GPU one; whole-GPU jobs. The lowest-numbered node with room would give
+    # (0, 0, 1); pack takes the smallest idle node, then fills the node in use; spread the least busy one
+    spec = ClusterSpec(
+        (NodeSpec("a", 2, "A100-80GB"), NodeSpec("small", 1, "A100-80GB"), NodeSpec("b", 2, "A100-80GB"))
+    )
+    makers: dict[str, Callable[[str], Allocator]] = {
+        "static": lambda order: StaticAllocator(Cluster(spec), (whole(a100),), "all-7g", order),
+        "whole-gpu": lambda order: WholeGpuAllocator(Cluster(spec), order),
+        "pool": lambda order: PoolAllocator(Cluster(spec), order),
+    }
+    for name, make in makers.items():
+        nodes = {}
+        for order in NODE_ORDERS:
+            alloc = make(order)
+            got = [alloc.place(Job(f"j{i}", 0.0, None, ("7g.80gb",)), 0.0) for i in range(3)]
+            nodes[order] = tuple(-1 if a is None else a.node for a in got)
+        assert nodes == {"pack": (1, 0, 0), "spread": (0, 1, 2), "binpack": (0, 0, 1)}, name
+        # a released GPU is offered again, and the order follows what is held now
+        alloc = make("spread")
+        first = alloc.place(Job("x", 0.0, None, ("7g.80gb",)), 0.0)
+        assert first is not None and first.node == 0
+        alloc.release(Job("x", 0.0, None, ("7g.80gb",)), first, 1.0)
+        again = alloc.place(Job("y", 1.0, None, ("7g.80gb",)), 1.0)
+        assert again is not None and again.node == 0, name
+    with pytest.raises(ValueError, match="node_order"):
+        PoolAllocator(Cluster(spec), "random")
 
 
 # -- dynamig with a warm pool sized from the trace's own history (dynamig-warm) ---------------------------

@@ -10,14 +10,15 @@
   shows what placement rules cost).
 
 Jobs are placed the way the Kubernetes scheduler allocates DRA claims: alternatives in order, the first
-that has a free device anywhere wins (the fixed layouts here: the lowest-numbered GPU with a free instance;
-the booking policies follow the run's node order); the devices of a multi-device claim sit on one node, on
-distinct GPUs.
+that has a free device on some node wins, nodes tried in the run's node order (``NODE_ORDERS``, the same for
+every policy; on a node the fixed layouts take the lowest-numbered GPU with a free instance); the devices of
+a multi-device claim sit on one node, on distinct GPUs.
 Allocators mutate their cluster (side effects); they never look at the future of the trace.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
@@ -26,6 +27,34 @@ from dataclasses import dataclass
 from dynamig.geometry.model import Layout
 from dynamig.simulate.cluster import Cluster, Instance
 from dynamig.simulate.trace import Job, full_profile, preferred_on
+
+# The scheduler's node order, applied alike to every policy of a run:
+# "pack": nodes in use first (in node order), then idle nodes, smallest first (kube-scheduler with a
+#   packing score, NodeResourcesFit MostAllocated, the configuration docs/install.md recommends);
+# "spread": the least busy node first (kube-scheduler's default NodeResourcesFit LeastAllocated,
+#   pkg/scheduler/apis/config/v1/defaults.go);
+# "binpack": the busiest node first (HAMi's own default node policy; used for its labelled row).
+NODE_ORDERS = ("pack", "spread", "binpack")
+
+
+def check_node_order(node_order: str) -> str:
+    """``node_order`` if it is one of ``NODE_ORDERS``. Raises ValueError otherwise."""
+    if node_order not in NODE_ORDERS:
+        raise ValueError(f"node_order must be one of {', '.join(NODE_ORDERS)}, not {node_order!r}")
+    return node_order
+
+
+def node_order_key(node_order: str, node: int, busy: int, size: int) -> tuple[int, ...]:
+    """Sort key of ``node`` (``busy`` compute slices held, ``size`` GPUs) in ``node_order``: the
+    scheduler tries the smallest first. Pure."""
+    if node_order == "spread":  # LeastAllocated, on GPU slices; 840 is divisible by 1..8
+        return (busy * 840 // size, node)
+    if node_order == "binpack":  # the busiest node first
+        return (-(busy * 840 // size), node)
+    # nodes in use first, in node order (measured: ordering them busiest first packed no better and
+    # served less on the fragmentation and heavy-tailed traces), then idle nodes smallest first, so
+    # whole big nodes stay whole for multi-GPU claims
+    return (0, node) if busy else (1, size, node)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,57 +138,94 @@ class Allocator:
 
 
 class InstancePoolAllocator(Allocator):
-    """Jobs take existing free, ready instances; released instances stay (they are not destroyed)."""
+    """Jobs take existing free, ready instances; released instances stay (they are not destroyed).
+    Nodes are tried in ``node_order`` (the run's, as for every policy); on a node, the lowest-numbered GPU
+    with a free instance, lowest start first."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, node_order: str = "pack") -> None:
         super().__init__(cluster)
-        self._seq = itertools.count()
-        self._free: dict[str, list[tuple[int, int, int, Instance]]] = {}
-        # the same per (profile, node GPU type), for jobs restricted to some types
-        self._free_typed: dict[tuple[str, str], list[tuple[int, int, int, Instance]]] = {}
-        # profile -> node -> its free instances of that profile (for multi-GPU claims, which need one node)
+        self.node_order = check_node_order(node_order)
+        self.node_busy = [0] * len(cluster.nodes)  # compute slices held per node
+        self.node_size = [len(n) for n in cluster.nodes]
+        self._version = [0] * len(cluster.nodes)
+        # profile -> node -> its free instances of that profile
         self._free_by_node: dict[str, dict[int, set[Instance]]] = {}
+        # lazy heaps of nodes with a free instance, (order key, node, version): per profile, and per
+        # (profile, node GPU type) for jobs restricted to some types
+        self._nodes: dict[str, list[tuple[tuple[int, ...], int, int]]] = {}
+        self._nodes_typed: dict[tuple[str, str], list[tuple[tuple[int, ...], int, int]]] = {}
 
     def _push(self, inst: Instance) -> None:
-        entry = (inst.gpu.pos, inst.start, next(self._seq), inst)
-        heapq.heappush(self._free.setdefault(inst.profile, []), entry)
-        kind = self.cluster.node_types[inst.gpu.node_pos]
-        heapq.heappush(self._free_typed.setdefault((inst.profile, kind), []), entry)
-        self._free_by_node.setdefault(inst.profile, {}).setdefault(inst.gpu.node_pos, set()).add(inst)
+        """``inst`` is free (again). Side effect: the indexes."""
+        node = inst.gpu.node_pos
+        self._free_by_node.setdefault(inst.profile, {}).setdefault(node, set()).add(inst)
+        self._push_node(node, (inst.profile,))
+
+    def _push_node(self, node: int, profiles: Iterable[str]) -> None:
+        entry = (
+            node_order_key(self.node_order, node, self.node_busy[node], self.node_size[node]),
+            node,
+            self._version[node],
+        )
+        kind = self.cluster.node_types[node]
+        for profile in profiles:
+            heapq.heappush(self._nodes.setdefault(profile, []), entry)
+            heapq.heappush(self._nodes_typed.setdefault((profile, kind), []), entry)
+
+    def _busy_changed(self, node: int, delta: int) -> None:
+        """``delta`` compute slices were taken (or given back) on ``node``: its order key changed."""
+        self.node_busy[node] += delta
+        self._version[node] += 1
+        self._push_node(node, [p for p, nodes in self._free_by_node.items() if nodes.get(node)])
 
     @staticmethod
     def _usable(inst: Instance, now: float) -> bool:
         return inst.alive and not inst.job and inst.ready_at <= now
 
     def free_count(self, profile: str, now: float) -> int:
-        return sum(1 for e in self._free.get(profile, ()) if self._usable(e[3], now))
+        nodes = self._free_by_node.get(profile, {})
+        return sum(1 for free in nodes.values() for i in free if self._usable(i, now))
+
+    def _on_node(self, profile: str, node: int, now: float) -> Instance | None:
+        """The node's first usable free instance of ``profile`` (lowest GPU, lowest start)."""
+        free = [i for i in self._free_by_node.get(profile, {}).get(node, ()) if self._usable(i, now)]
+        return min(free, key=lambda i: (i.gpu.pos, i.start)) if free else None
+
+    def _head(
+        self, heap: list[tuple[tuple[int, ...], int, int]] | None, profile: str, now: float
+    ) -> tuple[tuple[int, ...], int] | None:
+        """(order key, node) of the first node of ``heap`` with a usable free instance of ``profile``,
+        dropping stale entries (re-pushed when the node changes). Side effect: pops them."""
+        while heap:
+            key, node, version = heap[0]
+            if version == self._version[node] and self._on_node(profile, node, now) is not None:
+                return key, node
+            heapq.heappop(heap)
+        return None
 
     def _first_free(self, profile: str, now: float, job: Job | None = None) -> Instance | None:
-        if job is not None and job.gpu_types:  # restricted to some types: the first of their heaps' heads
-            heads = [self._head(self._free_typed.get((profile, kind)), now) for kind in job.gpu_types]
+        if job is not None and job.gpu_types:  # restricted to some types: the best of their heaps' heads
+            heads = [self._head(self._nodes_typed.get((profile, k)), profile, now) for k in job.gpu_types]
             found = [h for h in heads if h is not None]
-            return min(found, key=lambda i: (i.gpu.pos, i.start)) if found else None
-        return self._head(self._free.get(profile), now)
-
-    def _head(self, heap: list[tuple[int, int, int, Instance]] | None, now: float) -> Instance | None:
-        """The first usable instance of ``heap``, dropping stale entries. Side effect: pops them."""
-        while heap:
-            inst = heap[0][3]
-            if self._usable(inst, now):
-                return inst
-            heapq.heappop(heap)  # stale: destroyed or held; re-pushed when it becomes free again
-        return None
+            if not found:
+                return None
+            return self._on_node(profile, min(found)[1], now)
+        head = self._head(self._nodes.get(profile), profile, now)
+        return None if head is None else self._on_node(profile, head[1], now)
 
     def _free_on_one_node(
         self, profile: str, count: int, now: float, job: Job | None = None
     ) -> list[Instance] | None:
         nodes = self._free_by_node.get(profile, {})
-        for node in sorted(nodes):
-            free = nodes[node]
-            if len(free) < count or (job is not None and not self.cluster.allows(job, node)):
+        order = sorted(
+            (n for n, free in nodes.items() if len(free) >= count),
+            key=lambda n: node_order_key(self.node_order, n, self.node_busy[n], self.node_size[n]),
+        )
+        for node in order:
+            if job is not None and not self.cluster.allows(job, node):
                 continue
             by_gpu: dict[int, Instance] = {}
-            for inst in sorted(free, key=lambda i: (i.gpu.pos, i.start)):
+            for inst in sorted(nodes[node], key=lambda i: (i.gpu.pos, i.start)):
                 if self._usable(inst, now):
                     by_gpu.setdefault(inst.gpu.pos, inst)
             if len(by_gpu) >= count:
@@ -180,14 +246,18 @@ class InstancePoolAllocator(Allocator):
                 for inst in chosen:
                     self.cluster.assign(inst, job.name, now)
                     self._free_by_node[inst.profile][inst.gpu.node_pos].discard(inst)
-                return Allocation(sum(i.slices for i in chosen), tuple(chosen), chosen[0].gpu.node_pos)
+                node = chosen[0].gpu.node_pos
+                slices = sum(i.slices for i in chosen)
+                self._busy_changed(node, slices)
+                return Allocation(slices, tuple(chosen), node)
         return None
 
     def _release(self, job: Job, alloc: Allocation, now: float) -> None:
         for inst in alloc.instances:
             self.cluster.release(inst, now)
             if inst.alive:
-                self._push(inst)
+                self._free_by_node.setdefault(inst.profile, {}).setdefault(inst.gpu.node_pos, set()).add(inst)
+        self._busy_changed(alloc.node, -alloc.slices)
 
 
 class StaticAllocator(InstancePoolAllocator):
@@ -198,9 +268,13 @@ class StaticAllocator(InstancePoolAllocator):
     name = "static"
 
     def __init__(
-        self, cluster: Cluster, layouts: Sequence[Layout] | Mapping[str, Sequence[Layout]], label: str
+        self,
+        cluster: Cluster,
+        layouts: Sequence[Layout] | Mapping[str, Sequence[Layout]],
+        label: str,
+        node_order: str = "pack",
     ) -> None:
-        super().__init__(cluster)
+        super().__init__(cluster, node_order)
         self.name = f"static:{label}"
         if isinstance(layouts, Mapping):
             cycles = {key: itertools.cycle(lays) for key, lays in layouts.items() if lays}
@@ -219,8 +293,8 @@ class WholeGpuAllocator(InstancePoolAllocator):
 
     name = "whole-gpu"
 
-    def __init__(self, cluster: Cluster) -> None:
-        super().__init__(cluster)
+    def __init__(self, cluster: Cluster, node_order: str = "pack") -> None:
+        super().__init__(cluster, node_order)
         self._full: dict[str, str] = {key: full_profile(m).name for key, m in cluster.models.items()}
         for gpu in cluster.gpus:
             self._push(cluster.create(gpu, self._full[gpu.model.key], 0, 0.0, 0.0))
@@ -246,17 +320,23 @@ class WholeGpuAllocator(InstancePoolAllocator):
 
 class PoolAllocator(Allocator):
     """No placement rules: a node is a pool of compute slices; a job takes ``count`` x its preferred
-    profile's slices from one node's pool."""
+    profile's slices from one node's pool, nodes tried in ``node_order`` (the run's)."""
 
     name = "pool (no placement rules)"
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, node_order: str = "pack") -> None:
         super().__init__(cluster)
-        self._free = [sum(g.model.compute_slices for g in node) for node in cluster.nodes]
+        self.node_order = check_node_order(node_order)
+        self._size = [sum(g.model.compute_slices for g in node) for node in cluster.nodes]
+        self._gpus = [len(node) for node in cluster.nodes]
+        self._free = list(self._size)
         self._total_free = sum(self._free)
         self._busy = 0
         self._model = {i: node[0].model for i, node in enumerate(cluster.nodes) if node}
         self._need: dict[tuple[tuple[str, ...], int, str], int | None] = {}  # (alternatives, count, model)
+        # nodes in node order, with their keys (kept sorted: a node moves when what it holds changes)
+        self._keys = sorted(self._key(n) for n in range(len(self._free)))
+        self._order = [key[-1] for key in self._keys]
 
     def _need_on(self, job: Job, node: int) -> int | None:
         """Compute slices ``job`` takes from ``node``'s pool: ``count`` x the slices of its first
@@ -281,8 +361,26 @@ class PoolAllocator(Allocator):
             out += -(-(sum(g.model.compute_slices for g in self.cluster.nodes[node]) - free) // size)
         return out
 
+    def _key(self, node: int) -> tuple[int, ...]:
+        return node_order_key(self.node_order, node, self._size[node] - self._free[node], self._gpus[node])
+
+    def _take(self, node: int, slices: int) -> None:
+        """``slices`` taken from ``node``'s pool (negative: given back); the node moves in the order."""
+        old = self._key(node)
+        self._free[node] -= slices
+        self._total_free -= slices
+        self._busy += slices
+        new = self._key(node)
+        if new != old:
+            i = bisect.bisect_left(self._keys, old)
+            del self._keys[i], self._order[i]
+            j = bisect.bisect_left(self._keys, new)
+            self._keys.insert(j, new)
+            self._order.insert(j, node)
+
     def _place(self, job: Job, now: float) -> Allocation | None:
-        for node, free in enumerate(self._free):
+        for node in self._order:
+            free = self._free[node]
             if free <= 0 or not self.cluster.allows(job, node):
                 continue
             need = self._need_on(job, node)
@@ -291,13 +389,9 @@ class PoolAllocator(Allocator):
             if need > self._total_free:
                 return None  # (equal-size alternatives on every model: no other node needs less)
             if free >= need:
-                self._free[node] -= need
-                self._total_free -= need
-                self._busy += need
+                self._take(node, need)
                 return Allocation(need, (), node)
         return None
 
     def _release(self, job: Job, alloc: Allocation, now: float) -> None:
-        self._free[alloc.node] += alloc.slices
-        self._total_free += alloc.slices
-        self._busy -= alloc.slices
+        self._take(alloc.node, -alloc.slices)

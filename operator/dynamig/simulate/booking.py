@@ -43,17 +43,10 @@ from dataclasses import dataclass
 
 from dynamig.geometry.layout import free_starts
 from dynamig.geometry.model import GpuModel, Layout, normalize_layout
-from dynamig.simulate.allocators import Allocation, Allocator
+from dynamig.simulate.allocators import NODE_ORDERS as NODE_ORDERS  # re-exported: the run's node orders
+from dynamig.simulate.allocators import Allocation, Allocator, check_node_order, node_order_key
 from dynamig.simulate.cluster import Cluster, Gpu, Instance
 from dynamig.simulate.trace import Job, plain_profiles
-
-# The scheduler's node order, applied alike to every policy of a run:
-# "pack": nodes in use first (in node order), then idle nodes, smallest first (kube-scheduler with a
-#   packing score, NodeResourcesFit MostAllocated, the configuration docs/install.md recommends);
-# "spread": the least busy node first (kube-scheduler's default NodeResourcesFit LeastAllocated,
-#   pkg/scheduler/apis/config/v1/defaults.go);
-# "binpack": the busiest node first (HAMi's own default node policy; used for its labelled row).
-NODE_ORDERS = ("pack", "spread", "binpack")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,9 +75,7 @@ class OfferAllocator(Allocator):
         node_order: str = "pack",
     ) -> None:
         super().__init__(cluster)
-        if node_order not in NODE_ORDERS:
-            raise ValueError(f"node_order must be one of {', '.join(NODE_ORDERS)}, not {node_order!r}")
-        self.node_order = node_order
+        self.node_order = check_node_order(node_order)
         self.latency = create_latency_s
         self.bind = bind_rtt_s
         self.serialize = serialize_creates
@@ -133,15 +124,7 @@ class OfferAllocator(Allocator):
     # -- node order (subclasses refine) ------------------------------------------------------------------
     def node_key(self, node: int, profile: str) -> tuple[int, ...]:
         """Order in which the scheduler tries nodes for ``profile`` (smallest first): ``node_order``."""
-        busy = self.node_busy[node]
-        if self.node_order == "spread":  # LeastAllocated, on GPU slices; 840 is divisible by 1..8
-            return (busy * 840 // self.node_size[node], node)
-        if self.node_order == "binpack":  # the busiest node first
-            return (-(busy * 840 // self.node_size[node]), node)
-        # nodes in use first, in node order (measured: ordering them busiest first packed no better and
-        # served less on the fragmentation and heavy-tailed traces), then idle nodes smallest first, so
-        # whole big nodes stay whole for multi-GPU claims
-        return (0, node) if busy else (1, self.node_size[node], node)
+        return node_order_key(self.node_order, node, self.node_busy[node], self.node_size[node])
 
     def node_offers(self, node: int, profile: str, job: Job, now: float) -> list[Offer]:
         """The node's offers of ``profile`` in the order the scheduler books them."""

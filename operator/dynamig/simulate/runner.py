@@ -136,11 +136,11 @@ def allocator_factories(
     total_slices = total_compute_slices(spec)
     out: list[tuple[str, Callable[[], Allocator]]] = []
     if "whole-gpu" in policies:
-        out.append(("whole-gpu", lambda: WholeGpuAllocator(Cluster(spec, log=log))))
+        out.append(("whole-gpu", lambda: WholeGpuAllocator(Cluster(spec, log=log), cfg.node_order)))
+    order = cfg.node_order
     if "static" in policies:
         for label, layouts in statics.items():
-            out.append((f"static:{label}", _static_factory(spec, layouts, label, log)))
-    order = cfg.node_order
+            out.append((f"static:{label}", _static_factory(spec, layouts, label, log, order)))
     if "first-fit" in policies:
         out.append(
             (
@@ -211,14 +211,14 @@ def allocator_factories(
             )
         )
     if "pool" in policies:
-        out.append(("pool", lambda: PoolAllocator(Cluster(spec, log=log))))
+        out.append(("pool", lambda: PoolAllocator(Cluster(spec, log=log), order)))
     return out, statics
 
 
 def _static_factory(
-    spec: ClusterSpec, layouts: Mapping[str, tuple[Layout, ...]], label: str, log: bool
+    spec: ClusterSpec, layouts: Mapping[str, tuple[Layout, ...]], label: str, log: bool, node_order: str
 ) -> Callable[[], Allocator]:
-    return lambda: StaticAllocator(Cluster(spec, log=log), layouts, label)
+    return lambda: StaticAllocator(Cluster(spec, log=log), layouts, label, node_order)
 
 
 def run_trace(
