@@ -288,11 +288,9 @@ def _demands(
     return claim.planner_demands(_allowed(policy), models)
 
 
-def _pod_groups(
-    claims: Sequence[PendingClaim], demands_of: Mapping[str, tuple[ClaimDemand, ...]]
-) -> list[frozenset[str]]:
-    """Planner demand names that must land on one node: the requests of one claim, and every claim of one
-    pod (kube-scheduler allocates all of a pod's claims on the node it binds the pod to). Pure."""
+def _same_node_roots(claims: Sequence[PendingClaim]) -> dict[str, str]:
+    """Claim key -> one claim key per group of claims that must land on one node: the claims of one pod,
+    transitively (kube-scheduler allocates all of a pod's claims on the node it binds the pod to). Pure."""
     parent: dict[str, str] = {}
 
     def find(x: str) -> str:
@@ -306,9 +304,18 @@ def _pod_groups(
         for pod in c.pods:
             other = first_claim_of_pod.setdefault((pod.namespace, pod.name), c.claim.key)
             parent[find(c.claim.key)] = find(other)
+    return {c.claim.key: find(c.claim.key) for c in claims}
+
+
+def _pod_groups(
+    claims: Sequence[PendingClaim], demands_of: Mapping[str, tuple[ClaimDemand, ...]]
+) -> list[frozenset[str]]:
+    """Planner demand names that must land on one node: the requests of one claim, and every claim of one
+    pod (see :func:`_same_node_roots`). Pure."""
+    roots = _same_node_roots(claims)
     by_root: dict[str, set[str]] = {}
     for c in claims:
-        by_root.setdefault(find(c.claim.key), set()).update(d.name for d in demands_of.get(c.claim.key, ()))
+        by_root.setdefault(roots[c.claim.key], set()).update(d.name for d in demands_of.get(c.claim.key, ()))
     return [frozenset(g) for g in by_root.values() if len(g) > 1]
 
 
@@ -821,24 +828,11 @@ def _places_text(room: _Room, limit: int = 4) -> str:
 
 def _pod_mates(claims: Sequence[PendingClaim]) -> dict[str, tuple[PendingClaim, ...]]:
     """Claim key -> the other pending claims that must land on the same node with it (the claims of its pods,
-    transitively: kube-scheduler allocates all of a pod's claims on the node it binds the pod to). Claims
-    alone on their pods are left out. Pure."""
-    parent: dict[str, str] = {}
-
-    def find(x: str) -> str:
-        while parent.setdefault(x, x) != x:
-            x = parent[x]
-        return x
-
-    first: dict[tuple[str, str], str] = {}
-    for c in claims:
-        find(c.claim.key)
-        for pod in c.pods:
-            other = first.setdefault((pod.namespace, pod.name), c.claim.key)
-            parent[find(c.claim.key)] = find(other)
+    transitively, see :func:`_same_node_roots`). Claims alone on their pods are left out. Pure."""
+    roots = _same_node_roots(claims)
     groups: dict[str, list[PendingClaim]] = {}
     for c in claims:
-        groups.setdefault(find(c.claim.key), []).append(c)
+        groups.setdefault(roots[c.claim.key], []).append(c)
     return {
         c.claim.key: tuple(o for o in group if o is not c)
         for group in groups.values()
