@@ -65,20 +65,21 @@ class OfferAllocator(Allocator):
 
     keeps_free = False  # True: an instance outlives its job and is offered again
 
+    # One create at a time per node (NVIDIA's prepare lock); the peers that create at allocation do not.
+    serialize_creates = True
+
     def __init__(
         self,
         cluster: Cluster,
         create_latency_s: float = 0.0,
         bind_rtt_s: float = 0.0,
         *,
-        serialize_creates: bool = True,
         node_order: str = "pack",
     ) -> None:
         super().__init__(cluster)
         self.node_order = check_node_order(node_order)
         self.latency = create_latency_s
         self.bind = bind_rtt_s
-        self.serialize = serialize_creates
         self.profiles = tuple(sorted({p.name for m in cluster.models.values() for p in plain_profiles(m)}))
         self._node_free_at = [0.0] * len(cluster.nodes)  # when the node's next create may start
         self._can: list[frozenset[str]] = [frozenset()] * len(cluster.gpus)  # profiles each GPU offers
@@ -252,7 +253,7 @@ class OfferAllocator(Allocator):
                     self.reshapes += 1  # a re-cut: free instances made way for the booked placement
                 node = offer.gpu.node_pos
                 begin = now + self.bind
-                if self.serialize:
+                if self.serialize_creates:
                     begin = max(begin, self._node_free_at[node])
                     self._node_free_at[node] = begin + self.latency
                 done = begin + self.latency
@@ -301,18 +302,7 @@ class FirstFitAllocator(OfferAllocator):
     order, lowest start), created at allocation (creates not serialized), destroyed when the job ends."""
 
     name = "first-fit"
-
-    def __init__(
-        self,
-        cluster: Cluster,
-        create_latency_s: float = 0.0,
-        bind_rtt_s: float = 0.0,
-        *,
-        node_order: str = "pack",
-    ) -> None:
-        super().__init__(
-            cluster, create_latency_s, bind_rtt_s, serialize_creates=False, node_order=node_order
-        )
+    serialize_creates = False
 
     def node_offers(self, node: int, profile: str, job: Job, now: float) -> list[Offer]:
         out: list[Offer] = []
@@ -338,6 +328,8 @@ class HamiReserveAllocator(OfferAllocator):
 
     name = "hami-reserve"
 
+    serialize_creates = False
+
     def __init__(
         self,
         cluster: Cluster,
@@ -346,9 +338,7 @@ class HamiReserveAllocator(OfferAllocator):
         *,
         node_order: str = "pack",
     ) -> None:
-        super().__init__(
-            cluster, create_latency_s, bind_rtt_s, serialize_creates=False, node_order=node_order
-        )
+        super().__init__(cluster, create_latency_s, bind_rtt_s, node_order=node_order)
         if node_order == "binpack":
             self.name = "hami-reserve (HAMi's node binpack)"
 
