@@ -16,10 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dynamig.agent.gpu_status import Problem
 from dynamig.geometry.model import Layout
 from dynamig.kube.gpupartition import Reason
-
-Problem = tuple[str, str]  # (reason, message), as dynamig.agent.gpu_status.Problem
 
 RETRY_BASE_S = 2.0
 RETRY_MAX_S = 300.0
