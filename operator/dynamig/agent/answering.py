@@ -6,7 +6,7 @@
   answer (:func:`ordinary_holders`) nor is answered like one (:func:`admin_allocations`, then
   :func:`dynamig.agent.binding.decide` with ``admin=True``).
 - Bookings not yet answered (:func:`booked_devices`): the publisher keeps them in the slices until they are
-  (:mod:`dynamig.agent.booked`).
+  (``build_inventory_slices(booked=...)`` in :mod:`dynamig.kube.inventory`).
 - The GPUs the round refuses (:func:`refusals`): an allocation on one is answered failed with the
   refusal's reason, never cut, whatever older slice it was made from.
 """
@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dynamig.agent.gpu_status import Problem, refusal
+from dynamig.agent.kubeapi import claim_ref, claim_results
 from dynamig.agent.nvml_device import GpuInfo
 from dynamig.kube.answers import unanswered
 from dynamig.kube.gpupartition import GpuPartition
@@ -25,23 +26,12 @@ from dynamig.kube.names import gpu_partition_name
 Claims = Sequence[Mapping[str, Any]]
 
 
-def _results(claim: Mapping[str, Any], driver: str, pool: str) -> list[Mapping[str, Any]]:
-    alloc = (claim.get("status") or {}).get("allocation") or {}
-    results = (alloc.get("devices") or {}).get("results") or []
-    return [r for r in results if r.get("driver") == driver and r.get("pool") == pool]
-
-
-def _ref(claim: Mapping[str, Any]) -> str:
-    meta = claim.get("metadata") or {}
-    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-
-
 def admin_allocations(claims: Claims, driver: str, pool: str) -> frozenset[tuple[str, str]]:
     """(``namespace/name``, device) of every allocation of ``driver``/``pool`` with admin access. Pure."""
     return frozenset(
-        (_ref(c), str(r.get("device")))
+        (claim_ref(c), str(r.get("device")))
         for c in claims
-        for r in _results(c, driver, pool)
+        for r in claim_results(c, driver, pool)
         if r.get("adminAccess")
     )
 
@@ -50,9 +40,9 @@ def ordinary_holders(claims: Claims, driver: str, pool: str) -> dict[str, list[s
     """Device name -> ``namespace/name`` of the claims allocating it without admin access. Pure."""
     out: dict[str, list[str]] = {}
     for c in claims:
-        for r in _results(c, driver, pool):
+        for r in claim_results(c, driver, pool):
             if not r.get("adminAccess"):
-                out.setdefault(str(r.get("device")), []).append(_ref(c))
+                out.setdefault(str(r.get("device")), []).append(claim_ref(c))
     return out
 
 

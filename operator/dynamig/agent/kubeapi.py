@@ -11,7 +11,7 @@ comes back after an outage of any length is used again within seconds.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -287,15 +287,23 @@ class KubeApi:
         )
 
 
+def claim_results(claim: Mapping[str, Any], driver: str, pool: str) -> list[Mapping[str, Any]]:
+    """The allocation results of ``claim`` in ``driver``/``pool``. Pure."""
+    alloc = (claim.get("status") or {}).get("allocation") or {}
+    results = (alloc.get("devices") or {}).get("results") or []
+    return [r for r in results if r.get("driver") == driver and r.get("pool") == pool]
+
+
+def claim_ref(claim: Mapping[str, Any]) -> str:
+    """``namespace/name`` of a claim. Pure."""
+    meta = claim.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
 def allocated_devices(claims: list[dict[str, Any]], driver: str, pool: str) -> dict[str, list[str]]:
     """Device name -> ``namespace/name`` of claims whose allocation names it in ``driver``/``pool``. Pure."""
     out: dict[str, list[str]] = {}
     for claim in claims:
-        alloc = (claim.get("status") or {}).get("allocation") or {}
-        results = (alloc.get("devices") or {}).get("results") or []
-        meta = claim.get("metadata") or {}
-        ref = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-        for r in results:
-            if r.get("driver") == driver and r.get("pool") == pool:
-                out.setdefault(str(r.get("device")), []).append(ref)
+        for r in claim_results(claim, driver, pool):
+            out.setdefault(str(r.get("device")), []).append(claim_ref(claim))
     return out
