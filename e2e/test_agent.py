@@ -185,9 +185,14 @@ def stable_at(part: dict[str, Any] | None, generation: int | None = None) -> boo
 
 
 def agent_settings(node: str, settle_s: float = 0.3, interval_s: float = 0.5) -> AgentSettings:
-    """Short settle period and intervals for an agent running as a task of this event loop. Pure."""
+    """Short settle and quarantine periods and intervals for an agent running as a task of this event
+    loop. Pure."""
     return AgentSettings(
-        node=node, settle_seconds=settle_s, interval_seconds=interval_s, reshape_poll_seconds=0.1
+        node=node,
+        settle_seconds=settle_s,
+        quarantine_seconds=1.0,
+        interval_seconds=interval_s,
+        reshape_poll_seconds=0.1,
     )
 
 
@@ -627,7 +632,8 @@ async def test_agent_killed_mid_reshape_converges_after_restart(
     node = make_node("restart", labels={"dynamig.io/managed": "true"})
     name = f"{node}-gpu0"
     state, log = tmp_path / "simnvml.json", tmp_path / "agent.log"
-    flags = ("--settle-seconds", "0.3", "--sim-create-latency", "0.25", "--sim-destroy-latency", "0.4")
+    flags: tuple[str, ...] = ("--settle-seconds", "0.3", "--quarantine-seconds", "1")
+    flags += ("--sim-create-latency", "0.25", "--sim-destroy-latency", "0.4")
     first = start_agent_process(crd, node, "H100-80GB:1", state, log, *flags)
     try:
         await eventually(lambda: api.partition(name), "GpuPartition of the agent process", within_s=60)
@@ -661,7 +667,8 @@ async def test_agent_killed_mid_reshape_converges_after_restart(
 
     # Restart; kill again while the new instances are being created (slow creation makes the window wide).
     target_only = {(p, int(st)) for p, st in (i.split("@") for i in target.split(","))} - set(before)
-    slow = ("--settle-seconds", "0.3", "--sim-create-latency", "0.8", "--sim-destroy-latency", "0.25")
+    slow: tuple[str, ...] = ("--settle-seconds", "0.3", "--quarantine-seconds", "1")
+    slow += ("--sim-create-latency", "0.8", "--sim-destroy-latency", "0.25")
     second = start_agent_process(crd, node, "H100-80GB:1", state, log, *slow)
     try:
 

@@ -102,7 +102,10 @@ FAULTS = (
     "claim-storm",
     "control-plane-restart",
 )
-AGENT_FLAGS = ("--settle-seconds", "0.3", "--sim-create-latency", "0.2", "--sim-destroy-latency", "0.2")
+AGENT_FLAGS = (
+    "--settle-seconds", "0.3", "--quarantine-seconds", "1",
+    "--sim-create-latency", "0.2", "--sim-destroy-latency", "0.2",
+)  # fmt: skip
 INVENTORIES = ("instances", "partitionable")
 REPLACED_REASONS = ("AllocatedInstanceReplaced", "AllocatedInstanceLost")
 

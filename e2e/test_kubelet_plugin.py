@@ -59,6 +59,7 @@ from dynamig.agent.simulated_driver import (
     ci_cap_minor,
     gi_cap_minor,
 )
+from dynamig.backends import simnvml
 from dynamig.demo.cluster import claim_pod, ensure_device_class, exactly, resource_claim
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.geometry.catalog import load_catalog
@@ -479,13 +480,28 @@ async def test_destroyed_instance_is_recreated_and_taken_placement_is_refused(
     assert spec["devices"][0]["containerEdits"]["env"] == [f"DYNAMIG_MIG_UUIDS={new.mig_uuid}"]
     assert old_uuid is not None
 
-    # 2. The allocated placement is now held by another instance: a clear per-claim error, nothing created.
+    # 2. The allocated placement is now held by a free instance (the scheduler allocated it from a slice
+    # older than a retire): the last line of defence destroys the free one and creates the device.
     big = PlacedInstance(4, "3g.40gb")
     ref_big = await allocate(kube_api, namespace, node.name, big)
     assert node.devices.destroy(gpu, big) is True
-    intruder = node.devices.create(gpu, PlacedInstance(4, "2g.20gb"))
+    node.devices.create(gpu, PlacedInstance(4, "2g.20gb"))
     node.files.sync()
     answer = (await node.kubelet.prepare(ref_big))[ref_big[2]]
+    assert answer.error == ""
+    assert node.mig_uuid(PlacedInstance(4, "2g.20gb")) is None and node.mig_uuid(big)
+    assert "gpu0-3g40gb-s4" in node.agent.prepared
+    assert node.agent.metrics.bound_recovered.labels(node.name)._value.get() == 1
+    await node.kubelet.unprepare(ref_big)
+
+    # 3. Held by an instance a process uses: a clear per-claim error, nothing destroyed, nothing created.
+    assert node.devices.destroy(gpu, big) is True
+    intruder = node.devices.create(gpu, PlacedInstance(4, "2g.20gb"))
+    simnvml.attach_process(intruder.mig_uuid, 4242)
+    node.files.sync()
+    answer = (await node.kubelet.prepare(ref_big))[ref_big[2]]
+    simnvml.detach_process(intruder.mig_uuid, 4242)
+    assert "in use" in answer.error
     assert "gpu0-3g40gb-s4" in answer.error
     assert "memory slices 4-7 of GPU 0" in answer.error and "2g.20gb at slice 4" in answer.error
     assert list(answer.devices) == []

@@ -103,9 +103,14 @@ def test_existing_instances_are_adopted_as_nvml_reports_them(nvml: ModuleType) -
 def _agent(devices: NvmlDevices) -> NodeAgent:
     from kubernetes_asyncio.client import ApiClient, Configuration
 
-    conf = Configuration(host="http://127.0.0.1:9")  # never contacted: ensure() makes no API call
+    # Nothing listens there: ensure() reads the API only for a free instance in the way, and must then
+    # refuse rather than destroy anything (the e2e plugin test covers the reads that succeed).
+    conf = Configuration(host="http://127.0.0.1:9")
     return NodeAgent(
-        AgentSettings(node="n1"), KubeApi(ApiClient(conf)), devices, AgentMetrics(CollectorRegistry(), "n1")
+        AgentSettings(node="n1"),
+        KubeApi(ApiClient(conf), attempts=1),
+        devices,
+        AgentMetrics(CollectorRegistry(), "n1"),
     )
 
 
@@ -127,7 +132,10 @@ async def test_ensure_refuses_taken_placement_and_unknown_names(devices: NvmlDev
     agent = _agent(devices)
     service = AgentMigInstances(agent)
     devices.create(devices.gpu(0), PlacedInstance(4, "3g.40gb"))
-    with pytest.raises(PlacementTaken, match=r"3g\.40gb"):
+    with pytest.raises(PlacementTaken, match=r"3g\.40gb at slice 4; whether it is free cannot be read now"):
+        await service.ensure("gpu0-1g10gb-s5")
+    agent.prepared.add("gpu0-3g40gb-s4")  # prepared for another pod: busy, refused without asking the API
+    with pytest.raises(PlacementTaken, match=r"3g\.40gb at slice 4, which is in use"):
         await service.ensure("gpu0-1g10gb-s5")
     with pytest.raises(UnknownDevice):
         await service.ensure("gpu0-1g10gb-s9")

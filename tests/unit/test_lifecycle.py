@@ -13,6 +13,7 @@ from dynamig.agent.lifecycle import (
     Event,
     IllegalMove,
     State,
+    bound_may_clear,
     destroys_now,
     free_state,
     move,
@@ -25,11 +26,13 @@ ALLOWED = {
     (State.FREE_UNGUARDED, Event.RETIRE): State.GUARDED,
     (State.FREE_UNGUARDED, Event.ALLOCATE): State.READY,
     (State.FREE_UNGUARDED, Event.DESTROY_IN_WAY): State.DESTROYED,
+    (State.FREE_UNGUARDED, Event.DESTROY_FOR_BOUND): State.DESTROYED,
     (State.GUARDED, Event.KEEP): State.FREE_UNGUARDED,
     (State.GUARDED, Event.ALLOCATE): State.READY,
     (State.GUARDED, Event.BOOK): State.BOOKED,
     (State.GUARDED, Event.DESTROY_IN_WAY): State.DESTROYED,
     (State.GUARDED, Event.DESTROY_RETIRED): State.DESTROYED,
+    (State.GUARDED, Event.DESTROY_FOR_BOUND): State.DESTROYED,
     (State.GUARDED, Event.CREATE): State.FREE_UNGUARDED,
     (State.BOOKED, Event.ANSWER_READY): State.READY,
     (State.BOOKED, Event.START_CUT): State.CUTTING,
@@ -65,7 +68,7 @@ def test_an_unguarded_instance_cannot_be_destroyed_on_the_agents_own_initiative(
 
 def test_nothing_allocated_or_being_answered_can_be_destroyed() -> None:
     for state in (State.READY, State.BOOKED, State.CUTTING):
-        for event in (Event.DESTROY_RETIRED, Event.DESTROY_IN_WAY):
+        for event in (Event.DESTROY_RETIRED, Event.DESTROY_IN_WAY, Event.DESTROY_FOR_BOUND):
             with pytest.raises(IllegalMove):
                 move(state, event)
 
@@ -131,3 +134,20 @@ def test_destroys_now_lets_go_only_what_the_rule_allows() -> None:
     go, kept = destroys_now(planned, bookable, guarded, 10.0, 5.0, {}, {b}, ["ns/binding"])
     assert go == (half,)
     assert [k.won_by for k in kept if k.placed == b] == [("prepared by the kubelet",)]
+
+
+@pytest.mark.parametrize(
+    ("holders", "binding", "expected"),
+    [
+        ((), (), None),
+        (("ns/c",), (), "allocated to ns/c"),
+        (("ns/c",), ("ns/p",), "allocated to ns/c"),
+        ((), ("ns/p",), "pods binding to this node may hold an allocation from an older slice: ns/p"),
+    ],
+)
+def test_a_free_instance_in_a_bound_pods_way_goes_only_on_the_retire_evidence(
+    holders: tuple[str, ...], binding: tuple[str, ...], expected: str | None
+) -> None:
+    # The last line of defence needs no guard period (the pod is bound already), but the same reads:
+    # a claim naming the instance, or a pod binding toward the node, keeps it.
+    assert bound_may_clear(holders, binding) == expected

@@ -37,7 +37,7 @@ from dynamig.agent.metrics import AgentMetrics
 from dynamig.agent.nvml_device import GpuInfo, NvmlDevices
 from dynamig.agent.reconcile import observe
 from dynamig.geometry.model import PlacedInstance, device_name
-from dynamig.kube.answers import Pending, data_entry, unanswered, unreported
+from dynamig.kube.answers import Pending, data_entry, still_waits, unanswered, unreported
 from dynamig.kube.events import AGENT_COMPONENT, claim_ref, event_body
 from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
 from dynamig.kube.times import now_rfc3339
@@ -83,6 +83,9 @@ class AllocationAnswerer:
         admin = admin_allocations(claims, self.driver, self.node)
         for p in unanswered(claims, self.driver, self.node, BINDING_READY, BINDING_FAILED):
             answer = await self._answer(p, claims, unavailable, refuse, (p.claim, p.device) in admin)
+            if answer is None:
+                log.info("claim %s no longer waits on %s; nothing cut, nothing to answer", p.claim, p.device)
+                continue
             entry = device_status(
                 self.driver,
                 self.node,
@@ -143,15 +146,25 @@ class AllocationAnswerer:
         unavailable: str | None,
         refuse: Refuse | None,
         admin: bool,
-    ) -> Ready | Failed:
+    ) -> Ready | Failed | None:
         """Decide, and cut or read the MIG UUID again when that is the answer; an NVML error on the way is a
-        failed answer, never silence."""
+        failed answer, never silence. None: the booking is gone (read just before a destroy)."""
         if unavailable is not None:
             return Failed(REASON_GPU_UNAVAILABLE, f"{p.device}: {unavailable}")
         devices = self.devices
         try:
             gpus, states = await self._observe(claims, refuse)
             answer = decide(p.device, p.claim, states, admin=admin)
+            if isinstance(answer, Cut) and answer.destroy:
+                # The round's claims are a snapshot: since it was read the booking may have gone (its pod
+                # deleted), and the scheduler may have given an instance in the way to another pod, which
+                # binds at once. So the claims are read again from the API server right before anything is
+                # destroyed, under the lock every prepare takes, and the cut is decided again from them.
+                fresh = await self.api.list_claims()
+                if not still_waits(fresh, p, self.driver, self.node, BINDING_READY, BINDING_FAILED):
+                    return None
+                gpus, states = await self._observe(fresh, refuse)
+                answer = decide(p.device, p.claim, states, admin=admin)
             if isinstance(answer, Cut):
                 return await self._cut(answer, gpus)
             if isinstance(answer, Enumerate):

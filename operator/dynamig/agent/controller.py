@@ -62,6 +62,7 @@ from dynamig.agent.kubeapi import (
 from dynamig.agent.metrics import AgentMetrics
 from dynamig.agent.nvml_device import GpuInfo, MigInstance, NvmlDevices
 from dynamig.agent.ownership import foreign_mig_owners, node_is_managed, node_mig_owner
+from dynamig.agent.prepared import PreparedDevices
 from dynamig.agent.publisher import SlicePublisher
 from dynamig.agent.reconcile import plan_gpu
 from dynamig.agent.reporting import NodeReporter
@@ -96,6 +97,10 @@ class AgentSettings:
     node: str
     driver: str = DRIVER_NAME
     settle_seconds: float = 5.0  # a retired instance guarded and unallocated this long may be destroyed
+    # The slices of a retired instance destroyed get no instance of the agent's own making for this long:
+    # a pod the scheduler bound to it from a slice older than the guard (a scheduler that lags far behind,
+    # e.g. re-listing after an API server outage) finds them free, and its prepare creates it again.
+    quarantine_seconds: float = 120.0
     guard_free_instances: bool = False  # partitionable: free instances carry binding conditions too
     placements_per_profile: int = 0  # partitionable: best-ranked placements offered per profile (0: all)
     interval_seconds: float = 10.0  # time between rounds when every GPU is Stable
@@ -167,7 +172,7 @@ class NodeAgent:
         self.clock = clock
         self.publisher = SlicePublisher(api, settings.node, settings.driver)
         self.lock = asyncio.Lock()
-        self.prepared: set[str] = set()  # device names the kubelet plugin prepared (in use by a pod)
+        self.prepared = PreparedDevices()  # devices the kubelet plugin prepared (in use by a pod), per claim
         self.allocated_uuids = AllocatedUuids()  # reports allocated instances changed outside dynamig
         self._quiet_since: dict[InstanceKey, float] = {}
         self._reshape_started: dict[int, float] = {}
@@ -184,7 +189,10 @@ class NodeAgent:
         self.answerer = AllocationAnswerer(
             settings.driver, settings.node, api, devices, metrics, self.prepared
         )
-        self.reshaper = Reshaper(settings.node, settings.driver, api, devices, metrics, self.prepared, clock)
+        self.reshaper = Reshaper(
+            settings.node, settings.driver, api, devices, metrics, self.prepared, clock,
+            quarantine_seconds=settings.quarantine_seconds,
+        )  # fmt: skip
         self.reporter = NodeReporter(api, metrics, settings.node, settings.events_namespace)
         self.support: InventorySupport | None = (
             None

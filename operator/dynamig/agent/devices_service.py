@@ -9,8 +9,9 @@ It implements ``dynamig.agent.plugin.instances.MigInstances`` on top of the node
   node's GPUs, ``PlacementTaken`` when another instance holds the slices, ``InstanceError`` otherwise (MIG
   disabled, NVML failure). The device is then counted as prepared: busy, never destroyed, ``in-use`` in
   status.
-- ``await release(device_name)``: the claim was unprepared; the device is no longer counted as prepared and
-  the GpuPartition status is refreshed (``free`` unless a claim allocation still names it). Never destroys.
+- ``await release(device_name)``: a claim using it was unprepared; the device is counted once fewer
+  (:class:`dynamig.agent.prepared.PreparedDevices`: an admin-access claim may still use it) and the
+  GpuPartition status is refreshed (``free`` once no claim uses or allocates it). Never destroys.
 - ``await lookup(device_name)``: the instance if it exists, else None; creates nothing.
 - ``mark_prepared(names)``: after a plugin restart, re-assert the devices its checkpoint holds.
 
@@ -24,9 +25,11 @@ import logging
 from collections.abc import Iterable
 
 from dynamig.agent.controller import NodeAgent
+from dynamig.agent.kubeapi import allocated_devices
+from dynamig.agent.lifecycle import Event, State, bound_may_clear, move
 from dynamig.agent.nvml_device import GpuInfo, MigInstance
 from dynamig.agent.plugin.instances import InstanceError, PlacementTaken, PreparedInstance, UnknownDevice
-from dynamig.geometry.model import PlacedInstance, placement_of
+from dynamig.geometry.model import PlacedInstance, device_name, placement_of
 
 log = logging.getLogger(__name__)
 
@@ -93,16 +96,17 @@ class AgentMigInstances:
                     "dynamig; it cannot be handed out as one device"
                 )
             if found is None or not found.has_compute_instance:
-                profile = gpu.model.profile(placed.profile)
-                span = profile.span(placed.start)
-                for other in instances:
-                    if other.placed == placed:
-                        continue
-                    if other.start < span.stop and span.start < other.start + other.size:
-                        raise PlacementTaken(
-                            f"{name}: memory slices {span.start}-{span.stop - 1} of GPU {gpu.index} are "
-                            f"held by {other.profile} at slice {other.start}; the instance cannot be created"
-                        )
+                span = gpu.model.profile(placed.profile).span(placed.start)
+                in_way = [
+                    o
+                    for o in instances
+                    if o.placed != placed and o.start < span.stop and span.start < o.start + o.size
+                ]
+                if in_way:
+                    taken = (
+                        f"{name}: memory slices {span.start}-{span.stop - 1} of GPU {gpu.index} are held by"
+                    )
+                    await self._clear_for_bound(name, gpu, in_way, taken)
                 try:
                     found = await asyncio.to_thread(devices.create, gpu, placed)
                     agent.metrics.operation("create", "success")
@@ -121,8 +125,50 @@ class AgentMigInstances:
         agent.wake()
         return prepared_instance(name, gpu, found)
 
+    async def _clear_for_bound(self, name: str, gpu: GpuInfo, in_way: list[MigInstance], taken: str) -> None:
+        """The last line of defence for a pod bound to a device whose slices another instance took (an
+        allocation the scheduler made from a slice older than a retire or a cut): destroy the instances in
+        the way when each is free, on the evidence a retire needs (lifecycle.py ``DESTROY_FOR_BOUND``: no
+        pod in a binding cycle toward the node, then no claim naming them, read just now); otherwise raise
+        PlacementTaken, and the kubelet tries the prepare again later. Call under the agent's lock."""
+        agent = self.agent
+        devices = agent.devices
+        dev = {o.placed: device_name(gpu.index, o.profile, o.start) for o in in_way}
+        taken += " " + ", ".join(f"{o.profile} at slice {o.start}" for o in in_way)
+        for o in in_way:
+            if o.partitioned or o.processes or dev[o.placed] in agent.prepared:
+                raise PlacementTaken(f"{taken}, which is in use; the instance cannot be created")
+        try:
+            binding = await agent.api.pods_binding_to(agent.settings.node)
+            holders = allocated_devices(
+                await agent.api.list_claims(), agent.settings.driver, agent.settings.node
+            )
+        except Exception as exc:
+            raise PlacementTaken(
+                f"{taken}; whether it is free cannot be read now ({exc}); tried again"
+            ) from exc
+        for o in in_way:
+            why = bound_may_clear(holders.get(dev[o.placed], []), binding)
+            if why is not None:
+                raise PlacementTaken(f"{taken}, which cannot go now: {why}; tried again")
+        for o in in_way:
+            move(State.FREE_UNGUARDED, Event.DESTROY_FOR_BOUND)  # the table allows it from any free state
+            try:
+                await asyncio.to_thread(devices.destroy, gpu, o.placed)
+            except devices.error_type as exc:
+                agent.metrics.operation("destroy", "error")
+                agent.metrics.nvml_error("destroy", devices.error_name(exc))
+                raise PlacementTaken(f"{taken}; NVML refused to destroy it: {exc}") from exc
+            agent.metrics.operation("destroy", "success")
+            agent.metrics.bound_recovered.labels(agent.settings.node).inc()
+            log.warning(
+                "destroyed free %s: a pod is bound to %s, whose slices it took (the scheduler allocated %s "
+                "from an older slice); %s is created again",
+                dev[o.placed], name, name, name,
+            )  # fmt: skip
+
     async def release(self, device_name: str) -> None:
-        """Stop counting the device as prepared and refresh status. Never destroys. Side effects: status."""
+        """One claim fewer uses the device; refresh status. Never destroys. Side effects: status."""
         self.agent.prepared.discard(device_name)
         try:
             await self.agent.reconcile_once()

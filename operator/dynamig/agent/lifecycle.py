@@ -29,6 +29,14 @@ instance that such an allocation may name. Two destroys are allowed, and only th
   NominatedNodeNameForExpectation, beta and on since 1.35; the DRA plugin's PreBindPreFlight says it has
   work for every pod with claims), so a hold in Permit or PreBind, however long, is visible on the pod.
 
+A third destroy is the last line of defence, not a plan: ``DESTROY_FOR_BOUND``. A pod bound to a device
+whose memory slices another free instance now holds (the scheduler allocated it from a slice older than a
+retire or a cut, past every guard) would wait in ContainerCreating for ever; so the kubelet plugin's prepare
+destroys the free instances in the way and creates the device, on the evidence a retire needs
+(:func:`bound_may_clear`: no pod in a binding cycle toward the node, then no claim naming them, read just
+now under the agent's lock, which every prepare takes). Anything busy in the way refuses the prepare, and
+the kubelet tries again.
+
 Every other move keeps or adds guards. :func:`move` refuses a move the table does not list, so a code path
 that would destroy an unguarded instance on its own initiative raises instead of acting.
 """
@@ -64,6 +72,7 @@ class Event(StrEnum):
     RELEASE = "release"  # the allocation is gone (pod done, or the scheduler released a failed booking)
     DESTROY_IN_WAY = "destroy-in-way"  # a booked placement needs its memory slices
     DESTROY_RETIRED = "destroy-retired"  # the agent's own initiative, after the guard (retired_may_go)
+    DESTROY_FOR_BOUND = "destroy-for-bound"  # a bound pod's device needs its slices (bound_may_clear)
     CREATE = "create"  # created for a floor or warm pool: free and unguarded from its first publish
     OFFER = "offer"  # the placement is published again (guarded: nothing exists there yet)
 
@@ -74,6 +83,7 @@ MOVES: Mapping[State, Mapping[Event, State]] = {
         Event.RETIRE: State.GUARDED,
         Event.ALLOCATE: State.READY,
         Event.DESTROY_IN_WAY: State.DESTROYED,
+        Event.DESTROY_FOR_BOUND: State.DESTROYED,
         # no DESTROY_RETIRED: an allocation from the unguarded slice may be in flight
     },
     State.GUARDED: {
@@ -82,6 +92,7 @@ MOVES: Mapping[State, Mapping[Event, State]] = {
         Event.BOOK: State.BOOKED,
         Event.DESTROY_IN_WAY: State.DESTROYED,
         Event.DESTROY_RETIRED: State.DESTROYED,
+        Event.DESTROY_FOR_BOUND: State.DESTROYED,
         Event.CREATE: State.FREE_UNGUARDED,  # a placement nobody booked, created for the floor
     },
     State.BOOKED: {
@@ -139,6 +150,14 @@ def retired_may_go(
         return "allocated to " + ", ".join(holders)
     if guarded_for < settle_seconds:
         return f"guarded {guarded_for:.1f}s of {settle_seconds:.1f}s"
+    return bound_may_clear(holders, binding_pods)
+
+
+def bound_may_clear(holders: Sequence[str], binding_pods: Sequence[str]) -> str | None:
+    """None when a free instance may go, on the evidence read just now (``binding_pods`` before
+    ``holders``, as for :func:`retired_may_go`); otherwise why it stays. Pure."""
+    if holders:
+        return "allocated to " + ", ".join(holders)
     if binding_pods:
         shown = ", ".join(binding_pods[:3]) + (" ..." if len(binding_pods) > 3 else "")
         return f"pods binding to this node may hold an allocation from an older slice: {shown}"

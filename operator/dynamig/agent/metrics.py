@@ -128,6 +128,13 @@ class AgentMetrics:
             ["Hostname"],
             registry=registry,
         )
+        self.bound_recovered = Counter(
+            "dynamig_bound_device_recovered_total",
+            "Free instances destroyed so that a pod bound to a device whose memory slices they took (an "
+            "allocation made from an older slice) could be prepared.",
+            ["Hostname"],
+            registry=registry,
+        )
         self.slice_publishes = Counter(
             "dynamig_resourceslice_publishes_total",
             "Pool generations written to the API.",
@@ -164,6 +171,7 @@ class AgentMetrics:
         # Zero series for this node: an alert on increase() fires at the first failure, not the second.
         self.reconcile_errors.labels(hostname)
         self.kept_busy.labels(hostname)
+        self.bound_recovered.labels(hostname)
         self.slice_publishes.labels(hostname)
         for answer in ("ready", "failed"):
             self.binding_answers.labels(hostname, answer)

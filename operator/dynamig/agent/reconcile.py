@@ -148,12 +148,14 @@ def _creatable(
     return create, blocked
 
 
-def without_creates_over(model: GpuModel, plan: GpuPlan, spared: Sequence[PlacedInstance]) -> GpuPlan:
+def without_creates_over(
+    model: GpuModel, plan: GpuPlan, spared: Sequence[PlacedInstance], why: str = " (retiring)"
+) -> GpuPlan:
     """``plan`` with the creates that need a ``spared`` instance's slices (one the agent may not destroy
-    yet) moved to ``blocked``. Pure."""
+    yet, or a destroyed one whose slices are kept free: ``why`` says which) moved to ``blocked``. Pure."""
     if not spared:
         return plan
-    create, blocked = _creatable(model, plan.create, spared, " (retiring)")
+    create, blocked = _creatable(model, plan.create, spared, why)
     return dataclasses.replace(plan, create=tuple(create), blocked=(*plan.blocked, *blocked))
 
 

@@ -52,6 +52,9 @@ class Reshaper:
     prepared: Collection[str]  # device names the kubelet plugin prepared
     clock: Callable[[], float]
     attempts: dict[str, Attempts] = field(default_factory=dict)  # GPU UUID -> failed tries of its layout
+    quarantine_seconds: float = 0.0  # AgentSettings.quarantine_seconds
+    # GPU UUID -> retired instances destroyed, and when: no create of the agent's own over their slices yet
+    quarantined: dict[str, dict[PlacedInstance, float]] = field(default_factory=dict)
 
     def observe(
         self, instances: Sequence[MigInstance], claims: Mapping[str, Sequence[str]]
@@ -122,10 +125,32 @@ class Reshaper:
             )
             for p in go:
                 await self._destroy(gpu, p, out)
+            if keep_undesired:  # partitionable: what the agent creates there is a floor, never a pod's wait
+                gone = self.quarantined.setdefault(gpu.uuid, {})
+                gone.update((p, self.clock()) for p in out.destroyed)
             out.plan = without_creates_over(model, await plan_again(), spared)
+        if keep_undesired:
+            out.plan = without_creates_over(model, out.plan, self._quarantined(gpu), self._quarantine_note())
         for p in (*out.plan.complete, *out.plan.create):
             await self._create(gpu, p, out)
         out.plan = await plan_again()
+
+    def _quarantined(self, gpu: GpuInfo) -> list[PlacedInstance]:
+        """The retired instances of ``gpu`` destroyed less than ``quarantine_seconds`` ago (older ones are
+        forgotten). Only the agent's own floor creates in the partitionable inventory wait for them: a booked
+        cut proves the scheduler counts the slices as taken, a prepare creates the very instance a late
+        allocation names, and in the instances inventory the create is what a waiting pod waits for."""
+        now = self.clock()
+        gone = self.quarantined.get(gpu.uuid, {})
+        for p in [p for p, at in gone.items() if now - at >= self.quarantine_seconds]:
+            del gone[p]
+        return list(gone)
+
+    def _quarantine_note(self) -> str:
+        return (
+            f" (destroyed less than {self.quarantine_seconds:.0f}s ago: its slices stay free that long, as a "
+            "scheduler lagging behind may still allocate it)"
+        )
 
     async def _destroys_now(
         self,

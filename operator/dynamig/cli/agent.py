@@ -16,7 +16,7 @@ from pathlib import Path
 
 from dynamig.cli._logging import add_logging_arguments
 from dynamig.cli.errors import EXIT_USAGE, CommandError, add_api_wait_argument
-from dynamig.kube.heartbeat import DEFAULT_LEASE_SECONDS
+from dynamig.kube.heartbeat import DEFAULT_LEASE_SECONDS, MAX_LEASE_SECONDS
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -73,6 +73,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=5.0,
         help="how long an instance the agent retires must be guarded (out of the ResourceSlice, or "
         "republished with binding conditions) and unallocated before it may be destroyed",
+    )
+    p.add_argument(
+        "--quarantine-seconds",
+        type=float,
+        default=120.0,
+        help="partitionable inventory: how long the memory slices of a retired instance the agent destroyed "
+        "get no instance of its own making (a floor), so that a pod a lagging scheduler bound to it from an "
+        "older slice finds them free and its prepare creates it again",
     )
     p.add_argument(
         "--guard-free-instances",
@@ -149,9 +157,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--lease-seconds",
-        type=int,
+        type=_lease_seconds,
         default=DEFAULT_LEASE_SECONDS,
-        help="heartbeat Lease duration in seconds (renewed every third of it while no round is stuck)",
+        help=f"heartbeat Lease duration in seconds, 1-{int(MAX_LEASE_SECONDS)} (renewed every third of it while "
+        "no round is stuck)",
     )
     p.add_argument(
         "--liveness-max-round-age",
@@ -215,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
         settings=AgentSettings(
             node=args.node,
             settle_seconds=args.settle_seconds,
+            quarantine_seconds=args.quarantine_seconds,
             guard_free_instances=args.guard_free_instances,
             placements_per_profile=args.placements_per_profile,
             interval_seconds=args.interval,
@@ -255,4 +265,19 @@ def _count(text: str) -> int:
         value = -1
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
+    return value
+
+
+def _lease_seconds(text: str) -> int:
+    """A Lease duration the API server and the chart's admission policy accept: 1 to MAX_LEASE_SECONDS (a
+    longer one is refused at admission, and the operator would count only that much of it)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_LEASE_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number of seconds from 1 to {int(MAX_LEASE_SECONDS)} (the operator counts "
+            f"at most {int(MAX_LEASE_SECONDS)} s of a Lease, and the agent admission policy refuses a longer one)"
+        )
     return value

@@ -27,7 +27,9 @@ from dynamig.operator.settings import OperatorSettings
 
 def quick_agent_settings(node: str) -> AgentSettings:
     """Short settle and poll periods: a scenario on a local control plane needs no production margins."""
-    return AgentSettings(node=node, settle_seconds=0.3, interval_seconds=0.5, reshape_poll_seconds=0.1)
+    return AgentSettings(
+        node=node, settle_seconds=0.3, quarantine_seconds=1.0, interval_seconds=0.5, reshape_poll_seconds=0.1
+    )
 
 
 @contextlib.asynccontextmanager

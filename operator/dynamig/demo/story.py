@@ -228,7 +228,7 @@ class _NodeAgent:
             async with agent_running(api_client, NODE, self.nvml):
                 yield
             return
-        quick = ("--interval=0.5", "--settle-seconds=0.3", "--reshape-poll=0.1")
+        quick = ("--interval=0.5", "--settle-seconds=0.3", "--quarantine-seconds=1", "--reshape-poll=0.1")
         spec = ",".join(f"{m}:1" for m in gpus)
         self.process = await asyncio.to_thread(self.node.start_agent, spec, cp.kubeconfig_path, *quick)
         try:

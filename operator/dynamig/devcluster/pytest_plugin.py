@@ -14,6 +14,10 @@ Registered once from the repository's root ``conftest.py`` (``pytest_plugins = [
   on teardown.
 - ``kube_target`` (session): the :class:`~dynamig.devcluster.versions.KubeTarget` the control planes run,
   chosen with ``--k8s`` (the primary version by default).
+- ``lagging_cluster`` (function, over one session-wide cluster): a second control plane whose kube-scheduler
+  reaches the API server only through a :class:`~dynamig.devcluster.lagproxy.LagProxy` (watch events held
+  back, watches dropped, nomination writes stalled or failed, as the test chooses), with the CRDs and the
+  DeviceClass installed; the proxy's settings are reset after each test.
 - ``real_node`` (module): a :class:`~dynamig.devcluster.node.RealNode` (kubelet + containerd) registered in
   the session's control plane, with the CRDs and DeviceClass installed and its dynamig agent running over one
   simulated A100-80GB; its Node is deleted on teardown. It fails, never skips, when this host cannot run it.
@@ -42,11 +46,14 @@ from dynamig.devcluster.versions import MATRIX, PRIMARY, KubeTarget, current, ta
 if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient
 
+    from dynamig.devcluster.lagproxy import LaggingCluster
     from dynamig.devcluster.node import RealNode
 
 _CP_KEY = pytest.StashKey[ControlPlane]()
 _NODE_STARTS_KEY = pytest.StashKey[list[float]]()
-_FIXTURES_NEEDING_CP = {"control_plane", "kube_api", "namespace", "make_node", "crds", "real_node"}
+_FIXTURES_NEEDING_CP = {
+    "control_plane", "kube_api", "namespace", "make_node", "crds", "real_node", "lagging_cluster",
+}  # fmt: skip
 REAL_NODE_GPUS = "A100-80GB:1"
 
 MakeNode = Callable[..., str]
@@ -199,6 +206,26 @@ def crds(control_plane: ControlPlane) -> ControlPlane:
     return control_plane
 
 
+@pytest.fixture(scope="session")
+def _lagging_cluster_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaggingCluster]:
+    from dynamig.devcluster.lagproxy import lagging_control_plane
+    from dynamig.devcluster.sandbox import install
+
+    with lagging_control_plane(tmp_path_factory.mktemp("lagging-controlplane")) as cluster:
+        install(cluster.cp)
+        yield cluster
+
+
+@pytest.fixture
+def lagging_cluster(_lagging_cluster_session: LaggingCluster) -> Iterator[LaggingCluster]:
+    """The session's control plane with a lagging kube-scheduler (see above); the proxy reset afterwards."""
+    _lagging_cluster_session.proxy.reset()
+    try:
+        yield _lagging_cluster_session
+    finally:
+        _lagging_cluster_session.proxy.reset()
+
+
 @pytest.fixture(scope="module")
 def real_node(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[RealNode]:
     """A kubelet + containerd node with dynamig's agent (simulated GPUs, real device nodes); see above."""
@@ -214,7 +241,11 @@ def real_node(control_plane: ControlPlane, request: pytest.FixtureRequest) -> It
     try:
         control_plane.kubectl("label", "node", node.name, f"{MANAGED_NODE_LABEL}=true")
         node.start_agent(
-            REAL_NODE_GPUS, control_plane.kubeconfig_path, "--interval=0.5", "--settle-seconds=0.3"
+            REAL_NODE_GPUS,
+            control_plane.kubeconfig_path,
+            "--interval=0.5",
+            "--settle-seconds=0.3",
+            "--quarantine-seconds=1",
         )
         yield node
     finally:

@@ -109,3 +109,14 @@ def answer_entry(
     if data is not None:
         entry["data"] = dict(data)
     return entry
+
+
+def still_waits(
+    claims: Sequence[Mapping[str, Any]], booking: Pending, driver: str, pool: str, ready: str, failed: str
+) -> bool:
+    """Whether ``booking`` is still an unanswered allocation in ``claims`` (the same claim, by uid, still
+    allocating the same device of ``driver``/``pool``). Pure."""
+    key = (booking.namespace, booking.name, booking.uid, booking.device)
+    return any(
+        (p.namespace, p.name, p.uid, p.device) == key for p in unanswered(claims, driver, pool, ready, failed)
+    )

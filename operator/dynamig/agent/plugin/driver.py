@@ -145,6 +145,8 @@ class MigDriver:
             # The checkpoint names instances that are gone or were re-made (other GI/CI ids or MIG UUID):
             # its spec would hand the container the wrong device. Forget it and prepare afresh.
             log.warning("checkpoint of claim %s is stale (%s); preparing it again", ref, "; ".join(stale))
+            for stale_dev in known.devices:  # its counts go: preparing it again counts each once more
+                await self._instances.release(stale_dev.device_name)
             del self._prepared[ref.uid]
             cdi.remove_spec(self._settings.cdi_root, ref.uid)
             self._checkpoint.save(self._prepared)

@@ -41,7 +41,9 @@ class PlacementTaken(InstanceError):
 class MigInstances(Protocol):
     """Makes MIG instances exist for prepared claims and hears when they are no longer used.
 
-    Both methods must be idempotent and safe to call concurrently for different devices.
+    Safe to call concurrently for different devices. Each successful ``ensure`` counts one claim using the
+    device and each ``release`` takes one away (an instance may serve an ordinary and an admin-access claim
+    at once): the caller releases exactly what it ensured, once.
     """
 
     async def ensure(self, device_name: str) -> PreparedInstance:
@@ -57,8 +59,9 @@ class MigInstances(Protocol):
         ...
 
     async def release(self, device_name: str) -> None:
-        """The claim using ``device_name`` was unprepared: mark the instance free (never destroy it; the
-        operator decides its fate). Side effects: agent state, GpuPartition status."""
+        """A claim using ``device_name`` was unprepared: one claim fewer uses the instance, which is free once
+        none does (never destroyed here; the operator decides its fate). Side effects: agent state,
+        GpuPartition status."""
         ...
 
     def mark_prepared(self, names: Iterable[str]) -> None:
