@@ -30,6 +30,12 @@ def test_a_checkpoint_naming_a_device_twice_counts_twice() -> None:
     assert "a" in prepared
 
 
+def test_a_plugin_that_starts_again_replaces_the_counts_with_its_checkpoint() -> None:
+    prepared = PreparedDevices(["a", "b"])
+    prepared.reset(["a"])  # the checkpoint as the plugin starts again in the same agent: "a" once
+    assert list(prepared) == ["a"] and prepared.claims("a") == 1
+
+
 @given(st.lists(st.tuples(st.booleans(), st.sampled_from("abc")), max_size=60))
 def test_prepared_exactly_while_more_prepares_than_releases(ops: list[tuple[bool, str]]) -> None:
     prepared, count = PreparedDevices(), dict.fromkeys("abc", 0)

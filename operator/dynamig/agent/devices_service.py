@@ -177,6 +177,6 @@ class AgentMigInstances:
             self.agent.wake()
 
     def mark_prepared(self, names: Iterable[str]) -> None:
-        """Count ``names`` as prepared (e.g. from the plugin's checkpoint after a restart)."""
-        self.agent.prepared.update(names)
+        """Count exactly ``names`` as prepared (the plugin's checkpoint as it starts, one name per claim)."""
+        self.agent.prepared.reset(names)
         self.agent.wake()

@@ -28,6 +28,12 @@ class PreparedDevices(Set[str]):
         for name in names:
             self.add(name)
 
+    def reset(self, names: Iterable[str]) -> None:
+        """Count exactly ``names`` (one per claim that prepared it), as the plugin's checkpoint holds them when
+        it starts: it is the only one that prepares, so its checkpoint is the whole truth then."""
+        self._counts.clear()
+        self.update(names)
+
     def discard(self, name: str) -> None:
         """One claim using ``name`` was unprepared; the device stays prepared while others use it."""
         left = self._counts[name] - 1
