@@ -52,6 +52,23 @@ def test_log_levels_are_checked_and_model_keys_take_any_case() -> None:
     assert dynamig("geometry", "profiles", "--model", "h100-80gb").stdout.startswith("H100-80GB:")
 
 
+def test_lease_seconds_outside_what_admission_and_the_operator_accept_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dynamig.kube.heartbeat import MAX_LEASE_SECONDS
+
+    parse = build_parser().parse_args
+    top = int(MAX_LEASE_SECONDS)
+    assert parse(["agent", f"--lease-seconds={top}"]).lease_seconds == top
+    assert parse(["agent", "--lease-seconds=1"]).lease_seconds == 1
+    for bad in (str(top + 1), "0", "-5", "30s", "2000000000"):
+        with pytest.raises(SystemExit) as exited:
+            parse(["agent", f"--lease-seconds={bad}"])
+        assert exited.value.code == 2, bad
+        err = capsys.readouterr().err
+        assert f"argument --lease-seconds: {bad!r} is not a whole number of seconds from 1 to {top}" in err
+
+
 def test_a_closed_pipe_ends_quietly() -> None:
     proc = subprocess.run(
         f"{sys.executable} -m dynamig geometry profiles --model A100-80GB | head -1",

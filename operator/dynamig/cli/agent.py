@@ -159,8 +159,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--lease-seconds",
         type=_lease_seconds,
         default=DEFAULT_LEASE_SECONDS,
-        help=f"heartbeat Lease duration in seconds, 1-{int(MAX_LEASE_SECONDS)} (renewed every third of it while "
-        "no round is stuck)",
+        help=f"heartbeat Lease duration in seconds, 1-{int(MAX_LEASE_SECONDS)} (renewed every third of it "
+        "while no round is stuck)",
     )
     p.add_argument(
         "--liveness-max-round-age",
@@ -275,9 +275,10 @@ def _lease_seconds(text: str) -> int:
         value = int(text)
     except ValueError:
         value = 0
-    if not 1 <= value <= MAX_LEASE_SECONDS:
+    top = int(MAX_LEASE_SECONDS)
+    if not 1 <= value <= top:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a whole number of seconds from 1 to {int(MAX_LEASE_SECONDS)} (the operator counts "
-            f"at most {int(MAX_LEASE_SECONDS)} s of a Lease, and the agent admission policy refuses a longer one)"
+            f"{text!r} is not a whole number of seconds from 1 to {top} (the operator counts at most {top} s "
+            "of a Lease, and the agent admission policy refuses a longer one)"
         )
     return value
