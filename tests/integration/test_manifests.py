@@ -167,6 +167,12 @@ def test_plain_manifests_and_chart_crds_are_in_sync(helm: str) -> None:
             "agent.updateStrategy.rollingUpdate.maxSurge=1",
             "agent.updateStrategy.rollingUpdate.maxSurge must be 0, got 1",
         ),
+        ("agent.leaseSeconds=301", "agent.leaseSeconds must be between 1 and 300"),
+        ("agent.leaseSeconds=0", "agent.leaseSeconds must be between 1 and 300"),
+        (
+            "agent.extraArgs={--lease-seconds=900}",
+            "agent.extraArgs sets --lease-seconds=900: use agent.leaseSeconds",
+        ),
     ],
 )
 def test_bad_values_fail_rendering_with_a_message_naming_the_key(helm: str, value: str, message: str) -> None:
@@ -247,6 +253,7 @@ def test_values_switch_what_is_rendered(helm: str) -> None:
             "features.deviceClass=false",
             "crds.install=false",
             "operator.enabled=false",
+            "uninstall.hook=false",
         ).stdout
     )
     assert {o["kind"] for o in lean} & {
@@ -256,6 +263,11 @@ def test_values_switch_what_is_rendered(helm: str) -> None:
         "Deployment",
         "ClusterKopfPeering",
     } == set()
+    # The profile-class policy follows whoever may write DeviceClasses: here the uninstall hook alone.
+    hook_only = docs(render(helm, "features.nodeAdmissionPolicy=false", "operator.enabled=false").stdout)
+    (policy,) = [o for o in hook_only if o["kind"] == "ValidatingAdmissionPolicy"]
+    users = policy["spec"]["matchConditions"][0]["expression"]
+    assert f"{NS}:dynamig-uninstall" in users and "dynamig-operator" not in users, users
 
     rich = docs(
         render(
@@ -1087,6 +1099,11 @@ def _agent_cannot_write_another_nodes_objects(cp: ControlPlane, kc: Path, a: str
          _event(f"gpu-{b}", "GpuPartition", f"{b}-gpu0", a, host=a),
          f"{mine} may only post Events about its Node, its GpuPartitions and ResourceClaims, "
          f"not GpuPartition {b}-gpu0"),
+        # Node A's name is a prefix of node <A>-gpu-1's GpuPartition names: only <A>-gpu<index> are A's.
+        ("an Event on the GpuPartition of node <A>-gpu-1", ("create", "-f", "-"),
+         _event(f"gpu-prefix-{a}", "GpuPartition", f"{a}-gpu-1-gpu0", a, host=a),
+         f"{mine} may only post Events about its Node, its GpuPartitions and ResourceClaims, "
+         f"not GpuPartition {a}-gpu-1-gpu0"),
         ("the scheduler's Event rewritten",
          ("apply", "--server-side", "--force-conflicts", "--field-manager=agent", "-f", "-"),
          {**sched_event, "message": "forged", "count": 9, "reportingInstance": a, "source": {"host": a}},
@@ -1316,6 +1333,28 @@ def test_workload_arguments_parse_with_the_real_cli(helm: str) -> None:
         ]
     )
     assert agent.kubelet_plugin is False and agent.nvml == "real" and agent.node == "n"
+
+
+def test_the_lease_bound_is_the_operators_in_the_chart_the_cli_and_the_policy(helm: str) -> None:
+    """One number: the longest Lease the operator counts is what agent.leaseSeconds, `dynamig agent
+    --lease-seconds` and the Lease admission policy accept; the chart's default is the agent's."""
+    from dynamig.cli import build_parser
+    from dynamig.kube.heartbeat import DEFAULT_LEASE_SECONDS, MAX_LEASE_SECONDS
+
+    top = int(MAX_LEASE_SECONDS)
+    objs = docs(render(helm, f"agent.leaseSeconds={top}").stdout)
+    args = find(objs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert build_parser().parse_args(args).lease_seconds == top
+    policy = find(objs, "ValidatingAdmissionPolicy", "dynamig-agent-node-leases")
+    limits = [
+        v["expression"] for v in policy["spec"]["validations"] if "leaseDurationSeconds" in v["expression"]
+    ]
+    assert limits == [f"variables.obj.spec.?leaseDurationSeconds.orValue(0) <= {top}"], limits
+    default = find(docs(render(helm).stdout), "DaemonSet")["spec"]["template"]["spec"]["containers"][0][
+        "args"
+    ]
+    assert f"--lease-seconds={DEFAULT_LEASE_SECONDS}" in default
+    assert render(helm, f"agent.leaseSeconds={top + 1}", check=False).returncode != 0
 
 
 # ------------------------------------------------------------------------------------------------ examples

@@ -55,6 +55,9 @@ app.kubernetes.io/component: agent
 {{- end -}}
 
 {{- define "dynamig.driverName" -}}mig.dynamig.io{{- end -}}
+{{- /* The longest heartbeat Lease the operator counts (dynamig.kube.heartbeat.MAX_LEASE_SECONDS): the agent's
+CLI, the chart's values and the Lease admission policy all stop there. */ -}}
+{{- define "dynamig.maxLeaseSeconds" -}}300{{- end -}}
 
 {{- /* KUBERNETES_SERVICE_HOST/PORT for every container when apiServer.host is set (values.yaml). */ -}}
 {{- define "dynamig.apiServerEnv" -}}

@@ -59,6 +59,15 @@ instead of producing objects the API server or the pods would reject later.
 {{- if and (eq $v.agent.nvml.mode "hostDriverRoot") (not (hasPrefix "/" (toString $v.agent.nvml.driverRoot))) -}}
 {{- fail (printf "agent.nvml.driverRoot must be an absolute path when agent.nvml.mode is hostDriverRoot, got %q" (toString $v.agent.nvml.driverRoot)) -}}
 {{- end -}}
+{{- $maxLease := int (include "dynamig.maxLeaseSeconds" .) -}}
+{{- if or (lt (int $v.agent.leaseSeconds) 1) (gt (int $v.agent.leaseSeconds) $maxLease) -}}
+{{- fail (printf "agent.leaseSeconds must be between 1 and %d (the operator counts at most %d s of a Lease and the agent admission policy refuses a longer one), got %v" $maxLease $maxLease $v.agent.leaseSeconds) -}}
+{{- end -}}
+{{- range $v.agent.extraArgs -}}
+{{- if hasPrefix "--lease-seconds" (toString .) -}}
+{{- fail (printf "agent.extraArgs sets %s: use agent.leaseSeconds (checked against what the agent admission policy accepts)" (toString .)) -}}
+{{- end -}}
+{{- end -}}
 {{- if or (lt (int $v.agent.metricsPort) 1) (gt (int $v.agent.metricsPort) 65535) -}}
 {{- fail (printf "agent.metricsPort must be a port number (1-65535), got %v" $v.agent.metricsPort) -}}
 {{- end -}}
