@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from dynamig.kube.apicalls import answered
+from dynamig.kube.heartbeat import agent_leases, lease_body, silent_agents
 from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
-from dynamig.operator.fencing import REASON_AGENT_SILENT, failed_answer, fences
+from dynamig.operator.fencing import REASON_AGENT_SILENT, disrupted, failed_answer, fences
 
 DRIVER = "mig.dynamig.io"
 
@@ -60,3 +62,35 @@ def test_nothing_is_touched_while_every_agent_is_alive_and_a_withdrawn_node_is_e
     )
     (fence,) = fences({"a": "silent"}, [], [], DRIVER, BINDING_READY, BINDING_FAILED)
     assert fence.empty
+
+
+def test_every_agent_silent_at_once_is_a_disruption_counting_only_agents_of_nodes_that_exist() -> None:
+    """One live GPU node and a stale Lease of a removed node: the Lease is not an agent (kube/heartbeat.py
+    ``agent_leases``), so the live node's dead agent alone is silent among one agent and is withdrawn."""
+    assert not disrupted({}, 0)
+    assert not disrupted({"a": "silent"}, 1)  # the only agent: withdrawn
+    assert not disrupted({"a": "silent"}, 3)
+    assert disrupted({"a": "silent", "b": "silent"}, 2)
+    assert not disrupted({"a": "silent", "b": "silent"}, 3)
+    # Counted with the stale Lease (two "agents", both silent) it would read as a disruption for ever.
+    stale = [lease_body("live", "ns", 0.0, 30), lease_body("removed", "ns", 0.0, 30)]
+    silent = silent_agents(stale, 1000.0)
+    assert disrupted(silent, len(stale))
+    agents = agent_leases(stale, {"live"})
+    silent = silent_agents(agents, 1000.0)
+    assert list(silent) == ["live"] and not disrupted(silent, len(agents))
+
+
+def test_an_answer_already_written_is_an_answer_whoever_wrote_it() -> None:
+    """The guarded write (kube/apicalls.py ``put_device_status`` with ``unless``) refuses an entry that
+    carries the binding condition or the failure condition True: the agent's ready stays, the operator's
+    failed stays."""
+    types = (BINDING_READY, BINDING_FAILED)
+    ready = {"conditions": [{"type": BINDING_READY, "status": "True"}]}
+    failed = {"conditions": [{"type": BINDING_FAILED, "status": "True"}]}
+    data_only = {"data": {"migUUID": "MIG-1"}}
+    not_yet = {"conditions": [{"type": BINDING_READY, "status": "False"}]}
+    other = {"conditions": [{"type": "Something", "status": "True"}]}
+    assert answered(ready, types) and answered(failed, types)
+    assert not any(answered(e, types) for e in (None, {}, data_only, not_yet, other))
+    assert not answered(ready, ())

@@ -8,6 +8,7 @@ round talks to :class:`FakeKube`, which records what it is asked to write.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from collections.abc import Mapping
@@ -17,6 +18,7 @@ import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from dynamig import DRIVER_NAME
+from dynamig.devcluster.waiting import eventually
 from dynamig.geometry.catalog import load_catalog
 from dynamig.kube.heartbeat import lease_body
 from dynamig.operator.kubeio import KubeIO, Snapshot
@@ -220,15 +222,39 @@ def silent_node_snapshot() -> Snapshot:
     )
 
 
-def reconciler(kube: FakeKube) -> Reconciler:
-    return Reconciler(cast(KubeIO, kube), load_catalog(), OperatorMetrics(), OperatorSettings())
+class Wall:
+    """A wall clock the test moves."""
+
+    def __init__(self) -> None:
+        self.t = time.time()
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def reconciler(kube: FakeKube, wall: Wall | None = None, **settings: Any) -> Reconciler:
+    return Reconciler(
+        cast(KubeIO, kube), load_catalog(), OperatorMetrics(), OperatorSettings(**settings),
+        wall=wall or Wall(),
+    )  # fmt: skip
+
+
+async def silent_reconciler(kube: FakeKube) -> Reconciler:
+    """A reconciler that saw node a's Lease once, a minute ago (renewals are dated when they are seen: a
+    reader that just started gives every Lease one duration), so a's agent now counts as silent."""
+    wall = Wall()
+    rec = reconciler(kube, wall)
+    await rec.round("ampere")
+    assert not [e for e in kube.events if e[2] == "AgentSilent"] and kube.deleted == []
+    wall.t += 60
+    return rec
 
 
 async def test_silent_agent_events_carry_the_uid_of_their_object() -> None:
-    # kubectl describe finds an object's Events by its uid: the first round already knows them.
+    # kubectl describe finds an object's Events by its uid: the first round that finds it silent knows them.
     node_slice = {"metadata": {"name": "a-mig-0"}, "spec": {"driver": DRIVER_NAME, "nodeName": "a"}}
     kube = FakeKube(silent_node_snapshot(), slices=(node_slice,))
-    await reconciler(kube).round("ampere")
+    await (await silent_reconciler(kube)).round("ampere")
     silent = [(ref, kind) for ref, kind, reason in kube.events if reason == "AgentSilent"]
     assert sorted((ref["kind"], ref["name"], ref.get("uid")) for ref, _ in silent) == [
         ("GpuPartition", "a-gpu0", "uid-a-gpu0"),
@@ -242,7 +268,7 @@ async def test_every_gpu_of_a_silent_node_is_ready_unknown_governed_or_not() -> 
     world = parse_world(silent_node_snapshot(), load_catalog(), time.time())
     assert world.ownership.owner == {"a-gpu0": "ampere"}  # a-gpu1: no policy governs it
     kube = FakeKube(silent_node_snapshot(), patch_errors=1)
-    rec = reconciler(kube)
+    rec = await silent_reconciler(kube)
     with pytest.raises(ApiException):
         await rec.round("ampere")  # the API server refused the first patch: the loop runs the round again
     await rec.round("ampere")
@@ -265,17 +291,71 @@ async def test_every_agent_silent_at_once_is_a_disruption_and_no_node_is_withdra
         )
 
     snap = silent_node_snapshot()
+    node_b = {"metadata": {"name": "b", "uid": "uid-node-b", "labels": {}}}
     both_silent = dataclasses.replace(
-        snap, leases=(*snap.leases, lease_body("b", "default", time.time() - 600, 30))
+        snap,
+        nodes=(*snap.nodes, node_b),
+        leases=(*snap.leases, lease_body("b", "default", time.time() - 600, 30)),
     )
     kube = FakeKube(both_silent, slices=slices("a", "b"))
-    await reconciler(kube).round("ampere")
+    await (await silent_reconciler(kube)).round("ampere")
     assert kube.deleted == []
     assert not [ref for ref, _, reason in kube.events if reason == "AgentSilent" and ref["kind"] == "Node"]
-    one_silent = dataclasses.replace(snap, leases=(*snap.leases, lease_body("b", "default", time.time(), 30)))
-    kube = FakeKube(one_silent, slices=slices("a", "b"))
-    await reconciler(kube).round("ampere")
+    wall = Wall()
+    kube = FakeKube(dataclasses.replace(both_silent, leases=snap.leases), slices=slices("a", "b"))
+    rec = reconciler(kube, wall)
+    await rec.round("ampere")
+    wall.t += 60
+    # b's agent renews (its renewTime moves), a's does not: a alone is silent, and withdrawn.
+    renewed = (*snap.leases, lease_body("b", "default", wall.t, 30))
+    kube.snap = dataclasses.replace(both_silent, leases=renewed)
+    await rec.round("ampere")
     assert kube.deleted == ["a-mig-0"]
+
+
+async def test_a_stale_lease_of_a_removed_node_neither_hides_nor_is_a_silent_agent() -> None:
+    """Node a's agent is dead, and a Lease of node gone (removed, its Lease written before Leases had an
+    owner) stays: counted as an agent it would make "every agent silent at once" hold for ever."""
+    snap = silent_node_snapshot()
+    stale = dataclasses.replace(snap, leases=(*snap.leases, lease_body("gone", "default", 0.0, 30)))
+    node_slice = {"metadata": {"name": "a-mig-0"}, "spec": {"driver": DRIVER_NAME, "nodeName": "a"}}
+    kube = FakeKube(stale, slices=(node_slice,))
+    rec = await silent_reconciler(kube)
+    await rec.round("ampere")
+    assert kube.deleted == ["a-mig-0"]
+    assert rec.metrics.registry.get_sample_value("dynamig_operator_silent_agents") == 1
+    assert not [ref for ref, _, reason in kube.events if ref["name"] == "gone"]
+
+
+class Stop:
+    def __init__(self) -> None:
+        self.stopped = False
+
+    def is_set(self) -> bool:
+        return self.stopped
+
+
+async def test_the_watchdog_withdraws_a_silent_agents_node_with_no_policy_at_all() -> None:
+    snap = dataclasses.replace(silent_node_snapshot(), policies=())
+    node_slice = {"metadata": {"name": "a-mig-0"}, "spec": {"driver": DRIVER_NAME, "nodeName": "a"}}
+    kube = FakeKube(snap, slices=(node_slice,))
+    wall = Wall()
+    rec = reconciler(kube, wall, resync_seconds=0.1)
+    stop = Stop()
+    watchdog = asyncio.create_task(rec.watch_agents(stop))
+    try:
+        await asyncio.sleep(0.3)  # a few reads: the Lease is seen, and does not run out yet
+        assert kube.deleted == []
+        wall.t += 60
+
+        async def withdrawn() -> list[str] | None:
+            return kube.deleted or None
+
+        assert (await eventually(withdrawn, "a's slices withdrawn", within_s=5))[0] == "a-mig-0"
+        assert [ref["name"] for ref, _, reason in kube.events if reason == "AgentSilent"]
+    finally:
+        stop.stopped = True
+        await asyncio.wait_for(watchdog, timeout=5)
 
 
 def floor_snapshot(inventory: str, generation: int, ready: tuple[str, str], instances: list[Any]) -> Snapshot:

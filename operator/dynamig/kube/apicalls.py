@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import aiohttp
@@ -58,12 +59,28 @@ async def delete_slice(custom: client.CustomObjectsApi, name: str) -> None:
             raise
 
 
+def answered(entry: Mapping[str, Any] | None, conditions: Collection[str]) -> bool:
+    """Whether a ``status.devices[]`` entry already carries an answer: one of ``conditions`` (the binding
+    condition and binding failure condition) True, as kube-scheduler reads it. Pure."""
+    return any(
+        c.get("type") in conditions and c.get("status") == "True"
+        for c in (entry or {}).get("conditions") or []
+    )
+
+
 async def put_device_status(
-    custom: client.CustomObjectsApi, namespace: str, name: str, entry: dict[str, Any]
+    custom: client.CustomObjectsApi,
+    namespace: str,
+    name: str,
+    entry: dict[str, Any],
+    unless: Collection[str] = (),
 ) -> bool:
     """Set one ``status.devices[]`` entry of a ResourceClaim (matched on driver, pool, device), keeping every
     other entry: read, replace with the read ``resourceVersion``, again on a conflict. Returns False when the
-    claim is gone or no longer allocates that device (nothing to answer)."""
+    claim is gone or no longer allocates that device (nothing to answer), and, with ``unless`` (the binding
+    condition types), when the entry already carries one of them True: the node's agent and the operator
+    (failing the bookings of a silent agent) may answer the same booking at once, and the first answer
+    stands; the other's replace meets a conflict and reads it."""
     key = (entry["driver"], entry["pool"], entry["device"])
     for _ in range(5):
         try:
@@ -78,9 +95,12 @@ async def put_device_status(
         results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
         if not any((r.get("driver"), r.get("pool"), r.get("device")) == key for r in results):
             return False
-        others = [
-            e for e in status.get("devices") or [] if (e.get("driver"), e.get("pool"), e.get("device")) != key
-        ]
+        entries = status.get("devices") or []
+        if unless and any(
+            answered(e, unless) for e in entries if (e.get("driver"), e.get("pool"), e.get("device")) == key
+        ):
+            return False
+        others = [e for e in entries if (e.get("driver"), e.get("pool"), e.get("device")) != key]
         status["devices"] = [*others, entry]
         try:
             await custom.replace_namespaced_custom_object_status(

@@ -8,7 +8,8 @@ driver, and fails every booking of the node's pool still waiting for an answer, 
 release it and book elsewhere (kube-scheduler's PreBind reads the failure condition, dynamicresources.go
 ``isClaimReadyForBinding``). Nothing on the GPUs changes: allocated instances stay allocated, running pods
 run on. When the agent is back, its next round publishes the node again (its publisher recreates missing
-slices), and it renews its Lease.
+slices), and it renews its Lease. The operator runs this with or without a GpuPartitionPolicy (its agent
+watchdog, operator/reconciler.py ``Reconciler.watch_agents``).
 """
 
 from __future__ import annotations
@@ -58,6 +59,15 @@ def fences(
         )
         out.append(Fence(node, why, names, tuple(unanswered(claims, driver, node, ready, failed))))
     return out
+
+
+def disrupted(silent: Mapping[str, str], agents: int) -> bool:
+    """Whether the silent agents are every agent, and more than one: then the API server or the network is
+    to blame, not the agents, and no node is withdrawn (as kube-controller-manager stops evicting from a
+    fully disrupted zone). ``agents``: how many agents keep a Lease, counting only nodes that exist (a Lease
+    left by a removed node would otherwise keep this from ever holding, or make it hold for one live
+    agent). Pure."""
+    return len(silent) > 1 and len(silent) >= agents
 
 
 def failed_answer(fence: Fence, booking: Pending, driver: str, failed: str, now: str) -> dict[str, Any]:

@@ -4,6 +4,8 @@ Handlers only parse and delegate to the :class:`~dynamig.operator.reconciler.Rec
 
 - one daemon per GpuPartitionPolicy runs that policy's reshape loop (Kopf stops it when the policy is deleted
   and pauses it when peering hands control to another replica);
+- one daemon on the GpuPartition CRD watches the agents' heartbeat Leases and withdraws silent agents' nodes,
+  policy or not;
 - watch events on pods, ResourceClaims, ResourceSlices, GpuPartitions, Nodes and policies wake the loops.
 
 ``run_operator(settings, stop_flag)`` builds every dependency in one place (API client from the kubeconfig,
@@ -51,6 +53,21 @@ def build_registry(reconciler: Reconciler, settings: OperatorSettings) -> kopf.O
     @kopf.daemon(GROUP, VERSION, POLICY_PLURAL, registry=registry, cancellation_timeout=10.0)  # type: ignore[untyped-decorator]
     async def policy_loop(name: str, stopped: kopf.DaemonStopped, **_: Any) -> None:
         await reconciler.run_policy(name, stopped)
+
+    if settings.agent_lease_namespace is not None:
+        # Fencing needs no policy: one watchdog daemon, on the GpuPartition CRD (there while dynamig is
+        # installed; the operator lists and watches CRDs already), so Kopf runs it on the leading replica.
+        crd = f"{GPU_PARTITION_PLURAL}.{GROUP}"
+
+        def is_crd(name: str, **_: Any) -> bool:
+            return name == crd
+
+        @kopf.daemon(  # type: ignore[untyped-decorator]
+            "apiextensions.k8s.io", "v1", "customresourcedefinitions",
+            registry=registry, when=is_crd, cancellation_timeout=10.0,
+        )  # fmt: skip
+        async def agent_watchdog(stopped: kopf.DaemonStopped, **_: Any) -> None:
+            await reconciler.watch_agents(stopped)
 
     def wake(**_: Any) -> None:
         reconciler.wake()

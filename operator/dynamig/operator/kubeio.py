@@ -27,6 +27,7 @@ from dynamig.kube.apicalls import (
     put_device_status,
 )
 from dynamig.kube.events import OPERATOR_COMPONENT, EventCorrelator, deliver, event_body
+from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, NODE_LABEL, POLICY_PLURAL, VERSION
 from dynamig.kube.times import now_rfc3339
 from dynamig.operator.extended import ClassChanges
@@ -137,8 +138,10 @@ class KubeIO:
         await self._retry(lambda: delete_slice(self.custom, name))
 
     async def put_device_status(self, namespace: str, name: str, entry: dict[str, Any]) -> bool:
-        """Answer a booking (``dynamig.kube.apicalls.put_device_status``); False when nothing is to answer."""
-        return await self._retry(lambda: put_device_status(self.custom, namespace, name, entry))
+        """Answer a booking (``dynamig.kube.apicalls.put_device_status``); False when nothing is to answer,
+        or when it is answered already (its agent's answer is never overwritten)."""
+        answers = (BINDING_READY, BINDING_FAILED)
+        return await self._retry(lambda: put_device_status(self.custom, namespace, name, entry, answers))
 
     async def write_spec(
         self,

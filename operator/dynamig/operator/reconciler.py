@@ -29,7 +29,7 @@ from dynamig.geometry.catalog import Catalog
 from dynamig.kube.apicalls import is_transient, status_of
 from dynamig.kube.events import gpu_partition_ref
 from dynamig.kube.gpupartition import Condition, layout_summary, set_condition
-from dynamig.kube.heartbeat import LEASE_PREFIX, Sighting, next_silence, sightings, silent_agents
+from dynamig.kube.heartbeat import Sighting, agent_leases, next_silence, sightings, silent_agents
 from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
 from dynamig.kube.names import GROUP_VERSION, POLICY_KIND, extended_resource_name
 from dynamig.kube.policy import (
@@ -53,7 +53,7 @@ from dynamig.operator.decide import (
 )
 from dynamig.operator.demand import PendingClaim, extract_demand, parse_device_classes
 from dynamig.operator.extended import class_changes, offered_profiles
-from dynamig.operator.fencing import REASON_AGENT_SILENT, failed_answer, fences
+from dynamig.operator.fencing import REASON_AGENT_SILENT, disrupted, failed_answer, fences
 from dynamig.operator.inventory import LAYOUT_WRITTEN_ANNOTATION, GpuView, allocated_devices, parse_inventory
 from dynamig.operator.kubeio import KubeIO, Snapshot
 from dynamig.operator.metrics import OperatorMetrics
@@ -130,20 +130,21 @@ def parse_world(
 ) -> World:
     """Parse a snapshot into a :class:`World`; with ``now`` (epoch seconds), GPUs of nodes whose agent
     Lease ran out are unusable, judged by ``seen`` (when the reader saw each Lease renewed; without it, by
-    the Leases' own times, bounded by ``now``). Pure."""
+    the Leases' own times, bounded by ``now``). Leases of nodes that no longer exist are not judged. Pure."""
     policies: list[GpuPartitionPolicy] = []
     for raw in snap.policies:
         try:
             policies.append(parse_policy(raw))
         except ValidationError as exc:
             log.warning("skipping malformed policy %s: %s", raw.get("metadata", {}).get("name"), exc)
-    silent = silent_agents(snap.leases, now, seen) if now is not None else {}
-    gpus = parse_inventory(snap.partitions, catalog, allocated_devices(snap.claims, DRIVER_NAME), silent)
     node_labels = {
         str(n["metadata"]["name"]): dict(n["metadata"].get("labels") or {})
         for n in snap.nodes
         if n.get("metadata")
     }
+    leases = agent_leases(snap.leases, node_labels)
+    silent = silent_agents(leases, now, seen) if now is not None else {}
+    gpus = parse_inventory(snap.partitions, catalog, allocated_devices(snap.claims, DRIVER_NAME), silent)
     ownership = resolve_ownership(policies, [g.identity(node_labels.get(g.node, {})) for g in gpus])
     governed = [g for g in gpus if g.name in ownership.owner and g.model is not None]
     models: dict[str, Any] = {}
@@ -178,12 +179,14 @@ class Reconciler:
         metrics: OperatorMetrics,
         settings: OperatorSettings,
         clock: Callable[[], float] = time.time,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.kube = kube
         self.catalog = catalog
         self.metrics = metrics
         self.settings = settings
         self.clock = clock
+        self.wall = wall  # the wall clock Lease renewals are dated by (when this process saw them)
         self._memory = _Memory()
         self._wakers: dict[str, asyncio.Event] = {}
         self._lock = (
@@ -193,6 +196,7 @@ class Reconciler:
         self.last_decisions: dict[str, RoundDecision] = {}
         self._gpu_uids: dict[str, str] = {}  # GpuPartition name -> uid, from the latest snapshot (for Events)
         self._next_silence: float | None = None  # wall time the next agent Lease runs out (plus grace)
+        self._agents_checked = -float("inf")  # monotonic time the Leases were last read and acted on
 
     # ------------------------------------------------------------------------------------------ wake-ups
     def wake(self) -> None:
@@ -244,7 +248,41 @@ class Reconciler:
         withdrawn at once (operator/fencing.py), not up to a resync later."""
         if self._next_silence is None:
             return self.settings.resync_seconds
-        return max(0.5, min(self.settings.resync_seconds, self._next_silence - time.time() + 0.1))
+        return max(0.5, min(self.settings.resync_seconds, self._next_silence - self.wall() + 0.1))
+
+    def _agents_due_in(self) -> float:
+        """Seconds until the agents' Leases are to be read again: a resync after they were last read, or
+        sooner when one runs out."""
+        wait = self.settings.resync_seconds - (time.monotonic() - self._agents_checked)
+        if self._next_silence is not None:
+            wait = min(wait, self._next_silence - self.wall() + 0.1)
+        return wait
+
+    async def watch_agents(self, stopped: StopFlag) -> None:
+        """The agents' watchdog, until ``stopped`` (the body of a Kopf daemon, so only the replica that leads
+        runs it): reads the Leases and withdraws the nodes of silent agents whenever no policy round did so
+        lately, so a silent agent's node is withdrawn with no GpuPartitionPolicy at all."""
+        failures = 0
+        while not stopped.is_set():
+            left = self._agents_due_in()
+            if left > 0:
+                await self._sleep(min(left, 1.0), stopped)
+                continue
+            try:
+                async with self._lock:
+                    if self._agents_due_in() <= 0:  # a policy round may have read them meanwhile
+                        await self._check_agents(
+                            await self.kube.snapshot(self.settings.agent_lease_namespace)
+                        )
+                failures = 0
+            except Exception as exc:
+                if not (isinstance(exc, ApiException) or is_transient(exc)):
+                    raise
+                failures += 1
+                delay = min(2.0, 0.25 * 2 ** min(failures, 8))
+                why = status_of(exc) or repr(exc)
+                log.warning("agent watchdog: API error (%s); retrying in %.1fs", why, delay)
+                await self._sleep(delay, stopped)
 
     async def _wait(self, waker: asyncio.Event, stopped: StopFlag, seconds: float) -> None:
         """Until woken, stopped, or ``seconds`` passed (Kopf's flag is polled: it is not an asyncio.Event)."""
@@ -273,12 +311,7 @@ class Reconciler:
         async with self._lock:
             snap = await self.kube.snapshot(self.settings.agent_lease_namespace)
             now = self.clock()
-            wall = time.time()  # Lease times are wall-clock
-            self._memory.leases = sightings(snap.leases, self._memory.leases, wall)
-            world = parse_world(snap, self.catalog, wall, self._memory.leases)
-            self._next_silence = next_silence(snap.leases, wall, self._memory.leases)
-            await self._report_silent_agents(world, snap)
-            await self._fence_silent_nodes(world.silent, snap)
+            world = await self._check_agents(snap)
             await self._keep_profile_classes(world, snap)
             self._gpu_uids = {p["metadata"]["name"]: p["metadata"].get("uid", "") for p in snap.partitions}
             raw = next((p for p in snap.policies if p["metadata"]["name"] == name), None)
@@ -306,6 +339,22 @@ class Reconciler:
             self._update_metrics(name, mine, decision, time.time())  # claim creation times are wall-clock
             self.last_decisions[name] = decision
             return decision
+
+    async def _check_agents(self, snap: Snapshot) -> World:
+        """Date the agents' Lease renewals by this process's clock (kube/heartbeat.py ``sightings``), then
+        report and withdraw the nodes of silent agents. The world parsed on the way is returned. Under the
+        lock."""
+        wall = self.wall()
+        leases = agent_leases(
+            snap.leases, {str(n["metadata"]["name"]) for n in snap.nodes if n.get("metadata")}
+        )
+        self._memory.leases = sightings(leases, self._memory.leases, wall)
+        world = parse_world(snap, self.catalog, wall, self._memory.leases)
+        self._next_silence = next_silence(leases, wall, self._memory.leases)
+        self._agents_checked = time.monotonic()
+        await self._report_silent_agents(world, snap)
+        await self._fence_silent_nodes(world.silent, snap, len(leases))
+        return world
 
     async def _report_silent_agents(self, world: World, snap: Snapshot) -> None:
         """Once per GPU whose agent went silent: Ready becomes Unknown (reason AgentSilent) and a Warning
@@ -345,20 +394,19 @@ class Reconciler:
             self._memory.awaiting.pop(g.name, None)
             log.warning("%s: %s; left out of planning", g.name, reason)
 
-    async def _fence_silent_nodes(self, silent: Mapping[str, str], snap: Snapshot) -> None:
+    async def _fence_silent_nodes(self, silent: Mapping[str, str], snap: Snapshot, agents: int) -> None:
         """A node whose agent went silent offers nothing and its waiting bookings fail, so no pod waits for
         an agent that cannot answer (operator/fencing.py). Each round while it stays silent, so a slice
-        written meanwhile is withdrawn too; a refusal (RBAC) is logged and the round goes on.
+        written meanwhile is withdrawn too; a refusal (RBAC) is logged and the round goes on. A booking its
+        agent answered meanwhile keeps that answer (the write is refused, kube/apicalls.py).
 
-        Every agent silent at once (more than one) is taken as the API server's or the network's doing, as
-        kube-controller-manager stops evicting from a fully disrupted zone: right after an outage no agent has
-        renewed yet, and withdrawing every node then would only churn. They are withdrawn once one renews."""
+        Every agent silent at once (more than one; ``agents``: the Leases of nodes that exist) is taken as
+        the API server's or the network's doing, as kube-controller-manager stops evicting from a fully
+        disrupted zone: right after an outage no agent has renewed yet, and withdrawing every node then would
+        only churn. They are withdrawn once one renews."""
         if not silent:
             return
-        agents = sum(
-            1 for lease in snap.leases if str(lease["metadata"].get("name", "")).startswith(LEASE_PREFIX)
-        )
-        if len(silent) > 1 and len(silent) >= agents:
+        if disrupted(silent, agents):
             log.warning(
                 "every agent (%d) is silent at once: taken as an API server or network disruption, not as "
                 "dead agents; no node is withdrawn until one of them renews its Lease",
