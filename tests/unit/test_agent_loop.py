@@ -17,6 +17,7 @@ from dynamig.agent import controller
 from dynamig.agent.controller import AgentSettings, NodeAgent
 from dynamig.agent.kubeapi import API_RETRY_MAX_S
 from dynamig.agent.metrics import AgentMetrics
+from dynamig.kube.times import parse_time
 
 
 def refused() -> Exception:
@@ -144,3 +145,58 @@ async def test_a_failed_heartbeat_is_retried_within_the_cap_not_a_third_of_the_l
     stop.set()
     await asyncio.wait_for(beats, timeout=5)
     assert len(leases.calls) == 4, leases.calls  # 3 refused 0.05 s apart, renewed, then 10 s of quiet
+
+
+class Bodies:
+    """renew_lease: records what was written."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+
+    async def renew_lease(self, body: dict[str, Any]) -> None:
+        self.bodies.append(body)
+
+
+async def test_a_long_round_that_makes_progress_renews_one_that_does_nothing_does_not() -> None:
+    """Renewed every second (a 3 s Lease); stuck after 1.5 s without progress, whatever the round's age."""
+    leases = Bodies()
+    now = [1000.0]
+    settings = AgentSettings(node="n1", lease_namespace="dynamig", lease_seconds=3)
+    metrics = AgentMetrics(CollectorRegistry(), "n1")
+    agent = NodeAgent(settings, cast(Any, leases), cast(Any, None), metrics, clock=lambda: now[0])
+    assert agent.answerer.progress == agent.reshaper.progress == agent.progressed  # the hooks are wired
+    agent.progressed()
+    assert agent._progress_at is None  # between rounds, nothing to date
+    agent._progress_at = now[0]  # a round starts (reconcile_once) ...
+    now[0] += 100  # ... and cuts for 100 s, one booking after another
+    agent.progressed()
+    stop = asyncio.Event()
+    beats = asyncio.create_task(agent._heartbeats(stop))
+    try:
+        await asyncio.sleep(0.2)
+        assert len(leases.bodies) == 1  # renewed: the round made progress just now
+        now[0] += 2  # then nothing for 2 s: an NVML call hangs
+        await asyncio.sleep(1.1)
+        assert len(leases.bodies) == 1
+        agent.progressed()  # it returns, and the round goes on
+        await asyncio.sleep(1.1)
+        assert len(leases.bodies) == 2
+    finally:
+        stop.set()
+        await asyncio.wait_for(beats, timeout=5)
+
+
+async def test_the_lease_is_owned_by_the_node_and_dated_by_the_agents_clock() -> None:
+    leases = Bodies()
+    settings = AgentSettings(node="n1", lease_namespace="dynamig", clock_offset_seconds=-60.0)
+    agent = NodeAgent(settings, cast(Any, leases), cast(Any, None), AgentMetrics(CollectorRegistry(), "n1"))
+    assert await agent._heartbeat()  # before a round read the Node: no owner yet
+    owner = {"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "uid-n1"}
+    agent.publisher.owner = owner
+    before = time.time()
+    assert await agent._heartbeat()
+    first, second = leases.bodies
+    assert "ownerReferences" not in first["metadata"]
+    assert second["metadata"]["ownerReferences"] == [owner]
+    renewed = parse_time(second["spec"]["renewTime"])
+    assert renewed is not None and before - 61 < renewed < before - 59

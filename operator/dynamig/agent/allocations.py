@@ -71,6 +71,7 @@ class AllocationAnswerer:
         # A MIG device NVML has not enumerated yet is read this many times, this far apart (about 2 s in all:
         # the round holds the agent's lock meanwhile), before the allocation is answered failed.
         self.uuid_reads, self.uuid_retry_s = max(1, uuid_reads), uuid_retry_s
+        self.progress: Callable[[], None] = lambda: None  # told after each booking handled (the heartbeat)
 
     async def answer_all(
         self, claims: list[dict[str, Any]], unavailable: str | None = None, refuse: Refuse | None = None
@@ -83,6 +84,7 @@ class AllocationAnswerer:
         admin = admin_allocations(claims, self.driver, self.node)
         for p in unanswered(claims, self.driver, self.node, BINDING_READY, BINDING_FAILED):
             answer = await self._answer(p, claims, unavailable, refuse, (p.claim, p.device) in admin)
+            self.progress()
             if answer is None:
                 log.info("claim %s no longer waits on %s; nothing cut, nothing to answer", p.claim, p.device)
                 continue

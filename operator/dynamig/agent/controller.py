@@ -80,7 +80,7 @@ from dynamig.kube.gpupartition import (
     parse_gpu_partition,
     set_condition,
 )
-from dynamig.kube.heartbeat import DEFAULT_LEASE_SECONDS, lease_body
+from dynamig.kube.heartbeat import DEFAULT_LEASE_SECONDS, lease_body, stuck
 from dynamig.kube.names import NODE_LABEL, UNINSTALL_ANNOTATION, gpu_partition_name
 from dynamig.kube.times import now_rfc3339
 
@@ -111,6 +111,9 @@ class AgentSettings:
     events_namespace: str = "default"  # where Events about GpuPartitions (cluster-scoped) go
     lease_namespace: str | None = None  # where the agent keeps its heartbeat Lease (None: no heartbeat)
     lease_seconds: int = DEFAULT_LEASE_SECONDS  # renewed every third of this
+    # Added to this host's clock where the Lease's renewTime is written: the dev cluster plays a node whose
+    # clock is off with it (the operator dates renewals by its own clock, so it must not matter).
+    clock_offset_seconds: float = 0.0
 
 
 # The longest wait after rounds that keep failing for another reason than the API server (a bug, a refusal):
@@ -185,14 +188,17 @@ class NodeAgent:
         # Removes what the agent made on the node (plugin files) when dynamig is uninstalled; returns them.
         self.on_uninstall: Callable[[], Awaitable[list[str]]] | None = None
         self.uninstalled = False  # done: the node is left alone until the agent is deleted
-        self._round_started: float | None = None  # when the round now running began (heartbeat watchdog)
+        # When the round now running last got something done (started, cut, answered); None between rounds.
+        # The heartbeat stops when it is too old (kube/heartbeat.py ``stuck``).
+        self._progress_at: float | None = None
         self.answerer = AllocationAnswerer(
             settings.driver, settings.node, api, devices, metrics, self.prepared
         )
         self.reshaper = Reshaper(
             settings.node, settings.driver, api, devices, metrics, self.prepared, clock,
-            quarantine_seconds=settings.quarantine_seconds,
+            quarantine_seconds=settings.quarantine_seconds, progress=self.progressed,
         )  # fmt: skip
+        self.answerer.progress = self.progressed
         self.reporter = NodeReporter(api, metrics, settings.node, settings.events_namespace)
         self.support: InventorySupport | None = (
             None
@@ -278,14 +284,20 @@ class NodeAgent:
                 for w in waiters:
                     w.cancel()
 
+    def progressed(self) -> None:
+        """The round got something done (an NVML destroy or create, an answer written): the agent is not
+        stuck, however long the round runs."""
+        if self._progress_at is not None:
+            self._progress_at = self.clock()
+
     async def _heartbeats(self, stop: asyncio.Event) -> None:
         """Renew the node's Lease every third of its duration while the agent can answer: not while a round
-        has been running for half the Lease or more (an NVML call hung in the driver), so a stuck agent
-        goes silent like a dead one and the operator withdraws its node (operator/fencing.py)."""
+        has done nothing for half the Lease (an NVML call hung in the driver), so a stuck agent goes silent
+        like a dead one and the operator withdraws its node (operator/fencing.py). A round that cuts bookings
+        one after another makes progress and renews."""
         while not stop.is_set():
-            started = self._round_started
             every = max(1.0, self.settings.lease_seconds / 3)
-            answering = started is None or self.clock() - started < self.settings.lease_seconds / 2
+            answering = not stuck(self._progress_at, self.clock(), self.settings.lease_seconds)
             if answering and not await self._heartbeat():
                 # Renewed again within seconds of the API server's return, not a third of the Lease later.
                 every = min(every, API_RETRY_MAX_S)
@@ -295,12 +307,15 @@ class NodeAgent:
     async def _heartbeat(self) -> bool:
         """Renew the node's Lease (the operator's evidence the agent lives). False when that failed."""
         namespace = self.settings.lease_namespace
-        now = time.time()
+        now = time.time() + self.settings.clock_offset_seconds
         if namespace is None:
             return True
         try:
+            # Owned by the Node once a round has read its uid: the garbage collector removes it with the Node.
             await self.api.renew_lease(
-                lease_body(self.settings.node, namespace, now, self.settings.lease_seconds)
+                lease_body(
+                    self.settings.node, namespace, now, self.settings.lease_seconds, self.publisher.owner
+                )
             )
         except Exception as exc:  # a missed renewal is retried within API_RETRY_MAX_S
             log.warning("could not renew the agent lease in namespace %s: %s", namespace, exc)
@@ -310,11 +325,11 @@ class NodeAgent:
     async def reconcile_once(self) -> bool:
         """One round over every GPU. Returns True while some GPU still reshapes (poll again soon)."""
         async with self.lock:
-            self._round_started = self.clock()
+            self._progress_at = self.clock()
             try:
                 return await self._round()
             finally:
-                self._round_started = None
+                self._progress_at = None
 
     async def _round(self) -> bool:
         self.rounds += 1

@@ -28,6 +28,7 @@ from tenacity import (
 
 from dynamig.kube.apicalls import MERGE_PATCH, delete_slice, is_transient, patch_event, put_device_status
 from dynamig.kube.events import EventCorrelator, deliver
+from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, VERSION
 
 log = logging.getLogger(__name__)
@@ -163,14 +164,18 @@ class KubeApi:
         return await self._retry("patch gpupartition status", call)
 
     async def renew_lease(self, body: dict[str, Any]) -> None:
-        """Write the agent's Lease (``dynamig.kube.heartbeat.lease_body``): patch its spec, create it when
+        """Write the agent's Lease (``dynamig.kube.heartbeat.lease_body``): patch its spec, and its owner
+        when the body names one (a Lease written before the agent read its Node gets it then), create it when
         missing."""
         meta = body["metadata"]
+        change: dict[str, Any] = {"spec": body["spec"]}
+        if meta.get("ownerReferences"):
+            change["metadata"] = {"ownerReferences": meta["ownerReferences"]}
 
         async def call() -> None:
             try:
                 await self.coordination.patch_namespaced_lease(
-                    meta["name"], meta["namespace"], {"spec": body["spec"]}, _content_type=MERGE_PATCH
+                    meta["name"], meta["namespace"], change, _content_type=MERGE_PATCH
                 )
             except ApiException as exc:
                 if exc.status != 404:
@@ -280,10 +285,12 @@ class KubeApi:
     async def put_device_status(self, namespace: str, name: str, entry: dict[str, Any]) -> bool:
         """Set one ``status.devices[]`` entry of a claim (matched on driver, pool, device), keeping every
         other entry: read, replace with the read ``resourceVersion``, again on a conflict. Returns False
-        when the claim is gone or no longer allocates that device (nothing to answer)."""
+        when the claim is gone or no longer allocates that device (nothing to answer), or when the entry is
+        answered already (the operator failed it while this agent was silent: that answer stands)."""
+        answers = (BINDING_READY, BINDING_FAILED)
         return await self._retry(
             "write resourceclaim device status",
-            lambda: put_device_status(self.custom, namespace, name, entry),
+            lambda: put_device_status(self.custom, namespace, name, entry, answers),
         )
 
 

@@ -52,6 +52,7 @@ class Reshaper:
     prepared: Collection[str]  # device names the kubelet plugin prepared
     clock: Callable[[], float]
     attempts: dict[str, Attempts] = field(default_factory=dict)  # GPU UUID -> failed tries of its layout
+    progress: Callable[[], None] = lambda: None  # told after each NVML operation done (the agent's heartbeat)
     quarantine_seconds: float = 0.0  # AgentSettings.quarantine_seconds
     # GPU UUID -> retired instances destroyed, and when: no create of the agent's own over their slices yet
     quarantined: dict[str, dict[PlacedInstance, float]] = field(default_factory=dict)
@@ -223,6 +224,7 @@ class Reshaper:
             else:
                 out.blocker = (Reason.NVML_ERROR, f"{op.rstrip('e')}ing {dev} failed: {err}")
             return False
+        self.progress()
         self.metrics.operation(op, "success")
         log.info("%sed %s on %s", op.rstrip("e"), dev, self.node)
         return True
