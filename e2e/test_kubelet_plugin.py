@@ -59,6 +59,7 @@ from dynamig.agent.simulated_driver import (
     ci_cap_minor,
     gi_cap_minor,
 )
+from dynamig.agent.stranded import REASON_RESCHEDULED, REASON_STRANDED, StrandedPods
 from dynamig.backends import simnvml
 from dynamig.demo.cluster import claim_pod, ensure_device_class, exactly, resource_claim
 from dynamig.devcluster import ControlPlane, eventually
@@ -146,6 +147,7 @@ class Node:
     instances: MigInstances
     settings: PluginSettings
     kubelet: Kubelet
+    stranded: StrandedPods
     server: PluginServer | None = None
 
     @property
@@ -153,7 +155,7 @@ class Node:
         return self.devices.gpu(0)
 
     async def start_plugin(self, api: client.ApiClient) -> PluginServer:
-        self.server = await serve_plugin(self.settings, self.instances, api)
+        self.server = await serve_plugin(self.settings, self.instances, api, stranded=self.stranded)
         return self.server
 
     async def stop_plugin(self) -> None:
@@ -224,6 +226,7 @@ async def node(crds: None, kube_api: client.ApiClient, make_node: Callable[..., 
         instances=SimulatedDriverInstances(AgentMigInstances(agent), files),
         settings=settings,
         kubelet=Kubelet(settings, load_stubs()),
+        stranded=StrandedPods(agent.api, name, after_s=3600.0),  # the give-back test shortens it
     )
     await n.start_plugin(kube_api)
     try:
@@ -508,6 +511,56 @@ async def test_destroyed_instance_is_recreated_and_taken_placement_is_refused(
     assert node.mig_uuid(big) is None and node.mig_uuid(PlacedInstance(4, "2g.20gb")) == intruder.mig_uuid
     assert not cdi_files.spec_path(node.settings.cdi_root, ref_big[2]).exists()
     assert "gpu0-3g40gb-s4" not in node.agent.prepared
+
+
+async def test_a_pod_whose_device_stays_unpreparable_goes_back_to_its_controller(
+    node: Node, kube_api: client.ApiClient, namespace: str
+) -> None:
+    # The last line of defence, second half (agent/stranded.py): a pod bound to a device whose slices a busy
+    # instance holds. A pod no controller owns gets a Warning Event and stays; one a controller owns and that
+    # never started is deleted (uid precondition) for the controller to create it again.
+    core = client.CoreV1Api(kube_api)
+    gpu, big = node.gpu, PlacedInstance(4, "3g.40gb")
+    ref = await allocate(kube_api, namespace, node.name, big)
+    pod = f"p-{ref[1]}"
+    assert node.devices.destroy(gpu, big) is True
+    intruder = node.devices.create(gpu, PlacedInstance(4, "2g.20gb"))
+    simnvml.attach_process(intruder.mig_uuid, 4343)  # a workload outside DRA: busy, never destroyed
+    node.files.sync()
+
+    async def reasons() -> list[str]:
+        events = await core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={pod}")
+        return sorted(e.reason for e in events.items if e.reason.startswith("DeviceUnavailable"))
+
+    try:
+        # Within the bound: refused, nothing else happens.
+        assert "in use" in (await node.kubelet.prepare(ref))[ref[2]].error
+        assert await reasons() == []
+        node.stranded.after_s = 0.0  # past the bound from now on
+        assert "in use" in (await node.kubelet.prepare(ref))[ref[2]].error
+        assert await reasons() == [REASON_STRANDED]
+        assert (await core.read_namespaced_pod(pod, namespace)).metadata.deletion_timestamp is None
+
+        # A ConfigMap stands in for the pod's controller (the garbage collector keeps the pod while it is).
+        owner = await core.create_namespaced_config_map(namespace, {"metadata": {"name": f"owner-{pod}"}})
+        owned = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "name": owner.metadata.name,
+            "uid": owner.metadata.uid,
+        }
+        patch = {"metadata": {"ownerReferences": [owned | {"controller": True}]}}
+        await core.patch_namespaced_pod(pod, namespace, patch)
+        assert "in use" in (await node.kubelet.prepare(ref))[ref[2]].error
+
+        # Deleted with its own grace period: with no kubelet here it stays Terminating, being deleted.
+        gone = (await core.read_namespaced_pod(pod, namespace)).metadata.deletion_timestamp
+        assert gone is not None, f"pod {pod} is not being deleted"
+        assert await reasons() == sorted([REASON_STRANDED, REASON_RESCHEDULED])
+        assert node.mig_uuid(PlacedInstance(4, "2g.20gb")) == intruder.mig_uuid  # nothing busy destroyed
+    finally:
+        simnvml.detach_process(intruder.mig_uuid, 4343)
+        node.stranded.after_s = 3600.0
 
 
 async def test_restart_unprepares_claims_deleted_meanwhile(

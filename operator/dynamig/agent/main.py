@@ -123,6 +123,7 @@ async def run_agent(options: AgentOptions) -> int:
         sim_files: Any = None
         if options.plugin is not None:
             from dynamig.agent.plugin import probe_sockets, serve_plugin
+            from dynamig.agent.stranded import StrandedPods
 
             p = options.plugin
             if options.nvml == "simulated":
@@ -137,7 +138,8 @@ async def run_agent(options: AgentOptions) -> int:
                     char_devices=options.simulation is not None and options.simulation.char_devices,
                 )
                 instances = SimulatedDriverInstances(instances, files)
-            plugin_server = await serve_plugin(p, instances, api_client, metrics.plugin_request)
+            stranded = StrandedPods(api, settings.node)  # a pod whose device stays unpreparable goes back
+            plugin_server = await serve_plugin(p, instances, api_client, metrics.plugin_request, stranded)
             health.plugin_probe = lambda: probe_sockets(plugin_server.sockets)
             health.plugin_registered = lambda: plugin_server.registered.is_set()
 

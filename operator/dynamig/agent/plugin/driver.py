@@ -30,7 +30,7 @@ from dynamig.agent.plugin.cdi_base import BaseSpecError, load_base_spec
 from dynamig.agent.plugin.cdi_validation import InvalidSpecError
 from dynamig.agent.plugin.checkpoint import CheckpointStore, PreparedClaim, PreparedDevice
 from dynamig.agent.plugin.claims import AllocatedDevice, Claim, ClaimError, ClaimRef, devices_for_node
-from dynamig.agent.plugin.instances import InstanceError, MigInstances, PreparedInstance
+from dynamig.agent.plugin.instances import InstanceError, MigInstances, PlacementTaken, PreparedInstance
 from dynamig.agent.plugin.settings import PluginSettings
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,15 @@ class ClaimSource(Protocol):
         ...
 
 
+class StrandedClaims(Protocol):
+    """Hears how each claim's prepare went, to give back the pods of one whose device stays unpreparable
+    (``dynamig.agent.stranded.StrandedPods``)."""
+
+    def prepared(self, claim_uid: str) -> None: ...
+
+    async def placement_taken(self, namespace: str, name: str, claim_uid: str, why: str) -> list[str]: ...
+
+
 class MigDriver:
     """Prepares and unprepares claims for one node. Side effects: NVML (through ``instances``), CDI specs,
     checkpoint file, API reads."""
@@ -62,8 +71,10 @@ class MigDriver:
         instances: MigInstances,
         claims: ClaimSource,
         checkpoint: CheckpointStore,
+        stranded: StrandedClaims | None = None,
     ) -> None:
         self._settings = settings
+        self._stranded = stranded
         self._instances = instances
         self._claims = claims
         self._checkpoint = checkpoint
@@ -108,6 +119,13 @@ class MigDriver:
             for ref in refs:
                 try:
                     results[ref.uid] = PrepareResult(devices=await self._prepare_one(ref))
+                    if self._stranded is not None:
+                        self._stranded.prepared(ref.uid)
+                except PlacementTaken as exc:
+                    log.warning("prepare %s (%s) failed: %s", ref, ref.uid, exc)
+                    results[ref.uid] = PrepareResult(error=str(exc))
+                    if self._stranded is not None:
+                        await self._stranded.placement_taken(ref.namespace, ref.name, ref.uid, str(exc))
                 except (
                     ClaimError,
                     InstanceError,

@@ -29,7 +29,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dynamig.agent.plugin.checkpoint import CheckpointStore
 from dynamig.agent.plugin.claims import ClaimReader, ClaimRef
-from dynamig.agent.plugin.driver import MigDriver
+from dynamig.agent.plugin.driver import MigDriver, StrandedClaims
 from dynamig.agent.plugin.instances import MigInstances
 from dynamig.agent.plugin.settings import PluginSettings
 from dynamig.agent.plugin.stubs import load_stubs
@@ -216,6 +216,7 @@ async def serve_plugin(
     instances: MigInstances,
     api_client: ApiClient,
     observe: RequestObserver | None = None,
+    stranded: StrandedClaims | None = None,
 ) -> PluginServer:
     """Starts the kubelet DRA plugin for ``settings.node_name`` and returns it running.
 
@@ -231,6 +232,7 @@ async def serve_plugin(
         instances,
         ClaimReader(api_client, timeout_s=settings.api_timeout_s),
         CheckpointStore(settings.checkpoint_path),
+        stranded,
     )
     await driver.start()
     dra_server = await _start_unix_server(
