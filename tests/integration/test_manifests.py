@@ -1236,6 +1236,13 @@ def test_agent_and_operator_run_with_exactly_the_rbac_the_manifests_grant(
         lease = json.loads(cp.kubectl("get", "lease", "-n", NS, f"dynamig-agent-{node}", "-o", "json").stdout)
         assert lease["spec"]["holderIdentity"] == node
 
+        # Owned by its Node (the garbage collector removes it with the Node), which the agent may write.
+        def owned() -> bool:
+            got = cp.kubectl("get", "lease", "-n", NS, f"dynamig-agent-{node}", "-o", "json").stdout
+            return [o["kind"] for o in json.loads(got)["metadata"].get("ownerReferences") or []] == ["Node"]
+
+        _wait_for("the agent's Lease to be owned by its Node", owned, agent, timeout=30)
+
         cp.kubectl(
             "apply",
             "-f",
