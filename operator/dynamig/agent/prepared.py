@@ -29,8 +29,8 @@ class PreparedDevices(Set[str]):
             self.add(name)
 
     def reset(self, names: Iterable[str]) -> None:
-        """Count exactly ``names`` (one per claim that prepared it), as the plugin's checkpoint holds them when
-        it starts: it is the only one that prepares, so its checkpoint is the whole truth then."""
+        """Count exactly ``names`` (one per claim that prepared it), as the plugin's checkpoint holds them
+        when it starts: it is the only one that prepares, so its checkpoint is the whole truth then."""
         self._counts.clear()
         self.update(names)
 

@@ -132,27 +132,34 @@ def overlaps(model: GpuModel, a: PlacedInstance, b: PlacedInstance) -> bool:
 
 
 def _creatable(
-    model: GpuModel, wanted: Sequence[PlacedInstance], held: Sequence[PlacedInstance], why: str = ""
+    model: GpuModel,
+    wanted: Sequence[PlacedInstance],
+    held: Sequence[PlacedInstance],
+    why: str = "memory slices held by {names}",
 ) -> tuple[list[PlacedInstance], list[Waiting]]:
     """``wanted`` split into those whose memory slices no ``held`` instance overlaps, and the rest as
-    waiting (``why`` added to the reason). Pure."""
+    waiting (``why``, with ``{names}`` the instances in the way, is the reason). Pure."""
     create: list[PlacedInstance] = []
     blocked: list[Waiting] = []
     for p in wanted:
         in_way = [r for r in held if overlaps(model, p, r)]
         if in_way:
             names = ", ".join(f"{r.profile}@{r.start}" for r in in_way)
-            blocked.append(Waiting(p, f"memory slices held by {names}{why}"))
+            blocked.append(Waiting(p, why.format(names=names)))
         else:
             create.append(p)
     return create, blocked
 
 
 def without_creates_over(
-    model: GpuModel, plan: GpuPlan, spared: Sequence[PlacedInstance], why: str = " (retiring)"
+    model: GpuModel,
+    plan: GpuPlan,
+    spared: Sequence[PlacedInstance],
+    why: str = "memory slices held by {names} (retiring)",
 ) -> GpuPlan:
     """``plan`` with the creates that need a ``spared`` instance's slices (one the agent may not destroy
-    yet, or a destroyed one whose slices are kept free: ``why`` says which) moved to ``blocked``. Pure."""
+    yet, or a destroyed one whose slices are kept free: ``why`` says which, as for :func:`_creatable`) moved
+    to ``blocked``. Pure."""
     if not spared:
         return plan
     create, blocked = _creatable(model, plan.create, spared, why)

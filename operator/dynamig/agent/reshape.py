@@ -149,8 +149,9 @@ class Reshaper:
 
     def _quarantine_note(self) -> str:
         return (
-            f" (destroyed less than {self.quarantine_seconds:.0f}s ago: its slices stay free that long, as a "
-            "scheduler lagging behind may still allocate it)"
+            "memory slices of {names}, destroyed less than "
+            f"{self.quarantine_seconds:.0f}s ago, kept free that long (a scheduler lagging behind may still "
+            "allocate it, and its pod's prepare then creates it again)"
         )
 
     async def _destroys_now(

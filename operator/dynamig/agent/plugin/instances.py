@@ -65,7 +65,7 @@ class MigInstances(Protocol):
         ...
 
     def mark_prepared(self, names: Iterable[str]) -> None:
-        """Called once at plugin start with the devices of the claims the checkpoint still holds (a device once
-        per claim), so an agent that restarted with the plugin counts them as in use again; what it counted
-        before is replaced. Side effects: agent state."""
+        """Called once at plugin start with the devices of the claims the checkpoint still holds (a device
+        once per claim), so an agent that restarted with the plugin counts them as in use again; what it
+        counted before is replaced. Side effects: agent state."""
         ...
