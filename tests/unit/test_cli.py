@@ -69,6 +69,24 @@ def test_lease_seconds_outside_what_admission_and_the_operator_accept_is_a_usage
         assert f"argument --lease-seconds: {bad!r} is not a whole number of seconds from 1 to {top}" in err
 
 
+@pytest.mark.parametrize("command", ["agent", "operator"])
+def test_metrics_tls_flags_come_in_pairs_and_tokens_never_travel_in_the_clear(command: str) -> None:
+    from dynamig.cli._metrics import metrics_tls_files
+
+    parse = build_parser().parse_args
+    pair = ["--metrics-tls-cert-file=/tls/tls.crt", "--metrics-tls-key-file=/tls/tls.key"]
+    assert metrics_tls_files(parse([command, *pair, "--metrics-authorize"])) == (
+        Path("/tls/tls.crt"),
+        Path("/tls/tls.key"),
+    )
+    assert metrics_tls_files(parse([command])) is None
+    with pytest.raises(CommandError, match="go together") as half:
+        metrics_tls_files(parse([command, pair[0]]))
+    assert half.value.exit_code == 2
+    with pytest.raises(CommandError, match="must not travel in the clear"):
+        metrics_tls_files(parse([command, "--metrics-authorize"]))
+
+
 def test_a_closed_pipe_ends_quietly() -> None:
     proc = subprocess.run(
         f"{sys.executable} -m dynamig geometry profiles --model A100-80GB | head -1",

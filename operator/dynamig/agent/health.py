@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
+
+from dynamig.kube.metricsauth import ApiAuthorizer, MetricsTLS, metrics_route, start
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +73,18 @@ def _answer(checks: dict[str, str]) -> web.Response:
     return web.Response(status=200 if ok else 503, text=json.dumps(body), content_type="application/json")
 
 
-async def serve(health: Health, registry: CollectorRegistry, address: str, port: int) -> web.AppRunner:
-    """Starts the endpoints on ``address:port`` (0: any free port; the port is logged). Returns the runner
-    (``await runner.cleanup()`` stops it)."""
-
-    async def metrics(_request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+async def serve(
+    health: Health,
+    registry: CollectorRegistry,
+    address: str,
+    port: int,
+    *,
+    tls: MetricsTLS | None = None,
+    authorizer: ApiAuthorizer | None = None,
+) -> web.AppRunner:
+    """Starts the endpoints on ``address:port`` (0: any free port; the port is logged), over TLS with
+    ``tls`` and ``/metrics`` behind ``authorizer`` (dynamig.kube.metricsauth; the probes stay open). Returns
+    the runner (``await runner.cleanup()`` stops it)."""
 
     async def healthz(_request: web.Request) -> web.Response:
         return _answer(await health.liveness())
@@ -85,13 +92,6 @@ async def serve(health: Health, registry: CollectorRegistry, address: str, port:
     async def readyz(_request: web.Request) -> web.Response:
         return _answer(await health.readiness())
 
-    app = web.Application()
-    app.add_routes([web.get("/metrics", metrics), web.get("/healthz", healthz), web.get("/readyz", readyz)])
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    # Bound here, so port 0 gives a known port to log.
-    sock = socket.create_server((address, port), family=socket.AF_INET6 if ":" in address else socket.AF_INET)
-    await web.SockSite(runner, sock).start()
-    bound = sock.getsockname()[1]
-    log.info("metrics on http://%s:%d/metrics (and /healthz, /readyz)", address, bound)
+    routes = [metrics_route(registry), web.get("/healthz", healthz), web.get("/readyz", readyz)]
+    runner, _port = await start(routes, address, port, tls=tls, authorizer=authorizer)
     return runner

@@ -31,6 +31,7 @@ from dynamig.agent.metrics import AgentMetrics
 from dynamig.agent.nvml_device import NvmlDevices
 from dynamig.agent.plugin.settings import PluginSettings
 from dynamig.geometry.catalog import load_catalog
+from dynamig.kube.metricsauth import ApiAuthorizer, MetricsTLS
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,8 @@ class AgentOptions:
     kubeconfig: Path | None = None
     metrics_address: str = "0.0.0.0"
     metrics_port: int | None = None  # None: no metrics server; 0: any free port
+    metrics_tls: MetricsTLS | None = None  # serve /metrics (and the probes) over TLS
+    metrics_authorize: bool = False  # /metrics only for tokens the API server allows (needs metrics_tls)
     plugin: PluginSettings | None = None  # serve the kubelet DRA plugin with these settings
     liveness_max_round_age_s: float = 180.0  # /healthz fails when no round finished for this long
 
@@ -157,7 +160,15 @@ async def run_agent(options: AgentOptions) -> int:
 
             agent.on_uninstall = remove_node_files
         if options.metrics_port is not None:
-            http_server = await serve_http(health, registry, options.metrics_address, options.metrics_port)
+            authorizer = ApiAuthorizer(api_client) if options.metrics_authorize else None
+            http_server = await serve_http(
+                health,
+                registry,
+                options.metrics_address,
+                options.metrics_port,
+                tls=options.metrics_tls,
+                authorizer=authorizer,
+            )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

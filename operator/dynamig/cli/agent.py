@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from dynamig.cli._logging import add_logging_arguments
+from dynamig.cli._metrics import add_metrics_security_arguments, metrics_tls_files
 from dynamig.cli.errors import EXIT_USAGE, CommandError, add_api_wait_argument
 from dynamig.kube.heartbeat import DEFAULT_LEASE_SECONDS, MAX_LEASE_SECONDS
 
@@ -117,6 +118,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="Prometheus metrics port (0: any free port, -1: no metrics server)",
     )
     p.add_argument("--metrics-address", default="0.0.0.0", help="address the metrics server binds")
+    add_metrics_security_arguments(p)
     p.add_argument(
         "--kubelet-plugin",
         action=argparse.BooleanOptionalAction,
@@ -188,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
     from dynamig.cli.errors import check_kubeconfig, reach_api
     from dynamig.geometry.catalog import load_catalog
     from dynamig.kube.gpupartition import Inventory
+    from dynamig.kube.metricsauth import MetricsTLS
 
     configure_logging(args.log_level, args.log_format)
     if not args.node:
@@ -206,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
             destroy_latency_s=args.sim_destroy_latency,
             char_devices=args.sim_char_devices,
         )
+    tls_files = metrics_tls_files(args)
     plugin = None
     serve_plugin = args.kubelet_plugin if args.kubelet_plugin is not None else args.nvml == "real"
     if serve_plugin:
@@ -240,6 +244,8 @@ def run(args: argparse.Namespace) -> int:
         kubeconfig=args.kubeconfig,
         metrics_address=args.metrics_address,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
+        metrics_tls=MetricsTLS(*tls_files) if tls_files else None,
+        metrics_authorize=args.metrics_authorize,
         plugin=plugin,
         liveness_max_round_age_s=args.liveness_max_round_age,
     )

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from dynamig.cli._logging import add_logging_arguments
+from dynamig.cli._metrics import add_metrics_security_arguments, metrics_tls_files
 from dynamig.cli.errors import add_api_wait_argument
 
 
@@ -40,6 +41,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port"
     )
     parser.add_argument("--metrics-host", default="0.0.0.0", help="address of the metrics endpoint")
+    add_metrics_security_arguments(parser)
     parser.add_argument("--resync-seconds", type=float, default=30.0, help="replan at least this often")
     parser.add_argument(
         "--events-namespace", default="default", help="namespace for Events about cluster-scoped objects"
@@ -78,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from dynamig.operator.handlers import api_client, run_operator
     from dynamig.operator.settings import OperatorSettings
 
+    tls_files = metrics_tls_files(args)
     settings = OperatorSettings(
         kubeconfig=args.kubeconfig,
         context=args.context,
@@ -86,6 +89,9 @@ def run(args: argparse.Namespace) -> int:
         priority=args.priority if args.priority is not None else random.SystemRandom().randint(1, 2**31 - 1),
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        metrics_tls_cert=tls_files[0] if tls_files else None,
+        metrics_tls_key=tls_files[1] if tls_files else None,
+        metrics_authorize=args.metrics_authorize,
         resync_seconds=args.resync_seconds,
         events_namespace=args.events_namespace,
         agent_lease_namespace=args.agent_lease_namespace or os.environ.get("POD_NAMESPACE") or "default",

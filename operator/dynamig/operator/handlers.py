@@ -225,15 +225,28 @@ async def run_operator(
     catalog = catalog or load_catalog()
     quiet_kopf_watch_logs()
     server = None
-    if settings.metrics_port is not None:
+    secure = settings.metrics_tls_cert is not None and settings.metrics_tls_key is not None
+    if settings.metrics_port is not None and not secure:
         from prometheus_client import start_http_server
 
         server, _thread = start_http_server(
             settings.metrics_port, settings.metrics_host, registry=metrics.registry
         )
         log.info("metrics on http://%s:%d/metrics", settings.metrics_host, server.server_port)
+    runner = None
     try:
         async with api_client(settings) as api:
+            cert, key = settings.metrics_tls_cert, settings.metrics_tls_key
+            if settings.metrics_port is not None and cert is not None and key is not None:
+                from dynamig.kube.metricsauth import ApiAuthorizer, MetricsTLS, metrics_route, start
+
+                runner, _port = await start(
+                    [metrics_route(metrics.registry)],
+                    settings.metrics_host,
+                    settings.metrics_port,
+                    tls=MetricsTLS(cert, key),
+                    authorizer=ApiAuthorizer(api) if settings.metrics_authorize else None,
+                )
             reconciler = Reconciler(KubeIO(api), catalog, metrics, settings)
             registry = build_registry(reconciler, settings)
             await kopf.operator(
@@ -252,3 +265,5 @@ async def run_operator(
     finally:
         if server is not None:
             server.shutdown()
+        if runner is not None:
+            await runner.cleanup()

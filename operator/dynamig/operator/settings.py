@@ -20,6 +20,8 @@ class OperatorSettings:
     - ``peer_id``: this replica's name in the peering object (default: Kopf's, from host name and pid).
     - ``metrics_port``: port of the Prometheus ``/metrics`` endpoint on ``metrics_host``; None: no endpoint
       (the metrics still exist in the registry); 0: any free port.
+    - ``metrics_tls_cert``, ``metrics_tls_key``: serve ``/metrics`` over TLS with this PEM pair (None: HTTP);
+      ``metrics_authorize``: only to bearer tokens the API server allows to ``get /metrics`` (needs TLS).
     - ``resync_seconds``: how often each policy replans even when no watch event arrived.
     - ``event_repeat_seconds``: a pending claim whose verdict did not change gets its Event again after this.
     - ``liveness_endpoint``: where Kopf serves its liveness probe (None: not served).
@@ -38,6 +40,9 @@ class OperatorSettings:
     peer_id: str | None = None
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    metrics_tls_cert: Path | None = None
+    metrics_tls_key: Path | None = None
+    metrics_authorize: bool = False
     resync_seconds: float = 30.0
     event_repeat_seconds: float = 300.0
     events_namespace: str = "default"
