@@ -1342,6 +1342,46 @@ def test_workload_arguments_parse_with_the_real_cli(helm: str) -> None:
     assert agent.kubelet_plugin is False and agent.nvml == "real" and agent.node == "n"
 
 
+def test_secure_metrics_switch_both_parts_to_tls_and_token_review(helm: str) -> None:
+    """metrics.secure: each part gets the TLS pair and --metrics-authorize (as the real CLI parses them), its
+    probes still answer without a token, and nothing of it renders when off."""
+    from dynamig.cli import build_parser
+    from dynamig.cli._metrics import metrics_tls_files
+
+    objs = docs(render(helm, "metrics.secure.enabled=true").stdout)
+    for kind in ("Deployment", "DaemonSet"):
+        pod = find(objs, kind)["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        args = build_parser().parse_args([a.replace("$(NODE_NAME)", "n") for a in container["args"]])
+        pair = metrics_tls_files(args)
+        assert args.metrics_authorize and pair is not None
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "metrics-tls"]
+        assert all(str(p.parent) == mount["mountPath"] for p in pair)
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "metrics-tls"]
+        assert volume["secret"]["secretName"] == "dynamig-metrics-tls"
+        probes = [container[p] for p in ("startupProbe", "livenessProbe", "readinessProbe") if p in container]
+        for probe in probes:
+            assert "tcpSocket" in probe or probe["httpGet"]["path"] != "/metrics", probe
+            if probe.get("httpGet", {}).get("port") == "metrics":
+                assert probe["httpGet"]["scheme"] == "HTTPS", probe
+    assert find(objs, "Secret", "dynamig-metrics-tls")["type"] == "kubernetes.io/tls"
+    for name in ("dynamig-operator-auth-delegator", "dynamig-agent-auth-delegator"):
+        assert find(objs, "ClusterRoleBinding", name)["roleRef"]["name"] == "system:auth-delegator"
+    rules = find(objs, "ClusterRole", "dynamig-metrics-reader")["rules"]
+    assert rules == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+
+    plain = docs(render(helm).stdout)
+    assert not [
+        o
+        for o in plain
+        if "metrics-tls" in o["metadata"]["name"] or "auth-delegator" in o["metadata"]["name"]
+    ]
+    assert (
+        "--metrics-authorize"
+        not in find(plain, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+
+
 def test_the_lease_bound_is_the_operators_in_the_chart_the_cli_and_the_policy(helm: str) -> None:
     """One number: the longest Lease the operator counts is what agent.leaseSeconds, `dynamig agent
     --lease-seconds` and the Lease admission policy accept; the chart's default is the agent's."""

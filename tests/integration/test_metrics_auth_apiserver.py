@@ -9,14 +9,18 @@ right to ``get /metrics``, with their own tokens from the TokenRequest API.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import ssl
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry, Counter
 
 from dynamig.agent.health import Health, serve
@@ -24,6 +28,8 @@ from dynamig.agent.main import api_client_for
 from dynamig.devcluster import ControlPlane
 from dynamig.devcluster.pki import generate_pki
 from dynamig.kube.metricsauth import MetricsTLS
+
+CHART = Path(__file__).resolve().parents[2] / "manifests" / "helm" / "dynamig"
 
 
 def _sa_token(cp: ControlPlane, namespace: str, name: str) -> str:
@@ -121,3 +127,76 @@ async def test_a_renewed_certificate_is_served_without_a_restart(
         ssl.PEM_cert_to_DER_cert(renewed.apiserver.cert.read_text())
     ).hexdigest()  # fmt: skip
     assert before != after and after == expected
+
+
+def _render_secure(helm: str, release: str, namespace: str, reader: dict[str, str]) -> list[dict[str, Any]]:
+    """The chart with metrics.secure on and ``reader`` bound to its metrics-reader role. Runs helm."""
+    rendered = subprocess.run(
+        [helm, "template", release, str(CHART), "--namespace", namespace,
+         "--set", "metrics.secure.enabled=true", "--set", "metrics.serviceMonitor.enabled=true",
+         "--set", "metrics.serviceMonitor.skipCapabilityCheck=true",
+         "--set-json", f"metrics.secure.readers=[{json.dumps(reader)}]"],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    return [o for o in yaml.safe_load_all(rendered) if o]
+
+
+async def test_the_charts_secure_metrics_serve_prometheus_and_no_one_else(
+    control_plane: ControlPlane, namespace: str, helm: str, tmp_path: Path
+) -> None:
+    """The chart with metrics.secure on, in a namespace of its own: its Secret, ServiceAccounts and RBAC
+    applied for real. The agent's endpoint serves the chart's certificate under the name the ServiceMonitor
+    checks, reviews tokens with the agent's own account (bound to system:auth-delegator by the chart), and
+    answers the reader the values name, not another account of the namespace."""
+    cp = control_plane
+    release = f"m{namespace[-8:]}"
+    reader = {"kind": "ServiceAccount", "name": "prometheus", "namespace": namespace}
+    objs = _render_secure(helm, release, namespace, reader)
+    kinds = ("Secret", "ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+    wanted = [o for o in objs if o["kind"] in kinds and not o["metadata"]["name"].endswith("-uninstall")]
+    stream = yaml.safe_dump_all(wanted)
+    cp.kubectl("apply", "-f", "-", input=stream)
+    try:
+        secret = next(o for o in objs if o["kind"] == "Secret")["data"]
+        for key in ("tls.crt", "tls.key", "ca.crt"):
+            (tmp_path / key).write_bytes(base64.b64decode(secret[key]))
+        monitor = next(
+            o for o in objs if o["kind"] == "ServiceMonitor" and o["metadata"]["name"].endswith("-agent")
+        )
+        endpoint = monitor["spec"]["endpoints"][0]
+        assert endpoint["scheme"] == "https" and endpoint["tlsConfig"]["ca"]["secret"]["key"] == "ca.crt"
+        accounts = [o["metadata"]["name"] for o in wanted if o["kind"] == "ServiceAccount"]
+        agent_sa = next(name for name in accounts if name.endswith("-agent"))
+        api = await api_client_for(cp.service_account_kubeconfig(namespace, agent_sa))
+        registry = CollectorRegistry()
+        Counter("dynamig_test_scrapes", "scrapes", registry=registry).inc()
+        from dynamig.kube.metricsauth import ApiAuthorizer
+
+        runner = await serve(
+            Health(max_round_age_s=60.0), registry, "127.0.0.1", 0,
+            tls=MetricsTLS(tmp_path / "tls.crt", tmp_path / "tls.key"), authorizer=ApiAuthorizer(api),
+        )  # fmt: skip
+        try:
+            url = f"https://127.0.0.1:{runner.addresses[0][1]}/metrics"
+            trust = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+            prometheus = _sa_token(cp, namespace, "prometheus")
+            other = _sa_token(cp, namespace, "someone-else")
+            async with aiohttp.ClientSession() as http:
+
+                async def scrape(token: str) -> int:
+                    async with http.get(
+                        url, headers={"Authorization": f"Bearer {token}"}, ssl=trust,
+                        server_hostname=endpoint["tlsConfig"]["serverName"],
+                    ) as resp:  # fmt: skip
+                        return resp.status
+
+                assert await scrape(other) == 403
+                assert await scrape(prometheus) == 200
+        finally:
+            await runner.cleanup()
+            await api.close()
+    finally:
+        cluster_wide = [o for o in wanted if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+        cp.kubectl(
+            "delete", "--ignore-not-found", "-f", "-", input=yaml.safe_dump_all(cluster_wide), check=False
+        )

@@ -84,3 +84,15 @@ it (values.yaml, docs/install.md "What the agent's container may do"). */ -}}
 {{- end -}}
 {{- toYaml (mustMergeOverwrite $chart (deepCopy (.Values.agent.securityContext | default dict))) -}}
 {{- end -}}
+
+{{- /* /metrics over TLS for allowed bearer tokens (metrics.secure): the Secret of the serving pair, where it is
+mounted, and the component flags. */ -}}
+{{- define "dynamig.metricsTlsSecret" -}}
+{{- .Values.metrics.secure.tlsSecretName | default (printf "%s-metrics-tls" (include "dynamig.fullname" .)) -}}
+{{- end -}}
+{{- define "dynamig.metricsTlsDir" -}}/etc/dynamig/metrics-tls{{- end -}}
+{{- define "dynamig.metricsSecureArgs" -}}
+- --metrics-tls-cert-file={{ include "dynamig.metricsTlsDir" . }}/tls.crt
+- --metrics-tls-key-file={{ include "dynamig.metricsTlsDir" . }}/tls.key
+- --metrics-authorize
+{{- end -}}
