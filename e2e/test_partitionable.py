@@ -817,3 +817,55 @@ async def test_uninstall_leaving_gpus_empty_destroys_the_free_instances_kept_for
         )  # fmt: skip
         assert report.cleaned == [gpu] and report.complete, report
         assert _instances(sim) == [] and agent.uninstalled
+
+
+async def test_a_retired_instances_slices_get_no_floor_instance_until_its_quarantine_ends(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+) -> None:
+    """A floor 3g.40gb@0 over a free 1g.10gb@0: the agent retires the 1g (guarded), destroys it after the
+    settle period, and then keeps its slices free for the quarantine, so that a pod a lagging scheduler bound
+    to the 1g from an older slice would find them free; the GpuPartition says why the floor waits. Then the
+    floor instance is created."""
+    from dynamig.agent.nvml_device import NvmlDevices
+
+    quarantine_s = 4.0
+    k = ScenarioApi(kube_api, namespace)
+    node = await one_gpu_node(k, sim, make_node, "quarantine")
+    gpu = f"{node}-gpu0"
+    devices = NvmlDevices(sim, load_catalog())
+    devices.init()
+    devices.create(devices.gpu(0), PlacedInstance(0, "1g.10gb"))  # free, before the agent starts
+    devices.shutdown()
+    settings = dataclasses.replace(partitionable(node), quarantine_seconds=quarantine_s)
+    async with agent_running(kube_api, node, sim, settings):
+        await offered(k, gpu, [("1g.10gb", 0)], A100_PROFILES)  # adopted as it is
+        await offer(k, gpu, [("3g.40gb", 0)], A100_PROFILES)
+
+        def at(placed: PlacedInstance) -> bool:
+            return any(i.placed == placed for i in _instances(sim))
+
+        async def small_gone() -> float | None:
+            return time.monotonic() if not at(PlacedInstance(0, "1g.10gb")) else None
+
+        gone_at = await eventually(small_gone, "the free 1g.10gb@0 retired and destroyed", every_s=0.05)
+        assert not at(PlacedInstance(0, "3g.40gb"))
+
+        async def says_kept_free() -> str | None:
+            part = await k.custom.get_cluster_custom_object(GROUP, VERSION, GPU_PARTITION_PLURAL, gpu)
+            ready = [c for c in part["status"].get("conditions") or [] if c["type"] == "Ready"]
+            text = ready[0]["message"] if ready else ""
+            return text if "kept free" in text else None
+
+        message = await eventually(says_kept_free, f"{gpu} saying why its floor waits", within_s=quarantine_s)
+        assert "waiting to create gpu0-3g40gb-s0" in message and "1g.10gb@0" in message
+
+        async def floor_made() -> float | None:
+            return time.monotonic() if at(PlacedInstance(0, "3g.40gb")) else None
+
+        made_at = await eventually(floor_made, "the floor 3g.40gb@0 created", within_s=30, every_s=0.05)
+        # The quarantine starts at the destroy, which is before this test saw the 1g gone.
+        assert made_at - gone_at >= quarantine_s - 0.3, (made_at - gone_at, quarantine_s)

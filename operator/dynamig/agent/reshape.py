@@ -130,11 +130,16 @@ class Reshaper:
                 gone = self.quarantined.setdefault(gpu.uuid, {})
                 gone.update((p, self.clock()) for p in out.destroyed)
             out.plan = without_creates_over(model, await plan_again(), spared)
-        if keep_undesired:
-            out.plan = without_creates_over(model, out.plan, self._quarantined(gpu), self._quarantine_note())
+        out.plan = self._held_back(model, gpu, out.plan, keep_undesired)
         for p in (*out.plan.complete, *out.plan.create):
             await self._create(gpu, p, out)
-        out.plan = await plan_again()
+        out.plan = self._held_back(model, gpu, await plan_again(), keep_undesired)
+
+    def _held_back(self, model: GpuModel, gpu: GpuInfo, plan: GpuPlan, keep_undesired: bool) -> GpuPlan:
+        """``plan`` with the creates over quarantined slices waiting (partitionable inventory only)."""
+        if not keep_undesired:
+            return plan
+        return without_creates_over(model, plan, self._quarantined(gpu), self._quarantine_note())
 
     def _quarantined(self, gpu: GpuInfo) -> list[PlacedInstance]:
         """The retired instances of ``gpu`` destroyed less than ``quarantine_seconds`` ago (older ones are
