@@ -191,10 +191,15 @@ class LagProxy:
         self.nomination_fail_status = status
 
     def reset(self) -> None:
-        """No lag, no stall, no failure (open watches keep what they hold)."""
+        """No lag, no stall, no failure. The watches of a resource that was held are dropped, so the client
+        lists again and sees now what the proxy still held (events behind them would wait in line)."""
+        held = [r for r, s in self.lag_s.items() if s > 0]
         self.lag_s.clear()
         self.nomination_stall_s = 0.0
         self.nomination_fail_status = None
+        if self._loop is not None and self._ready.is_set() and self._thread is not None:
+            for resource in held:
+                self.drop(resource)
 
     def drop(self, resource: str) -> int:
         """End every open watch of ``resource`` with a 410 Expired event (the client lists again); returns
