@@ -381,3 +381,44 @@ def test_the_operator_and_the_uninstall_hook_write_only_dynamigs_profile_classes
         for obj in made:
             with contextlib.suppress(subprocess.CalledProcessError):
                 cp.kubectl("delete", "deviceclass", obj["metadata"]["name"], "--ignore-not-found")
+
+
+# ---------------------------------------------------------------------------------------------------- pods
+def test_an_agent_may_delete_only_owned_pods_bound_to_its_node(
+    control_plane: ControlPlane, agent_and_claims: AgentAndClaims
+) -> None:
+    """The agent gives back a pod whose device stays unpreparable (agent/stranded.py) by deleting it; RBAC
+    grants delete on every pod, the policy keeps it to pods on its own node that a controller owns."""
+    cp = control_plane
+    agent, a, b, _ = agent_and_claims
+    owner = json.loads(
+        cp.kubectl("create", "configmap", f"owner-{a}"[:63], "-n", CLAIMS_NS, "-o", "json").stdout
+    )
+    controller = {
+        "apiVersion": "v1", "kind": "ConfigMap", "name": owner["metadata"]["name"],
+        "uid": owner["metadata"]["uid"], "controller": True,
+    }  # fmt: skip
+
+    def pod(name: str, node: str, owned: bool) -> str:
+        meta: dict[str, Any] = {"name": name, "namespace": CLAIMS_NS}
+        if owned:
+            meta["ownerReferences"] = [controller]
+        spec = {"nodeName": node, "containers": [{"name": "c", "image": "example.invalid/x:1"}]}
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+        cp.kubectl("create", "-f", "-", input=yaml.safe_dump(body))
+        return name
+
+    others = pod(f"on-b-{b}"[:63], b, owned=True)
+    unowned = pod(f"unowned-{a}"[:63], a, owned=False)
+    mine = pod(f"mine-{a}"[:63], a, owned=True)
+    try:
+        denied = agent("delete", "pod", "-n", CLAIMS_NS, others, "--wait=false")
+        assert denied.returncode != 0 and f"may only delete pods bound to it, not {others}" in denied.stderr
+        denied = agent("delete", "pod", "-n", CLAIMS_NS, unowned, "--wait=false")
+        assert denied.returncode != 0 and "may only delete pods a controller owns" in denied.stderr
+        allowed = agent("delete", "pod", "-n", CLAIMS_NS, mine, "--wait=false")
+        assert allowed.returncode == 0, allowed.stderr
+    finally:
+        cp.kubectl("delete", "pod", "-n", CLAIMS_NS, others, unowned, mine, "--ignore-not-found",
+                   "--wait=false", "--grace-period=0", "--force")  # fmt: skip
+        cp.kubectl("delete", "configmap", "-n", CLAIMS_NS, owner["metadata"]["name"], "--ignore-not-found")
