@@ -412,6 +412,10 @@ def test_an_agent_may_delete_only_owned_pods_bound_to_its_node(
     unowned = pod(f"unowned-{a}"[:63], a, owned=False)
     mine = pod(f"mine-{a}"[:63], a, owned=True)
     try:
+        # A dry run is admitted like the real thing and deletes nothing while the policy is not in force yet.
+        _wait_until_denied(
+            lambda: agent("delete", "pod", "-n", CLAIMS_NS, others, "--dry-run=server"), "another node's pod"
+        )
         denied = agent("delete", "pod", "-n", CLAIMS_NS, others, "--wait=false")
         assert denied.returncode != 0 and f"may only delete pods bound to it, not {others}" in denied.stderr
         denied = agent("delete", "pod", "-n", CLAIMS_NS, unowned, "--wait=false")
