@@ -12,6 +12,10 @@ calls, for each bound pod's device until it succeeds, as the kubelet retries a p
   retires a free 1g.10gb ``Y`` for a 7g.80gb floor (republishes it guarded), waits its settle and destroys
   it; a pod asking for 1g.10gb created right after the destroy may be allocated ``Y`` from the scheduler's
   old view, where ``Y`` is a free instance without binding conditions, and binds at once.
+- The same retire with the scheduler's slices 10 s late and a pod created as the retire begins, while the
+  proxy holds the scheduler's ``status.nominatedNodeName`` write 20 s: kube-scheduler waits for that write
+  before PreBind, so the allocation of ``Y`` reaches the API server 20 s late, long after the agent, which
+  saw neither a nomination nor an allocation, destroyed ``Y`` and cut the floor.
 - Hole 2, a booking deleted mid-round: slow creates (4 s each) queue four bookings ahead of pod B's in one
   round of the agent. B books the 2g.20gb placement over a free 1g.10gb ``F`` (its cut destroys ``F``); B
   and its claim are deleted once that round is cutting, and pod C asking for ``F`` is created once the
@@ -22,10 +26,10 @@ instance at the allocated placement whose MIG UUID is the one the claim reports)
 instance is destroyed while a claim allocates it.
 
 Each check can fail. Against an agent that fills a retired instance's slices with the floor instance at once
-and serves no pod bound to a destroyed device at prepare, hole 1 with ``L`` = 10 or 30 leaves the late pod
-bound to ``Y`` with every prepare refused for the whole 90 s (``memory slices 0-0 of GPU 0 are held by
-7g.80gb at slice 0``); against one that destroys what is in a booking's way on its round's snapshot of the
-claims, hole 2 destroys ``F`` about 6 s after C was allocated it.
+and serves no pod bound to a destroyed device at prepare, hole 1 with ``L`` = 10 or 30 and the 20 s
+nomination leave the pod bound to ``Y`` with every prepare refused for the whole 90 s (``memory slices 0-0
+of GPU 0 are held by 7g.80gb at slice 0``); against one that destroys what is in a booking's way on its
+round's snapshot of the claims, hole 2 destroys ``F`` about 6 s after C was allocated it.
 """
 
 from __future__ import annotations
@@ -281,6 +285,48 @@ async def test_a_free_instance_retired_behind_the_schedulers_back_leaves_no_pod_
             finally:
                 await watch.stop()
         print(f"\n  retire seen {lag_s}s late: Y destroyed {retired_s:.1f}s after the retire; {outcome}")
+
+
+@pytest.mark.parametrize("stall_s", [0, 20])
+async def test_a_binding_cycle_whose_nomination_write_is_late_leaves_no_pod_on_a_missing_device(
+    lagging_cluster: LaggingCluster, lagging_api: client.ApiClient, sim: ModuleType, stall_s: int
+) -> None:
+    """The same retire, the scheduler's slices 10 s late, and a pod created right as the retire begins: the
+    scheduler books ``Y`` from its old view, where it is free. Its write of the pod's
+    ``status.nominatedNodeName``, what tells the agent a binding cycle is under way, is held ``stall_s``
+    seconds, longer than the settle period."""
+    proxy = lagging_cluster.proxy
+    async with site(lagging_cluster, lagging_api, f"nominate{stall_s}") as s:
+        k = s.k
+        sim.configure(gpus=["A100-80GB"], state_file=None, seed=s.node)
+        watch = AllocationWatch(k)
+        async with agent_running(lagging_api, s.node, sim, settings(s.node)) as agent:
+            await eventually(functools.partial(k.stable, s.gpu), f"GpuPartition {s.gpu}", within_s=60)
+            await offer(k, s.gpu, [Y], ["1g.10gb"])
+            await eventually(functools.partial(offering, k, s.gpu, [Y]), "Y free and offered", within_s=60)
+            await asyncio.sleep(2.0)  # the scheduler (no lag yet) sees Y as a free instance
+
+            proxy.hold("resourceslices", 10)
+            proxy.stall_nominations(stall_s)
+            since, nominations = len(sim.history()), len(proxy.nominations)
+            watch.start()
+            try:
+                t0 = time.time()
+                await offer(k, s.gpu, FLOOR, ["1g.10gb"])
+                await pin(k, "early", s.node, {"firstAvailable": first_available(["1g.10gb"])})
+                outcome = await assert_safe(k, agent, sim, watch, ["early"], since)
+            finally:
+                await watch.stop()
+        gone = [
+            f"{e.profile}@{e.start} at {e.timestamp - t0:.1f}s"
+            for e in sim.history()[since:]
+            if e.kind == "destroy-gi"
+        ]
+        allocated = watch.first_allocated.get("early", t0) - t0
+        print(
+            f"\n  nomination held {stall_s}s: {len(proxy.nominations) - nominations} nomination write(s); "
+            f"claim allocated at {allocated:.1f}s; destroyed: {gone}; {outcome}"
+        )
 
 
 # --- hole 2: a booking deleted while slow bookings ahead of it are being cut -----------------------------
