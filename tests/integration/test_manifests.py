@@ -543,6 +543,8 @@ OPERATOR_ALLOWED = [
     ("delete", "resourceslices.resource.k8s.io"),
     ("update", "resourceclaims.resource.k8s.io", "--subresource=status", "-n", "default"),
     ("arbitrary-node:update", "resourceclaims.resource.k8s.io/mig.dynamig.io", "--subresource=driver"),
+    # and, once fenced for a while, its bound pods that never started deleted for their controllers
+    ("delete", "pods", "-n", "default"),
     # The DeviceClass per offered profile serving the device plugin's resource names (operator/extended.py).
     ("create", "deviceclasses.resource.k8s.io"),
     ("update", "deviceclasses.resource.k8s.io"),
@@ -555,7 +557,8 @@ OPERATOR_DENIED = [
     ("deletecollection", "resourceslices.resource.k8s.io"),
     ("arbitrary-node:update", "resourceclaims.resource.k8s.io/gpu.nvidia.com", "--subresource=driver"),
     ("create", "pods", "-n", "default"),
-    ("delete", "pods", "-n", "default"),
+    ("update", "pods", "-n", "default"),
+    ("deletecollection", "pods", "-n", "default"),
     ("create", "gpupartitions.dynamig.io"),
     ("delete", "gpupartitions.dynamig.io"),
     ("update", "gpupartitions.dynamig.io", "--subresource=status"),
@@ -584,6 +587,9 @@ AGENT_ALLOWED = [
     ("create", "leases.coordination.k8s.io", "-n", NS),
     ("patch", "leases.coordination.k8s.io", "-n", NS),
     ("list", "pods", "--all-namespaces"),  # pods in a binding cycle toward its node
+    # a stranded pod given back (agent/stranded.py; the admission policy keeps it to its own node's pods)
+    ("get", "pods", "-n", NS),
+    ("delete", "pods", "-n", NS),
 ]
 AGENT_DENIED = [
     ("patch", "resourceslices.resource.k8s.io"),
@@ -596,7 +602,7 @@ AGENT_DENIED = [
     ("patch", "gpupartitionpolicies.dynamig.io"),
     ("update", "resourceclaims.resource.k8s.io", "-n", "default"),
     ("create", "pods", "-n", NS),
-    ("get", "pods", "-n", NS),
+    ("update", "pods", "-n", NS),
     ("watch", "pods", "--all-namespaces"),
     ("get", "secrets", "-n", NS),
     ("list", "secrets", "--all-namespaces"),

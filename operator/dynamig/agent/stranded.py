@@ -10,14 +10,15 @@ again and the scheduler books it afresh; the reason is posted as a Warning Event
 controller owns is never deleted: it gets the Event, telling its owner to delete it. So a pod stranded this
 way waits at most :data:`STRANDED_AFTER_S` plus the kubelet's retry interval.
 
-:func:`verdict` is pure; :class:`StrandedPods` reads the claim and its pods and acts (API).
+:func:`~dynamig.kube.pods.verdict` (pure, shared with the operator) decides; :class:`StrandedPods` reads the
+claim and its pods and acts (API).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from dynamig.agent.kubeapi import KubeApi
 from dynamig.kube.events import AGENT_COMPONENT, event_body
+from dynamig.kube.pods import REASON_RESCHEDULED, REASON_STRANDED, verdict
 from dynamig.kube.times import now_rfc3339
 
 log = logging.getLogger(__name__)
@@ -34,29 +36,6 @@ log = logging.getLogger(__name__)
 # for the free-instance case to clear (a pod binding toward the node holds that for seconds) and for a busy
 # instance that is about to be released, short enough that a user sees the pod rescheduled, not stuck.
 STRANDED_AFTER_S = 60.0
-REASON_RESCHEDULED = "DeviceUnavailableRescheduled"
-REASON_STRANDED = "DeviceUnavailable"
-
-
-def verdict(pod: Mapping[str, Any], node: str) -> tuple[str, str]:
-    """What to do with ``pod`` whose device on ``node`` cannot be prepared: ``("delete", whose)`` for a pod a
-    controller owns whose containers never started, ``("event", why)`` for one no controller owns, and
-    ``("leave", why)`` otherwise (another node's, already going, or started: never deleted here). Pure."""
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    status = pod.get("status") or {}
-    if spec.get("nodeName") != node:
-        return "leave", f"bound to {spec.get('nodeName') or 'no node'}, not {node}"
-    if meta.get("deletionTimestamp"):
-        return "leave", "already being deleted"
-    for c in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
-        state = c.get("state") or {}
-        if c.get("started") or "running" in state or "terminated" in state or c.get("restartCount"):
-            return "leave", f"container {c.get('name')} has started"
-    owner = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
-    if owner is None:
-        return "event", "no controller owns it: delete it to have it scheduled again"
-    return "delete", f"{owner.get('kind')} {owner.get('name')}"
 
 
 @dataclass

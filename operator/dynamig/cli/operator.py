@@ -52,6 +52,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="namespace of the agents' heartbeat Leases (default $POD_NAMESPACE, else default)",
     )
     parser.add_argument(
+        "--stranded-after-seconds",
+        type=float,
+        default=60.0,
+        help="a pod bound to the devices of a node whose agent went silent, never started, is given back "
+        "after the node has been fenced this long: deleted for its controller to create again, or told in "
+        "an Event when no controller owns it",
+    )
+    parser.add_argument(
         "--device-plugin-classes",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -95,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         resync_seconds=args.resync_seconds,
         events_namespace=args.events_namespace,
         agent_lease_namespace=args.agent_lease_namespace or os.environ.get("POD_NAMESPACE") or "default",
+        stranded_after_seconds=args.stranded_after_seconds,
         log_level=args.log_level,
         liveness_endpoint=args.liveness,
         device_plugin_classes=args.device_plugin_classes,

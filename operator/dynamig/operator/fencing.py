@@ -10,6 +10,12 @@ release it and book elsewhere (kube-scheduler's PreBind reads the failure condit
 run on. When the agent is back, its next round publishes the node again (its publisher recreates missing
 slices), and it renews its Lease. The operator runs this with or without a GpuPartitionPolicy (its agent
 watchdog, operator/reconciler.py ``Reconciler.watch_agents``).
+
+A pod the scheduler bound to the node's devices before the fence (its booking answered in the window before
+the Lease ran out) waits for a plugin that cannot prepare its claim, for as long as the agent stays away. Once
+the node has been fenced for a bound (``stranded_after_s``, 60 s), such a pod that never started is given
+back as the agent gives back a pod it cannot prepare (kube/pods.py ``verdict``): deleted for its controller
+to create again elsewhere, or, with no controller, told why in a Warning Event.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dynamig.kube.answers import Pending, answer_entry, unanswered
+from dynamig.kube.pods import verdict
 
 REASON_AGENT_SILENT = "AgentSilent"
 
@@ -76,3 +83,68 @@ def failed_answer(fence: Fence, booking: Pending, driver: str, failed: str, now:
     return answer_entry(
         driver, fence.node, booking.device, failed, REASON_AGENT_SILENT, message, now, booking.generation
     )
+
+
+@dataclass(frozen=True, slots=True)
+class StrandedPod:
+    """A pod bound to a fenced node through claims of the node's pool, to give back or tell."""
+
+    node: str
+    namespace: str
+    name: str
+    uid: str
+    action: str  # "delete" (a controller owns it) or "event" (none does)
+    detail: str  # the owning controller, or why it is only told
+    claims: tuple[str, ...]  # names of its claims allocated in the node's pool
+
+
+def stranded_pods(
+    node: str, pods: Sequence[Mapping[str, Any]], claims: Sequence[Mapping[str, Any]], driver: str
+) -> list[StrandedPod]:
+    """The pods bound to ``node`` that a claim allocating ``driver`` devices of the node's pool is reserved
+    for, and that :func:`~dynamig.kube.pods.verdict` does not leave alone (never started, not going), by
+    namespace and name. Pure."""
+    users: dict[tuple[str, str], list[str]] = {}  # (namespace, pod uid) -> claim names
+    for claim in claims:
+        meta = claim.get("metadata") or {}
+        status = claim.get("status") or {}
+        results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+        if not any(r.get("driver") == driver and r.get("pool") == node for r in results):
+            continue
+        for ref in status.get("reservedFor") or []:
+            if ref.get("resource") == "pods" and not ref.get("apiGroup"):
+                key = (str(meta.get("namespace", "")), str(ref.get("uid", "")))
+                users.setdefault(key, []).append(str(meta.get("name", "")))
+    out = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("uid", "")))
+        if key not in users:
+            continue
+        action, detail = verdict(pod, node)
+        if action == "leave":
+            continue
+        out.append(
+            StrandedPod(
+                node, key[0], str(meta.get("name", "")), key[1], action, detail, tuple(sorted(users[key]))
+            )
+        )
+    return sorted(out, key=lambda p: (p.namespace, p.name))
+
+
+def to_give_back(
+    fenced_since: Mapping[str, float],
+    now: float,
+    after_s: float,
+    pods: Sequence[Mapping[str, Any]],
+    claims: Sequence[Mapping[str, Any]],
+    driver: str,
+) -> list[StrandedPod]:
+    """The stranded pods (:func:`stranded_pods`) of the nodes fenced since at least ``after_s`` before
+    ``now`` (``fenced_since``: node -> when it was first fenced, while it stays fenced). Pure."""
+    return [
+        p
+        for node, since in sorted(fenced_since.items())
+        if now - since >= after_s
+        for p in stranded_pods(node, pods, claims, driver)
+    ]

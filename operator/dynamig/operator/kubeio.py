@@ -137,6 +137,23 @@ class KubeIO:
         """Delete a ResourceSlice; one already gone is fine."""
         await self._retry(lambda: delete_slice(self.custom, name))
 
+    async def delete_pod(self, namespace: str, name: str, uid: str) -> bool:
+        """Delete the pod ``namespace/name`` if it is still the one with ``uid`` (a precondition: a pod made
+        again under the same name is not touched), with its own grace period. False when it is gone or is
+        another pod."""
+
+        async def call() -> None:
+            options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid))
+            await self.core.delete_namespaced_pod(name, namespace, body=options)
+
+        try:
+            await self._retry(call)
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
+
     async def put_device_status(self, namespace: str, name: str, entry: dict[str, Any]) -> bool:
         """Answer a booking (``dynamig.kube.apicalls.put_device_status``); False when nothing is to answer,
         or when it is answered already (its agent's answer is never overwritten)."""

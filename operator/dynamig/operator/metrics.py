@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from dynamig import __version__
 
 RESHAPE_RESULTS = ("written", "completed", "blocked", "failed")
+FENCE_ACTIONS = ("slice-withdrawn", "booking-failed", "pod-deleted", "pod-told")
 
 
 @dataclass
@@ -65,11 +66,12 @@ class OperatorMetrics:
         )
         self.fenced = Counter(
             "dynamig_operator_silent_node_actions_total",
-            "What the operator did for nodes whose agent went silent (action=slice-withdrawn|booking-failed)",
+            "What the operator did for nodes whose agent went silent "
+            "(action=slice-withdrawn|booking-failed|pod-deleted|pod-told)",
             ["action"],
             registry=r,
         )
-        for action in ("slice-withdrawn", "booking-failed"):
+        for action in FENCE_ACTIONS:
             self.fenced.labels(action=action)
 
     def set_pending(self, policy: str, counts: dict[tuple[str, str], int]) -> None:

@@ -32,6 +32,7 @@ from dynamig.kube.gpupartition import Condition, layout_summary, set_condition
 from dynamig.kube.heartbeat import Sighting, agent_leases, next_silence, sightings, silent_agents
 from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
 from dynamig.kube.names import GROUP_VERSION, POLICY_KIND, extended_resource_name
+from dynamig.kube.pods import REASON_RESCHEDULED, REASON_STRANDED
 from dynamig.kube.policy import (
     GpuPartitionPolicy,
     Mode,
@@ -53,7 +54,14 @@ from dynamig.operator.decide import (
 )
 from dynamig.operator.demand import PendingClaim, extract_demand, parse_device_classes
 from dynamig.operator.extended import class_changes, offered_profiles
-from dynamig.operator.fencing import REASON_AGENT_SILENT, disrupted, failed_answer, fences
+from dynamig.operator.fencing import (
+    REASON_AGENT_SILENT,
+    StrandedPod,
+    disrupted,
+    failed_answer,
+    fences,
+    to_give_back,
+)
 from dynamig.operator.inventory import LAYOUT_WRITTEN_ANNOTATION, GpuView, allocated_devices, parse_inventory
 from dynamig.operator.kubeio import KubeIO, Snapshot
 from dynamig.operator.metrics import OperatorMetrics
@@ -81,6 +89,8 @@ class _Memory:
     silent: set[str] = field(default_factory=set)  # GPUs already reported as having a silent agent
     taken: dict[str, str] = field(default_factory=dict)  # profile -> the other owner's class reported
     leases: dict[str, Sighting] = field(default_factory=dict)  # agent Lease -> when seen renewed
+    fenced_since: dict[str, float] = field(default_factory=dict)  # fenced node -> when first fenced
+    stranded: dict[str, str] = field(default_factory=dict)  # pod uid given back or told -> its fenced node
 
 
 @dataclass(frozen=True, slots=True)
@@ -403,7 +413,14 @@ class Reconciler:
         Every agent silent at once (more than one; ``agents``: the Leases of nodes that exist) is taken as
         the API server's or the network's doing, as kube-controller-manager stops evicting from a fully
         disrupted zone: right after an outage no agent has renewed yet, and withdrawing every node then would
-        only churn. They are withdrawn once one renews."""
+        only churn. They are withdrawn once one renews.
+
+        A node fenced for ``settings.stranded_after_seconds`` has its bound pods that never started given
+        back (:meth:`_give_back_stranded`); the count starts again when its agent is back."""
+        fenced = self._memory.fenced_since
+        if not silent or disrupted(silent, agents):
+            fenced.clear()
+            self._memory.stranded.clear()
         if not silent:
             return
         if disrupted(silent, agents):
@@ -413,6 +430,11 @@ class Reconciler:
                 len(silent),
             )
             return
+        now = self.clock()
+        for node in [n for n in fenced if n not in silent]:
+            del fenced[node]
+        for node in silent:
+            fenced.setdefault(node, now)
         try:
             slices = [s for node in sorted(silent) for s in await self.kube.list_node_slices(node)]
             for fence in fences(silent, slices, snap.claims, DRIVER_NAME, BINDING_READY, BINDING_FAILED):
@@ -449,6 +471,56 @@ class Reconciler:
             log.warning(
                 "could not withdraw the devices of silent agents' nodes: %s %s", exc.status, exc.reason
             )
+        await self._give_back_stranded(silent, snap)
+
+    async def _give_back_stranded(self, silent: Mapping[str, str], snap: Snapshot) -> None:
+        """Pods bound to a node fenced for ``settings.stranded_after_seconds`` through claims of its pool,
+        that never started (operator/fencing.py ``to_give_back``): a Warning Event on each, once, and the
+        ones a controller owns deleted (uid precondition, their own grace period) so that their controller
+        creates them again and the scheduler books them on a node whose agent answers."""
+        now = self.clock()
+        fenced, told = self._memory.fenced_since, self._memory.stranded
+        for uid in [u for u, node in told.items() if node not in fenced]:
+            del told[uid]
+        after = self.settings.stranded_after_seconds
+        for pod in to_give_back(fenced, now, after, snap.pods, snap.claims, DRIVER_NAME):
+            if pod.uid in told:
+                continue
+            told[pod.uid] = pod.node  # once: a refused delete (RBAC) is not tried every round
+            cause = (
+                f"node {pod.node} was fenced {now - fenced[pod.node]:.0f}s ago ({silent.get(pod.node)}): the "
+                f"device of claim {', '.join(pod.claims)} there cannot be prepared until its agent is back"
+            )
+            await self._give_back(pod, cause)
+
+    async def _give_back(self, pod: StrandedPod, cause: str) -> None:
+        ref = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": pod.name,
+            "namespace": pod.namespace,
+            "uid": pod.uid,
+        }
+        if pod.action != "delete":
+            await self.kube.post_event(
+                ref, "Warning", REASON_STRANDED, f"{cause}; {pod.detail}", pod.namespace
+            )
+            self.metrics.fenced.labels(action="pod-told").inc()
+            log.warning("pod %s/%s: %s; %s", pod.namespace, pod.name, cause, pod.detail)
+            return
+        text = (
+            f"{cause}; the pod never started, so it is deleted for its controller ({pod.detail}) to create "
+            "it again and the scheduler to book it elsewhere"
+        )
+        await self.kube.post_event(ref, "Warning", REASON_RESCHEDULED, text, pod.namespace)
+        try:
+            deleted = await self.kube.delete_pod(pod.namespace, pod.name, pod.uid)
+        except ApiException as exc:
+            log.warning("could not delete pod %s/%s: %s %s", pod.namespace, pod.name, exc.status, exc.reason)
+            return
+        if deleted:
+            self.metrics.fenced.labels(action="pod-deleted").inc()
+            log.warning("pod %s/%s: %s", pod.namespace, pod.name, text)
 
     async def _keep_profile_classes(self, world: World, snap: Snapshot) -> None:
         """One DeviceClass per offered profile for pods asking the device plugin's resource names

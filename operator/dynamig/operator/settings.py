@@ -28,6 +28,8 @@ class OperatorSettings:
     - ``events_namespace``: namespace of Events about cluster-scoped objects (policies, GpuPartitions).
     - ``agent_lease_namespace``: where the agents keep their heartbeat Leases; a GPU whose agent's Lease ran
       out is left out of planning and frees its policy's disruption budget (None: Leases are not read).
+    - ``stranded_after_seconds``: how long a silent agent's node stays fenced before a pod bound to its
+      devices that never started is given back (deleted for its controller, or told; operator/fencing.py).
     - ``device_plugin_classes``: keep a DeviceClass per offered profile that serves the NVIDIA device
       plugin's resource name for it (``nvidia.com/mig-1g.10gb``; operator/extended.py).
     """
@@ -47,6 +49,7 @@ class OperatorSettings:
     event_repeat_seconds: float = 300.0
     events_namespace: str = "default"
     agent_lease_namespace: str | None = "default"
+    stranded_after_seconds: float = 60.0
     log_level: str = "INFO"
     device_plugin_classes: bool = True
     liveness_endpoint: str | None = None  # e.g. "http://0.0.0.0:8080/healthz": Kopf's probe of its own loop
