@@ -545,6 +545,10 @@ OPERATOR_ALLOWED = [
     ("arbitrary-node:update", "resourceclaims.resource.k8s.io/mig.dynamig.io", "--subresource=driver"),
     # and, once fenced for a while, its bound pods that never started deleted for their controllers
     ("delete", "pods", "-n", "default"),
+    # and, where served, its devices tainted NoSchedule until its agent is back
+    ("create", "devicetaintrules.resource.k8s.io"),
+    ("delete", "devicetaintrules.resource.k8s.io"),
+    ("list", "devicetaintrules.resource.k8s.io"),
     # The DeviceClass per offered profile serving the device plugin's resource names (operator/extended.py).
     ("create", "deviceclasses.resource.k8s.io"),
     ("update", "deviceclasses.resource.k8s.io"),
@@ -556,6 +560,7 @@ OPERATOR_DENIED = [
     ("update", "resourceslices.resource.k8s.io"),
     ("deletecollection", "resourceslices.resource.k8s.io"),
     ("arbitrary-node:update", "resourceclaims.resource.k8s.io/gpu.nvidia.com", "--subresource=driver"),
+    ("update", "devicetaintrules.resource.k8s.io"),
     ("create", "pods", "-n", "default"),
     ("update", "pods", "-n", "default"),
     ("deletecollection", "pods", "-n", "default"),

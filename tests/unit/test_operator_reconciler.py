@@ -195,6 +195,9 @@ class FakeKube:
     async def write_device_classes(self, changes: Any) -> None:
         pass
 
+    async def serves_taint_rules(self) -> bool:  # as Kubernetes 1.36 and older, by default
+        return False
+
 
 def silent_node_snapshot() -> Snapshot:
     """Node ``a``: an A100 that policy ``ampere`` governs and an H100 no policy governs, both Ready, and an

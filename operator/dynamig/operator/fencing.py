@@ -16,18 +16,32 @@ the Lease ran out) waits for a plugin that cannot prepare its claim, for as long
 the node has been fenced for a bound (``stranded_after_s``, 60 s), such a pod that never started is given
 back as the agent gives back a pod it cannot prepare (kube/pods.py ``verdict``): deleted for its controller
 to create again elsewhere, or, with no controller, told why in a Warning Event.
+
+Where the API server serves DRA device taints (resource.k8s.io/v1 DeviceTaintRule: Kubernetes 1.37 on, by
+default), the node's devices are also tainted ``NoSchedule`` while it is fenced (one DeviceTaintRule
+selecting the driver and the node's pool), so that no new booking lands on them even from a slice the
+scheduler still has in its cache or one published again before the operator sees the agent back; the rule
+is deleted when the agent is back. Pods already running there are untouched (not ``NoExecute``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import hashlib
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dynamig import API_GROUP
 from dynamig.kube.answers import Pending, answer_entry, unanswered
 from dynamig.kube.pods import verdict
 
 REASON_AGENT_SILENT = "AgentSilent"
+TAINT_KEY = f"{API_GROUP}/agent-silent"
+TAINT_RULE_PREFIX = "dynamig-agent-silent-"
+# On the DeviceTaintRules the operator keeps (each names its node as the pool it selects: a node name may be
+# longer than a label value).
+FENCE_LABEL = f"{API_GROUP}/fence"
+FENCE_AGENT_SILENT = "agent-silent"
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,3 +162,42 @@ def to_give_back(
         if now - since >= after_s
         for p in stranded_pods(node, pods, claims, driver)
     ]
+
+
+def taint_rule_name(node: str) -> str:
+    """The DeviceTaintRule's name for ``node``: a DNS subdomain of at most 253 characters. Pure."""
+    name = f"{TAINT_RULE_PREFIX}{node}"
+    if len(name) <= 253:
+        return name
+    return f"{name[:240]}-{hashlib.sha256(node.encode()).hexdigest()[:12]}"
+
+
+def taint_rule(node: str, driver: str, now: str) -> dict[str, Any]:
+    """The resource.k8s.io/v1 DeviceTaintRule that keeps new bookings off ``node``'s devices of ``driver``
+    (its pool is named after it) while its agent is silent: ``NoSchedule``, so allocated devices stay
+    allocated. Pure."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": taint_rule_name(node), "labels": {FENCE_LABEL: FENCE_AGENT_SILENT}},
+        "spec": {
+            "deviceSelector": {"driver": driver, "pool": node},
+            "taint": {"key": TAINT_KEY, "effect": "NoSchedule", "timeAdded": now},
+        },
+    }
+
+
+def taint_changes(fenced: Collection[str], rules: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str]]:
+    """``(nodes to taint, rule names to delete)``: a rule for each fenced node that has none, and the
+    operator's rules (its label; the node is the pool they select) of nodes no longer fenced. Pure."""
+    have: dict[str, str] = {}
+    for rule in rules:
+        meta = rule.get("metadata") or {}
+        if (meta.get("labels") or {}).get(FENCE_LABEL) != FENCE_AGENT_SILENT:
+            continue
+        node = ((rule.get("spec") or {}).get("deviceSelector") or {}).get("pool")
+        if node:
+            have[str(node)] = str(meta.get("name", ""))
+    create = sorted(n for n in fenced if n not in have)
+    delete = sorted(name for node, name in have.items() if node not in fenced)
+    return create, delete

@@ -31,12 +31,14 @@ from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, NODE_LABEL, POLICY_PLURAL, VERSION
 from dynamig.kube.times import now_rfc3339
 from dynamig.operator.extended import ClassChanges
+from dynamig.operator.fencing import FENCE_AGENT_SILENT, FENCE_LABEL
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSION = "v1"
+TAINT_RULES = "devicetaintrules"
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +138,47 @@ class KubeIO:
     async def delete_slice(self, name: str) -> None:
         """Delete a ResourceSlice; one already gone is fine."""
         await self._retry(lambda: delete_slice(self.custom, name))
+
+    async def serves_taint_rules(self) -> bool:
+        """Whether the API server serves resource.k8s.io/v1 DeviceTaintRules (Kubernetes 1.37 on, by
+        default; 1.36 serves them only as an off-by-default beta, 1.35 as alpha)."""
+
+        async def call() -> bool:
+            found = await client.ResourceV1Api(self.api_client).get_api_resources()
+            return any(r.name == TAINT_RULES for r in found.resources or [])
+
+        try:
+            return await self._retry(call)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    async def list_taint_rules(self) -> tuple[dict[str, Any], ...]:
+        """The DeviceTaintRules the operator keeps for fenced nodes (by their label)."""
+
+        async def call() -> tuple[dict[str, Any], ...]:
+            body = await self.custom.list_cluster_custom_object(
+                RESOURCE_GROUP, RESOURCE_VERSION, TAINT_RULES,
+                label_selector=f"{FENCE_LABEL}={FENCE_AGENT_SILENT}",
+            )  # fmt: skip
+            return tuple(body.get("items") or ())
+
+        return await self._retry(call)
+
+    async def create_taint_rule(self, body: dict[str, Any]) -> None:
+        """Create a DeviceTaintRule; one already there (another replica, an earlier round) is fine."""
+        call = partial(
+            self.custom.create_cluster_custom_object, RESOURCE_GROUP, RESOURCE_VERSION, TAINT_RULES
+        )
+        await self._tolerating(partial(call, body), 409)
+
+    async def delete_taint_rule(self, name: str) -> None:
+        """Delete a DeviceTaintRule; one already gone is fine."""
+        call = partial(
+            self.custom.delete_cluster_custom_object, RESOURCE_GROUP, RESOURCE_VERSION, TAINT_RULES
+        )
+        await self._tolerating(partial(call, name), 404)
 
     async def delete_pod(self, namespace: str, name: str, uid: str) -> bool:
         """Delete the pod ``namespace/name`` if it is still the one with ``uid`` (a precondition: a pod made

@@ -60,6 +60,9 @@ from dynamig.operator.fencing import (
     disrupted,
     failed_answer,
     fences,
+    taint_changes,
+    taint_rule,
+    taint_rule_name,
     to_give_back,
 )
 from dynamig.operator.inventory import LAYOUT_WRITTEN_ANNOTATION, GpuView, allocated_devices, parse_inventory
@@ -91,6 +94,7 @@ class _Memory:
     leases: dict[str, Sighting] = field(default_factory=dict)  # agent Lease -> when seen renewed
     fenced_since: dict[str, float] = field(default_factory=dict)  # fenced node -> when first fenced
     stranded: dict[str, str] = field(default_factory=dict)  # pod uid given back or told -> its fenced node
+    tainted: set[str] | None = None  # nodes whose DeviceTaintRule exists, as last listed (None: unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +211,8 @@ class Reconciler:
         self._gpu_uids: dict[str, str] = {}  # GpuPartition name -> uid, from the latest snapshot (for Events)
         self._next_silence: float | None = None  # wall time the next agent Lease runs out (plus grace)
         self._agents_checked = -float("inf")  # monotonic time the Leases were last read and acted on
+        self._taints_checked: tuple[float, bool] | None = None  # (monotonic time, DeviceTaintRules served)
+        self._taints_listed = -float("inf")  # monotonic time the DeviceTaintRules were last listed
 
     # ------------------------------------------------------------------------------------------ wake-ups
     def wake(self) -> None:
@@ -421,20 +427,20 @@ class Reconciler:
         if not silent or disrupted(silent, agents):
             fenced.clear()
             self._memory.stranded.clear()
-        if not silent:
-            return
-        if disrupted(silent, agents):
-            log.warning(
-                "every agent (%d) is silent at once: taken as an API server or network disruption, not as "
-                "dead agents; no node is withdrawn until one of them renews its Lease",
-                len(silent),
-            )
+            if silent:
+                log.warning(
+                    "every agent (%d) is silent at once: taken as an API server or network disruption, not "
+                    "as dead agents; no node is withdrawn until one of them renews its Lease",
+                    len(silent),
+                )
+            await self._keep_taints()
             return
         now = self.clock()
         for node in [n for n in fenced if n not in silent]:
             del fenced[node]
         for node in silent:
             fenced.setdefault(node, now)
+        tainted = await self._keep_taints()
         try:
             slices = [s for node in sorted(silent) for s in await self.kube.list_node_slices(node)]
             for fence in fences(silent, slices, snap.claims, DRIVER_NAME, BINDING_READY, BINDING_FAILED):
@@ -452,6 +458,12 @@ class Reconciler:
                 text = (
                     f"{fence.why}: withdrew {len(fence.slices)} ResourceSlice(s) of {DRIVER_NAME}"
                     + (f" and failed the bookings of {', '.join(failed)}" if failed else "")
+                    + (
+                        f"; its devices are tainted NoSchedule (DeviceTaintRule "
+                        f"{taint_rule_name(fence.node)})"
+                        if fence.node in tainted
+                        else ""
+                    )
                     + "; the node is offered again when its agent is back"
                 )
                 log.warning("node %s: %s", fence.node, text)
@@ -472,6 +484,48 @@ class Reconciler:
                 "could not withdraw the devices of silent agents' nodes: %s %s", exc.status, exc.reason
             )
         await self._give_back_stranded(silent, snap)
+
+    async def _keep_taints(self) -> set[str]:
+        """Where the API server serves DeviceTaintRules, one per fenced node (``NoSchedule`` on its devices of
+        the driver, operator/fencing.py ``taint_rule``) and none for a node that is not: deleted when its
+        agent is back. Listed again when the fenced nodes change and at least once a resync. Returns the
+        nodes tainted. A refusal (RBAC) is logged and the round goes on."""
+        mem = self._memory
+        fenced = set(mem.fenced_since)
+        if not await self._taints_served():
+            return set()
+        fresh = time.monotonic() - self._taints_listed < self.settings.resync_seconds
+        if mem.tainted == fenced and fresh:
+            return fenced
+        try:
+            create, delete = taint_changes(fenced, await self.kube.list_taint_rules())
+            for node in create:
+                await self.kube.create_taint_rule(taint_rule(node, DRIVER_NAME, now_rfc3339()))
+                log.warning(
+                    "node %s: its devices of %s tainted NoSchedule while its agent is silent",
+                    node,
+                    DRIVER_NAME,
+                )
+            for name in delete:
+                await self.kube.delete_taint_rule(name)
+                log.info("DeviceTaintRule %s deleted: its node's agent is back", name)
+        except ApiException as exc:
+            log.warning("could not keep the DeviceTaintRules of fenced nodes: %s %s", exc.status, exc.reason)
+            mem.tainted = None
+            return set()
+        mem.tainted = fenced
+        self._taints_listed = time.monotonic()
+        return fenced
+
+    async def _taints_served(self) -> bool:
+        """Whether the API server serves DeviceTaintRules, asked again every 5 minutes (an upgrade)."""
+        if self._taints_checked is None or time.monotonic() - self._taints_checked[0] > 300:
+            try:
+                self._taints_checked = (time.monotonic(), await self.kube.serves_taint_rules())
+            except ApiException as exc:
+                log.warning("cannot tell whether DeviceTaintRules are served: %s %s", exc.status, exc.reason)
+                return False
+        return self._taints_checked[1]
 
     async def _give_back_stranded(self, silent: Mapping[str, str], snap: Snapshot) -> None:
         """Pods bound to a node fenced for ``settings.stranded_after_seconds`` through claims of its pool,

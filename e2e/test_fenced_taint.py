@@ -1,0 +1,136 @@
+"""A fenced node's devices are tainted NoSchedule where the API server serves DRA device taints, and untainted
+when the agent is back; where it does not, the node is withdrawn as before and nothing else is tried.
+
+Real: the control plane (kube-apiserver validating the DeviceTaintRule, controller manager), the node agent
+as a process (simulated NVML, a 3 s heartbeat Lease), SIGKILLed and started again, and the operator (Kopf,
+standalone, no GpuPartitionPolicy). Simulated: the GPU (one A100-80GB) and the node (no kubelet).
+
+resource.k8s.io/v1 DeviceTaintRule is served by default from Kubernetes 1.37 (DRADeviceTaintRules GA); 1.36
+serves it only as v1beta2 behind an off-by-default gate and API, 1.35 as alpha (k8s.io/kubernetes
+pkg/features/kube_features.go). Run with ``--k8s=v1.36.3`` for the other branch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+
+from dynamig import DRIVER_NAME
+from dynamig.demo.cluster import ScenarioApi
+from dynamig.demo.inprocess import operator_running
+from dynamig.devcluster import ControlPlane, eventually
+from dynamig.devcluster.processes import Component
+from dynamig.devcluster.versions import KubeTarget
+from dynamig.operator.fencing import REASON_AGENT_SILENT, TAINT_KEY, taint_rule_name
+from dynamig.operator.kubeio import KubeIO
+from dynamig.operator.metrics import OperatorMetrics
+from dynamig.operator.settings import OperatorSettings
+
+pytestmark = [pytest.mark.controlplane, pytest.mark.matrix]
+
+LEASE_SECONDS = 3
+
+
+@contextlib.contextmanager
+def agent_process(cp: ControlPlane, node: str, namespace: str, work: Path, run: int) -> Iterator[Component]:
+    argv = [
+        sys.executable, "-m", "dynamig", "agent", f"--node={node}", "--nvml=simulated",
+        "--simulate-gpus=A100-80GB:1", f"--state={work / f'nvml-{node}.json'}",
+        f"--kubeconfig={cp.kubeconfig_path}", "--metrics-port=-1",
+        f"--lease-namespace={namespace}", f"--lease-seconds={LEASE_SECONDS}", "--interval=1",
+        "--reshape-poll=0.2", "--settle-seconds=0.3",
+    ]  # fmt: skip
+    proc = Component.spawn(f"agent-{node}-{run}", argv, log_path=work / f"agent-{node}-{run}.log", cwd=work)
+    try:
+        yield proc
+    finally:
+        proc.popen.terminate()
+        with contextlib.suppress(Exception):
+            proc.popen.wait(timeout=20)
+
+
+async def node_slices(k: ScenarioApi, node: str) -> int:
+    got = await k.custom.list_cluster_custom_object(
+        "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node}"
+    )
+    return len(got["items"])
+
+
+async def rule_of(k: ScenarioApi, node: str) -> dict[str, Any] | None:
+    try:
+        got: dict[str, Any] = await k.custom.get_cluster_custom_object(
+            "resource.k8s.io", "v1", "devicetaintrules", taint_rule_name(node)
+        )
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return got
+
+
+async def test_a_fenced_nodes_devices_are_tainted_where_served_and_untainted_when_its_agent_is_back(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    kube_target: KubeTarget,
+    namespace: str,
+    make_node: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    k = ScenarioApi(kube_api, namespace)
+    node = make_node("taint", labels={"dynamig.io/managed": "true"})
+    served = await KubeIO(kube_api).serves_taint_rules()
+    assert served == (kube_target.minor >= 37 and not kube_target.feature_gates), (kube_target.name, served)
+    settings = OperatorSettings(
+        kubeconfig=crds.kubeconfig_path, standalone=True, resync_seconds=1.0, agent_lease_namespace=namespace
+    )
+
+    async def published() -> bool | None:
+        return True if await node_slices(k, node) > 0 else None
+
+    async with operator_running(crds.kubeconfig_path, OperatorMetrics(), settings):
+        with agent_process(crds, node, namespace, tmp_path, 1) as agent:
+            await eventually(published, f"{node} published", within_s=60)
+            if served:
+                assert await rule_of(k, node) is None  # a live agent's node is not tainted
+            os.kill(agent.popen.pid, signal.SIGKILL)
+
+            async def withdrawn() -> bool | None:
+                return True if await node_slices(k, node) == 0 else None
+
+            await eventually(withdrawn, f"{node}'s slices withdrawn", within_s=30)
+            (event, *_) = [e for e in await k.events(node, "default") if e["reason"] == REASON_AGENT_SILENT]
+            if not served:
+                # Withdrawal alone, as on every version before: no rule, nothing failed on the way.
+                assert "DeviceTaintRule" not in event["message"], event
+                print(f"\n  {kube_target.name}: no DeviceTaintRule served; {node} withdrawn only")
+                return
+            rule = await eventually(
+                functools.partial(rule_of, k, node), f"{node}'s DeviceTaintRule", within_s=10
+            )
+            assert rule["spec"]["deviceSelector"] == {"driver": DRIVER_NAME, "pool": node}, rule
+            taint = rule["spec"]["taint"]
+            assert (taint["key"], taint["effect"]) == (TAINT_KEY, "NoSchedule"), rule
+            assert "tainted NoSchedule" in event["message"], event
+        # The agent is back: it renews its Lease and publishes the node again; the rule goes.
+        with agent_process(crds, node, namespace, tmp_path, 2):
+            back = time.monotonic()
+            await eventually(published, f"{node} published again", within_s=60)
+
+            async def untainted() -> bool | None:
+                return True if await rule_of(k, node) is None else None
+
+            await eventually(untainted, f"{node}'s DeviceTaintRule deleted", within_s=30)
+            print(
+                f"\n  {node}: tainted while fenced, untainted {time.monotonic() - back:.1f}s after the agent "
+                "started again"
+            )
