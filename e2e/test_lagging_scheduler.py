@@ -118,6 +118,32 @@ async def lagging_api(lagging_cluster: LaggingCluster) -> AsyncIterator[client.A
         yield api
 
 
+async def scheduler_sees_slices(cluster: LaggingCluster, k: ScenarioApi, node: str) -> None:
+    """Wait until every ResourceSlice of ``node``, as stored now, went through the proxy to the scheduler: the
+    view a lag then keeps it in."""
+    res = await k.custom.list_cluster_custom_object(
+        "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node}"
+    )
+    now = [(sl["metadata"]["name"], sl["metadata"]["resourceVersion"]) for sl in res["items"]]
+    assert now, f"no ResourceSlice of {node}"
+
+    async def seen() -> bool | None:
+        return True if all(cluster.proxy.delivered("resourceslices", n, v) for n, v in now) else None
+
+    try:
+        await eventually(seen, "the scheduler seeing the node's slices", within_s=30)
+    except TimeoutError as exc:
+        proxy = cluster.proxy
+        asked = [
+            (round(r.at, 1), r.method, r.query[:60], r.status) for r in proxy.seen("resourceslices")[-5:]
+        ]
+        got = [(d.type, d.name, d.version) for d in proxy.events if d.resource == "resourceslices"][-5:]
+        raise AssertionError(
+            f"{exc}: want {now}; open watches {proxy.open_watches('resourceslices')}, "
+            f"last requests {asked}, last events {got}"
+        ) from exc
+
+
 def settings(node: str) -> Any:
     """The partitionable inventory with the agent's default settle period; other periods quick."""
     auto = current().chooses_partitionable
@@ -268,7 +294,7 @@ async def test_a_free_instance_retired_behind_the_schedulers_back_leaves_no_pod_
             await eventually(functools.partial(offering, k, s.gpu, [Y]), "Y free and offered", within_s=60)
             y = device_name(0, *Y)
             assert y in live(sim)
-            await asyncio.sleep(2.0)  # the scheduler (no lag yet) sees Y as a free instance
+            await scheduler_sees_slices(lagging_cluster, k, s.node)  # Y as a free instance
 
             proxy.hold("resourceslices", lag_s)
             since = len(sim.history())
@@ -304,7 +330,7 @@ async def test_a_binding_cycle_whose_nomination_write_is_late_leaves_no_pod_on_a
             await eventually(functools.partial(k.stable, s.gpu), f"GpuPartition {s.gpu}", within_s=60)
             await offer(k, s.gpu, [Y], ["1g.10gb"])
             await eventually(functools.partial(offering, k, s.gpu, [Y]), "Y free and offered", within_s=60)
-            await asyncio.sleep(2.0)  # the scheduler (no lag yet) sees Y as a free instance
+            await scheduler_sees_slices(lagging_cluster, k, s.node)  # Y as a free instance
 
             proxy.hold("resourceslices", 10)
             proxy.stall_nominations(stall_s)
@@ -366,7 +392,7 @@ async def test_a_booking_deleted_mid_round_never_costs_the_next_pod_its_instance
             await eventually(functools.partial(offering, k, s.gpu, [F]), "F free and offered", within_s=60)
             f = device_name(0, *F)
             f_uuid = live(sim)[f]
-            await asyncio.sleep(2.0)  # the scheduler (no lag yet) sees the offer
+            await scheduler_sees_slices(lagging_cluster, k, s.node)  # F free, the offer
 
             since = len(sim.history())
             watch.start()

@@ -118,8 +118,23 @@ async def test_events_of_a_held_resource_arrive_late_by_the_lag_in_order_and_oth
             at = pods.arrived(name)
             assert at is not None
             assert at - t0 >= LAG_S - 0.2, (name, at - t0)
-        held = [d for d in proxy.events if d.resource == "pods" and d.name in names]
+        for _, ev in pods.got:  # what went through is on record, by name and resourceVersion
+            meta = ev["object"]["metadata"]
+            assert proxy.delivered("pods", meta["name"], meta["resourceVersion"])
+            assert not proxy.delivered("pods", meta["name"], str(int(meta["resourceVersion"]) + 1000))
+        held = [d for d in proxy.events if d.resource == "pods" and d.name in names and d.type != "LIST"]
         assert held and all(d.delivered - d.received >= LAG_S - 0.05 for d in held), held
+
+        # reset() lets out what a watch still holds at once, and the watch stays open (no re-list)
+        proxy.hold("pods", 60)
+        t1 = time.monotonic()
+        await asyncio.to_thread(api.request, "POST", f"/api/v1/namespaces/{ns}/pods", _pod("late"))
+        await asyncio.sleep(1.0)
+        assert pods.arrived("late") is None
+        proxy.reset()
+        at = await eventually(lambda: _async(pods.arrived("late")), "the held event after reset", 5)
+        assert at is not None and at - t1 < 3.0 and not pods.ended.is_set()
+        assert [ev["type"] for _, ev in pods.got if ev["type"] == "ERROR"] == []
     finally:
         await pods.close()
         await nodes.close()

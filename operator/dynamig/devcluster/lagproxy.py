@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gzip
 import json
 import logging
 import ssl
@@ -98,11 +99,13 @@ class Seen:
 
 @dataclasses.dataclass(frozen=True)
 class Delivered:
-    """One watch event: when the API server sent it and when the proxy passed it on."""
+    """One watch event (or one item of a list, type ``LIST``): when the API server sent it and when the proxy
+    passed it on."""
 
     resource: str
     type: str
     name: str
+    version: str  # the object's resourceVersion
     received: float  # time.monotonic()
     delivered: float
 
@@ -145,6 +148,8 @@ class _Watch:
     def __init__(self, resource: str) -> None:
         self.resource = resource
         self.dropped = asyncio.Event()
+        self.flush_before = 0.0  # events received before this (time.monotonic()) go out without waiting
+        self.flushed = asyncio.Event()  # wakes the writer when that moves
 
 
 class LagProxy:
@@ -191,15 +196,22 @@ class LagProxy:
         self.nomination_fail_status = status
 
     def reset(self) -> None:
-        """No lag, no stall, no failure. The watches of a resource that was held are dropped, so the client
-        lists again and sees now what the proxy still held (events behind them would wait in line)."""
-        held = [r for r, s in self.lag_s.items() if s > 0]
+        """No lag, no stall, no failure; what open watches still hold is delivered now, in order. (Dropping
+        them instead would make the client's reflector back off, up to 30 s after a few drops.)"""
         self.lag_s.clear()
         self.nomination_stall_s = 0.0
         self.nomination_fail_status = None
-        if self._loop is not None and self._ready.is_set() and self._thread is not None:
-            for resource in held:
-                self.drop(resource)
+        loop = self._loop
+        if loop is None or not self._ready.is_set() or self._thread is None:
+            return
+
+        async def flush() -> None:
+            now = time.monotonic()
+            for w in self._watches:
+                w.flush_before = now
+                w.flushed.set()
+
+        asyncio.run_coroutine_threadsafe(flush(), loop).result(timeout=10)
 
     def drop(self, resource: str) -> int:
         """End every open watch of ``resource`` with a 410 Expired event (the client lists again); returns
@@ -217,6 +229,15 @@ class LagProxy:
 
     def open_watches(self, resource: str) -> int:
         return sum(1 for w in list(self._watches) if w.resource == resource)
+
+    def delivered(self, resource: str, name: str, version: str) -> bool:
+        """Whether an event of object ``name`` at ``version`` or later went through to a client: what it has
+        seen of that object at least (resourceVersions compared as numbers, as etcd issues them)."""
+        want = int(version)
+        return any(
+            d.resource == resource and d.name == name and d.version.isdigit() and int(d.version) >= want
+            for d in list(self.events)
+        )
 
     def seen(self, resource: str, *, since: float = 0.0) -> list[Seen]:
         """Requests for ``resource`` that arrived at or after ``since`` (time.monotonic())."""
@@ -332,6 +353,12 @@ class LagProxy:
                 self.requests.append(
                     Seen(arrived, request.method, path, query, resource, watch, upstream.status)
                 )
+                if request.method == "GET" and upstream.status == 200 and resource:
+                    # A list hands the client objects too: on record like events, so delivered() holds
+                    # after a re-list. Read-only: the bytes go on unchanged.
+                    now = time.monotonic()
+                    for name, version in _listed(data, upstream.headers.get("Content-Encoding", "")):
+                        self.events.append(Delivered(resource, "LIST", name, version, arrived, now))
                 return web.Response(status=upstream.status, body=data, headers=out_headers)
             self.requests.append(Seen(arrived, request.method, path, query, resource, watch, 0))
             response = web.StreamResponse(status=upstream.status, headers=out_headers)
@@ -364,8 +391,10 @@ class LagProxy:
         async def write() -> None:
             while (item := await held.get()) is not None:
                 received, due, line = item
-                if (wait := due - time.monotonic()) > 0:
-                    await asyncio.sleep(wait)
+                while received > w.flush_before and (wait := due - time.monotonic()) > 0:
+                    w.flushed.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(w.flushed.wait(), wait)
                 await response.write(line)
                 self.events.append(Delivered(resource, *_event_head(line), received, time.monotonic()))
 
@@ -392,13 +421,14 @@ class LagProxy:
             await response.write_eof()
 
 
-def _event_head(line: bytes) -> tuple[str, str]:
-    """(type, object name) of one JSON watch event; ('', '') when it is not one."""
+def _event_head(line: bytes) -> tuple[str, str, str]:
+    """(type, object name, resourceVersion) of one JSON watch event; empty strings when it is not one."""
     try:
         ev = json.loads(line)
-        return str(ev.get("type", "")), str(((ev.get("object") or {}).get("metadata") or {}).get("name", ""))
+        meta = (ev.get("object") or {}).get("metadata") or {}
+        return str(ev.get("type", "")), str(meta.get("name", "")), str(meta.get("resourceVersion", ""))
     except (ValueError, AttributeError):
-        return "", ""
+        return "", "", ""
 
 
 class LaggingCluster(NamedTuple):
@@ -406,6 +436,19 @@ class LaggingCluster(NamedTuple):
 
     cp: ControlPlane
     proxy: LagProxy
+
+
+def _listed(data: bytes, encoding: str) -> list[tuple[str, str]]:
+    """(name, resourceVersion) of each item of a JSON list response; [] for anything else."""
+    try:
+        if encoding == "gzip":
+            data = gzip.decompress(data)
+        doc = json.loads(data)
+        items = doc.get("items") if isinstance(doc, dict) else None
+        metas = [(i.get("metadata") or {}) for i in items or [] if isinstance(i, dict)]
+        return [(str(m.get("name", "")), str(m.get("resourceVersion", ""))) for m in metas]
+    except (ValueError, OSError, AttributeError):
+        return []
 
 
 def scheduler_kubeconfig(url: str) -> dict[str, Any]:
