@@ -155,8 +155,8 @@ class _Watch:
 class LagProxy:
     """The proxy. :meth:`start` it (a thread with its own event loop), point a client at :attr:`url`, change
     what it does with :meth:`hold`, :meth:`drop`, :meth:`stall_nominations`, :meth:`fail_nominations`,
-    :meth:`reset`; :meth:`stop` it. ``upstream`` is called on the first request (the API server's port and
-    certificates may not exist yet when the proxy starts)."""
+    :meth:`reset`; :meth:`stop` it. ``upstream`` is called at each request (the API server's port and
+    certificates may not exist yet when the proxy starts, and change when a start is retried)."""
 
     def __init__(self, upstream: Callable[[], Upstream], *, port: int = 0) -> None:
         self._upstream_factory = upstream
