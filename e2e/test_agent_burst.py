@@ -19,9 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +31,13 @@ from dynamig import DRIVER_NAME
 from dynamig.demo.cluster import AllocationWatch, ScenarioApi
 from dynamig.demo.inprocess import operator_running
 from dynamig.devcluster import ControlPlane, eventually
-from dynamig.devcluster.processes import Component
 from dynamig.kube.gpupartition import Inventory
 from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, VERSION
 from dynamig.operator.fencing import REASON_AGENT_SILENT
 from dynamig.operator.metrics import OperatorMetrics
 from dynamig.operator.settings import OperatorSettings
+from leased_agents import leased_agent
 
 pytestmark = pytest.mark.controlplane
 
@@ -46,24 +45,6 @@ LEASE_SECONDS = 10
 CREATE_LATENCY_S = 3.0
 BOOKINGS = 40
 GPUS = 8
-
-
-@contextlib.contextmanager
-def agent_process(cp: ControlPlane, node: str, namespace: str, work: Path) -> Iterator[Component]:
-    argv = [
-        sys.executable, "-m", "dynamig", "agent", f"--node={node}", "--nvml=simulated",
-        f"--simulate-gpus=A100-80GB:{GPUS}", f"--state={work / f'nvml-{node}.json'}",
-        f"--sim-create-latency={CREATE_LATENCY_S}", f"--kubeconfig={cp.kubeconfig_path}", "--metrics-port=-1",
-        "--inventory=partitionable", f"--lease-namespace={namespace}", f"--lease-seconds={LEASE_SECONDS}",
-        "--interval=1", "--reshape-poll=0.2", "--settle-seconds=0.3",
-    ]  # fmt: skip
-    proc = Component.spawn(f"agent-{node}", argv, log_path=work / f"agent-{node}.log", cwd=work)
-    try:
-        yield proc
-    finally:
-        proc.popen.terminate()
-        with contextlib.suppress(Exception):
-            proc.popen.wait(timeout=20)
 
 
 async def offering(k: ScenarioApi, gpu: str) -> bool | None:
@@ -119,7 +100,8 @@ async def test_a_live_agent_cutting_a_burst_for_several_lease_durations_is_never
         kubeconfig=crds.kubeconfig_path, standalone=True, resync_seconds=1.0, agent_lease_namespace=namespace
     )
     metrics = OperatorMetrics()
-    with agent_process(crds, node, namespace, tmp_path):
+    latency = f"--sim-create-latency={CREATE_LATENCY_S}"
+    with leased_agent(crds, node, namespace, tmp_path, LEASE_SECONDS, latency, gpus=f"A100-80GB:{GPUS}"):
         async with operator_running(crds.kubeconfig_path, metrics, settings):
             for gpu in gpus:
 

@@ -17,15 +17,13 @@ watchdog fences without one. Simulated: the GPUs (one A100-80GB per node) and th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import os
 import signal
-import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +36,6 @@ from dynamig.backends.nvml import fresh_simulated_nvml
 from dynamig.demo.cluster import ScenarioApi
 from dynamig.demo.inprocess import agent_running, operator_running, quick_agent_settings
 from dynamig.devcluster import ControlPlane, eventually
-from dynamig.devcluster.processes import Component
 from dynamig.kube.answers import answer_entry
 from dynamig.kube.gpupartition import Inventory
 from dynamig.kube.heartbeat import lease_body, lease_name
@@ -47,31 +44,12 @@ from dynamig.kube.times import parse_time
 from dynamig.operator.kubeio import KubeIO
 from dynamig.operator.metrics import OperatorMetrics
 from dynamig.operator.settings import OperatorSettings
+from leased_agents import leased_agent
 
 pytestmark = pytest.mark.controlplane
 
 LEASE_SECONDS = 3  # silent 3 s + 5 s of grace after the last renewal the operator saw
 MANAGED = {"dynamig.io/managed": "true"}
-
-
-@contextlib.contextmanager
-def agent_process(cp: ControlPlane, node: str, namespace: str, work: Path) -> Iterator[Component]:
-    argv = [
-        sys.executable, "-m", "dynamig", "agent", f"--node={node}", "--nvml=simulated",
-        "--simulate-gpus=A100-80GB:1", f"--state={work / f'nvml-{node}.json'}",
-        f"--kubeconfig={cp.kubeconfig_path}", "--metrics-port=-1", "--inventory=partitionable",
-        f"--lease-namespace={namespace}", f"--lease-seconds={LEASE_SECONDS}", "--interval=1",
-        "--reshape-poll=0.2", "--settle-seconds=0.3",
-    ]  # fmt: skip
-    proc = Component.spawn(f"agent-{node}", argv, log_path=work / f"agent-{node}.log", cwd=work)
-    try:
-        yield proc
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.popen.pid, signal.SIGCONT)
-        proc.popen.terminate()
-        with contextlib.suppress(Exception):
-            proc.popen.wait(timeout=20)
 
 
 async def node_slices(k: ScenarioApi, node: str) -> int:
@@ -117,7 +95,7 @@ async def test_a_killed_agent_is_fenced_with_no_policy_and_stale_leases_of_remov
             namespace, lease_body(gone, namespace, time.time() - 3600, LEASE_SECONDS)
         )
     metrics = OperatorMetrics()
-    with agent_process(crds, live, namespace, tmp_path) as agent:
+    with leased_agent(crds, live, namespace, tmp_path, LEASE_SECONDS) as agent:
         async with operator_running(crds.kubeconfig_path, metrics, operator_settings(crds, namespace)):
             await eventually(functools.partial(published, k, live), f"{live} published", within_s=60)
             node = await k.core.read_node(live)

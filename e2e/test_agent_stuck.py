@@ -15,14 +15,12 @@ again.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import signal
-import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,41 +29,14 @@ from kubernetes_asyncio import client
 from dynamig.demo.cluster import AllocationWatch, ScenarioApi
 from dynamig.demo.inprocess import operator_running
 from dynamig.devcluster import ControlPlane, eventually
-from dynamig.devcluster.processes import Component
 from dynamig.operator.metrics import OperatorMetrics
 from dynamig.operator.settings import OperatorSettings
+from leased_agents import leased_agent
 
 pytestmark = pytest.mark.controlplane
 
 LEASE_SECONDS = 6
 PODS = 7
-
-
-@contextlib.contextmanager
-def agent_processes(
-    cp: ControlPlane, nodes: list[str], namespace: str, work: Path
-) -> Iterator[list[Component]]:
-    procs = []
-    try:
-        for node in nodes:
-            argv = [
-                sys.executable, "-m", "dynamig", "agent", f"--node={node}", "--nvml=simulated",
-                "--simulate-gpus=A100-80GB:1", f"--state={work / f'nvml-{node}.json'}",
-                f"--kubeconfig={cp.kubeconfig_path}", "--metrics-port=-1", "--inventory=partitionable",
-                f"--lease-namespace={namespace}", f"--lease-seconds={LEASE_SECONDS}", "--interval=1",
-                "--reshape-poll=0.2", "--settle-seconds=0.3",
-            ]  # fmt: skip
-            procs.append(
-                Component.spawn(f"agent-{node}", argv, log_path=work / f"agent-{node}.log", cwd=work)
-            )
-        yield procs
-    finally:
-        for p in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p.popen.pid, signal.SIGCONT)
-            p.popen.terminate()
-            with contextlib.suppress(Exception):
-                p.popen.wait(timeout=20)
 
 
 async def offering(k: ScenarioApi, gpu: str) -> bool | None:
@@ -104,7 +75,10 @@ async def test_pods_booked_on_a_stuck_agents_node_are_booked_again_elsewhere_wit
         kubeconfig=crds.kubeconfig_path, standalone=True, resync_seconds=1.0, agent_lease_namespace=namespace
     )
     metrics = OperatorMetrics()
-    with agent_processes(crds, [a, b], namespace, tmp_path) as (agent_a, _):
+    with (
+        leased_agent(crds, a, namespace, tmp_path, LEASE_SECONDS) as agent_a,
+        leased_agent(crds, b, namespace, tmp_path, LEASE_SECONDS),
+    ):
         async with operator_running(crds.kubeconfig_path, metrics, settings):
             await k.create_policy(
                 f"stuck-{pool}",

@@ -19,9 +19,8 @@ import contextlib
 import functools
 import os
 import signal
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,36 +30,18 @@ from kubernetes_asyncio import client
 from dynamig.demo.cluster import ScenarioApi, claim_pod
 from dynamig.demo.inprocess import operator_running
 from dynamig.devcluster import ControlPlane, eventually
-from dynamig.devcluster.processes import Component
 from dynamig.kube.gpupartition import Inventory
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, VERSION
 from dynamig.kube.pods import REASON_RESCHEDULED, REASON_STRANDED
 from dynamig.operator.metrics import OperatorMetrics
 from dynamig.operator.settings import OperatorSettings
+from leased_agents import leased_agent
 
 pytestmark = pytest.mark.controlplane
 
 LEASE_SECONDS = 3  # fenced 3 s + 5 s of grace after the last renewal the operator saw
 STRANDED_AFTER_S = 6.0
 MANAGED = {"dynamig.io/managed": "true"}
-
-
-@contextlib.contextmanager
-def agent_process(cp: ControlPlane, node: str, namespace: str, work: Path) -> Iterator[Component]:
-    argv = [
-        sys.executable, "-m", "dynamig", "agent", f"--node={node}", "--nvml=simulated",
-        "--simulate-gpus=A100-80GB:1", f"--state={work / f'nvml-{node}.json'}",
-        f"--kubeconfig={cp.kubeconfig_path}", "--metrics-port=-1", "--inventory=partitionable",
-        f"--lease-namespace={namespace}", f"--lease-seconds={LEASE_SECONDS}", "--interval=1",
-        "--reshape-poll=0.2", "--settle-seconds=0.3",
-    ]  # fmt: skip
-    proc = Component.spawn(f"agent-{node}", argv, log_path=work / f"agent-{node}.log", cwd=work)
-    try:
-        yield proc
-    finally:
-        proc.popen.terminate()
-        with contextlib.suppress(Exception):
-            proc.popen.wait(timeout=20)
 
 
 async def offering(k: ScenarioApi, gpu: str) -> bool | None:
@@ -108,7 +89,7 @@ async def test_a_dead_agents_bound_pods_that_never_started_go_back_to_their_cont
         stranded_after_seconds=STRANDED_AFTER_S,
     )
     metrics = OperatorMetrics()
-    with agent_process(crds, node, namespace, tmp_path) as agent:
+    with leased_agent(crds, node, namespace, tmp_path, LEASE_SECONDS) as agent:
         async with operator_running(crds.kubeconfig_path, metrics, settings):
 
             async def made() -> bool | None:

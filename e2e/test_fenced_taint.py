@@ -12,13 +12,11 @@ pkg/features/kube_features.go). Run with ``--k8s=v1.36.3`` for the other branch.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import signal
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,34 +27,16 @@ from dynamig import DRIVER_NAME
 from dynamig.demo.cluster import ScenarioApi
 from dynamig.demo.inprocess import operator_running
 from dynamig.devcluster import ControlPlane, eventually
-from dynamig.devcluster.processes import Component
 from dynamig.devcluster.versions import KubeTarget
 from dynamig.operator.fencing import REASON_AGENT_SILENT, TAINT_KEY, taint_rule_name
 from dynamig.operator.kubeio import KubeIO
 from dynamig.operator.metrics import OperatorMetrics
 from dynamig.operator.settings import OperatorSettings
+from leased_agents import leased_agent
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.matrix]
 
 LEASE_SECONDS = 3
-
-
-@contextlib.contextmanager
-def agent_process(cp: ControlPlane, node: str, namespace: str, work: Path, run: int) -> Iterator[Component]:
-    argv = [
-        sys.executable, "-m", "dynamig", "agent", f"--node={node}", "--nvml=simulated",
-        "--simulate-gpus=A100-80GB:1", f"--state={work / f'nvml-{node}.json'}",
-        f"--kubeconfig={cp.kubeconfig_path}", "--metrics-port=-1",
-        f"--lease-namespace={namespace}", f"--lease-seconds={LEASE_SECONDS}", "--interval=1",
-        "--reshape-poll=0.2", "--settle-seconds=0.3",
-    ]  # fmt: skip
-    proc = Component.spawn(f"agent-{node}-{run}", argv, log_path=work / f"agent-{node}-{run}.log", cwd=work)
-    try:
-        yield proc
-    finally:
-        proc.popen.terminate()
-        with contextlib.suppress(Exception):
-            proc.popen.wait(timeout=20)
 
 
 async def node_slices(k: ScenarioApi, node: str) -> int:
@@ -98,7 +78,9 @@ async def test_a_fenced_nodes_devices_are_tainted_where_served_and_untainted_whe
         return True if await node_slices(k, node) > 0 else None
 
     async with operator_running(crds.kubeconfig_path, OperatorMetrics(), settings):
-        with agent_process(crds, node, namespace, tmp_path, 1) as agent:
+        with leased_agent(
+            crds, node, namespace, tmp_path, LEASE_SECONDS, inventory=None, name=f"agent-{node}-1"
+        ) as agent:
             await eventually(published, f"{node} published", within_s=60)
             if served:
                 assert await rule_of(k, node) is None  # a live agent's node is not tainted
@@ -122,7 +104,9 @@ async def test_a_fenced_nodes_devices_are_tainted_where_served_and_untainted_whe
             assert (taint["key"], taint["effect"]) == (TAINT_KEY, "NoSchedule"), rule
             assert "tainted NoSchedule" in event["message"], event
         # The agent is back: it renews its Lease and publishes the node again; the rule goes.
-        with agent_process(crds, node, namespace, tmp_path, 2):
+        with leased_agent(
+            crds, node, namespace, tmp_path, LEASE_SECONDS, inventory=None, name=f"agent-{node}-2"
+        ):
             back = time.monotonic()
             await eventually(published, f"{node} published again", within_s=60)
 

@@ -59,7 +59,7 @@ from dynamig.agent.simulated_driver import (
     ci_cap_minor,
     gi_cap_minor,
 )
-from dynamig.agent.stranded import REASON_RESCHEDULED, REASON_STRANDED, StrandedPods
+from dynamig.agent.stranded import StrandedPods
 from dynamig.backends import simnvml
 from dynamig.demo.cluster import claim_pod, ensure_device_class, exactly, resource_claim
 from dynamig.devcluster import ControlPlane, eventually
@@ -67,6 +67,7 @@ from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.model import PlacedInstance, device_name
 from dynamig.kube.devices import MigDevice
 from dynamig.kube.names import MANAGED_NODE_LABEL
+from dynamig.kube.pods import REASON_RESCHEDULED, REASON_STRANDED
 from dynamig.kube.slices import build_resource_slices
 
 pytestmark = pytest.mark.controlplane

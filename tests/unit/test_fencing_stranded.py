@@ -27,7 +27,7 @@ def claim(name: str, pool: str, users: list[str], driver: str = DRIVER, ns: str 
 
 
 def test_pods_bound_through_a_claim_of_the_nodes_pool_that_never_started() -> None:
-    started = {"containerStatuses": [{"name": "app", "state": {"running": {}}}]}
+    started: dict[str, Any] = {"containerStatuses": [{"name": "app", "state": {"running": {}}}]}
     going = pod("going")
     going["metadata"]["deletionTimestamp"] = "2026-12-04T16:00:00Z"
     pods = [

@@ -1,4 +1,4 @@
-"""What the agent does with a pod whose device on its node stays unpreparable (agent/stranded.py ``verdict``):
+"""What the agent does with a pod whose device on its node stays unpreparable (kube/pods.py ``verdict``):
 deleted for its controller only when a controller owns it and none of its containers ever started; an Event
 alone for a pod no controller owns; nothing for a started pod, another node's, or one already going. Pure."""
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dynamig.agent.stranded import verdict
+from dynamig.kube.pods import verdict
 
 OWNER = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d9", "uid": "u1", "controller": True}
 
