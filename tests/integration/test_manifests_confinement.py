@@ -34,7 +34,9 @@ from dynamig.kube.devices import profile_device_class
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "manifests" / "helm" / "dynamig"
 DEPLOY = ROOT / "manifests" / "deploy"
-NS = "dynamig-system"
+# A namespace of its own: another test's uninstall can leave dynamig-system Terminating for the rest of the
+# session (pods bound to nodes without a kubelet never finish), and nothing can be created in it then.
+NS = "dynamig-confinement"
 CLAIMS_NS = "default"
 FOREIGN_DRIVER = "nic.example.com"
 # What Kubernetes 1.34 and 1.35 authorize with `update resourceclaims/status` alone: no per-driver, per-node
@@ -101,7 +103,8 @@ def chart(control_plane: ControlPlane, helm: str) -> Iterator[list[dict[str, Any
     existing = set(
         cp.kubectl("get", "--ignore-not-found", "-o", "name", "-f", "-", input=stream).stdout.split()
     )
-    cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=stream)
+    applied = cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=stream, check=False)
+    assert applied.returncode == 0, applied.stderr
     try:
         yield objs
     finally:
