@@ -31,13 +31,11 @@ from dynamig import DRIVER_NAME
 from dynamig.demo.cluster import AllocationWatch, ScenarioApi
 from dynamig.demo.inprocess import operator_running
 from dynamig.devcluster import ControlPlane, eventually
-from dynamig.kube.gpupartition import Inventory
 from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, VERSION
 from dynamig.operator.fencing import REASON_AGENT_SILENT
 from dynamig.operator.metrics import OperatorMetrics
-from dynamig.operator.settings import OperatorSettings
-from leased_agents import leased_agent
+from leased_agents import fencing_operator, leased_agent, offering
 
 pytestmark = pytest.mark.controlplane
 
@@ -45,19 +43,6 @@ LEASE_SECONDS = 10
 CREATE_LATENCY_S = 3.0
 BOOKINGS = 40
 GPUS = 8
-
-
-async def offering(k: ScenarioApi, gpu: str) -> bool | None:
-    try:
-        part = await k.custom.get_cluster_custom_object(GROUP, VERSION, GPU_PARTITION_PLURAL, gpu)
-    except client.ApiException as exc:
-        if exc.status == 404:  # the agent has not made it yet
-            return None
-        raise
-    st = part.get("status") or {}
-    return (
-        True if st.get("inventory") == Inventory.PARTITIONABLE.value and st.get("offeredPlacements") else None
-    )
 
 
 def fenced(metrics: OperatorMetrics) -> dict[str, float]:
@@ -96,9 +81,7 @@ async def test_a_live_agent_cutting_a_burst_for_several_lease_durations_is_never
     await k.claim_template("one-1g", ["1g.10gb"])
     node = make_node("burst", labels={"dynamig.io/managed": "true"})
     gpus = [f"{node}-gpu{i}" for i in range(GPUS)]
-    settings = OperatorSettings(
-        kubeconfig=crds.kubeconfig_path, standalone=True, resync_seconds=1.0, agent_lease_namespace=namespace
-    )
+    settings = fencing_operator(crds, namespace)
     metrics = OperatorMetrics()
     latency = f"--sim-create-latency={CREATE_LATENCY_S}"
     with leased_agent(crds, node, namespace, tmp_path, LEASE_SECONDS, latency, gpus=f"A100-80GB:{GPUS}"):

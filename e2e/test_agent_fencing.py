@@ -43,24 +43,12 @@ from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
 from dynamig.kube.times import parse_time
 from dynamig.operator.kubeio import KubeIO
 from dynamig.operator.metrics import OperatorMetrics
-from dynamig.operator.settings import OperatorSettings
-from leased_agents import leased_agent
+from leased_agents import fencing_operator, leased_agent, node_slices, published
 
 pytestmark = pytest.mark.controlplane
 
 LEASE_SECONDS = 3  # silent 3 s + 5 s of grace after the last renewal the operator saw
 MANAGED = {"dynamig.io/managed": "true"}
-
-
-async def node_slices(k: ScenarioApi, node: str) -> int:
-    got = await k.custom.list_cluster_custom_object(
-        "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node}"
-    )
-    return len(got["items"])
-
-
-async def published(k: ScenarioApi, node: str) -> bool | None:
-    return True if await node_slices(k, node) > 0 else None
 
 
 async def lease(api: client.ApiClient, namespace: str, node: str) -> dict[str, Any] | None:
@@ -71,12 +59,6 @@ async def lease(api: client.ApiClient, namespace: str, node: str) -> dict[str, A
             return None
         raise
     return dict(api.sanitize_for_serialization(got))
-
-
-def operator_settings(cp: ControlPlane, namespace: str) -> OperatorSettings:
-    return OperatorSettings(
-        kubeconfig=cp.kubeconfig_path, standalone=True, resync_seconds=1.0, agent_lease_namespace=namespace
-    )
 
 
 async def test_a_killed_agent_is_fenced_with_no_policy_and_stale_leases_of_removed_nodes(
@@ -96,7 +78,7 @@ async def test_a_killed_agent_is_fenced_with_no_policy_and_stale_leases_of_remov
         )
     metrics = OperatorMetrics()
     with leased_agent(crds, live, namespace, tmp_path, LEASE_SECONDS) as agent:
-        async with operator_running(crds.kubeconfig_path, metrics, operator_settings(crds, namespace)):
+        async with operator_running(crds.kubeconfig_path, metrics, fencing_operator(crds, namespace)):
             await eventually(functools.partial(published, k, live), f"{live} published", within_s=60)
             node = await k.core.read_node(live)
 
@@ -150,7 +132,7 @@ async def test_an_agent_whose_clock_is_a_minute_behind_is_not_fenced(
         got = await lease(kube_api, namespace, node)
         renewed = parse_time(((got or {}).get("spec") or {}).get("renewTime"))
         assert renewed is not None and time.time() - renewed > 55, got  # the lag is real
-        async with operator_running(crds.kubeconfig_path, metrics, operator_settings(crds, namespace)):
+        async with operator_running(crds.kubeconfig_path, metrics, fencing_operator(crds, namespace)):
             # Judged by its renewTimes, the agent is silent at once. Watched for three times the Lease and
             # its grace (the operator reads the Leases every second): never silent, nothing withdrawn.
             deadline = time.monotonic() + 3 * (LEASE_SECONDS + 5)

@@ -30,31 +30,12 @@ from dynamig.demo.cluster import AllocationWatch, ScenarioApi
 from dynamig.demo.inprocess import operator_running
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.operator.metrics import OperatorMetrics
-from dynamig.operator.settings import OperatorSettings
-from leased_agents import leased_agent
+from leased_agents import fencing_operator, leased_agent, node_slices, offering
 
 pytestmark = pytest.mark.controlplane
 
 LEASE_SECONDS = 6
 PODS = 7
-
-
-async def offering(k: ScenarioApi, gpu: str) -> bool | None:
-    try:
-        part = await k.custom.get_cluster_custom_object("dynamig.io", "v1alpha1", "gpupartitions", gpu)
-    except client.ApiException as exc:
-        if exc.status == 404:  # the agent has not made it yet
-            return None
-        raise
-    st = part.get("status") or {}
-    return True if st.get("inventory") == "Partitionable" and (st.get("offeredPlacements") or 0) > 0 else None
-
-
-async def node_slices(k: ScenarioApi, node: str) -> int:
-    got = await k.custom.list_cluster_custom_object(
-        "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node}"
-    )
-    return len(got["items"])
 
 
 async def test_pods_booked_on_a_stuck_agents_node_are_booked_again_elsewhere_within_a_minute(
@@ -71,9 +52,7 @@ async def test_pods_booked_on_a_stuck_agents_node_are_booked_again_elsewhere_wit
     a, b = (
         make_node(p, labels={"dynamig.io/managed": "true", "test-pool": pool}) for p in ("stuck-a", "alive-b")
     )
-    settings = OperatorSettings(
-        kubeconfig=crds.kubeconfig_path, standalone=True, resync_seconds=1.0, agent_lease_namespace=namespace
-    )
+    settings = fencing_operator(crds, namespace)
     metrics = OperatorMetrics()
     with (
         leased_agent(crds, a, namespace, tmp_path, LEASE_SECONDS) as agent_a,

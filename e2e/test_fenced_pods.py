@@ -30,38 +30,17 @@ from kubernetes_asyncio import client
 from dynamig.demo.cluster import ScenarioApi, claim_pod
 from dynamig.demo.inprocess import operator_running
 from dynamig.devcluster import ControlPlane, eventually
-from dynamig.kube.gpupartition import Inventory
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, VERSION
 from dynamig.kube.pods import REASON_RESCHEDULED, REASON_STRANDED
 from dynamig.operator.metrics import OperatorMetrics
 from dynamig.operator.settings import OperatorSettings
-from leased_agents import leased_agent
+from leased_agents import leased_agent, node_slices, offering
 
 pytestmark = pytest.mark.controlplane
 
 LEASE_SECONDS = 3  # fenced 3 s + 5 s of grace after the last renewal the operator saw
 STRANDED_AFTER_S = 6.0
 MANAGED = {"dynamig.io/managed": "true"}
-
-
-async def offering(k: ScenarioApi, gpu: str) -> bool | None:
-    try:
-        part = await k.custom.get_cluster_custom_object(GROUP, VERSION, GPU_PARTITION_PLURAL, gpu)
-    except client.ApiException as exc:
-        if exc.status == 404:  # the agent has not made it yet
-            return None
-        raise
-    st = part.get("status") or {}
-    return (
-        True if st.get("inventory") == Inventory.PARTITIONABLE.value and st.get("offeredPlacements") else None
-    )
-
-
-async def node_slices(k: ScenarioApi, node: str) -> int:
-    got = await k.custom.list_cluster_custom_object(
-        "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node}"
-    )
-    return len(got["items"])
 
 
 async def test_a_dead_agents_bound_pods_that_never_started_go_back_to_their_controller(

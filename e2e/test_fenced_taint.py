@@ -31,19 +31,11 @@ from dynamig.devcluster.versions import KubeTarget
 from dynamig.operator.fencing import REASON_AGENT_SILENT, TAINT_KEY, taint_rule_name
 from dynamig.operator.kubeio import KubeIO
 from dynamig.operator.metrics import OperatorMetrics
-from dynamig.operator.settings import OperatorSettings
-from leased_agents import leased_agent
+from leased_agents import fencing_operator, leased_agent, node_slices, published
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.matrix]
 
 LEASE_SECONDS = 3
-
-
-async def node_slices(k: ScenarioApi, node: str) -> int:
-    got = await k.custom.list_cluster_custom_object(
-        "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node}"
-    )
-    return len(got["items"])
 
 
 async def rule_of(k: ScenarioApi, node: str) -> dict[str, Any] | None:
@@ -70,18 +62,13 @@ async def test_a_fenced_nodes_devices_are_tainted_where_served_and_untainted_whe
     node = make_node("taint", labels={"dynamig.io/managed": "true"})
     served = await KubeIO(kube_api).serves_taint_rules()
     assert served == (kube_target.minor >= 37 and not kube_target.feature_gates), (kube_target.name, served)
-    settings = OperatorSettings(
-        kubeconfig=crds.kubeconfig_path, standalone=True, resync_seconds=1.0, agent_lease_namespace=namespace
-    )
-
-    async def published() -> bool | None:
-        return True if await node_slices(k, node) > 0 else None
+    settings = fencing_operator(crds, namespace)
 
     async with operator_running(crds.kubeconfig_path, OperatorMetrics(), settings):
         with leased_agent(
             crds, node, namespace, tmp_path, LEASE_SECONDS, inventory=None, name=f"agent-{node}-1"
         ) as agent:
-            await eventually(published, f"{node} published", within_s=60)
+            await eventually(functools.partial(published, k, node), f"{node} published", within_s=60)
             if served:
                 assert await rule_of(k, node) is None  # a live agent's node is not tainted
             os.kill(agent.popen.pid, signal.SIGKILL)
@@ -108,7 +95,7 @@ async def test_a_fenced_nodes_devices_are_tainted_where_served_and_untainted_whe
             crds, node, namespace, tmp_path, LEASE_SECONDS, inventory=None, name=f"agent-{node}-2"
         ):
             back = time.monotonic()
-            await eventually(published, f"{node} published again", within_s=60)
+            await eventually(functools.partial(published, k, node), f"{node} published again", within_s=60)
 
             async def untainted() -> bool | None:
                 return True if await rule_of(k, node) is None else None
