@@ -26,7 +26,7 @@ from collections.abc import Iterable
 
 from dynamig.agent.controller import NodeAgent
 from dynamig.agent.kubeapi import allocated_devices
-from dynamig.agent.lifecycle import Event, State, bound_may_clear, move
+from dynamig.agent.lifecycle import bound_may_clear
 from dynamig.agent.nvml_device import GpuInfo, MigInstance
 from dynamig.agent.plugin.instances import InstanceError, PlacementTaken, PreparedInstance, UnknownDevice
 from dynamig.geometry.model import PlacedInstance, device_name, placement_of
@@ -152,7 +152,6 @@ class AgentMigInstances:
             if why is not None:
                 raise PlacementTaken(f"{taken}, which cannot go now: {why}; tried again")
         for o in in_way:
-            move(State.FREE_UNGUARDED, Event.DESTROY_FOR_BOUND)  # the table allows it from any free state
             try:
                 await asyncio.to_thread(devices.destroy, gpu, o.placed)
             except devices.error_type as exc:
