@@ -37,6 +37,7 @@ from dynamig.agent.nvml_device import GpuInfo, MigInstance, NvmlDevices
 from dynamig.cli import add_output_argument, plain, render
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.model import PlacedInstance, Profile
+from dynamig.textable import align
 
 # A MIG device's framebuffer is the memory slices of its GPU instance, which NVML reports for the profile as
 # memorySizeMB; the same driver answers both, so they agree up to what the driver keeps back per instance.
@@ -296,9 +297,7 @@ def _instance_problems(
 
 
 def _table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() + "\n")
+    out.writelines(f"{line}\n" for line in align(rows))
 
 
 def _print_catalog_table(checks: Sequence[GpuCheck], out: TextIO) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from dynamig.geometry.model import GpuModel
+from dynamig.textable import align
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,9 +52,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() + "\n")
+    out.writelines(f"{line}\n" for line in align(rows))
 
 
 def _model_or_none(key: str) -> GpuModel | None:

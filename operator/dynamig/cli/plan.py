@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 import yaml
@@ -33,6 +32,7 @@ from dynamig.kube.inventory import (
 )
 from dynamig.planner import PlanResult, plan
 from dynamig.planner.scenario import Scenario, ScenarioError, parse_scenario
+from dynamig.textable import align
 
 EXIT_INVALID = 2
 
@@ -83,11 +83,11 @@ def result_to_table(result: PlanResult) -> str:
         rows.append(
             (f"{g.node}-gpu{g.index}", g.model, layout, "yes" if g.changed else "no", g.reason or "-")
         )
-    lines = _align(rows)
+    lines = align(rows)
     lines.append("")
     arows = [("CLAIM", "GPU", "DEVICE")]
     arows += [(a.claim, f"{a.node}-gpu{a.index}", f"{a.profile}@{a.start}") for a in result.assignments]
-    lines += _align(arows) if result.assignments else ["no assignments"]
+    lines += align(arows) if result.assignments else ["no assignments"]
     lines.append("")
     lines.append("unsatisfied: " + (", ".join(result.unsatisfied) if result.unsatisfied else "none"))
     return "\n".join(lines)
@@ -148,12 +148,7 @@ def offers_to_table(offers: dict[str, tuple[OfferedDevice, ...]]) -> str:
             destroys = " ".join(f"{i.profile}@{i.start}" for i in d.destroys) or "-"
             counters = f"{counter_set_name(d.gpu_index)}: {_counters_text(dict(d.counters))}"
             rows.append((node, str(rank), d.name, d.profile, str(d.start), d.kind, destroys, counters))
-    return "\n".join(_align(rows))
-
-
-def _align(rows: Sequence[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(align(rows))
 
 
 # libyaml's C parser is an order of magnitude faster on big scenario files; the pure-Python one is the

@@ -38,6 +38,7 @@ from dynamig.devcluster.node import ContainerReport, RealNode, parse_report, run
 from dynamig.devcluster.processes import Component
 from dynamig.kube.names import MANAGED_NODE_LABEL, gpu_partition_name
 from dynamig.simulate.trace import percentile
+from dynamig.textable import align
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -81,9 +82,8 @@ class Reporter:
         self.info(f"{label}: {seconds:.1f}s")
 
     def table(self, header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-        widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-        for row in (header, *rows):
-            self.info("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+        for line in align([header, *rows], trim=False):
+            self.info(line)
 
 
 async def _layouts(api: ScenarioApi, gpu_count: int) -> list[tuple[str, ...]]:

@@ -17,6 +17,7 @@ from dynamig.geometry.layout import format_layout
 from dynamig.simulate.engine import RunResult
 from dynamig.simulate.runner import PaperRun, TraceReport
 from dynamig.simulate.trace import gpus_per_model
+from dynamig.textable import align
 
 
 def _h(seconds: float) -> str:
@@ -326,11 +327,8 @@ PAPER_HEADER = [
 
 
 def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(header, widths, strict=False))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)) for row in rows]
-    return "\n".join(lines)
+    """``header`` and ``rows`` aligned, a rule of dashes under the header, every column padded. Pure."""
+    return "\n".join(align([header, *rows], rule=True, trim=False))
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

@@ -11,7 +11,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dynamig import __version__
-from dynamig.cli.plan import _align
 from dynamig.geometry.catalog import Catalog
 from dynamig.geometry.model import Layout, normalize_layout
 from dynamig.kube.gpupartition import (
@@ -28,6 +27,7 @@ from dynamig.operator.decide import LayoutWrite, OfferWrite, RoundDecision, Roun
 from dynamig.operator.inventory import GpuView
 from dynamig.operator.kubeio import Snapshot
 from dynamig.operator.reconciler import World, parse_world
+from dynamig.textable import align
 
 
 class ReportError(ValueError):
@@ -145,7 +145,7 @@ def plan_table(report: Mapping[str, Any]) -> str:
         if p["claims"]:
             rows: list[tuple[str, ...]] = [("CLAIM", "VERDICT", "GPU", "MESSAGE")]
             rows += [(c["claim"], c["reason"], c["gpu"] or "-", c["message"]) for c in p["claims"]]
-            out += ["  " + line for line in _align(rows)]
+            out += ["  " + line for line in align(rows)]
         if p["reshapes"]:
             rows = [("RE-CUT", "NOW", "PLANNED", "FREE INSTANCES THAT GO", "FOR CLAIMS", "ACTION")]
             rows += [
@@ -159,7 +159,7 @@ def plan_table(report: Mapping[str, Any]) -> str:
                 )
                 for r in p["reshapes"]
             ]
-            out += ["  " + line for line in _align(rows)]
+            out += ["  " + line for line in align(rows)]
         if p["offers"]:
             rows = [("OFFERS", "NOW", "PLANNED", "ACTION")]
             rows += [
@@ -171,7 +171,7 @@ def plan_table(report: Mapping[str, Any]) -> str:
                 )
                 for o in p["offers"]
             ]
-            out += ["  " + line for line in _align(rows)]
+            out += ["  " + line for line in align(rows)]
         if not (p["claims"] or p["reshapes"] or p["offers"]):
             out.append("  nothing to do")
         out.append("")
@@ -251,7 +251,7 @@ def verify_table(rows: Sequence[Mapping[str, Any]]) -> str:
         for r in rows
     ]
     off = sum(1 for r in rows if not r["atSpec"])
-    return "\n".join([*_align(table), "", f"{len(rows) - off} of {len(rows)} GPU(s) at spec, {off} off spec"])
+    return "\n".join([*align(table), "", f"{len(rows) - off} of {len(rows)} GPU(s) at spec, {off} off spec"])
 
 
 # ----------------------------------------------------------------------------------------------- export
