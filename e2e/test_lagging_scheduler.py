@@ -38,9 +38,11 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import json
+import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import ModuleType
 from typing import Any
 
@@ -63,7 +65,6 @@ from dynamig.demo.cluster import (
 from dynamig.demo.inprocess import agent_running, quick_agent_settings
 from dynamig.devcluster import eventually
 from dynamig.devcluster.lagproxy import LaggingCluster
-from dynamig.devcluster.versions import current
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.model import device_name
 from dynamig.kube.gpupartition import Inventory
@@ -73,10 +74,56 @@ pytestmark = pytest.mark.controlplane
 
 SETTLE_S = 5.0  # the agent's default settle period
 SAFE_WITHIN_S = 90.0
+# An unbound pod is known safe, short of SAFE_WITHIN_S, once the scheduler has seen the node's current slices
+# and this long has passed with nothing bound or booked: longer than the 20 s nomination stall plus a PreBind
+# poll, the longest a binding cycle started on an old view stays in flight here.
+QUIET_S = 30.0
 DRIVER = "mig.dynamig.io"
 A100_PROFILES = ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
 Y = ("1g.10gb", 0)
 FLOOR = [("7g.80gb", 0)]
+
+
+# --- variants and the soak ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """What a run varies beyond the lag: the inventory, the simulated create latency, and the quarantine
+    (1 s: the floor is cut over a retired instance's slices at once, so a late allocation is served by the
+    prepare-time recovery; 120 s, the default: the slices stay free and the prepare creates the instance
+    again)."""
+
+    inventory: Inventory
+    create_s: float
+    quarantine_s: float
+
+    def __str__(self) -> str:
+        return f"{self.inventory.value}-create{self.create_s:g}s-quarantine{self.quarantine_s:g}s"
+
+
+DEFAULT_VARIANT = Variant(Inventory.PARTITIONABLE, 0.5, 1.0)
+SOAK_VARIANTS = [
+    Variant(inventory, create_s, quarantine_s)
+    for quarantine_s in (1.0, 120.0)
+    for create_s in (0.5, 3.0)
+    for inventory in (Inventory.PARTITIONABLE, Inventory.INSTANCES)
+]
+# DYNAMIG_LAG_VARIANTS picks soak variants by index ("0,3" or "all"; a soak loops over rounds of them, each
+# round a control plane of its own); DYNAMIG_LAG_REPORT=path appends one JSON line per run (case, variant,
+# outcome, destroys of allocated instances, seconds from the first refused prepare to the prepared device).
+REPORT = os.environ.get("DYNAMIG_LAG_REPORT")
+
+
+def chosen_variants(spec: str) -> list[Variant]:
+    if not spec:
+        return [DEFAULT_VARIANT]
+    if spec == "all":
+        return SOAK_VARIANTS
+    return [SOAK_VARIANTS[int(i) % len(SOAK_VARIANTS)] for i in spec.split(",")]
+
+
+VARIANTS = chosen_variants(os.environ.get("DYNAMIG_LAG_VARIANTS", ""))
 
 
 # --- set-up on the lagging cluster ------------------------------------------------------------------------
@@ -144,13 +191,13 @@ async def scheduler_sees_slices(cluster: LaggingCluster, k: ScenarioApi, node: s
         ) from exc
 
 
-def settings(node: str) -> Any:
-    """The partitionable inventory with the agent's default settle period; other periods quick."""
-    auto = current().chooses_partitionable
+def settings(node: str, variant: Variant) -> Any:
+    """The variant's inventory and quarantine with the agent's default settle period; other periods quick."""
     return dataclasses.replace(
         quick_agent_settings(node),
         settle_seconds=SETTLE_S,
-        inventory=None if auto else Inventory.PARTITIONABLE,
+        quarantine_seconds=variant.quarantine_s,
+        inventory=variant.inventory,
     )
 
 
@@ -163,10 +210,13 @@ async def offer(k: ScenarioApi, gpu: str, layout: list[tuple[str, int]], profile
     )  # fmt: skip
 
 
-async def offering(k: ScenarioApi, gpu: str, layout: list[tuple[str, int]]) -> dict[str, Any] | None:
+async def offering(
+    k: ScenarioApi, gpu: str, layout: list[tuple[str, int]], inventory: Inventory = Inventory.PARTITIONABLE
+) -> dict[str, Any] | None:
+    """The GpuPartition once stable at ``layout`` and, in the partitionable inventory, offering placements."""
     part = await k.stable(gpu, layout_text(layout))
     st = (part or {}).get("status") or {}
-    return part if st.get("offeredPlacements") else None
+    return part if st.get("offeredPlacements") or inventory is Inventory.INSTANCES else None
 
 
 async def pin(k: ScenarioApi, name: str, node: str, request: dict[str, Any]) -> None:
@@ -223,16 +273,29 @@ def destroyed(sim: ModuleType, since: int, profile: str, start: int) -> bool | N
 
 
 async def prepared_or_unbound(
-    k: ScenarioApi, agent: NodeAgent, sim: ModuleType, pods: list[str], within_s: float = SAFE_WITHIN_S
-) -> dict[str, str]:
+    k: ScenarioApi,
+    agent: NodeAgent,
+    pods: list[str],
+    settled: Callable[[], Awaitable[bool]],
+    within_s: float = SAFE_WITHIN_S,
+) -> tuple[dict[str, str], dict[str, float]]:
     """Plays the kubelet for ``pods`` for up to ``within_s`` seconds: each bound pod's device is prepared
     through the agent's ``MigInstances`` (what NodePrepareResources calls), again every second until that
     succeeds. Returns, per pod, what it ended as: ``prepared <device> <MIG UUID>``, ``unbound``, or
-    ``stuck ...`` (bound, never prepared: the last error)."""
+    ``stuck ...`` (bound, never prepared: the last error); and, per prepared pod, the seconds from its first
+    failed prepare to its prepared device (0 when the first try served it).
+
+    It stops early once no pod is stuck and ``settled()`` (the scheduler has seen the node's current slices,
+    nothing held back) has stayed true for ``QUIET_S`` with the outcomes unchanged: an unbound pod then
+    cannot bind from an old view any more."""
     instances = AgentMigInstances(agent)
     outcome: dict[str, str] = {}
+    first_refused: dict[str, float] = {}
+    served_after: dict[str, float] = {}
     deadline = time.monotonic() + within_s
+    quiet_since: float | None = None
     while True:
+        before = dict(outcome)
         for pod in pods:
             if outcome.get(pod, "").startswith("prepared"):
                 continue
@@ -246,20 +309,54 @@ async def prepared_or_unbound(
             try:
                 made = await instances.ensure(dev)
                 outcome[pod] = f"prepared {dev} {made.mig_uuid}"
+                served_after[pod] = max(0.0, time.monotonic() - first_refused.get(pod, time.monotonic()))
             except Exception as exc:  # what the kubelet would retry, and show in the pod's events
                 outcome[pod] = f"stuck: bound to {dev}, prepare failed: {exc}"
-        if all(o.startswith("prepared") for o in outcome.values()) or time.monotonic() > deadline:
-            return outcome
+                first_refused.setdefault(pod, time.monotonic())
+        now = time.monotonic()
+        if all(o.startswith("prepared") for o in outcome.values()) or now > deadline:
+            return outcome, served_after
+        calm = outcome == before and not any(o.startswith("stuck") for o in outcome.values())
+        if calm and await settled():
+            quiet_since = now if quiet_since is None else quiet_since
+            if now - quiet_since >= QUIET_S:
+                return outcome, served_after
+        else:
+            quiet_since = None
         await asyncio.sleep(1.0)
 
 
+def scheduler_caught_up(cluster: LaggingCluster, k: ScenarioApi, node: str) -> Callable[[], Awaitable[bool]]:
+    """Whether every ResourceSlice of ``node``, as stored now, went through the proxy to the scheduler."""
+
+    async def caught_up() -> bool:
+        res = await k.custom.list_cluster_custom_object(
+            "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node}"
+        )
+        now = [(sl["metadata"]["name"], sl["metadata"]["resourceVersion"]) for sl in res["items"]]
+        return bool(now) and all(cluster.proxy.delivered("resourceslices", n, v) for n, v in now)
+
+    return caught_up
+
+
 async def assert_safe(
-    k: ScenarioApi, agent: NodeAgent, sim: ModuleType, watch: AllocationWatch, pods: list[str], since: int
+    case: str,
+    variant: Variant,
+    k: ScenarioApi,
+    agent: NodeAgent,
+    sim: ModuleType,
+    watch: AllocationWatch,
+    pods: list[str],
+    since: int,
+    settled: Callable[[], Awaitable[bool]],
 ) -> dict[str, str]:
-    outcome = await prepared_or_unbound(k, agent, sim, pods)
+    t0 = time.monotonic()
+    outcome, served_after = await prepared_or_unbound(k, agent, pods, settled)
+    now = live(sim)
+    lost = watch.destroyed_while_allocated(sim.history()[since:])
+    report(case, variant, outcome, served_after, lost, time.monotonic() - t0)
     stuck = {p: o for p, o in outcome.items() if o.startswith("stuck")}
     assert not stuck, f"pods bound to a device never prepared within {SAFE_WITHIN_S:.0f}s: {stuck}"
-    now = live(sim)
     for pod, o in outcome.items():
         if not o.startswith("prepared"):
             continue
@@ -268,9 +365,33 @@ async def assert_safe(
         reported = [e for e in ((await claim(k, pod)) or {}).get("status", {}).get("devices") or []]
         uuids = {e.get("data", {}).get("migUUID") for e in reported if e.get("device") == dev} - {None}
         assert uuids <= {mig}, f"{pod}: the claim reports {uuids}, the instance at {dev} is {mig}"
-    lost = watch.destroyed_while_allocated(sim.history()[since:])
     assert lost == [], lost
     return outcome
+
+
+def report(
+    case: str,
+    variant: Variant,
+    outcome: dict[str, str],
+    served_after: dict[str, float],
+    lost: list[str],
+    waited_s: float,
+) -> None:
+    """One JSON line per run to ``DYNAMIG_LAG_REPORT``, when set."""
+    if not REPORT:
+        return
+    line = {
+        "case": case,
+        "inventory": variant.inventory.value,
+        "create_s": variant.create_s,
+        "quarantine_s": variant.quarantine_s,
+        "outcome": outcome,
+        "served_after_s": {p: round(s, 1) for p, s in served_after.items()},
+        "destroyed_while_allocated": lost,
+        "waited_s": round(waited_s, 1),
+    }
+    with open(REPORT, "a", encoding="utf-8") as out:
+        out.write(json.dumps(line) + "\n")
 
 
 # --- hole 1: a retire the scheduler sees late --------------------------------------------------------------
@@ -279,19 +400,25 @@ async def assert_safe(
 RETIRE_LAGS = [0, 10, 30, 60]
 
 
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
 @pytest.mark.parametrize("lag_s", RETIRE_LAGS)
 async def test_a_free_instance_retired_behind_the_schedulers_back_leaves_no_pod_on_a_missing_device(
-    lagging_cluster: LaggingCluster, lagging_api: client.ApiClient, sim: ModuleType, lag_s: int
+    lagging_cluster: LaggingCluster,
+    lagging_api: client.ApiClient,
+    sim: ModuleType,
+    lag_s: int,
+    variant: Variant,
 ) -> None:
     proxy = lagging_cluster.proxy
     async with site(lagging_cluster, lagging_api, f"retire{lag_s}") as s:
         k = s.k
-        sim.configure(gpus=["A100-80GB"], state_file=None, seed=s.node)
+        sim.configure(gpus=["A100-80GB"], state_file=None, seed=s.node, create_latency_s=variant.create_s)
         watch = AllocationWatch(k)
-        async with agent_running(lagging_api, s.node, sim, settings(s.node)) as agent:
+        async with agent_running(lagging_api, s.node, sim, settings(s.node, variant)) as agent:
             await eventually(functools.partial(k.stable, s.gpu), f"GpuPartition {s.gpu}", within_s=60)
             await offer(k, s.gpu, [Y], ["1g.10gb"])
-            await eventually(functools.partial(offering, k, s.gpu, [Y]), "Y free and offered", within_s=60)
+            y_offered = functools.partial(offering, k, s.gpu, [Y], variant.inventory)
+            await eventually(y_offered, "Y free and offered", within_s=60)
             y = device_name(0, *Y)
             assert y in live(sim)
             await scheduler_sees_slices(lagging_cluster, k, s.node)  # Y as a free instance
@@ -307,15 +434,23 @@ async def test_a_free_instance_retired_behind_the_schedulers_back_leaves_no_pod_
                 )
                 retired_s = time.monotonic() - t0
                 await pin(k, "late", s.node, {"firstAvailable": first_available(["1g.10gb"])})
-                outcome = await assert_safe(k, agent, sim, watch, ["late"], since)
+                outcome = await assert_safe(
+                    f"retire-lag{lag_s}", variant, k, agent, sim, watch, ["late"], since,
+                    scheduler_caught_up(lagging_cluster, k, s.node),
+                )  # fmt: skip
             finally:
                 await watch.stop()
         print(f"\n  retire seen {lag_s}s late: Y destroyed {retired_s:.1f}s after the retire; {outcome}")
 
 
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
 @pytest.mark.parametrize("stall_s", [0, 20])
 async def test_a_binding_cycle_whose_nomination_write_is_late_leaves_no_pod_on_a_missing_device(
-    lagging_cluster: LaggingCluster, lagging_api: client.ApiClient, sim: ModuleType, stall_s: int
+    lagging_cluster: LaggingCluster,
+    lagging_api: client.ApiClient,
+    sim: ModuleType,
+    stall_s: int,
+    variant: Variant,
 ) -> None:
     """The same retire, the scheduler's slices 10 s late, and a pod created right as the retire begins: the
     scheduler books ``Y`` from its old view, where it is free. Its write of the pod's
@@ -324,12 +459,13 @@ async def test_a_binding_cycle_whose_nomination_write_is_late_leaves_no_pod_on_a
     proxy = lagging_cluster.proxy
     async with site(lagging_cluster, lagging_api, f"nominate{stall_s}") as s:
         k = s.k
-        sim.configure(gpus=["A100-80GB"], state_file=None, seed=s.node)
+        sim.configure(gpus=["A100-80GB"], state_file=None, seed=s.node, create_latency_s=variant.create_s)
         watch = AllocationWatch(k)
-        async with agent_running(lagging_api, s.node, sim, settings(s.node)) as agent:
+        async with agent_running(lagging_api, s.node, sim, settings(s.node, variant)) as agent:
             await eventually(functools.partial(k.stable, s.gpu), f"GpuPartition {s.gpu}", within_s=60)
             await offer(k, s.gpu, [Y], ["1g.10gb"])
-            await eventually(functools.partial(offering, k, s.gpu, [Y]), "Y free and offered", within_s=60)
+            y_offered = functools.partial(offering, k, s.gpu, [Y], variant.inventory)
+            await eventually(y_offered, "Y free and offered", within_s=60)
             await scheduler_sees_slices(lagging_cluster, k, s.node)  # Y as a free instance
 
             proxy.hold("resourceslices", 10)
@@ -340,7 +476,10 @@ async def test_a_binding_cycle_whose_nomination_write_is_late_leaves_no_pod_on_a
                 t0 = time.time()
                 await offer(k, s.gpu, FLOOR, ["1g.10gb"])
                 await pin(k, "early", s.node, {"firstAvailable": first_available(["1g.10gb"])})
-                outcome = await assert_safe(k, agent, sim, watch, ["early"], since)
+                outcome = await assert_safe(
+                    f"nomination-stall{stall_s}", variant, k, agent, sim, watch, ["early"], since,
+                    scheduler_caught_up(lagging_cluster, k, s.node),
+                )  # fmt: skip
             finally:
                 await watch.stop()
         gone = [
@@ -373,8 +512,9 @@ def at(profile: str, start: int) -> dict[str, Any]:
     )
 
 
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
 async def test_a_booking_deleted_mid_round_never_costs_the_next_pod_its_instance(
-    lagging_cluster: LaggingCluster, lagging_api: client.ApiClient, sim: ModuleType
+    lagging_cluster: LaggingCluster, lagging_api: client.ApiClient, sim: ModuleType, variant: Variant
 ) -> None:
     """A free 1g.10gb ``F``; three pods book placements clear of it, each a slow create; pod B books the
     2g.20gb over ``F`` (cutting it means destroying ``F``) and is deleted, with its claim, while the agent is
@@ -382,11 +522,14 @@ async def test_a_booking_deleted_mid_round_never_costs_the_next_pod_its_instance
     has dropped B (its binding cycle notices the claim gone at its next 5 s poll of the binding conditions,
     so the cuts ahead must outlast that). Whatever the agent still had in hand for B must not take ``F`` from
     C. The scheduler does not lag here: the interleaving comes from the slow creates."""
+    if variant.inventory is not Inventory.PARTITIONABLE:
+        pytest.skip("bookings exist only in the partitionable inventory")
     async with site(lagging_cluster, lagging_api, "midround") as s:
         k = s.k
         sim.configure(gpus=["A100-80GB"], state_file=None, seed=s.node, create_latency_s=CREATE_LATENCY_S)
         watch = AllocationWatch(k)
-        async with agent_running(lagging_api, s.node, sim, settings(s.node)) as agent:
+        variant = dataclasses.replace(variant, create_s=CREATE_LATENCY_S)  # the slow creates above
+        async with agent_running(lagging_api, s.node, sim, settings(s.node, variant)) as agent:
             await eventually(functools.partial(k.stable, s.gpu), f"GpuPartition {s.gpu}", within_s=60)
             await offer(k, s.gpu, [F], ["1g.10gb", "2g.20gb"])
             await eventually(functools.partial(offering, k, s.gpu, [F]), "F free and offered", within_s=60)
@@ -421,7 +564,10 @@ async def test_a_booking_deleted_mid_round_never_costs_the_next_pod_its_instance
                 t_c = time.time()
                 await pin(k, "c", s.node, at(*F))
                 c_dev = await eventually(lambda: booked(k, "c"), "c booked", within_s=60)
-                outcome = await assert_safe(k, agent, sim, watch, [*ahead, "c"], since)
+                outcome = await assert_safe(
+                    "booking-deleted-mid-round", variant, k, agent, sim, watch, [*ahead, "c"], since,
+                    scheduler_caught_up(lagging_cluster, k, s.node),
+                )  # fmt: skip
                 assert outcome["c"].startswith(f"prepared {f} "), outcome
             finally:
                 await watch.stop()
