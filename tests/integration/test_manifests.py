@@ -156,7 +156,11 @@ def test_plain_manifests_and_chart_crds_are_in_sync(helm: str) -> None:
             "agent.nvml.simulated.hostDir must be an absolute path when agent.nvml.mode is simulated",
         ),
         ("agent.nodeSelector=null", "agent.nodeSelector is empty"),
-        ("image.digest=abc", "image.digest must look like sha256:<hex>"),
+        ("image.digest=abc", "image.digest must be sha256: and 64 lowercase hex digits"),
+        # The prefix alone is not a digest (a pull would fail on every node, long after the install).
+        ("image.digest=sha256:abc", 'lowercase hex digits (the image manifest\'s digest), got "sha256:abc"'),
+        ("image.digest=sha256:" + "A" * 64, "image.digest must be sha256: and 64 lowercase hex digits"),
+        ("image.digest=sha256:" + "a" * 65, "image.digest must be sha256: and 64 lowercase hex digits"),
         (
             "metrics.serviceMonitor.enabled=true",
             "cluster does not serve monitoring.coreos.com/v1 ServiceMonitor",

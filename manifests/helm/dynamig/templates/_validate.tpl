@@ -13,8 +13,8 @@ instead of producing objects the API server or the pods would reject later.
 {{- if not $v.image.repository -}}
 {{- fail "image.repository must be set" -}}
 {{- end -}}
-{{- if and $v.image.digest (not (hasPrefix "sha256:" $v.image.digest)) -}}
-{{- fail (printf "image.digest must look like sha256:<hex>, got %q" $v.image.digest) -}}
+{{- if and $v.image.digest (not (regexMatch "^sha256:[a-f0-9]{64}$" (toString $v.image.digest))) -}}
+{{- fail (printf "image.digest must be sha256: and 64 lowercase hex digits (the image manifest's digest), got %q" (toString $v.image.digest)) -}}
 {{- end -}}
 {{- $ns := include "dynamig.namespace" . -}}
 {{- if and $v.namespaceOverride (not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" (toString $v.namespaceOverride))) -}}
