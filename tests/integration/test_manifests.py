@@ -234,6 +234,73 @@ def test_the_values_schema_catches_typos_and_wrong_types(helm: str, value: str, 
     assert message in proc.stderr, proc.stderr
 
 
+Grant = tuple[str, str, str, str, str]  # scope, API group, resource, verb, object name ("*": every object)
+
+
+def _doc_grants(section: str) -> set[Grant]:
+    """The grants a table of docs/upgrading.md lists: one row per rule, each cell's backticked names
+    (`""` is the core group) multiplied out; the objects column is `all` or backticked names. Pure."""
+    grants: set[Grant] = set()
+    for row in section.splitlines():
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        if len(cells) < 5 or cells[0] not in ("cluster", "release namespace"):
+            continue
+        groups, resources, verbs, names = (re.findall(r"`([^`]*)`", c) for c in cells[1:5])
+        groups = ["" if g == '""' else g for g in groups]
+        for g in groups:
+            for r in resources:
+                for v in verbs:
+                    for n in names or ["*"]:
+                        grants.add((cells[0], g, r, v, n))
+    return grants
+
+
+def _rule_grants(scope: str, role: dict[str, Any]) -> set[Grant]:
+    return {
+        (scope, g, r, v, n)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+        for n in rule.get("resourceNames") or ["*"]
+    }
+
+
+def test_the_upgrade_guide_lists_every_grant_of_the_operator(helm: str) -> None:
+    """With rbac.create=false the chart grants the operator nothing: docs/upgrading.md's table is what an
+    admin binds by hand, so it must be the chart's operator ClusterRole and Role, rule for rule, both ways."""
+    objs = docs(render(helm, "metrics.secure.enabled=true").stdout)
+    chart = _rule_grants("cluster", find(objs, "ClusterRole", "dynamig-operator")) | _rule_grants(
+        "release namespace", find(objs, "Role", "dynamig-operator-agent-leases")
+    )
+    operator_roles = {
+        o["roleRef"]["name"]
+        for o in objs
+        if o["kind"] in ("ClusterRoleBinding", "RoleBinding")
+        and {"kind": "ServiceAccount", "name": "dynamig-operator", "namespace": NS} in o["subjects"]
+    }
+    # Every role the operator is bound to is in the table, or named beside it.
+    assert operator_roles == {"dynamig-operator", "dynamig-operator-agent-leases", "system:auth-delegator"}
+    guide = (ROOT / "docs" / "upgrading.md").read_text()
+    section = guide.split("## What the operator's ServiceAccount needs", 1)[1].split("\n## ", 1)[0]
+    listed = _doc_grants(section)
+    assert chart - listed == set(), (
+        f"granted by the chart, missing from docs/upgrading.md: {sorted(chart - listed)}"
+    )
+    assert listed - chart == set(), (
+        f"listed in docs/upgrading.md, not granted by the chart: {sorted(listed - chart)}"
+    )
+    assert "system:auth-delegator" in section and "rbac.create=false" in section
+    render_off = docs(render(helm, "rbac.create=false").stdout)
+    assert not [
+        o
+        for o in render_off
+        if o["kind"] in ("ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding")
+        and o["metadata"]["labels"].get("app.kubernetes.io/component") == "operator"
+    ]
+    assert "dynamig-profile-deviceclasses" not in {o["metadata"]["name"] for o in render_off}
+
+
 def test_values_switch_what_is_rendered(helm: str) -> None:
     base = docs(render(helm).stdout)
     kinds = {o["kind"] for o in base}
