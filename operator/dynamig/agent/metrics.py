@@ -101,7 +101,7 @@ class AgentMetrics:
     def __init__(self, registry: CollectorRegistry, hostname: str) -> None:
         # No `<counter>_created` / `<histogram>_created` series: one more series per counter child that no
         # rule or dashboard reads. The switch is the client library's, for the whole process (one agent).
-        disable_created_metrics()
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry
         self.hostname = hostname
         self._snapshot = _SnapshotCollector(hostname)

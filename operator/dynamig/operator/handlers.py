@@ -87,18 +87,48 @@ def build_registry(reconciler: Reconciler, settings: OperatorSettings) -> kopf.O
     return registry
 
 
+class KopfChanged(RuntimeError):
+    """The installed Kopf no longer has the internals :func:`_without_finalizers` relies on."""
+
+
 def _without_finalizers(registry: kopf.OperatorRegistry) -> None:
     """Kopf puts a finalizer on every object a daemon serves, so that it can stop the daemon before the
     object goes; then `kubectl delete gpp` hangs whenever no operator runs. A policy loop needs no such
-    guarantee (it ends when its policy is gone), so the daemon is registered as not needing one, and Kopf
-    removes the finalizer from policies that still carry it."""
-    spawning = registry._spawning  # Kopf has no public switch for this
-    handlers = spawning._handlers
-    if not handlers or not all(
-        dataclasses.is_dataclass(h) and hasattr(h, "requires_finalizer") for h in handlers
+    guarantee (it ends when its policy is gone), so the daemons are registered as not needing one, and Kopf
+    removes the finalizer from policies that still carry it.
+
+    Kopf has no public switch for this (its maintainer declined one: nolar/kopf#896), so this reaches into
+    its registry: ``OperatorRegistry._spawning._handlers``, a list of ``DaemonHandler`` dataclasses whose
+    ``requires_finalizer`` ``SpawningRegistry.requires_finalizer`` reads (Kopf 1.45). Anything else raises
+    :class:`KopfChanged` at start-up, before Kopf runs, rather than an operator that quietly finalizes again.
+    """
+    try:
+        spawning = registry._spawning
+        handlers = list(spawning._handlers)
+        decides = spawning.requires_finalizer
+    except (AttributeError, TypeError) as exc:
+        raise _kopf_changed(f"its registry has no daemon list where 1.45 had one ({exc})") from exc
+    kinds = {type(h).__name__ for h in handlers}
+    if not handlers or kinds != {"DaemonHandler"} or not callable(decides):
+        raise _kopf_changed(f"its daemon registry holds {sorted(kinds) or 'nothing'}, not DaemonHandlers")
+    if not all(
+        dataclasses.is_dataclass(h) and "requires_finalizer" in {f.name for f in dataclasses.fields(h)}
+        for h in handlers
     ):
-        raise RuntimeError("Kopf's daemon registry changed shape; cannot drop the policy finalizer")
+        raise _kopf_changed("its DaemonHandler has no requires_finalizer field")
     spawning._handlers = [dataclasses.replace(h, requires_finalizer=False) for h in handlers]
+    if any(h.requires_finalizer for h in spawning._handlers):
+        raise _kopf_changed("its daemon registry did not keep the handlers written back")
+
+
+def _kopf_changed(what: str) -> KopfChanged:
+    from importlib.metadata import version
+
+    return KopfChanged(
+        f"Kopf {version('kopf')} is not compatible with dynamig: {what}. dynamig registers its daemons "
+        "without Kopf's finalizer (so a policy can be deleted while no operator runs) through Kopf's "
+        "internal registry; install the Kopf version dynamig pins (requirements/runtime.lock)."
+    )
 
 
 def kubeconfig_available(settings: OperatorSettings) -> bool:
@@ -223,7 +253,7 @@ async def run_operator(
     registry in-process; with ``settings.metrics_port`` set, ``/metrics`` is also served over HTTP.
     """
     # No `_created` series beside each counter and histogram: the client library's switch, process-wide.
-    disable_created_metrics()
+    disable_created_metrics()  # type: ignore[no-untyped-call]
     metrics = metrics or OperatorMetrics()
     catalog = catalog or load_catalog()
     quiet_kopf_watch_logs()
