@@ -1,12 +1,14 @@
 """dynamig's metrics as Prometheus evaluates them: Prometheus' own PromQL engine and rule checker
 (``promtool``, built from github.com/prometheus/prometheus by ``hack/build-promtool.sh``).
 
-- The join the DCGM exporter cannot make for MIG devices created on the fly: a DCGM per-instance series
-  (labels as dcgm-exporter writes them: ``Hostname``, ``UUID`` of the parent GPU, ``gpu``, ``GPU_I_ID``,
-  ``GPU_I_PROFILE``, ``device=nvidia<N>``, ``modelName``) multiplied ``on(Hostname, UUID, GPU_I_ID)
-  group_left(namespace, pod)`` with the agent's ``dynamig_mig_instance_claim_info`` gives the pod, evaluated
-  by ``promtool test rules`` over the series the agent's registry exposes; the dashboard's panel built on
-  that join returns the pod too.
+- The join the DCGM exporter cannot make for MIG devices created on the fly, as the README and the claim
+  info's HELP text write it: a DCGM per-instance series written as dcgm-exporter renders it
+  (internal/pkg/rendermetrics/render_metrics.go: ``gpu``, ``UUID`` of the parent GPU, ``pci_bus_id``,
+  ``device=nvidia<N>``, ``modelName``, ``GPU_I_PROFILE``, ``GPU_I_ID`` and the host label, ``Hostname`` up to
+  its 4.5.3-4.8.2 release and ``hostname`` after, holding the exporter pod's name without ``$NODE_NAME``),
+  with the target labels a ServiceMonitor scrape adds, multiplied with the agent's
+  ``dynamig_mig_instance_claim_info`` gives the pod, evaluated by ``promtool test rules`` over the series the
+  agent's registry exposes; the dashboard's panel built on that join returns the pod too.
 - The chart's PrometheusRule (rendered by helm) passes ``promtool check rules``, and each alert on an agent
   error counter fires on the first error, because the counters start at zero; so does the operator's alert
   on failed layout writes. The pending-too-long alert reads the oldest pending claim's age, so a claim
@@ -63,6 +65,52 @@ def _dashboard_expr(title: str) -> str:
     return str(target["expr"])
 
 
+# A DCGM per-instance series as dcgm-exporter renders it for a MIG instance (rendermetrics' gpuMetricsFormat:
+# gpu, UUID, pci_bus_id, device, modelName, GPU_I_PROFILE, GPU_I_ID, then the host label), with the target
+# labels Prometheus adds when a ServiceMonitor scrapes the exporter's pod. Two forms of the host label: its
+# releases up to 4.5.3-4.8.2 write `Hostname`, later ones `hostname`; the value is $NODE_NAME where the
+# exporter's pod sets it, else the pod's own hostname, i.e. its name.
+DCGM_RELEASES = {
+    "4.5.3-4.8.2, no NODE_NAME": {"Hostname": "nvidia-dcgm-exporter-x7k2p"},
+    "after 4.5.3-4.8.2": {"hostname": "gpu-node-a"},
+}
+SCRAPE_TARGET = {
+    "container": "nvidia-dcgm-exporter",
+    "endpoint": "gpu-metrics",
+    "instance": "10.0.3.17:9400",
+    "job": "nvidia-dcgm-exporter",
+    "namespace": "gpu-operator",
+    "pod": "nvidia-dcgm-exporter-x7k2p",
+    "service": "nvidia-dcgm-exporter",
+}
+
+
+def _dcgm_labels(host: dict[str, str], gi: int, profile: str) -> dict[str, str]:
+    return {
+        "gpu": "0",
+        "UUID": GPU_UUID,
+        "pci_bus_id": "00000000:07:00.0",
+        "device": "nvidia0",
+        "modelName": "NVIDIA A100-SXM4-80GB",
+        "GPU_I_PROFILE": profile,
+        "GPU_I_ID": str(gi),
+        **host,
+        **SCRAPE_TARGET,
+    }
+
+
+def _selector(labels: dict[str, str]) -> str:
+    return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+def _readme_join() -> str:
+    """The join the README's Metrics section shows, on one line. Pure but for reading the README."""
+    section = (ROOT / "README.md").read_text().split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+    found = re.search(r"```\n(.*?)```", section, re.S)
+    assert found, "no PromQL block in the README's Metrics section"
+    return " ".join(found.group(1).split())
+
+
 def test_dcgm_utilisation_joins_to_the_pod_through_the_claim_info(promtool: str, tmp_path: Path) -> None:
     metrics = AgentMetrics(CollectorRegistry(), "gpu-node-a")
     metrics.snapshot(
@@ -83,46 +131,32 @@ def test_dcgm_utilisation_joins_to_the_pod_through_the_claim_info(promtool: str,
     )
     text = generate_latest(metrics.registry).decode()
     (claim_series,) = _series(text, "dynamig_mig_instance_claim_info")
-    dcgm = (
-        'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{Hostname="gpu-node-a",UUID="{u}",gpu="0",GPU_I_ID="{gi}",'
-        'GPU_I_PROFILE="{p}",device="nvidia0",modelName="NVIDIA A100-SXM4-80GB"}}'
-    )
-    tests: dict[str, Any] = {
-        "rule_files": [],
-        "evaluation_interval": "1m",
-        "tests": [
+    (family,) = [
+        f for f in text_string_to_metric_families(text) if f.name == "dynamig_mig_instance_claim_info"
+    ]
+    # The join as the metric's own HELP text gives it, and as the README shows it.
+    help_join = "DCGM_FI_PROF_GR_ENGINE_ACTIVE * " + family.documentation.split("<DCGM series> * ", 1)[1]
+    readme_join = _readme_join()
+    assert readme_join == help_join, (readme_join, help_join)
+    util = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+    tests: list[dict[str, Any]] = []
+    for release, host in DCGM_RELEASES.items():
+        used, idle = _dcgm_labels(host, 9, "1g.10gb"), _dcgm_labels(host, 2, "3g.40gb")
+        by_pod = used | {"namespace": "ml", "pod": "infer-0"}  # the claim's, not the exporter pod's
+        tests.append(
             {
+                "name": f"dcgm-exporter {release}",
                 "interval": "1m",
                 "input_series": [
                     {"series": claim_series, "values": "1x5"},
-                    {"series": dcgm.format(u=GPU_UUID, gi=9, p="1g.10gb"), "values": "0.75x5"},
-                    {"series": dcgm.format(u=GPU_UUID, gi=2, p="3g.40gb"), "values": "0.5x5"},
+                    {"series": util + _selector(used), "values": "0.75x5"},
+                    {"series": util + _selector(idle), "values": "0.5x5"},
                 ],
                 "promql_expr_test": [
                     {
-                        "expr": "DCGM_FI_PROF_GR_ENGINE_ACTIVE * on(Hostname, UUID, GPU_I_ID) "
-                        "group_left(namespace, pod) dynamig_mig_instance_claim_info",
+                        "expr": readme_join,
                         "eval_time": "3m",
-                        "exp_samples": [
-                            {
-                                "labels": "{"
-                                + ",".join(
-                                    [
-                                        'Hostname="gpu-node-a"',
-                                        f'UUID="{GPU_UUID}"',
-                                        'gpu="0"',
-                                        'GPU_I_ID="9"',
-                                        'GPU_I_PROFILE="1g.10gb"',
-                                        'device="nvidia0"',
-                                        'modelName="NVIDIA A100-SXM4-80GB"',
-                                        'namespace="ml"',
-                                        'pod="infer-0"',
-                                    ]
-                                )
-                                + "}",
-                                "value": 0.75,
-                            }
-                        ],
+                        "exp_samples": [{"labels": _selector(by_pod), "value": 0.75}],
                     },
                     {
                         # The dashboard's panel, as Grafana sends it with every node selected.
@@ -140,10 +174,11 @@ def test_dcgm_utilisation_joins_to_the_pod_through_the_claim_info(promtool: str,
                     },
                 ],
             }
-        ],
-    }
+        )
     path = tmp_path / "join_test.yaml"
-    path.write_text(yaml.safe_dump(tests, sort_keys=False))
+    path.write_text(
+        yaml.safe_dump({"rule_files": [], "evaluation_interval": "1m", "tests": tests}, sort_keys=False)
+    )
     proc = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

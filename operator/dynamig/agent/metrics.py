@@ -1,12 +1,14 @@
 """Prometheus metrics of one node agent, on a registry passed in (no module globals).
 
 Names follow Prometheus conventions: ``dynamig_`` prefix, base units (seconds), ``_total`` counters, and a
-``dynamig_build_info`` gauge. Series carry the DCGM exporter's label names where they mean the same thing
-(``Hostname``, ``gpu``, ``UUID`` of the parent GPU, ``GPU_I_PROFILE``, ``GPU_I_ID``); the DRA device is
-``dra_device`` (DCGM's ``device`` is ``nvidia<N>``). ``dynamig_mig_instance_claim_info`` names the claim and
-pod of each allocated instance, so ``on(Hostname, UUID, GPU_I_ID) group_left(namespace, pod)`` attributes
-DCGM's per-instance utilisation to pods, which the DCGM exporter cannot do for MIG devices created on the
-fly. Error counters are created at zero for this node, so the first failure is a change an alert sees.
+``dynamig_build_info`` gauge. Per-instance series carry the DCGM exporter's labels for a MIG instance
+(``gpu``, ``UUID`` of the parent GPU, ``GPU_I_PROFILE``, ``GPU_I_ID``, as its rendermetrics template writes
+them); the DRA device is ``dra_device`` (DCGM's ``device`` is ``nvidia<N>``). ``Hostname`` is this agent's
+node, not a join key: dcgm-exporter's host label is ``Hostname`` or ``hostname`` depending on its version,
+holding ``$NODE_NAME`` or the exporter pod's name. ``dynamig_mig_instance_claim_info`` names the claim and pod
+of each allocated instance, so :data:`DCGM_JOIN` attributes DCGM's per-instance utilisation to pods, which
+the DCGM exporter cannot do for MIG devices created on the fly. Error counters are created at zero for this
+node, so the first failure is a change an alert sees.
 """
 
 from __future__ import annotations
@@ -19,6 +21,11 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from dynamig import __version__
+
+# The labels a DCGM per-instance series and dynamig_mig_instance_claim_info share, whatever the exporter's
+# version or host label, and the join that attributes a DCGM series to the pods holding the instance.
+DCGM_JOIN_LABELS = ("UUID", "GPU_I_ID")
+DCGM_JOIN = f"on({', '.join(DCGM_JOIN_LABELS)}) group_left(namespace, pod) dynamig_mig_instance_claim_info"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +70,8 @@ class _SnapshotCollector(Collector):
         )
         claim_info = GaugeMetricFamily(
             "dynamig_mig_instance_claim_info",
-            "One series per allocated MIG instance and claim (and pod, once reserved): join with DCGM "
-            "series on Hostname, UUID and GPU_I_ID to attribute them to pods.",
+            "One series per allocated MIG instance and claim (and pod, once reserved); attribute a DCGM "
+            f"exporter per-instance series to pods with: <DCGM series> * {DCGM_JOIN}",
             labels=[*dcgm, "mig_uuid", "dra_device", "namespace", "claim", "pod"],
         )
         for i in self.instances:
