@@ -72,7 +72,8 @@ def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]
     with pytest.raises(SystemExit) as exc:
         build_parser().parse_args(argv)
     assert exc.value.code == 2
-    assert capsys.readouterr().err.startswith("usage: kubectl dynamig")
+    err = capsys.readouterr().err
+    assert err.startswith("kubectl dynamig") and err.count("\n") == 1 and "--help" in err
 
 
 def test_installed_entry_point_prints_version_and_help() -> None:

@@ -313,6 +313,8 @@ def test_command_prints_tables_and_writes_plots(tmp_path: Path, capsys: pytest.C
             "--alibaba-sample",
             "--seeds",
             "1",
+            "--replay-node-stride",
+            "5",
             "--loads",
             "0.8,1.2",
             "--out",

@@ -332,6 +332,8 @@ def test_command_runs_a_mixed_cluster(tmp_path: Path, capsys: pytest.CaptureFixt
             "--alibaba-sample",
             "--protocols",
             "replay",
+            "--replay-node-stride",
+            "5",
             "--loads",
             "1.0",
             "--mixed",

@@ -197,7 +197,7 @@ def test_loads_write_the_replay_rows(tmp_path: Path) -> None:
             "--protocols",
             "replay",
             "--replay-node-stride",
-            "4",
+            "5",
             "--loads",
             "0.8,1.2",
             "--policies",

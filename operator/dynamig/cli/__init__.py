@@ -77,8 +77,9 @@ DESCRIPTION = (
 
 def build_parser() -> argparse.ArgumentParser:
     from dynamig import __version__
+    from dynamig.cli.args import Parser
 
-    parser = argparse.ArgumentParser(prog="dynamig", description=DESCRIPTION)
+    parser = Parser(prog="dynamig", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"dynamig {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _COMMAND_MODULES:
@@ -99,9 +100,13 @@ DEV_ONLY_PACKAGES = {"cryptography": "devcluster", "matplotlib": "sim"}
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: each sub-command sets ``func(args) -> int`` as its handler. A failure a person can fix
     (``dynamig.cli.errors``) is one line on stderr and exit status 1 (or the error's own); any other
-    exception keeps its traceback."""
+    exception keeps its traceback. A usage error (a flag's value refused, one line) returns status 2, and
+    ``--help`` or ``--version`` 0, instead of leaving through SystemExit."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
     try:
         result: int = args.func(args)
     except ModuleNotFoundError as exc:

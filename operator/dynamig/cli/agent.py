@@ -16,6 +16,7 @@ from pathlib import Path
 
 from dynamig.cli._logging import add_logging_arguments
 from dynamig.cli._metrics import add_metrics_security_arguments, metrics_tls_files
+from dynamig.cli.args import non_negative_float, port, positive_float
 from dynamig.cli.errors import EXIT_USAGE, CommandError, add_api_wait_argument
 from dynamig.kube.heartbeat import DEFAULT_LEASE_SECONDS, MAX_LEASE_SECONDS
 
@@ -46,13 +47,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--sim-create-latency",
-        type=float,
+        type=non_negative_float,
         default=0.0,
         help="with --nvml simulated: seconds each GI/CI creation takes",
     )
     p.add_argument(
         "--sim-destroy-latency",
-        type=float,
+        type=non_negative_float,
         default=0.0,
         help="with --nvml simulated: seconds each GI/CI destruction takes",
     )
@@ -70,14 +71,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--settle-seconds",
-        type=float,
+        type=non_negative_float,
         default=5.0,
         help="how long an instance the agent retires must be guarded (out of the ResourceSlice, or "
         "republished with binding conditions) and unallocated before it may be destroyed",
     )
     p.add_argument(
         "--quarantine-seconds",
-        type=float,
+        type=non_negative_float,
         default=120.0,
         help="partitionable inventory: how long the memory slices of a retired instance the agent destroyed "
         "get no instance of its own making (a floor), so that a pod a lagging scheduler bound to it from an "
@@ -99,9 +100,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(docs/install.md)",
     )
     p.add_argument(
-        "--interval", type=float, default=10.0, help="seconds between rounds when all GPUs are Stable"
+        "--interval",
+        type=positive_float,
+        default=10.0,
+        help="seconds between rounds when all GPUs are Stable",
     )
-    p.add_argument("--reshape-poll", type=float, default=0.5, help="seconds between rounds while reshaping")
+    p.add_argument(
+        "--reshape-poll", type=positive_float, default=0.5, help="seconds between rounds while reshaping"
+    )
     p.add_argument(
         "--inventory",
         choices=("auto", "partitionable", "instances"),
@@ -113,7 +119,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--metrics-port",
-        type=int,
+        type=_metrics_port,
         default=9465,
         help="Prometheus metrics port (0: any free port, -1: no metrics server)",
     )
@@ -166,7 +172,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--liveness-max-round-age",
-        type=float,
+        type=positive_float,
         default=180.0,
         help="seconds without a finished reconcile round after which /healthz fails (and the kubelet "
         "restarts the agent)",
@@ -174,6 +180,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_logging_arguments(p)
     add_api_wait_argument(p)
     p.set_defaults(func=run)
+
+
+def _metrics_port(text: str) -> int:
+    """A port, 0 (any free one) or -1 (no metrics server)."""
+    if text.strip() == "-1":
+        return -1
+    try:
+        return port(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected a port from 0 to 65535, or -1 for none, got {text!r}"
+        ) from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,14 +9,21 @@ import sys
 import tempfile
 from pathlib import Path
 
+from dynamig.cli.args import non_negative_int, positive_int
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "demo", help="run the morning-burst story on a local control plane with simulated GPUs"
     )
-    p.add_argument("--inference-pods", type=int, default=7, help="size of the burst of inference pods")
     p.add_argument(
-        "--cooldown", type=int, default=10, help="policy cooldown before idle GPUs return to baseline"
+        "--inference-pods", type=positive_int, default=7, help="size of the burst of inference pods"
+    )
+    p.add_argument(
+        "--cooldown",
+        type=non_negative_int,
+        default=10,
+        help="policy cooldown before idle GPUs return to baseline",
     )
     p.add_argument("--skip-baseline", action="store_true", help="stop after the training pod")
     p.add_argument(

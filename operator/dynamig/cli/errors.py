@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dynamig.cli.args import non_negative_float
+
 log = logging.getLogger(__name__)
 
 EXIT_FAILED = 1
@@ -158,7 +160,7 @@ def add_api_wait_argument(parser: Any) -> None:
     """``--wait-for-api``, shared by the commands that need the API server before they start."""
     parser.add_argument(
         "--wait-for-api",
-        type=float,
+        type=non_negative_float,
         default=DEFAULT_API_WAIT_S,
         metavar="SECONDS",
         help="at start, how long to retry an API server that cannot be reached before giving up "

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from dynamig.cli._logging import add_logging_arguments
 from dynamig.cli._metrics import add_metrics_security_arguments, metrics_tls_files
+from dynamig.cli.args import non_negative_float, port, positive_float
 from dynamig.cli.errors import add_api_wait_argument
 
 
@@ -38,11 +39,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument("--standalone", action="store_true", help="no peering: act as the only replica")
     parser.add_argument(
-        "--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port"
+        "--metrics-port", type=port, default=None, help="serve Prometheus /metrics on this port"
     )
     parser.add_argument("--metrics-host", default="0.0.0.0", help="address of the metrics endpoint")
     add_metrics_security_arguments(parser)
-    parser.add_argument("--resync-seconds", type=float, default=30.0, help="replan at least this often")
+    parser.add_argument(
+        "--resync-seconds", type=positive_float, default=30.0, help="replan at least this often"
+    )
     parser.add_argument(
         "--events-namespace", default="default", help="namespace for Events about cluster-scoped objects"
     )
@@ -53,7 +56,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument(
         "--stranded-after-seconds",
-        type=float,
+        type=non_negative_float,
         default=60.0,
         help="a pod bound to the devices of a node whose agent went silent, never started, is given back "
         "after the node has been fenced this long: deleted for its controller to create again, or told in "

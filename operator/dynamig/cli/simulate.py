@@ -17,13 +17,28 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dynamig.cli import plain
+from dynamig.cli.args import (
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    positive_share,
+    share,
+)
+from dynamig.cli.errors import EXIT_USAGE, CommandError
+
+Weights = tuple[tuple[str, float], ...]  # --mixed: (catalog key, weight), as trace.parse_model_weights gives
 
 if TYPE_CHECKING:
+    from dynamig.geometry.model import GpuModel
+    from dynamig.simulate.alibaba import Models, Task
     from dynamig.simulate.runner import PaperRun, TraceReport
+    from dynamig.simulate.trace import ClusterSpec, Trace
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -58,21 +73,27 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "demand reaches about that fraction of the cluster's compute slices (default: as recorded); on the "
         "--replay-node-stride cluster when one is given, else on the full one",
     )
-    p.add_argument("--protocols", default="paper,replay", help="Alibaba protocols: paper, replay or both")
+    p.add_argument(
+        "--protocols",
+        type=_protocols,
+        default="both",
+        help="Alibaba protocols: paper (sampled tasks, no departures), replay (online, as recorded) or both "
+        "(default)",
+    )
     p.add_argument(
         "--replay-node-stride",
-        type=int,
+        type=non_negative_int,
         default=0,
         help="also replay on every K-th node only (the full openb cluster never runs short of GPUs)",
     )
     p.add_argument(
         "--gpu-spec-share",
-        type=float,
+        type=share,
         default=0.0,
         help="Alibaba: restrict this share of the GPU tasks (seeded) to one GPU type of the node list, "
         "drawn in proportion to each type's GPUs (a GPU-type-limited variant; default 0: none)",
     )
-    p.add_argument("--seeds", type=int, default=10, help="seeds for the paper protocol (default 10)")
+    p.add_argument("--seeds", type=positive_int, default=10, help="seeds for the paper protocol (default 10)")
     p.add_argument("--model", default="A100-80GB", help="simulated GPU model for the Alibaba trace")
     p.add_argument(
         "--mixed",
@@ -84,7 +105,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--fallbacks",
-        type=int,
+        type=non_negative_int,
         default=0,
         help="Alibaba: next-larger profiles a fractional task also accepts (default 0)",
     )
@@ -96,24 +117,28 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "order), dynamig, dynamig-warm (dynamig with a warm pool sized from the trace's history; online "
         "replays only), pool",
     )
-    p.add_argument("--window-s", type=float, default=None, help="dynamig batching window (default 2)")
+    p.add_argument(
+        "--window-s", type=non_negative_float, default=None, help="dynamig batching window (default 2)"
+    )
     p.add_argument(
         "--reshape-latency-s",
-        type=float,
+        type=non_negative_float,
         default=None,
         help="create latency: seconds per instance created (per reshaped GPU in a planning round), default 6",
     )
-    p.add_argument("--cooldown-s", type=float, default=None, help="dynamig per-GPU cooldown (default 300)")
+    p.add_argument(
+        "--cooldown-s", type=non_negative_float, default=None, help="dynamig per-GPU cooldown (default 300)"
+    )
     p.add_argument(
         "--bind-rtt-s",
-        type=float,
+        type=non_negative_float,
         default=None,
         help="seconds from a booking to the node starting the create, charged to every policy that "
         "creates (default 0)",
     )
     p.add_argument(
         "--prebind-poll-s",
-        type=float,
+        type=non_negative_float,
         default=None,
         help="kube-scheduler's PreBind re-check of binding conditions, waited by dynamig's cuts (default 5)",
     )
@@ -133,32 +158,32 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--warm-pool", default="", help="dynamig warm pool, e.g. 1g.10gb=4,2g.20gb=2")
     p.add_argument(
         "--warm-history-h",
-        type=float,
+        type=positive_float,
         default=6.0,
         help="dynamig-warm: hours of past arrivals the pool is sized from (default 6)",
     )
     p.add_argument(
         "--warm-quantile",
-        type=float,
+        type=positive_share,
         default=0.95,
         help="dynamig-warm: share of past claims a pool of that size would have served warm (default 0.95)",
     )
     p.add_argument(
         "--warm-resize-min",
-        type=float,
+        type=positive_float,
         default=5.0,
         help="dynamig-warm: minutes of virtual time between two re-sizings (default 5)",
     )
     p.add_argument(
         "--warm-refill-s",
-        type=float,
+        type=non_negative_float,
         default=None,
         help="dynamig-warm: seconds until a taken pool instance is replaced, the sliding window the pool is "
         "sized over (default: bind round trip + window + create latency)",
     )
     p.add_argument(
         "--warm-max-share",
-        type=float,
+        type=share,
         default=0.1,
         help="dynamig-warm: the pool holds at most this share of the cluster's compute slices (default 0.1)",
     )
@@ -166,6 +191,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=run)
+
+
+PROTOCOLS = ("paper", "replay")
+
+
+def _protocols(text: str) -> frozenset[str]:
+    """``paper``, ``replay`` or ``both`` (a comma-separated list of them is taken too)."""
+    names = {x.strip() for x in text.split(",") if x.strip()}
+    if not names or names - {*PROTOCOLS, "both"}:
+        raise argparse.ArgumentTypeError(f"expected paper, replay or both, got {text!r}")
+    return frozenset(PROTOCOLS) if "both" in names else frozenset(names)
 
 
 def _loads(text: str) -> list[float]:
@@ -191,6 +227,191 @@ def _warm_pool(text: str) -> dict[str, int]:
     return out
 
 
+def _text(exc: BaseException) -> str:
+    """An exception's message (a KeyError's without the quotes ``str()`` adds)."""
+    return str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+
+
+@dataclass(frozen=True)
+class AlibabaInput:
+    """The Alibaba tasks and cluster a run replays, read once before any simulation starts."""
+
+    tasks: list[Task]
+    spec: ClusterSpec  # the node list's cluster, models assigned when --mixed
+    single_spec: ClusterSpec  # the same with the one --model (every_kth_node works on it)
+    label: str
+    source: str
+    sim: Models  # the model, or a mixed cluster's models, that jobs are mapped to
+
+
+def _alibaba_input(
+    args: argparse.Namespace, mixed: Weights | None, mixed_models: tuple[GpuModel, ...]
+) -> AlibabaInput | None:
+    """The trace of --alibaba, --alibaba-sample or --pod-list/--node-list (None without one); CommandError
+    naming the flag for an unknown --model or a file that cannot be read. Side effect: reads the files."""
+    from dynamig.geometry.catalog import load_catalog
+    from dynamig.simulate import alibaba
+    from dynamig.simulate.trace import assign_models
+
+    if (args.pod_list is None) != (args.node_list is None):
+        raise CommandError("--pod-list and --node-list go together: give both", EXIT_USAGE)
+    if args.alibaba is None and not args.alibaba_sample and args.pod_list is None:
+        return None
+    try:
+        model = load_catalog().model(args.model)
+    except KeyError as exc:
+        raise CommandError(f"--model: {_text(exc)}", EXIT_USAGE) from None
+    try:
+        if args.pod_list is not None and args.node_list is not None:
+            flag = "--pod-list/--node-list"
+            tasks, spec = alibaba.load_files(args.pod_list, args.node_list, model)
+            label = args.pod_list.stem.removesuffix(".csv").replace("_pod_list", "")
+            source = str(args.pod_list)
+        elif args.alibaba_sample:
+            flag = "--alibaba-sample"
+            tasks, spec = alibaba.load_sample(model)
+            label = "alibaba-openb-sample"
+            source = alibaba.SAMPLE_POD_FILE
+        else:
+            assert args.alibaba is not None
+            flag = "--alibaba"
+            tasks, spec = alibaba.load(args.alibaba, model)
+            label = "alibaba-openb"
+            source = str(args.alibaba / alibaba.POD_FILE)
+    except alibaba.TraceFormatError as exc:
+        raise CommandError(f"{flag}: {exc}", EXIT_USAGE) from None
+    except OSError as exc:
+        why = (exc.strerror or str(exc)).lower()
+        raise CommandError(f"{flag}: cannot read {exc.filename}: {why}", EXIT_USAGE) from None
+    if args.gpu_spec_share > 0:
+        tasks = alibaba.with_gpu_spec(tasks, spec, args.gpu_spec_share)
+        label += f"-gpuspec{round(100 * args.gpu_spec_share)}"
+    # the model (or models) jobs are mapped to: one model, or a mixed cluster's models; models are assigned
+    # on each simulated cluster (the full one, the --replay-node-stride one), so that each gets the weighted
+    # share of its own GPUs
+    if mixed:
+        return AlibabaInput(tasks, assign_models(spec, mixed), spec, label, source, mixed_models)
+    return AlibabaInput(tasks, spec, spec, label, source, model)
+
+
+def _strided(single: ClusterSpec, stride: int, mixed: Weights | None) -> ClusterSpec:
+    """Every ``stride``-th node of ``single``, its models assigned when ``mixed``. Pure."""
+    from dynamig.simulate import alibaba
+    from dynamig.simulate.trace import assign_models
+
+    small = alibaba.every_kth_node(single, stride)
+    return assign_models(small, mixed) if mixed else small
+
+
+def _check_alibaba_flags(
+    args: argparse.Namespace,
+    trace_input: AlibabaInput | None,
+    protocols: frozenset[str],
+    loads: list[float],
+    sweep_latencies: list[float],
+) -> None:
+    """CommandError for a run that would do nothing, or flags that would be ignored. Pure."""
+    if trace_input is None and args.no_synthetic:
+        raise CommandError(
+            "nothing to simulate: --no-synthetic without --alibaba DIR, --alibaba-sample or "
+            "--pod-list/--node-list",
+            EXIT_USAGE,
+        )
+    replay_only = {
+        "--loads": bool(loads),
+        "--replay-node-stride": args.replay_node_stride > 1,
+    }
+    trace_only = {"--gpu-spec-share": args.gpu_spec_share > 0, "--fallbacks": args.fallbacks > 0}
+    if trace_input is None:
+        given = [flag for flag, on in {**replay_only, **trace_only}.items() if on]
+        if given:
+            raise CommandError(
+                f"{given[0]} applies to the Alibaba trace: add --alibaba DIR, --alibaba-sample or "
+                "--pod-list FILE --node-list FILE",
+                EXIT_USAGE,
+            )
+    elif "replay" not in protocols:
+        given = [flag for flag, on in replay_only.items() if on]
+        if given:
+            raise CommandError(
+                f"{given[0]} applies to the online replay, which --protocols paper leaves out: use "
+                "--protocols replay or both",
+                EXIT_USAGE,
+            )
+    if sweep_latencies and not loads:
+        raise CommandError(
+            "--create-latencies reruns the load levels: give --loads too (e.g. --loads 0.6,1.0,1.5)",
+            EXIT_USAGE,
+        )
+
+
+def _check_loads(loads: list[float], trace_input: AlibabaInput, stride: int, mixed: Weights | None) -> None:
+    """CommandError for a load level the replay cannot reach on its cluster (the --replay-node-stride one
+    when given), naming the nearest stride that reaches it (alibaba.max_load). Reads the catalog."""
+    from dynamig.simulate import alibaba
+    from dynamig.simulate.runner import total_compute_slices
+
+    if not loads:
+        return
+    demand = alibaba.all_at_once_slices(trace_input.tasks, trace_input.sim)
+    single = trace_input.single_spec
+
+    def top(cluster: ClusterSpec) -> float:
+        return demand / alibaba.LOAD_HEADROOM / max(1, total_compute_slices(cluster))
+
+    cluster = _strided(single, stride, mixed) if stride > 1 else trace_input.spec
+    reachable = top(cluster)
+    load = max(loads)
+    if load <= reachable:
+        return
+    where = f"the {cluster.gpu_count:,} GPUs of {trace_input.label}"
+    if stride > 1:
+        where += f" (--replay-node-stride {stride})"
+    why = (
+        f"--loads {load:g}: {where} reach at most load {reachable:.2f}, half of what all "
+        f"{len(trace_input.tasks):,} tasks ask for at once (closer to that, the whole trace arrives in one "
+        "burst)"
+    )
+    for k in range(max(2, stride + 1), len(single.nodes) + 1):
+        smaller = _strided(single, k, mixed)
+        if load <= top(smaller):
+            raise CommandError(
+                f"{why}; use --replay-node-stride {k} ({smaller.gpu_count:,} GPUs, loads up to "
+                f"{top(smaller):.2f}) or a lower --loads",
+                EXIT_USAGE,
+            )
+    raise CommandError(f"{why}; no --replay-node-stride reaches it: use a lower --loads", EXIT_USAGE)
+
+
+def _synthetic_trace(name: str, mixed: Weights | None) -> Trace:
+    """The --traces entry ``name``: a parameter file, else a built-in trace; CommandError naming --traces
+    when it is neither. Side effect: reads the file."""
+    from dynamig.simulate import synthetic
+
+    path = Path(name)
+    try:
+        if path.suffix in (".yaml", ".yml") or path.exists():
+            if not path.is_file():
+                raise synthetic.TraceSpecError(
+                    f"{name}: no such file" if not path.exists() else f"{name}: not a file"
+                )
+            try:
+                return synthetic.load_trace_file(path, mixed)
+            except OSError as exc:
+                raise synthetic.TraceSpecError(f"{name}: {(exc.strerror or str(exc)).lower()}") from None
+        return synthetic.load_builtin_trace(name, mixed)
+    except synthetic.TraceSpecError as exc:
+        raise CommandError(f"--traces: {exc}", EXIT_USAGE) from None
+
+
+def _make_out_dir(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        why = (exc.strerror or str(exc)).lower()
+        raise CommandError(f"--out {out}: cannot create the directory: {why}", EXIT_USAGE) from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the requested simulations. Side effects: prints tables, writes files under ``--out``."""
     from dataclasses import replace
@@ -208,7 +429,6 @@ def run(args: argparse.Namespace) -> int:
         total_compute_slices,
     )
     from dynamig.simulate.trace import (
-        assign_models,
         compute_slices_by_name,
         describe_cluster,
         order_models,
@@ -240,30 +460,32 @@ def run(args: argparse.Namespace) -> int:
             warm_max_share=args.warm_max_share,
             warm_refill_s=args.warm_refill_s,
         )
-        if not 0.0 < args.warm_quantile <= 1.0 or args.warm_history_h <= 0 or args.warm_resize_min <= 0:
-            raise ValueError("--warm-quantile must be in (0, 1], --warm-history-h and --warm-resize-min > 0")
         loads = _loads(args.loads)
         sweep_latencies = _loads(args.create_latencies)
         orders = [x.strip() for x in args.node_orders.split(",") if x.strip()]
         bad = [o for o in orders if o not in NODE_ORDERS[:2]]
         if bad or not orders:
             raise ValueError(f"--node-orders: choose from pack, spread, not {', '.join(bad) or '(none)'}")
+    except ValueError as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from None
+    try:
         mixed = parse_model_weights(args.mixed) if args.mixed else None
         mixed_models = order_models(load_catalog().model(k) for k, _ in mixed) if mixed else ()
     except (ValueError, KeyError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise CommandError(f"--mixed {args.mixed}: {_text(exc)}", EXIT_USAGE) from None
     policies = tuple(x.strip() for x in args.policies.split(",") if x.strip())
     unknown = sorted(set(policies) - set(POLICIES))
     if unknown or not policies:
-        print(
-            f"error: --policies: unknown {', '.join(unknown) or '(none given)'}; "
-            f"choose from {', '.join(POLICIES)}",
-            file=sys.stderr,
+        raise CommandError(
+            f"--policies: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(POLICIES)}",
+            EXIT_USAGE,
         )
-        return 2
-    protocols = {x.strip() for x in args.protocols.split(",") if x.strip()}
-    args.out.mkdir(parents=True, exist_ok=True)
+    protocols: frozenset[str] = args.protocols
+    trace_input = _alibaba_input(args, mixed, mixed_models)
+    _check_alibaba_flags(args, trace_input, protocols, loads, sweep_latencies)
+    if trace_input is not None and "replay" in protocols:
+        _check_loads(loads, trace_input, args.replay_node_stride, mixed)
+    _make_out_dir(args.out)
 
     reports: list[TraceReport] = []
     sweep: list[TraceReport] = []  # the load levels again at the other create latencies (creating policies)
@@ -277,44 +499,13 @@ def run(args: argparse.Namespace) -> int:
             if not args.no_synthetic:
                 names = args.traces if args.traces else list(synthetic.builtin_trace_names())
                 for name in names:
-                    path = Path(name)
-                    trace = (
-                        synthetic.load_trace_file(path, mixed)
-                        if path.suffix in (".yaml", ".yml") and path.is_file()
-                        else synthetic.load_builtin_trace(name, mixed)
-                    )
+                    trace = _synthetic_trace(name, mixed)
                     t0 = time.perf_counter()
                     reports.append(run_trace(trace, ocfg, dyn, policies, progress=say))
                     timings[f"{trace.name} [{order}]"] = time.perf_counter() - t0
-            if (args.pod_list is None) != (args.node_list is None):
-                print("error: --pod-list and --node-list go together", file=sys.stderr)
-                return 2
-            if args.alibaba is not None or args.alibaba_sample or args.pod_list is not None:
-                model = load_catalog().model(args.model)
-                if args.pod_list is not None and args.node_list is not None:
-                    tasks, spec = alibaba.load_files(args.pod_list, args.node_list, model)
-                    label = args.pod_list.stem.removesuffix(".csv").replace("_pod_list", "")
-                    source = str(args.pod_list)
-                elif args.alibaba_sample:
-                    tasks, spec = alibaba.load_sample(model)
-                    label = "alibaba-openb-sample"
-                    source = alibaba.SAMPLE_POD_FILE
-                else:
-                    assert args.alibaba is not None
-                    tasks, spec = alibaba.load(args.alibaba, model)
-                    label = "alibaba-openb"
-                    source = str(args.alibaba / alibaba.POD_FILE)
-                if args.gpu_spec_share > 0:
-                    tasks = alibaba.with_gpu_spec(tasks, spec, args.gpu_spec_share)
-                    label += f"-gpuspec{round(100 * args.gpu_spec_share)}"
-                # the model (or models) jobs are mapped to: one model, or a mixed cluster's models
-                sim: alibaba.Models = model
-                single_spec = spec
-                if mixed:
-                    # models are assigned on each simulated cluster (the full one, the --replay-node-stride
-                    # one), so that each gets the weighted share of its own GPUs
-                    sim = mixed_models
-                    spec = assign_models(single_spec, mixed)
+            if trace_input is not None:
+                tasks, spec, single_spec = trace_input.tasks, trace_input.spec, trace_input.single_spec
+                label, source, sim = trace_input.label, trace_input.source, trace_input.sim
                 say(
                     f"{label}: {len(tasks)} GPU tasks, {spec.gpu_count} GPUs on {len(spec.nodes)} nodes "
                     f"({describe_cluster(spec)})"
@@ -322,9 +513,7 @@ def run(args: argparse.Namespace) -> int:
                 if "replay" in protocols:
                     clusters = [(spec, f"{label}-replay")]
                     if args.replay_node_stride > 1:
-                        small = alibaba.every_kth_node(single_spec, args.replay_node_stride)
-                        if mixed:
-                            small = assign_models(small, mixed)
+                        small = _strided(single_spec, args.replay_node_stride, mixed)
                         clusters.append((small, f"{label}-replay-{small.gpu_count}gpus"))
                         if mixed:
                             say(f"{label}-replay-{small.gpu_count}gpus: {describe_cluster(small)}")
@@ -395,8 +584,7 @@ def run(args: argparse.Namespace) -> int:
                         )
                     )
     except (synthetic.TraceSpecError, alibaba.TraceFormatError, KeyError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise CommandError(_text(exc), EXIT_USAGE) from None
 
     for rep in reports:
         first = rep.results[0] if rep.results else None

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from dynamig.cli import plain
 from dynamig.cli._logging import add_logging_arguments
+from dynamig.cli.args import non_negative_float
 from dynamig.cli.errors import EXIT_USAGE, CommandError, add_api_wait_argument
 
 if TYPE_CHECKING:  # the Kubernetes client and the operator load when the command runs
@@ -61,7 +62,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="layout each GPU is left with: its policy's baseline (default) or no instances",
     )
     parser.add_argument(
-        "--timeout", type=float, default=300.0, help="seconds to wait for the agents (default 300)"
+        "--timeout",
+        type=non_negative_float,
+        default=300.0,
+        help="seconds to wait for the agents (default 300)",
     )
     parser.add_argument(
         "--node",

@@ -278,6 +278,27 @@ def compression_for_load(
     return hi  # the first compression found whose peak reaches the target
 
 
+# A load level must be at most this fraction of what all the tasks ask for at once. Compressing the arrivals
+# raises the replay's peak towards that sum; close to it, the level is reached only by the whole trace
+# arriving at once (the full openb cluster at load 1.0: 25,000x, every task within 8 minutes, fewer than
+# one median task lifetime), which measures one burst, not a load the cluster carries.
+LOAD_HEADROOM = 2.0
+
+
+def all_at_once_slices(tasks: Sequence[Task], model: Models) -> float:
+    """Compute slices the tasks ask for if all of them ran at once, each on its first-choice profile: the
+    peak no compression of the arrivals can pass. Pure."""
+    slices = compute_slices_by_name(as_models(model))
+    jobs = (task_job(t, model, 0, arrival=0.0, duration=None) for t in tasks)
+    return float(sum(j.count * slices[j.preferred] for j in jobs))
+
+
+def max_load(tasks: Sequence[Task], model: Models, capacity_slices: int) -> float:
+    """The highest load level a replay of ``tasks`` may be run at on a cluster of ``capacity_slices``:
+    what all of them ask for at once over the capacity, divided by :data:`LOAD_HEADROOM`. Pure."""
+    return all_at_once_slices(tasks, model) / LOAD_HEADROOM / capacity_slices if capacity_slices else 0.0
+
+
 def sampled_tasks(
     tasks: Sequence[Task], model: Models, capacity_gpus: int, limit: float, seed: int, fallbacks: int = 0
 ) -> list[Job]:

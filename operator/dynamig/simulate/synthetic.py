@@ -199,7 +199,10 @@ def build_trace(
 def load_trace_file(path: Path, mixed: Sequence[tuple[str, float]] | None = None) -> Trace:
     """Read a parameter file and generate its trace (``mixed``: see ``build_trace``). Side effect: reads
     the file."""
-    doc = yaml.safe_load(path.read_text())
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise TraceSpecError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(doc, Mapping):
         raise TraceSpecError(f"{path}: expected a mapping")
     return build_trace(doc, path.stem, mixed)

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dynamig.cli import add_output_argument
+from dynamig.cli.args import Parser
 
 PROG = "kubectl dynamig"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -64,7 +65,7 @@ def _add_connection_arguments(parser: argparse.ArgumentParser, *, top: bool) -> 
 def build_parser() -> argparse.ArgumentParser:
     from dynamig import __version__
 
-    parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
+    parser = Parser(prog=PROG, description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"kubectl-dynamig {__version__}")
     _add_connection_arguments(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
