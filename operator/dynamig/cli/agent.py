@@ -16,7 +16,7 @@ from pathlib import Path
 
 from dynamig.cli._logging import add_logging_arguments
 from dynamig.cli._metrics import add_metrics_security_arguments, metrics_tls_files
-from dynamig.cli.args import non_negative_float, port, positive_float
+from dynamig.cli.args import non_negative_float, port, positive_float, simulated_gpus
 from dynamig.cli.errors import EXIT_USAGE, CommandError, add_api_wait_argument
 from dynamig.kube.heartbeat import DEFAULT_LEASE_SECONDS, MAX_LEASE_SECONDS
 
@@ -36,6 +36,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--simulate-gpus",
+        type=simulated_gpus,
         default="H100-80GB:1",
         help="with --nvml simulated: GPUs as catalog-key:count, comma separated",
     )

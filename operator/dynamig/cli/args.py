@@ -56,3 +56,32 @@ non_negative_float = _float_type("a number of at least 0", lambda v: v >= 0)
 share = _float_type("a share from 0 to 1", lambda v: 0 <= v <= 1)
 positive_share = _float_type("a share above 0, at most 1", lambda v: 0 < v <= 1)
 port = _int_type("a port from 0 to 65535", lambda v: 0 <= v <= 65535)
+
+
+def simulated_gpus(text: str) -> str:
+    """``--simulate-gpus MODEL[:COUNT],...``: every model a catalog key, every count a whole number of at
+    least 0; the text itself is returned. Reads the catalog."""
+    from dynamig.geometry.catalog import load_catalog
+
+    catalog = load_catalog()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, _, count = part.partition(":")
+        if count and not count.isdigit():
+            raise argparse.ArgumentTypeError(f"expected MODEL:COUNT with a whole COUNT, got {part!r}")
+        try:
+            catalog.model(key)
+        except KeyError as exc:
+            raise argparse.ArgumentTypeError(str(exc.args[0])) from None
+    return text
+
+
+def gpu_node(text: str) -> str:
+    """``--gpu-node NAME=MODEL:COUNT[,MODEL:COUNT]``, checked as the dev cluster reads it; the text itself is
+    returned."""
+    from dynamig.devcluster.sandbox import parse_gpu_node
+
+    try:
+        parse_gpu_node(text)
+    except (ValueError, KeyError) as exc:
+        raise argparse.ArgumentTypeError(str(exc.args[0]) if exc.args else str(exc)) from None
+    return text

@@ -15,6 +15,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from dynamig.cli.args import gpu_node
+
 
 def _say(message: str) -> None:
     print(f"[dev-cluster] {message}", file=sys.stderr, flush=True)
@@ -41,6 +43,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     up.add_argument(
         "--gpu-node",
+        type=gpu_node,
         action="append",
         default=[],
         metavar="NAME=MODEL:COUNT[,MODEL:COUNT]",

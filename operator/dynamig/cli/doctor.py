@@ -35,6 +35,8 @@ from dynamig.agent.nvml_catalog import (
 )
 from dynamig.agent.nvml_device import GpuInfo, MigInstance, NvmlDevices
 from dynamig.cli import add_output_argument, plain, render
+from dynamig.cli.args import simulated_gpus
+from dynamig.cli.errors import EXIT_USAGE, CommandError
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.model import PlacedInstance, Profile
 from dynamig.textable import align
@@ -61,6 +63,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--simulate-gpus",
+        type=simulated_gpus,
         default=None,
         help="with --nvml simulated: GPUs as catalog-key:count, comma separated (default H100-80GB:1, "
         "or the GPUs of an existing --state file)",
@@ -357,13 +360,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Run the checks and print them. Side effects: NVML (changes only with ``--mutate``), output."""
     out = out or sys.stdout
     if args.nvml == "real" and (args.simulate_gpus is not None or args.state is not None):
-        print("error: --simulate-gpus and --state need --nvml simulated", file=sys.stderr)
-        return 2
+        raise CommandError("--simulate-gpus and --state need --nvml simulated", EXIT_USAGE)
     try:
         nvml = load_nvml_for(args)
     except (ValueError, KeyError, ImportError) as exc:
-        print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
-        return 2
+        raise CommandError(f"--nvml {args.nvml}: {exc.args[0] if exc.args else exc}", EXIT_USAGE) from None
     devices = NvmlDevices(nvml, load_catalog())
     try:
         devices.init()

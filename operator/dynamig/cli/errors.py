@@ -127,24 +127,78 @@ def api_message(exc: Any) -> str:
     return str(exc.reason or "")
 
 
-def check_kubeconfig(path: Path | None) -> None:
-    """Raise :class:`CommandError` for a kubeconfig that cannot be read: the ``--kubeconfig`` file, else
-    those in ``$KUBECONFIG`` (kubectl skips missing ones, but not all of them). The Kubernetes client would
-    only say "Expected key current-context". Reads the file system and the environment."""
+def check_kubeconfig(path: Path | None, context: str | None = None) -> None:
+    """Raise :class:`CommandError` for a kubeconfig the Kubernetes client could not use, in words that name
+    where it came from (``--kubeconfig``, ``$KUBECONFIG`` or ``~/.kube/config``): a file that cannot be read
+    (kubectl skips missing ``$KUBECONFIG`` entries, but not all of them), one that is not YAML or not a
+    kubeconfig, a ``--context`` it does not have, or no current context to use. With no kubeconfig anywhere
+    nothing is checked (the in-cluster service account is used), unless ``context`` names one. The client
+    itself would only say "Expected key current-context" or fail with a traceback. Reads the file system and
+    the environment."""
     if path is not None:
+        files, where = [path], "--kubeconfig"
         _check_readable(path, "pass --kubeconfig PATH of a readable kubeconfig")
+    elif os.environ.get("KUBECONFIG", "").strip(os.pathsep):
+        listed = [Path(p) for p in os.environ["KUBECONFIG"].split(os.pathsep) if p]
+        files, where = [p for p in listed if p.exists()], "$KUBECONFIG"
+        if not files:
+            raise CommandError(
+                f"no file named in $KUBECONFIG exists ({os.pathsep.join(map(str, listed))}): point "
+                "$KUBECONFIG or --kubeconfig at a kubeconfig"
+            )
+        for p in files:
+            _check_readable(p, "fix $KUBECONFIG or pass --kubeconfig")
+    elif (home := Path("~/.kube/config").expanduser()).is_file():
+        files, where = [home], "~/.kube/config"
+        _check_readable(home, "fix it or pass --kubeconfig PATH")
+    else:
+        if context is not None:
+            raise CommandError(
+                f"--context {context}: no kubeconfig to find it in (none in --kubeconfig, $KUBECONFIG or "
+                "~/.kube/config): pass --kubeconfig PATH"
+            )
         return
-    listed = [Path(p) for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
-    if not listed:
+    _check_contents(files, where, context)
+
+
+def _check_contents(files: list[Path], where: str, context: str | None) -> None:
+    import yaml
+
+    advice = "pass --kubeconfig PATH" if where != "--kubeconfig" else "fix the file or pass another"
+    names: list[str] = []
+    current = ""
+    for i, p in enumerate(files):
+        try:
+            doc = yaml.safe_load(p.read_bytes())
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            at = f" at line {mark.line + 1}" if mark is not None else ""
+            raise CommandError(f"the kubeconfig {p} ({where}) is not valid YAML{at}: {advice}") from None
+        if not isinstance(doc, dict):
+            raise CommandError(f"the kubeconfig {p} ({where}) is empty or not a kubeconfig: {advice}")
+        for entry in doc.get("contexts") or []:
+            if isinstance(entry, dict) and entry.get("name"):
+                names.append(str(entry["name"]))
+        if i == 0:  # the Kubernetes client takes the current context of the first file only
+            current = str(doc.get("current-context") or "")
+    source = f"{files[0]} ({where})" if len(files) == 1 else where
+    if not names:
+        raise CommandError(f"the kubeconfig {source} has no contexts: {advice}")
+    known = f"contexts: {', '.join(names)}"
+    if context is not None:
+        if context not in names:
+            raise CommandError(f"--context {context}: no such context in the kubeconfig {source} ({known})")
         return
-    existing = [p for p in listed if p.exists()]
-    if not existing:
+    if not current:
         raise CommandError(
-            f"no file named in $KUBECONFIG exists ({os.pathsep.join(map(str, listed))}): point $KUBECONFIG "
-            "or --kubeconfig at a kubeconfig"
+            f"the kubeconfig {source} sets no current-context: pass --context NAME ({known}) or run "
+            "`kubectl config use-context NAME`"
         )
-    for p in existing:
-        _check_readable(p, "fix $KUBECONFIG or pass --kubeconfig")
+    if current not in names:
+        raise CommandError(
+            f"the kubeconfig {source} has current-context {current}, which is not among its contexts "
+            f"({known}): pass --context NAME or run `kubectl config use-context NAME`"
+        )
 
 
 def _check_readable(path: Path, advice: str) -> None:

@@ -23,7 +23,7 @@ from dynamig.textable import align
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("geometry", help="inspect MIG profiles, placements and valid layouts per GPU model")
-    gsub = p.add_subparsers(dest="geometry_command", required=True)
+    gsub = p.add_subparsers(dest="geometry_command", required=True, metavar="COMMAND")
 
     models = gsub.add_parser("models", help="list the GPU models in the catalog")
     models.set_defaults(func=run_models)
@@ -62,7 +62,7 @@ def _model_or_none(key: str) -> GpuModel | None:
     try:
         return load_catalog().model(key)
     except KeyError as exc:
-        print(f"error: {exc.args[0]}", file=sys.stderr)
+        print(f"dynamig geometry: --model: {exc.args[0]}", file=sys.stderr)
         return None
 
 
@@ -122,7 +122,7 @@ def run_layouts(args: argparse.Namespace, out: TextIO | None = None) -> int:
     names = [n.strip() for n in args.profiles.split(",") if n.strip()] if args.profiles else None
     for name in names or ():
         if not model.has_profile(name):
-            print(f"error: {model.key} has no MIG profile {name!r} "
+            print(f"dynamig geometry layouts: --profiles: {model.key} has no MIG profile {name!r} "
                   f"(known: {', '.join(p.name for p in model.profiles)})", file=sys.stderr)  # fmt: skip
             return 2
     layouts = enumerate_layouts(model, names, maximal=args.maximal)
@@ -151,7 +151,7 @@ def run_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
     try:
         layout = parse_layout(args.layout)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"dynamig geometry check: LAYOUT {args.layout}: {exc}", file=sys.stderr)
         return 2
     violation = check_layout(model, layout)
     if violation is None:

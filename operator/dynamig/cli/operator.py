@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         device_plugin_classes=args.device_plugin_classes,
     )
     configure_logging(args.log_level, args.log_format)
-    check_kubeconfig(args.kubeconfig)
+    check_kubeconfig(args.kubeconfig, args.context)
 
     async def main() -> None:
         # Kopf retries an unreachable server for minutes and then fails with a traceback: check first.

@@ -167,6 +167,12 @@ def load_document(text: str) -> Any:
     return yaml.load(text, Loader=_YamlLoader)  # a safe loader: CSafeLoader or SafeLoader
 
 
+def _invalid(file: str, why: str) -> int:
+    """Say in one line, naming -f, why the scenario cannot be planned. Side effect: writes stderr."""
+    print(f"dynamig plan: -f {file}: {' '.join(why.split())}", file=sys.stderr)
+    return EXIT_INVALID
+
+
 def run(args: argparse.Namespace) -> int:
     """Read the scenario file, plan, print. Side effects: reads a file or stdin, writes stdout/stderr."""
     try:
@@ -176,19 +182,18 @@ def run(args: argparse.Namespace) -> int:
             with open(args.file, encoding="utf-8") as fh:
                 text = fh.read()
     except OSError as exc:
-        print(f"{args.file}: cannot read: {exc.strerror}", file=sys.stderr)
-        return EXIT_INVALID
+        return _invalid(args.file, f"cannot read: {(exc.strerror or str(exc)).lower()}")
+    except UnicodeDecodeError:
+        return _invalid(args.file, "not a text file (not UTF-8)")
     try:
         document = load_document(text)
     except yaml.YAMLError as exc:
-        print(f"{args.file}: not valid YAML: {' '.join(str(exc).split())}", file=sys.stderr)
-        return EXIT_INVALID
+        return _invalid(args.file, f"not valid YAML: {exc}")
     catalog = load_catalog()
     try:
         scenario = parse_scenario(document, catalog)
     except ScenarioError as exc:
-        print(f"{args.file}: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+        return _invalid(args.file, str(exc))
     if args.offers:
         offers = scenario_offers(scenario, catalog)
         print(render(offers_to_json(offers), "json") if args.output == "json" else offers_to_table(offers))

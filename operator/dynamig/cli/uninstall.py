@@ -265,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, args.log_format)
     # Refused before anything is read: a script without --yes learns it at once.
     decision = confirmation(args, sys.stdin.isatty() and sys.stderr.isatty())
-    check_kubeconfig(args.kubeconfig)
+    check_kubeconfig(args.kubeconfig, args.context)
     settings = OperatorSettings(kubeconfig=args.kubeconfig, context=args.context)
 
     async def read() -> tuple[str, list[str]]:

@@ -17,11 +17,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dynamig.cli import add_output_argument
-from dynamig.cli.args import Parser
+from dynamig.cli.args import Parser, positive_int
 
 PROG = "kubectl dynamig"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+# -o/--output: the same formats on every command that prints a report. A command refuses a format that makes
+# no sense for it (one line, before it connects): export prints manifests, never a table; must-gather's -o
+# names the archive it writes, as it always has, and refuses a format name.
+OUTPUT_FORMATS = ("table", "json", "yaml")
 
 DESCRIPTION = (
     "Inspect dynamig in a live cluster: what the operator would do for the pending claims, which GPUs are "
@@ -62,6 +66,17 @@ def _add_connection_arguments(parser: argparse.ArgumentParser, *, top: bool) -> 
     )
 
 
+def _add_output_argument(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=OUTPUT_FORMATS,
+        default=default,
+        help=f"output format: {', '.join(OUTPUT_FORMATS)} (default {default}); machine formats show an empty "
+        "value as null",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     from dynamig import __version__
 
@@ -83,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         "it would offer, and whether each change would be written now or held, and why. A return to the "
         "baseline is shown as a freshly started operator sees it (idle time counted from now).",
     )
-    add_output_argument(plan, yaml=True)
+    _add_output_argument(plan, "table")
     plan.add_argument("--policy", default=None, help="only this GpuPartitionPolicy")
     plan.add_argument(
         "--agent-namespace",
@@ -98,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Compares each GpuPartition's spec.layout with the instances its agent reports, the generation the "
         "agent has seen and its Ready condition. Exit status 1 when any GPU is off its spec.",
     )
-    add_output_argument(verify)
+    _add_output_argument(verify, "table")
 
     export = command(
         "export",
@@ -112,6 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy", default=None, help="only GPUs (and claims) of this policy; a scenario takes its settings"
     )
     export.add_argument("--name", default="dynamig-baseline", help="name of the exported policy")
+    export.add_argument(
+        "-o",
+        "--output",
+        choices=OUTPUT_FORMATS,
+        default="yaml",
+        help="yaml (the default) or json; a table is refused: the output is a manifest",
+    )
 
     gather = command(
         "must-gather",
@@ -126,14 +148,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--output",
         type=Path,
         default=None,
-        help="archive path (default: dynamig-must-gather-TIME.tar.gz)",
+        help="archive path (default: dynamig-must-gather-TIME.tar.gz); a report format name (table, json, "
+        "yaml) is refused",
     )
     gather.add_argument(
         "--selector",
         default="app.kubernetes.io/name=dynamig,app.kubernetes.io/component in (agent,operator)",
         help="label selector of the agent and operator pods (default: the chart's labels)",
     )
-    gather.add_argument("--log-lines", type=int, default=10000, help="last lines of each container's log")
+    gather.add_argument(
+        "--log-lines", type=positive_int, default=10000, help="last lines of each container's log"
+    )
     return parser
 
 

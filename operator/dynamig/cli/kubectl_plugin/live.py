@@ -9,6 +9,7 @@ import json
 import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -18,7 +19,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config import ConfigException
 
 from dynamig.cli import render
-from dynamig.cli.kubectl_plugin import EXIT_FAILED, EXIT_OK
+from dynamig.cli.errors import EXIT_USAGE, CommandError, check_kubeconfig, describe, exit_code
+from dynamig.cli.kubectl_plugin import EXIT_FAILED, EXIT_OK, OUTPUT_FORMATS, PROG
 from dynamig.cli.kubectl_plugin.report import (
     ReportError,
     export_policy_baseline,
@@ -72,7 +74,7 @@ async def _verify(args: argparse.Namespace) -> int:
             GROUP, VERSION, GPU_PARTITION_PLURAL
         )
     rows = verify_report(body.get("items") or [])
-    print(render(rows, "json") if args.output == "json" else verify_table(rows))
+    print(verify_table(rows) if args.output == "table" else render(rows, args.output))
     return EXIT_OK if all(r["atSpec"] for r in rows) else EXIT_FAILED
 
 
@@ -82,11 +84,15 @@ async def _export(args: argparse.Namespace) -> int:
     catalog = load_catalog()
     if args.shape == "scenario":
         doc = export_scenario(snap, catalog, time.time(), args.policy)
+        notes: list[str] = []
+    else:
+        doc, notes = export_policy_baseline(snap, catalog, time.time(), args.name, args.policy)
+    if args.output == "json":  # JSON has no comments: the notes go to stderr
+        print("\n".join(f"# {line}" for line in notes), file=sys.stderr)
+        print(json.dumps(doc, indent=2))
+    else:
+        print("\n".join(f"# {line}" for line in notes) + ("\n" if notes else ""), end="")
         print(yaml.safe_dump(doc, sort_keys=False), end="")
-        return EXIT_OK
-    policy, notes = export_policy_baseline(snap, catalog, time.time(), args.name, args.policy)
-    print("\n".join(f"# {line}" for line in notes))
-    print(yaml.safe_dump(policy, sort_keys=False), end="")
     return EXIT_OK
 
 
@@ -103,20 +109,57 @@ async def _must_gather(args: argparse.Namespace) -> int:
 _COMMANDS = {"plan": _plan, "verify": _verify, "export": _export, "must-gather": _must_gather}
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """CommandError (usage) for what a command cannot honour, before it connects: a report format it does
+    not print, an archive that could not be written. Reads the file system."""
+    if args.command == "export" and args.output == "table":
+        raise CommandError(
+            "-o table: export prints a manifest, not a table; use -o yaml (the default) or -o json",
+            EXIT_USAGE,
+        )
+    if args.command == "must-gather" and args.output is not None:
+        path: Path = args.output
+        if str(path) in OUTPUT_FORMATS:
+            raise CommandError(
+                f"-o {path}: must-gather writes an archive, not a report; -o names the archive file "
+                "(e.g. -o gather.tar.gz)",
+                EXIT_USAGE,
+            )
+        if path.is_dir():
+            raise CommandError(
+                f"-o {path}: a directory; name the archive file, e.g. -o {path}/gather.tar.gz", EXIT_USAGE
+            )
+        if not path.parent.is_dir():
+            raise CommandError(f"-o {path}: no directory {path.parent} to write the archive in", EXIT_USAGE)
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run the chosen command; connection and API errors become one line on stderr and exit status 1."""
+    """Run the chosen command. What a person can fix (flags, kubeconfig, context, API server, credentials)
+    is one line on stderr, ``kubectl dynamig COMMAND: ...``, and exit status 1 (2 for a usage error)."""
     try:
+        check_arguments(args)
+        check_kubeconfig(args.kubeconfig, args.context)
         return asyncio.run(_COMMANDS[args.command](args))
     except ReportError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-    except ConfigException as exc:
-        print(f"error: kubeconfig: {exc}", file=sys.stderr)
+        message, status = str(exc), EXIT_FAILED
     except ApiException as exc:
-        answer = f"{exc.status} {exc.reason}: {_api_message(exc)}"
-        print(f"error: the API server answered {answer}", file=sys.stderr)
-    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-        print(f"error: cannot reach the API server: {exc}", file=sys.stderr)
-    return EXIT_FAILED
+        described = describe(exc)  # 401 and 403 say what to do
+        message = described or f"the API server answered {exc.status} {exc.reason}: {_api_message(exc)}"
+        status = EXIT_FAILED
+    except (CommandError, ConfigException, aiohttp.ClientError, OSError, TimeoutError) as exc:
+        message = describe(exc) or _plain(exc)
+        status = exit_code(exc)
+    print(f"{PROG} {args.command}: {' '.join(message.split())}", file=sys.stderr)
+    return status
+
+
+def _plain(exc: BaseException) -> str:
+    """The one line for a failure :func:`describe` does not word."""
+    if isinstance(exc, TimeoutError):
+        return "the API server did not answer in time: check that the cluster is up"
+    if isinstance(exc, OSError) and not isinstance(exc, aiohttp.ClientError) and exc.filename:
+        return f"{exc.filename}: {(exc.strerror or str(exc)).lower()}"
+    return f"cannot reach the API server: {exc}"
 
 
 def _api_message(exc: ApiException) -> str:
