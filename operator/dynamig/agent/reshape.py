@@ -121,11 +121,17 @@ class Reshaper:
 
         spared: list[PlacedInstance] = []  # retired instances that may not go yet
         if plan.destroy:
-            go = await self._destroys_now(
-                gpu, plan.destroy, observed, guarded_since, settle_seconds, out, spared
-            )
-            for p in go:
-                await self._destroy(gpu, p, out)
+            # Observed again before each destroy, not once for all: each NVML destroy takes its time, and a
+            # booking of a retired (guarded) instance made meanwhile keeps it (lifecycle.py, won_by).
+            pending = plan.destroy
+            while pending:
+                go = await self._destroys_now(
+                    gpu, pending, observed, guarded_since, settle_seconds, out, spared
+                )
+                if not go:
+                    break
+                await self._destroy(gpu, go[0], out)
+                pending = go[1:]
             if keep_undesired:  # partitionable: what the agent creates there is a floor, never a pod's wait
                 gone = self.quarantined.setdefault(gpu.uuid, {})
                 gone.update((p, self.clock()) for p in out.destroyed)

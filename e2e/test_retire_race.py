@@ -1,0 +1,150 @@
+"""A retire of several free instances is observed again before each destroy: a claim allocated one of them
+while the agent was destroying the others keeps it.
+
+Real: kube-apiserver (the claims, their allocations, the GpuPartition), the node agent's whole loop over the
+NVML code path, in both inventories. Simulated: the GPU (one A100-80GB whose GPU-instance destroys take 1.5 s
+each, as a slow driver's may) and the scheduler's write: the test writes the claim's allocation itself, as
+kube-scheduler's PreBind does, while the agent is inside the first destroy.
+
+Three free 1g.10gb at slices 4, 5 and 6 are retired together for a 3g.40gb at slice 4. Once NVML shows the
+first destroy begun, a claim is allocated the instance the agent will reach last. That instance must survive:
+the agent destroys the other two and keeps it (lifecycle.py: "a claim won the race"), and the 3g.40gb is not
+cut over it. An agent that read the claims once
+for the whole batch destroyed it about 1.5 s after the allocation was written (chaos seed 3 in the
+partitionable inventory, with other work on the machine, lost an instance booked that way).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+
+from dynamig import DRIVER_NAME
+from dynamig.agent.nvml_device import NvmlDevices
+from dynamig.demo.cluster import AllocationWatch, ScenarioApi, exactly, layout_text, resource_claim
+from dynamig.demo.inprocess import agent_running, quick_agent_settings
+from dynamig.devcluster import ControlPlane, eventually
+from dynamig.geometry.catalog import load_catalog
+from dynamig.geometry.model import device_name
+from dynamig.kube.gpupartition import Inventory
+from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, VERSION
+
+pytestmark = pytest.mark.controlplane
+
+DESTROY_S = 1.5
+FREE = [("1g.10gb", 4), ("1g.10gb", 5), ("1g.10gb", 6)]
+FLOOR = [("3g.40gb", 4)]
+
+
+async def set_layout(k: ScenarioApi, gpu: str, layout: list[tuple[str, int]]) -> None:
+    await k.custom.patch_cluster_custom_object(
+        GROUP, VERSION, GPU_PARTITION_PLURAL, gpu,
+        {"spec": {"layout": [{"profile": p, "start": s} for p, s in layout], "offeredProfiles": ["1g.10gb"]}},
+        _content_type="application/merge-patch+json",
+    )  # fmt: skip
+
+
+async def allocate(k: ScenarioApi, name: str, node: str, device: str) -> None:
+    """A claim for ``device`` and its allocation, written as kube-scheduler's PreBind writes one."""
+    selector = f'device.attributes["{DRIVER_NAME}"].profile == "1g.10gb"'
+    await k.custom.create_namespaced_custom_object(
+        "resource.k8s.io", "v1", k.ns, "resourceclaims", resource_claim(name, exactly(selector))
+    )
+    allocation: dict[str, Any] = {
+        "devices": {"results": [{"request": "gpu", "driver": DRIVER_NAME, "pool": node, "device": device}]},
+        "nodeSelector": {
+            "nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+            ]
+        },
+    }
+    await k.custom.patch_namespaced_custom_object_status(
+        "resource.k8s.io", "v1", k.ns, "resourceclaims", name, {"status": {"allocation": allocation}},
+        _content_type="application/merge-patch+json",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("inventory", [Inventory.PARTITIONABLE, Inventory.INSTANCES])
+async def test_a_claim_allocated_mid_retire_keeps_its_instance(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+    inventory: Inventory,
+) -> None:
+    k = ScenarioApi(kube_api, namespace)
+    await k.ensure_device_class()
+    node = make_node("retire-race", labels={"dynamig.io/managed": "true"})
+    gpu = f"{node}-gpu0"
+    sim.configure(gpus=["A100-80GB"], state_file=None, seed=node, destroy_latency_s=DESTROY_S)
+    settings = dataclasses.replace(quick_agent_settings(node), inventory=inventory)
+    watch = AllocationWatch(k)
+    async with agent_running(kube_api, node, sim, settings):
+        await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
+        await set_layout(k, gpu, FREE)
+        await eventually(functools.partial(k.stable, gpu, layout_text(FREE)), "three free 1g.10gb", 60)
+        since = len(sim.history())
+        watch.start()
+        try:
+            await set_layout(k, gpu, FLOOR)
+
+            def first_destroy() -> str | None:
+                gone = [e for e in sim.history()[since:] if e.kind == "destroy-gi"]
+                return device_name(0, gone[0].profile, gone[0].start) if gone else None
+
+            first = await eventually(lambda: _async(first_destroy()), "the first destroy begun", within_s=30)
+            # The destroy is recorded once NVML returns; the agent goes on to the next one at once.
+            left = [device_name(0, p, s) for p, s in FREE if device_name(0, p, s) != first]
+            last = left[-1]
+            t_alloc = time.time()
+            await allocate(k, "won", node, last)
+
+            def others_gone() -> bool | None:
+                history = sim.history()[since:]
+                gone = {device_name(0, e.profile, e.start) for e in history if e.kind == "destroy-gi"}
+                return True if set(left[:-1]) | {first} <= gone else None
+
+            await eventually(lambda: _async(others_gone()), "the other retired instances destroyed", 30)
+            # Then several more rounds of the agent: the kept instance stays, the 3g.40gb waits for it.
+            await asyncio.sleep(5.0)
+            still = live(sim)
+        finally:
+            await watch.stop()
+    destroys = [
+        (device_name(0, e.profile, e.start), round(e.timestamp - t_alloc, 2))
+        for e in sim.history()[since:]
+        if e.kind == "destroy-gi"
+    ]
+    print(f"\n  {inventory.value}: first destroyed {first}; {last} allocated; destroys (s after): {destroys}")
+    assert last not in [d for d, _ in destroys], destroys
+    assert last in still, still
+    assert device_name(0, *FLOOR[0]) not in still, "the 3g.40gb was cut over the kept instance"
+    assert watch.destroyed_while_allocated(sim.history()[since:]) == []
+
+
+def live(sim: ModuleType) -> set[str]:
+    """Device names of the whole instances NVML holds now."""
+    devices = NvmlDevices(sim, load_catalog())
+    devices.init()
+    try:
+        return {
+            device_name(g.index, i.profile, i.start)
+            for g in devices.discover()[0]
+            for i in devices.instances(g)
+            if i.whole is not None
+        }
+    finally:
+        devices.shutdown()
+
+
+async def _async(value: Any) -> Any:
+    return value
