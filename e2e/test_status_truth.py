@@ -34,6 +34,7 @@ from kubernetes_asyncio import client
 from dynamig.demo.cluster import ScenarioApi, claim_pod, exactly, layout_text, resource_claim
 from dynamig.demo.inprocess import agent_running, operator_running, quick_agent_settings
 from dynamig.devcluster import ControlPlane, eventually
+from dynamig.devcluster.waiting import event_posted, events_about
 from dynamig.kube.gpupartition import Inventory
 
 pytestmark = pytest.mark.controlplane
@@ -95,9 +96,9 @@ async def test_expected_states_are_normal_and_verdicts_and_demand_tell_the_truth
             ready = ready_of(part)
             assert ready["status"] == "True" and part["status"]["phase"] == "Stable", ready
             assert "held by bookings" in ready["message"] and "allocated to" in ready["message"], ready
-            gpu_events = await k.events(gpu, "default")
-            assert ("Normal", "FloorHeld") in {(e["type"], e["reason"]) for e in gpu_events}, gpu_events
-            warnings = [e for e in gpu_events if e["type"] == "Warning"]
+            # The agent posts the Event after writing the condition: waited for, then no Warning beside it.
+            await event_posted(k.core, "default", gpu, "FloorHeld", event_type="Normal", within_s=30)
+            warnings = [e for e in await events_about(k.core, "default", gpu) if e["type"] == "Warning"]
             assert warnings == [], warnings
 
             # What the policy counted before this test's waiting claims: in a session other tests' claims
@@ -149,17 +150,22 @@ async def test_expected_states_are_normal_and_verdicts_and_demand_tell_the_truth
             assert added("byReason").get("SchedulerError", 0) <= 1, (before, pending)
             broken_reason = await scheduled_reason("broken")
             print(f"\npod broken: PodScheduled=False {broken_reason}; pendingDemand {pending}")
+            # The operator posts its verdicts apart from the policy's status: waited for, each claim's.
             for name in ("left", "right"):
-                reasons = {(e["type"], e["reason"]) for e in await k.events(name)}
-                assert ("Warning", "NoCapacity") in reasons, reasons
-                assert not {r for _, r in reasons} & {"WaitingForScheduler"}, reasons
+                await event_posted(k.core, namespace, name, "NoCapacity", event_type="Warning", within_s=30)
+                reasons = {e["reason"] for e in await events_about(k.core, namespace, name)}
+                assert "WaitingForScheduler" not in reasons, reasons
             pod = await k.core.read_namespaced_pod("pair", namespace)
             scheduled = next(c for c in pod.status.conditions if c.type == "PodScheduled")
             assert (scheduled.status, scheduled.reason) == ("False", "Unschedulable")
-            no_room = [e for e in await k.events("left") if e["reason"] == "NoCapacity"]
+            no_room = [
+                e for e in await events_about(k.core, namespace, "left") if e["reason"] == "NoCapacity"
+            ]
             assert "no eligible node has room for all of them" in no_room[0]["message"], no_room
 
             # ---- 4. the booking ends: the floor is cut back -----------------------------------------
+            applied = await events_about(k.core, "default", gpu)
+            applied_before = sum(e["count"] or 1 for e in applied if e["reason"] == "LayoutApplied")
             await k.delete_pods(["small", "pair", "broken"])
             for name in ("small", "left", "right", "broken"):
                 await k.custom.delete_namespaced_custom_object(
@@ -174,7 +180,17 @@ async def test_expected_states_are_normal_and_verdicts_and_demand_tell_the_truth
                 return part if ok else None
 
             await eventually(floor_back, f"{gpu} back at its floor", within_s=60)
-            warnings = [e for e in await k.events(gpu, "default") if e["type"] == "Warning"]
+            # The Event of the way back is posted after the condition: waited for, then no Warning beside it.
+            await event_posted(
+                k.core,
+                "default",
+                gpu,
+                "LayoutApplied",
+                event_type="Normal",
+                beyond=applied_before,
+                within_s=30,
+            )
+            warnings = [e for e in await events_about(k.core, "default", gpu) if e["type"] == "Warning"]
             assert warnings == [], warnings
         finally:
             await k.delete_pods(["small", "pair", "broken"])
