@@ -81,6 +81,9 @@ def test_valid_spec_is_accepted_and_defaults_are_filled(policy_crd: ControlPlane
         assert defaults["strategy"] == "pack"
         assert defaults["cooldownSeconds"] == 300
         assert defaults["disruptionBudget"] == {"maxGpusReshaping": 1}
+        assert defaults["preemption"] == {
+            "mode": "Off", "priorityGap": 1, "minRunSeconds": 300, "spareKueueWorkloads": True,
+        }  # fmt: skip
         table = policy_crd.kubectl("get", "gpupartitionpolicies", name).stdout
         header = table.splitlines()[0].split()
         assert header[:3] == ["NAME", "MODE", "GPUS"], table
@@ -125,6 +128,17 @@ def test_valid_spec_is_accepted_and_defaults_are_filled(policy_crd: ControlPlane
             "spec.nodeSelector.matchExpressions[0]",
             "need values",
         ),
+        # Preemption: only Off and DryRun exist so far; a gap under 1 would let equal priorities evict.
+        ({"preemption": {"mode": "Enabled"}}, "spec.preemption.mode", "Unsupported value"),
+        ({"preemption": {"mode": False}}, "spec.preemption.mode", "string"),  # `mode: Off` unquoted
+        ({"preemption": {"priorityGap": 0}}, "spec.preemption.priorityGap", "greater than or equal to 1"),
+        ({"preemption": {"priorityGap": -5}}, "spec.preemption.priorityGap", "greater than or equal to 1"),
+        (
+            {"preemption": {"minRunSeconds": -1}},
+            "spec.preemption.minRunSeconds",
+            "greater than or equal to 0",
+        ),
+        ({"preemption": {"spareKueueWorkloads": "yes"}}, "spec.preemption.spareKueueWorkloads", "boolean"),
     ],
 )
 def test_invalid_spec_is_refused_naming_the_field(

@@ -31,6 +31,11 @@ class Mode(StrEnum):
     DRY_RUN = "DryRun"  # plan and report what would be done, change nothing
 
 
+class PreemptionMode(StrEnum):
+    OFF = "Off"  # nothing is preempted
+    DRY_RUN = "DryRun"  # report which pods would be evicted for each waiting claim; evict none
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
 
@@ -73,6 +78,16 @@ class DisruptionBudget(_Model):
     max_gpus_reshaping: int = Field(default=1, ge=1)
 
 
+class Preemption(_Model):
+    """``spec.preemption``: whether a claim no re-cut can serve may have lower-priority pods evicted for it.
+    Only ``Off`` and ``DryRun`` exist so far: nothing is ever evicted."""
+
+    mode: PreemptionMode = PreemptionMode.OFF
+    priority_gap: int = Field(default=1, ge=1, le=1_000_000_000)  # victims at most preemptor minus this
+    min_run_seconds: int = Field(default=300, ge=0, le=604_800)  # a pod younger than this is no victim
+    spare_kueue_workloads: bool = True  # pods Kueue manages are left to Kueue
+
+
 class PolicySpec(_Model):
     node_selector: LabelSelector = Field(default_factory=LabelSelector)
     gpu_products: list[str] = Field(default_factory=list)
@@ -84,6 +99,7 @@ class PolicySpec(_Model):
     batch_window_seconds: int = Field(default=2, ge=0)
     cooldown_seconds: int = Field(default=300, ge=0)
     disruption_budget: DisruptionBudget = Field(default_factory=DisruptionBudget)
+    preemption: Preemption = Field(default_factory=Preemption)
 
     def baseline_layout(self, model_key: str) -> Layout | None:
         entries = self.baseline.get(model_key)
