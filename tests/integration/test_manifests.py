@@ -624,6 +624,8 @@ OPERATOR_ALLOWED = [
     ("create", "deviceclasses.resource.k8s.io"),
     ("update", "deviceclasses.resource.k8s.io"),
     ("delete", "deviceclasses.resource.k8s.io"),
+    # Preemption (DryRun): which pods a PodDisruptionBudget protects.
+    ("list", "poddisruptionbudgets.policy", "--all-namespaces"),
 ]
 OPERATOR_DENIED = [
     ("create", "resourceslices.resource.k8s.io"),
@@ -649,6 +651,10 @@ OPERATOR_DENIED = [
     ("deletecollection", "deviceclasses.resource.k8s.io"),
     ("update", "gpupartitions.dynamig.io"),
     ("update", "gpupartitionpolicies.dynamig.io", "--subresource=status"),
+    # Preemption only reports so far: no eviction, and budgets are only read.
+    ("create", "pods", "--subresource=eviction", "-n", "default"),
+    ("create", "poddisruptionbudgets.policy", "-n", "default"),
+    ("get", "poddisruptionbudgets.policy", "-n", "default"),
 ]
 AGENT_ALLOWED = [
     ("create", "events", "-n", "default"),

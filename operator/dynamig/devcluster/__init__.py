@@ -1,8 +1,9 @@
 """A local Kubernetes control plane for tests, the embedded demo and ``dynamig dev-cluster``.
 
 etcd, kube-apiserver, kube-scheduler and kube-controller-manager (ResourceClaim, garbage-collector, namespace,
-service-account and ClusterRole-aggregation controllers; no node lifecycle controller) run on 127.0.0.1 with
-free ports, RBAC + Node authorization and ``resource.k8s.io/v1``. Nodes are registered through the API::
+service-account, ClusterRole-aggregation, Deployment, ReplicaSet, Job and disruption controllers; no node
+lifecycle controller) run on 127.0.0.1 with free ports, RBAC + Node authorization and ``resource.k8s.io/v1``.
+Nodes are registered through the API::
 
     with ControlPlane() as cp:                     # or: async with ControlPlane() as cp:
         cp.register_node("gpu-node-1", labels={"dynamig.io/managed": "true"})

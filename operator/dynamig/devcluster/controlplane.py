@@ -55,6 +55,8 @@ KUBE_CONTROLLERS = (
     "deployment-controller",
     "replicaset-controller",
     "job-controller",
+    # PodDisruptionBudget status (disruptionsAllowed), which preemption reads.
+    "disruption-controller",
 )
 SERVICE_CIDR = "10.0.0.0/24"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"

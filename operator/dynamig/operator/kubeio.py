@@ -124,6 +124,21 @@ class KubeIO:
         )
         return Snapshot(policies, partitions, nodes, pods, claims, classes, leases)
 
+    async def list_running_pods(self) -> tuple[dict[str, Any], ...]:
+        """Every pod in phase Running (the snapshot has the Pending ones): preemption's possible victims."""
+        return await self._list_core("list_pod_for_all_namespaces", field_selector="status.phase=Running")
+
+    async def list_disruption_budgets(self) -> tuple[dict[str, Any], ...]:
+        """Every PodDisruptionBudget (policy/v1)."""
+
+        async def call() -> tuple[dict[str, Any], ...]:
+            api = client.PolicyV1Api(self.api_client)
+            return await list_items(
+                await api.list_pod_disruption_budget_for_all_namespaces(_preload_content=False)
+            )
+
+        return await self._retry(call)
+
     async def list_node_slices(self, node: str) -> tuple[dict[str, Any], ...]:
         """The ResourceSlices of ``node`` (every driver)."""
 

@@ -13,6 +13,7 @@ from dynamig import __version__
 
 RESHAPE_RESULTS = ("written", "completed", "blocked", "failed")
 FENCE_ACTIONS = ("slice-withdrawn", "booking-failed", "pod-deleted", "pod-told")
+PREEMPTOR_RESULTS = ("would-preempt", "no-victims")
 
 
 @dataclass
@@ -73,6 +74,35 @@ class OperatorMetrics:
         )
         for action in FENCE_ACTIONS:
             self.fenced.labels(action=action)
+        self._preemption_series: set[str] = set()
+        self.dryrun_victims = Gauge(
+            "dynamig_operator_preemption_dryrun_victims",
+            "Pods a policy with preemption DryRun would evict in its latest round (none is evicted)",
+            ["policy"],
+            registry=r,
+        )
+        self.dryrun_preemptors = Gauge(
+            "dynamig_operator_preemption_dryrun_preemptors",
+            "Claims no re-cut serves without evicting, in a policy's latest round with preemption DryRun, "
+            f"by whether victims were found (result={'|'.join(PREEMPTOR_RESULTS)})",
+            ["policy", "result"],
+            registry=r,
+        )
+
+    def set_preemption_dry_run(self, policy: str, victims: int, would_preempt: int, no_victims: int) -> None:
+        """The figures of a DryRun preemption round of ``policy``."""
+        self.dryrun_victims.labels(policy=policy).set(victims)
+        self.dryrun_preemptors.labels(policy=policy, result="would-preempt").set(would_preempt)
+        self.dryrun_preemptors.labels(policy=policy, result="no-victims").set(no_victims)
+        self._preemption_series.add(policy)
+
+    def forget_preemption(self, policy: str) -> None:
+        """Drop the DryRun series of a policy whose preemption is off (or that is gone)."""
+        if policy in self._preemption_series:
+            self.dryrun_victims.remove(policy)
+            for result in PREEMPTOR_RESULTS:
+                self.dryrun_preemptors.remove(policy, result)
+            self._preemption_series.discard(policy)
 
     def set_pending(self, policy: str, counts: dict[tuple[str, str], int]) -> None:
         """Replace the policy's pending-demand series with ``(profile, reason) -> devices``."""
@@ -93,6 +123,7 @@ class OperatorMetrics:
     def forget_policy(self, policy: str) -> None:
         """Drop the gauge series of a deleted policy (its counters stay, as counters do)."""
         self.set_pending(policy, {})
+        self.forget_preemption(policy)
         if policy in self._governed_series:
             self.governed_gpus.remove(policy)
             self.oldest_pending.remove(policy)

@@ -37,6 +37,7 @@ from dynamig.kube.policy import (
     GpuPartitionPolicy,
     Mode,
     Ownership,
+    PreemptionMode,
     check_spec_against_catalog,
     parse_policy,
     resolve_ownership,
@@ -68,6 +69,8 @@ from dynamig.operator.fencing import (
 from dynamig.operator.inventory import LAYOUT_WRITTEN_ANNOTATION, GpuView, allocated_devices, parse_inventory
 from dynamig.operator.kubeio import KubeIO, Snapshot
 from dynamig.operator.metrics import OperatorMetrics
+from dynamig.operator.preemption import DryRunReport, dry_run
+from dynamig.operator.preemption import Memory as PreemptionMemory
 from dynamig.operator.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
@@ -95,6 +98,7 @@ class _Memory:
     fenced_since: dict[str, float] = field(default_factory=dict)  # fenced node -> when first fenced
     stranded: dict[str, str] = field(default_factory=dict)  # pod uid given back or told -> its fenced node
     tainted: set[str] | None = None  # nodes whose DeviceTaintRule exists, as last listed (None: unknown)
+    preemption: dict[str, PreemptionMemory] = field(default_factory=dict)  # policy -> what its pods were told
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,10 +352,13 @@ class Reconciler:
             partitions = {p["metadata"]["name"]: p for p in snap.partitions}
             written = await self._apply_writes(policy, decision.writes, decision.offers, partitions, now)
             await self._tell_claims(decision.verdicts, now)
+            preemption = await self._preemption_dry_run(policy, mine, snap, decision, now)
             models = [g.model for g in mine if g.model is not None and not g.unusable]
             warm = warm_pool_shortfall(policy.spec, models) if models and not problems else None
             await self._report_problems(policy, problems, warm)
-            await self._update_status(policy, raw, world, mine, decision, written, problems, warm, now)
+            await self._update_status(
+                policy, raw, world, mine, decision, written, problems, warm, now, preemption
+            )
             self._update_metrics(name, mine, decision, time.time())  # claim creation times are wall-clock
             self.last_decisions[name] = decision
             return decision
@@ -790,6 +797,56 @@ class Reconciler:
                 msg = f"claim {v.claim.claim.name}: {v.message}"
                 await self.kube.post_event(pod_ref, kind, v.reason.value, msg, pod.namespace)
 
+    async def _preemption_dry_run(
+        self,
+        policy: GpuPartitionPolicy,
+        mine: tuple[GpuView, ...],
+        snap: Snapshot,
+        decision: RoundDecision,
+        now: float,
+    ) -> DryRunReport | None:
+        """``spec.preemption.mode: DryRun``: which pods would be evicted for each claim the round found no
+        room for (operator/preemption.py), told on the claim's pods when it changes (Events WouldPreempt and
+        NoPreemptionVictims) and counted in metrics; nothing is evicted. None when preemption is Off."""
+        memory = self._memory.preemption.setdefault(policy.name, PreemptionMemory())
+        if policy.spec.preemption.mode != PreemptionMode.DRY_RUN:
+            memory.keep_only(())
+            self.metrics.forget_preemption(policy.name)
+            return None
+        report = DryRunReport()
+        if any(v.reason is Reason.NO_CAPACITY for v in decision.verdicts):
+            pdbs: tuple[dict[str, Any], ...] | None = None
+            unread = ""
+            try:
+                running = await self.kube.list_running_pods()
+                pdbs = await self.kube.list_disruption_budgets()
+            except ApiException as exc:
+                unread = f"cannot list pods or PodDisruptionBudgets: {exc.status} {exc.reason}"
+                log.warning(
+                    "policy %s: preemption DryRun: %s; no pod is taken for a victim", policy.name, unread
+                )
+                running = ()
+            pods = (*snap.pods, *running)
+            report = dry_run(
+                policy, decision.verdicts, mine, snap.claims, pods, pdbs, self.catalog, DRIVER_NAME,
+                time.time(), unread,
+            )  # fmt: skip
+        self.metrics.set_preemption_dry_run(
+            policy.name, report.victims, report.would_preempt, report.no_victims
+        )
+        told: list[str] = []
+        for t in report.told:
+            for pod in t.claim.pods:
+                told.append(pod.uid)
+                if not memory.due(pod.uid, t.reason, t.message, now, self.settings.event_repeat_seconds):
+                    continue
+                what = "extended resources" if t.claim.claim.is_pod else f"claim {t.claim.claim.name}"
+                ref = {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace,
+                       "uid": pod.uid}  # fmt: skip
+                await self.kube.post_event(ref, "Normal", t.reason, f"{what}: {t.message}", pod.namespace)
+        memory.keep_only(told)
+        return report
+
     async def _report_problems(
         self, policy: GpuPartitionPolicy, problems: tuple[Any, ...], warm_shortfall: str | None
     ) -> None:
@@ -815,6 +872,7 @@ class Reconciler:
         problems: tuple[Any, ...],
         warm_shortfall: str | None,
         now: float,
+        preemption: DryRunReport | None = None,
     ) -> None:
         old: dict[str, Any] = dict(raw.get("status") or {})
         conds = [Condition.model_validate(c) for c in old.get("conditions") or []]
@@ -872,6 +930,11 @@ class Reconciler:
         else:
             ready = (True, "Stable", f"{len(mine)} governed GPU(s) at their layouts")
         conds = set_condition(conds, "Ready", *ready, gen, stamp)
+        if preemption is not None:
+            text = preemption.summary()
+            conds = set_condition(conds, "Preemption", True, "DryRun", text, gen, stamp)
+        else:  # Off: no condition
+            conds = [c for c in conds if c.type != "Preemption"]
         old_demand: dict[str, Any] = dict(old.get("pendingDemand") or {})
         status: dict[str, Any] = {
             "observedGeneration": gen,

@@ -1,0 +1,242 @@
+"""Preemption, report-only, end to end: a policy with ``spec.preemption.mode: DryRun`` tells a waiting
+high-priority pod which lower-priority pods it would evict, and evicts none.
+
+Real: etcd, kube-apiserver, kube-scheduler (the only allocator, and the one whose own preemption cannot free a
+DRA device), kube-controller-manager (claims from templates, and PodDisruptionBudget status computed by its
+disruption controller), the Priority admission plugin (``spec.priority`` and ``spec.preemptionPolicy`` from
+PriorityClasses); the operator exactly as ``dynamig operator --standalone`` runs it and the node agent's whole
+code path, both as tasks of the test's event loop.
+Simulated: one A100-80GB (``dynamig.backends.simnvml``) and the node (a Node object without kubelet: pods are
+bound, never run, so they never start and no PodDisruptionBudget counts them healthy).
+
+Scenario:
+1. The GPU is cut into seven 1g.10gb; seven pods at priority 0 (a PriorityClass) take them all.
+2. A pod at priority 1000 asks for a 3g.40gb: no re-cut serves it without evicting. The pod is told
+   ``WouldPreempt`` naming the three pods under slices 4-7 (fewer than the four under slices 0-3), the
+   policy's ``Preemption`` condition and metrics count it, and every low pod stays bound to its instance.
+3. A PodDisruptionBudget covering the low pods, whose ``disruptionsAllowed`` 0 the disruption controller
+   computes: the pod is told ``NoPreemptionVictims`` with the budget's reason.
+4. A pod at priority 1000 with ``preemptionPolicy: Never``: ``NoPreemptionVictims``, never ``WouldPreempt``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import uuid
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from dynamig.demo.cluster import ScenarioApi, allocated_device, claim_pod, layout_text
+from dynamig.demo.inprocess import agent_running, operator_running
+from dynamig.devcluster import ControlPlane, eventually
+from dynamig.devcluster.waiting import event_posted, events_about
+from dynamig.operator.metrics import OperatorMetrics
+
+pytestmark = pytest.mark.controlplane
+
+SEVEN = [("1g.10gb", s) for s in range(7)]
+
+
+@pytest.fixture
+def sim_nvml() -> Iterator[ModuleType]:
+    from dynamig.backends.nvml import load_nvml
+
+    module: ModuleType = load_nvml("simulated")
+    module.configure(gpus=["A100-80GB"], state_file=None)
+    yield module
+    module.configure(gpus=[], state_file=None)
+
+
+async def test_dry_run_reports_victims_and_evicts_nothing(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim_nvml: ModuleType,
+) -> None:
+    k = ScenarioApi(kube_api, namespace)
+    await k.ensure_device_class()
+    scheduling = client.SchedulingV1Api(kube_api)
+    budgets = client.PolicyV1Api(kube_api)
+    pool = uuid.uuid4().hex[:8]
+    node = make_node("preempt", labels={"dynamig.io/managed": "true", "test-pool": pool})
+    gpu0 = f"{node}-gpu0"
+    policy = f"preempt-{pool}"
+    classes: dict[str, dict[str, Any]] = {
+        "low": {"value": 0},
+        "high": {"value": 1000},
+        "never": {"value": 1000, "preemptionPolicy": "Never"},
+    }
+    for name, fields in classes.items():
+        await scheduling.create_priority_class(
+            {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+             "metadata": {"name": f"{name}-{pool}"}, **fields}
+        )  # fmt: skip
+    await k.claim_template("small", ["1g.10gb"])
+    await k.claim_template("big", ["3g.40gb"])
+    metrics = OperatorMetrics()
+
+    async def create_pod(name: str, template: str, priority_class: str, app: str) -> None:
+        body = claim_pod(name, {"test-pool": pool}, template=template, labels={"app": app})
+        body["spec"]["priorityClassName"] = f"{priority_class}-{pool}"
+        await k.core.create_namespaced_pod(namespace, body)
+
+    low = [f"low-{i}" for i in range(7)]
+
+    async def still_bound(devices: dict[str, str], uids: dict[str, str]) -> None:
+        """Nothing evicted: every low pod is the same pod, bound, not being deleted, on its instance."""
+        for name in low:
+            p = await k.core.read_namespaced_pod(name, namespace)
+            assert p.metadata.uid == uids[name] and p.metadata.deletion_timestamp is None, name
+            assert p.spec.node_name == node, name
+            assert allocated_device(await k.claim_of(name)) == devices[name], name
+
+    try:
+        async with agent_running(kube_api, node, sim_nvml):
+            await eventually(lambda: k.stable(gpu0), "the agent's GpuPartition", within_s=60)
+            await k.set_layout(gpu0, SEVEN)
+            await eventually(functools.partial(k.stable, gpu0, layout_text(SEVEN)), "gpu0 at 7 x 1g.10gb")
+
+            # ---- 1. seven pods at priority 0 fill the GPU -------------------------------------------------
+            for name in low:
+                await create_pod(name, "small", "low", "low")
+
+            async def all_allocated() -> dict[str, str] | None:
+                devices = {p: allocated_device(await k.claim_of(p)) for p in low}
+                return {p: d for p, d in devices.items() if d} if all(devices.values()) else None
+
+            devices = await eventually(all_allocated, "the seven low pods' claims allocated", within_s=90)
+            assert len(set(devices.values())) == 7
+            uids = {p: (await k.core.read_namespaced_pod(p, namespace)).metadata.uid for p in low}
+            for p in low:
+                assert (await k.core.read_namespaced_pod(p, namespace)).spec.priority == 0
+            # 3g.40gb at slice 4 covers memory slices 4-7: the 1g.10gb at 4, 5 and 6.
+            expected = sorted(f"{namespace}/{p}" for p, d in devices.items() if d.split("-s")[-1] in "456")
+            assert len(expected) == 3, devices
+
+            async with operator_running(crds.kubeconfig_path, metrics):
+                await k.create_policy(
+                    policy,
+                    {
+                        "nodeSelector": {"matchLabels": {"test-pool": pool}},
+                        "gpuProducts": ["A100-80GB"],
+                        "mode": "Dynamic",
+                        "allowedProfiles": ["1g.10gb", "3g.40gb"],
+                        "batchWindowSeconds": 1,
+                        "cooldownSeconds": 0,
+                        # The pods never start here (no kubelet): each counts as started now.
+                        "preemption": {"mode": "DryRun", "minRunSeconds": 0},
+                    },
+                )
+
+                async def governs() -> bool | None:
+                    st = (await k.policy(policy)).get("status") or {}
+                    return True if st.get("matchedGpus") == 1 else None
+
+                await eventually(governs, "the policy to govern the GPU", within_s=30)
+
+                # ---- 2. priority 1000 asks for 3g.40gb: told whom it would evict; nobody is evicted --------
+                await create_pod("big", "big", "high", "big")
+                assert (await k.core.read_namespaced_pod("big", namespace)).spec.priority == 1000
+                await event_posted(
+                    k.core,
+                    namespace,
+                    "big",
+                    "WouldPreempt",
+                    event_type="Normal",
+                    saying=[
+                        f"would evict {', '.join(expected)} (priority 0 < 1000) on {node}/gpu0",
+                        "to cut 3g.40gb at slice 4",
+                        "nothing is evicted",
+                    ],
+                    within_s=60,
+                )
+
+                async def condition() -> dict[str, Any] | None:
+                    conds = ((await k.policy(policy)).get("status") or {}).get("conditions") or []
+                    c = next((c for c in conds if c["type"] == "Preemption"), None)
+                    ok = c is not None and "1 waiting claim(s) would have 3 pod(s) evicted" in c["message"]
+                    return c if ok else None
+
+                cond = await eventually(condition, "the policy's Preemption condition", within_s=30)
+                assert (cond["status"], cond["reason"]) == ("True", "DryRun")
+
+                def sample(name: str, **labels: str) -> float | None:
+                    return metrics.registry.get_sample_value(name, {"policy": policy, **labels})
+
+                async def counted() -> bool | None:
+                    victims = sample("dynamig_operator_preemption_dryrun_victims")
+                    would = sample("dynamig_operator_preemption_dryrun_preemptors", result="would-preempt")
+                    return True if (victims, would) == (3, 1) else None
+
+                await eventually(counted, "the DryRun metrics", within_s=30)
+                await asyncio.sleep(4)  # rounds go on: a wrongly acting operator would evict now
+                await still_bound(devices, uids)
+                assert allocated_device(await k.claim_of("big")) is None
+                told = [
+                    e for e in await events_about(k.core, namespace, "big") if e["reason"] == "WouldPreempt"
+                ]
+                assert len(told) == 1, told  # once per change, not once per round
+
+                # ---- 3. a PodDisruptionBudget allowing no disruption protects them ----------------------
+                await budgets.create_namespaced_pod_disruption_budget(
+                    namespace,
+                    {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                     "metadata": {"name": "keep-low"},
+                     "spec": {"minAvailable": 7, "selector": {"matchLabels": {"app": "low"}}}},
+                )  # fmt: skip
+
+                async def computed() -> bool | None:
+                    pdb = await budgets.read_namespaced_pod_disruption_budget("keep-low", namespace)
+                    seen = (
+                        pdb.status is not None and pdb.status.observed_generation == pdb.metadata.generation
+                    )
+                    return True if seen and pdb.status.expected_pods == 7 else None
+
+                await eventually(computed, "the disruption controller's status of keep-low", within_s=60)
+                pdb = await budgets.read_namespaced_pod_disruption_budget("keep-low", namespace)
+                assert pdb.status.disruptions_allowed == 0
+                await event_posted(
+                    k.core,
+                    namespace,
+                    "big",
+                    "NoPreemptionVictims",
+                    event_type="Normal",
+                    saying=["PodDisruptionBudget keep-low allows no disruption (disruptionsAllowed 0)"],
+                    within_s=60,
+                )
+                await still_bound(devices, uids)
+                await budgets.delete_namespaced_pod_disruption_budget("keep-low", namespace)
+                await k.delete_pods(["big"])
+
+                # ---- 4. preemptionPolicy Never evicts nothing ------------------------------------------
+                await create_pod("never", "big", "never", "never")
+                assert (
+                    await k.core.read_namespaced_pod("never", namespace)
+                ).spec.preemption_policy == "Never"
+                await event_posted(
+                    k.core,
+                    namespace,
+                    "never",
+                    "NoPreemptionVictims",
+                    saying=["its preemptionPolicy is Never"],
+                    within_s=60,
+                )
+                await asyncio.sleep(3)
+                reasons = {e["reason"] for e in await events_about(k.core, namespace, "never")}
+                assert "WouldPreempt" not in reasons, reasons
+                await still_bound(devices, uids)
+    finally:
+        await k.delete_pods([*low, "big", "never"])
+        with contextlib.suppress(ApiException):
+            await k.delete_policy(policy)
+        for name in classes:
+            with contextlib.suppress(ApiException):
+                await scheduling.delete_priority_class(f"{name}-{pool}")

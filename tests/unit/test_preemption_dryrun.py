@@ -1,0 +1,378 @@
+"""Preemption, report-only (operator/preemption.py): from what the operator reads to the victim search's input
+and back to what the waiting pod is told.
+
+Real: the MIG geometry catalog, claim and GpuPartition parsing, CEL evaluation of the claims' selectors, a
+planning round (``decide_round``) and the victim search. The cluster is plain API dicts (no API server);
+time is a value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from dynamig.geometry.catalog import load_catalog
+from dynamig.kube.policy import PreemptionMode, parse_policy
+from dynamig.operator.decide import Reason, RoundInput, decide_round
+from dynamig.operator.demand import extract_demand, parse_device_classes
+from dynamig.operator.inventory import allocated_devices, parse_inventory
+from dynamig.operator.preemption import (
+    REASON_NO_VICTIMS,
+    REASON_WOULD_PREEMPT,
+    DryRunReport,
+    Memory,
+    dry_run,
+    holdings,
+    parse_budgets,
+    protection,
+)
+
+CATALOG = load_catalog()
+A100 = CATALOG.model("A100-80GB")
+DRIVER = "mig.dynamig.io"
+NOW = 1_800_000_000.0
+LONG_AGO = "2026-01-01T00:00:00Z"  # started long before NOW
+PROFILE = 'device.attributes["mig.dynamig.io"].profile'
+CLASSES = parse_device_classes(
+    [
+        {
+            "metadata": {"name": DRIVER},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+        }
+    ]
+)
+
+
+def policy(**preemption: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "tenants", "generation": 1, "creationTimestamp": LONG_AGO},
+        "spec": {
+            "mode": "Dynamic",
+            "cooldownSeconds": 0,
+            "preemption": {"mode": "DryRun", "minRunSeconds": 0, **preemption},
+        },
+    }
+
+
+def partition(allocated: list[int], busy_unclaimed: tuple[int, ...] = ()) -> dict[str, Any]:
+    """node-a's gpu0: seven 1g.10gb; those at ``allocated`` starts allocated, ``busy_unclaimed`` in use."""
+    instances = []
+    for s in range(7):
+        state = "allocated" if s in allocated else "in-use" if s in busy_unclaimed else "free"
+        instances.append(
+            {"profile": "1g.10gb", "start": s, "deviceName": f"gpu0-1g10gb-s{s}", "state": state}
+        )
+    return {
+        "metadata": {"name": "node-a-gpu0", "generation": 1},
+        "spec": {"layout": [{"profile": "1g.10gb", "start": s} for s in range(7)]},
+        "status": {
+            "node": "node-a", "gpuIndex": 0, "product": "NVIDIA A100-SXM4-80GB", "model": "A100-80GB",
+            "migMode": "Enabled", "observedGeneration": 1, "phase": "Stable", "instances": instances,
+        },
+    }  # fmt: skip
+
+
+def claim(
+    name: str, profile: str, *, device: str = "", pods: tuple[str, ...] = (), count: int = 1
+) -> dict[str, Any]:
+    request = {
+        "name": "gpu",
+        "exactly": {
+            "deviceClassName": DRIVER,
+            "count": count,
+            "selectors": [{"cel": {"expression": f'{PROFILE} == "{profile}"'}}],
+        },
+    }
+    obj: dict[str, Any] = {
+        "metadata": {"name": name, "namespace": "ml", "uid": f"c-{name}", "creationTimestamp": LONG_AGO},
+        "spec": {"devices": {"requests": [request]}},
+    }
+    if device:
+        result = {"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": device}
+        obj["status"] = {
+            "allocation": {"devices": {"results": [result]}},
+            "reservedFor": [{"resource": "pods", "name": p, "uid": f"uid-{p}"} for p in pods],
+        }
+    return obj
+
+
+def pod(
+    name: str,
+    claim_name: str,
+    priority: int = 0,
+    *,
+    pending: bool = False,
+    labels: dict[str, str] | None = None,
+    started: str | None = LONG_AGO,
+    **spec: Any,
+) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}", "labels": labels or {}},
+        "spec": {
+            "priority": priority,
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
+            **spec,
+        },
+        "status": {"phase": "Pending" if pending else "Running"},
+    }
+    if pending:
+        obj["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+    else:
+        obj["spec"]["nodeName"] = "node-a"
+        if started:
+            obj["status"]["startTime"] = started
+    return obj
+
+
+def full_gpu(priorities: list[int], **pod_kw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Seven running pods, one per 1g.10gb of gpu0, at ``priorities`` (by slice)."""
+    claims = [
+        claim(f"small-{s}", "1g.10gb", device=f"gpu0-1g10gb-s{s}", pods=(f"small-{s}",)) for s in range(7)
+    ]
+    pods = [pod(f"small-{s}", f"small-{s}", priorities[s], **pod_kw) for s in range(7)]
+    return claims, pods
+
+
+def report(
+    pol: dict[str, Any],
+    claims: list[dict[str, Any]],
+    pods: list[dict[str, Any]],
+    pdbs: list[dict[str, Any]] | None = [],  # noqa: B006 - never mutated
+    busy_unclaimed: tuple[int, ...] = (),
+    unread: str = "",
+) -> DryRunReport:
+    """One round of ``decide_round`` on node-a's gpu0, then the DryRun report on its verdicts."""
+    p = parse_policy(pol)
+    devices = allocated_devices(claims, DRIVER).get("node-a", frozenset())
+    allocated = [s for s in range(7) if f"gpu0-1g10gb-s{s}" in devices]
+    gpus = parse_inventory([partition(allocated, busy_unclaimed)], CATALOG, allocated_devices(claims, DRIVER))
+    pending = extract_demand(claims, pods, CLASSES, (A100,), {"node-a": {}}).pending
+    decision = decide_round(RoundInput(p, (), gpus, pending, NOW, {}, CATALOG))
+    return dry_run(p, decision.verdicts, gpus, claims, pods, pdbs, CATALOG, DRIVER, NOW, unread)
+
+
+def preemptor(priority: int = 1000, **spec: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    return claim("big", "3g.40gb"), pod("big", "big", priority, pending=True, **spec)
+
+
+def pdb(
+    name: str, labels: dict[str, str] | None, allowed: int, generation: int = 1, observed: int | None = 1
+) -> dict[str, Any]:
+    status: dict[str, Any] = {"disruptionsAllowed": allowed}
+    if observed is not None:
+        status["observedGeneration"] = observed
+    return {
+        "metadata": {"name": name, "namespace": "ml", "generation": generation},
+        "spec": {"selector": None if labels is None else {"matchLabels": labels}},
+        "status": status,
+    }
+
+
+# ------------------------------------------------------------------------------------------------ policy
+
+
+def test_preemption_defaults_off_and_bad_values_name_the_field() -> None:
+    spec = parse_policy({"metadata": {"name": "p"}, "spec": {}}).spec.preemption
+    assert (spec.mode, spec.priority_gap, spec.min_run_seconds, spec.spare_kueue_workloads) == (
+        PreemptionMode.OFF, 1, 300, True,
+    )  # fmt: skip
+    bad = [
+        ({"mode": "Enabled"}, "mode"),
+        ({"priorityGap": 0}, "priorityGap"),
+        ({"minRunSeconds": -1}, "minRunSeconds"),
+        ({"spareKueueWorkloads": "sometimes"}, "spareKueueWorkloads"),
+    ]
+    for value, field in bad:
+        with pytest.raises(ValidationError) as err:
+            parse_policy({"metadata": {"name": "p"}, "spec": {"preemption": value}})
+        assert f"spec.preemption.{field}" in str(err.value).replace("\n", "."), err.value
+
+
+# ------------------------------------------------------------------------------------------------ the search
+
+
+def test_would_preempt_the_fewest_lowest_pods_and_says_where() -> None:
+    claims, pods = full_gpu([0] * 7)
+    big_claim, big_pod = preemptor()
+    out = report(policy(), [*claims, big_claim], [*pods, big_pod])
+    (told,) = out.told
+    assert told.reason == REASON_WOULD_PREEMPT
+    # 3g.40gb at slice 4 frees slices 4-7: three pods, not the four under slice 0.
+    assert told.victims == ("ml/small-4", "ml/small-5", "ml/small-6")
+    assert told.message.startswith(
+        "would evict ml/small-4, ml/small-5, ml/small-6 (priority 0 < 1000) on node-a/gpu0"
+    )
+    assert "to cut 3g.40gb at slice 4" in told.message and "nothing is evicted" in told.message
+    assert (out.victims, out.would_preempt, out.no_victims) == (3, 1, 0)
+
+
+def test_higher_priority_pods_are_spared_for_lower_ones() -> None:
+    claims, pods = full_gpu([0, 0, 0, 0, 500, 500, 500])
+    big_claim, big_pod = preemptor()
+    (told,) = report(policy(), [*claims, big_claim], [*pods, big_pod]).told
+    assert told.victims == ("ml/small-0", "ml/small-1", "ml/small-2", "ml/small-3")
+    assert "at slice 0" in told.message
+
+
+@pytest.mark.parametrize(
+    ("pol", "pods_kw", "pre_kw", "words"),
+    [
+        (policy(), {}, {"preemptionPolicy": "Never"}, "its preemptionPolicy is Never"),
+        (policy(), {}, {"priority": 0}, "priority not below 0 by the gap 1"),  # equal priority
+        (policy(priorityGap=1001), {}, {}, "priority not below 1000 by the gap 1001"),
+        (
+            policy(minRunSeconds=600),
+            {"started": "2027-01-15T07:55:00Z"},
+            {},
+            "minRunSeconds 600",
+        ),  # 300 s ago
+        (
+            policy(minRunSeconds=600),
+            {"started": None},
+            {},
+            "minRunSeconds 600",
+        ),  # not started: runs since now
+        (policy(), {"labels": {"kueue.x-k8s.io/queue-name": "q"}}, {}, "Kueue manages it"),
+        (policy(), {"labels": {"scheduling.x-k8s.io/pod-group": "g"}}, {}, "pod group g"),
+    ],
+)
+def test_no_victims_and_why(
+    pol: dict[str, Any], pods_kw: dict[str, Any], pre_kw: dict[str, Any], words: str
+) -> None:
+    priority = pre_kw.pop("priority", 1000)
+    claims, pods = full_gpu([0] * 7, **pods_kw)
+    big_claim, big_pod = preemptor(priority, **pre_kw)
+    out = report(pol, [*claims, big_claim], [*pods, big_pod])
+    (told,) = out.told
+    assert told.reason == REASON_NO_VICTIMS, told.message
+    assert words in told.message, told.message
+    assert (out.victims, out.would_preempt, out.no_victims) == (0, 0, 1)
+
+
+def test_kueue_pods_are_victims_when_not_spared() -> None:
+    claims, pods = full_gpu([0] * 7, labels={"kueue.x-k8s.io/queue-name": "q"})
+    big_claim, big_pod = preemptor()
+    (told,) = report(policy(spareKueueWorkloads=False), [*claims, big_claim], [*pods, big_pod]).told
+    assert told.reason == REASON_WOULD_PREEMPT
+
+
+def test_a_budget_allowing_no_disruption_protects_what_it_selects_only() -> None:
+    claims, pods = full_gpu([0] * 7)
+    for p in pods[4:]:
+        p["metadata"]["labels"] = {"app": "keep"}
+    big_claim, big_pod = preemptor()
+    pdbs = [pdb("keep", {"app": "keep"}, 0)]
+    (told,) = report(policy(), [*claims, big_claim], [*pods, big_pod], pdbs).told
+    assert told.victims == ("ml/small-0", "ml/small-1", "ml/small-2", "ml/small-3")
+    for p in pods[:4]:
+        p["metadata"]["labels"] = {"app": "keep"}
+    (told,) = report(policy(), [*claims, big_claim], [*pods, big_pod], pdbs).told
+    assert told.reason == REASON_NO_VICTIMS
+    assert "7 pod(s): PodDisruptionBudget keep allows no disruption (disruptionsAllowed 0)" in told.message
+    # One that allows a disruption does not protect (the Eviction API counts further ones when it evicts).
+    (told,) = report(policy(), [*claims, big_claim], [*pods, big_pod], [pdb("keep", {"app": "keep"}, 2)]).told
+    assert told.reason == REASON_WOULD_PREEMPT
+
+
+def test_unreadable_budgets_keep_every_pod() -> None:
+    claims, pods = full_gpu([0] * 7)
+    big_claim, big_pod = preemptor()
+    out = report(policy(), [*claims, big_claim], [*pods, big_pod], None, unread="cannot list: 403 Forbidden")
+    (told,) = out.told
+    assert told.reason == REASON_NO_VICTIMS and "403 Forbidden" in told.message
+    assert "403 Forbidden" in out.summary()
+
+
+def test_a_busy_instance_no_claim_names_is_never_freed() -> None:
+    claims, pods = full_gpu([0] * 7)
+    claims, pods = claims[:6], pods[:6]  # slice 6 is busy with a process, no claim
+    big_claim, big_pod = preemptor()
+    (told,) = report(policy(), [*claims, big_claim], [*pods, big_pod], busy_unclaimed=(6,)).told
+    assert told.victims == ("ml/small-0", "ml/small-1", "ml/small-2", "ml/small-3")
+
+
+def test_pods_sharing_a_claim_go_together() -> None:
+    claims, pods = full_gpu([0] * 7)
+    claims[4]["status"]["reservedFor"].append({"resource": "pods", "name": "reader", "uid": "uid-reader"})
+    reader = pod("reader", "small-4", 0)
+    # Kept safe: a pod of the shared claim at priority 2000 cannot go, so neither can its peer.
+    reader["spec"]["priority"] = 2000
+    big_claim, big_pod = preemptor()
+    (told,) = report(policy(), [*claims, big_claim], [*pods, reader, big_pod]).told
+    assert told.victims == ("ml/small-0", "ml/small-1", "ml/small-2", "ml/small-3")
+    reader["spec"]["priority"] = 0
+    pods[0]["spec"]["priority"] = 1  # slice 0's four now rank below the shared claim's unit of four
+    (told,) = report(policy(), [*claims, big_claim], [*pods, reader, big_pod]).told
+    assert told.victims == ("ml/reader", "ml/small-4", "ml/small-5", "ml/small-6")
+
+
+def test_only_claims_of_one_device_are_preemptors() -> None:
+    claims, pods = full_gpu([0] * 7)
+    two = claim("two", "3g.40gb", count=2)
+    out = report(policy(), [*claims, two], [*pods, pod("two", "two", 1000, pending=True)])
+    (told,) = out.told
+    assert told.reason == REASON_NO_VICTIMS and "one device" in told.message
+
+
+def test_claims_with_room_are_not_preemptors() -> None:
+    claims, pods = full_gpu([0] * 7)
+    small = claim("new", "1g.10gb")
+    out = report(policy(), [*claims[:6], small], [*pods[:6], pod("new", "new", 1000, pending=True)])
+    assert out.told == () and out.summary().startswith("DryRun: 0 waiting claim(s)")
+
+
+# ------------------------------------------------------------------------------------------------ parts
+
+
+def test_budgets_parse_as_the_eviction_api_reads_them() -> None:
+    stale, null, ok = parse_budgets(
+        [pdb("stale", {"a": "b"}, 3, generation=2, observed=1), pdb("null", None, 0), pdb("ok", {}, 1)]
+    )
+    assert "no status for its current spec" in stale.blocks
+    assert not null.selects("ml", {"a": "b"})  # a null selector selects nothing
+    assert ok.selects("ml", {"x": "y"}) and not ok.selects("other", {}) and ok.blocks == ""
+    two = parse_budgets([pdb("one", {}, 1), pdb("two", {}, 1)])
+    assert "more than one PodDisruptionBudget" in protection(pod("p", "c"), two, True)
+    owned = pod("p", "c")
+    owned["metadata"]["ownerReferences"] = [
+        {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload", "name": "w"}
+    ]
+    assert "Kueue Workload w" in protection(owned, (), True) and protection(owned, (), False) == ""
+    gone = pod("p", "c")
+    gone["metadata"]["deletionTimestamp"] = LONG_AGO
+    assert "being deleted" in protection(gone, (), True)
+
+
+def test_holdings_name_who_holds_each_instance() -> None:
+    claims, _ = full_gpu([0] * 7)
+    claims[0]["status"]["reservedFor"] = []  # allocated, reserved by no pod yet
+    gpus = parse_inventory([partition(list(range(7)))], CATALOG, allocated_devices(claims, DRIVER))
+    held = holdings(gpus, claims, DRIVER)
+    (g,) = held.gpus
+    by_start = {i.placed.start: i.holders for i in g.instances}
+    assert by_start[0] == ("claim ml/small-0, reserved by no pod we know",)
+    assert by_start[1] == ("ml/small-1",)
+    assert ("ml/small-1", "uid-small-1") in held.holders and len(held.holders) == 6
+
+
+def test_memory_tells_once_per_change() -> None:
+    m = Memory()
+    assert m.due("u", REASON_WOULD_PREEMPT, "a", 0.0, 300.0)
+    assert not m.due("u", REASON_WOULD_PREEMPT, "a", 10.0, 300.0)
+    assert m.due("u", REASON_NO_VICTIMS, "b", 20.0, 300.0)
+    assert m.due("u", REASON_NO_VICTIMS, "b", 400.0, 300.0)  # stale: told again
+    m.keep_only(())
+    assert m.due("u", REASON_NO_VICTIMS, "b", 401.0, 300.0)
+
+
+def test_verdict_is_no_capacity_where_preemption_is_asked() -> None:
+    """The hook's premise: a claim nothing fits without evicting is NoCapacity in the round itself."""
+    claims, pods = full_gpu([0] * 7)
+    big_claim, big_pod = preemptor()
+    p = parse_policy(policy())
+    gpus = parse_inventory([partition(list(range(7)))], CATALOG, allocated_devices(claims, DRIVER))
+    pending = extract_demand([*claims, big_claim], [*pods, big_pod], CLASSES, (A100,), {"node-a": {}}).pending
+    (v,) = decide_round(RoundInput(p, (), gpus, pending, NOW, {}, CATALOG)).verdicts
+    assert v.reason is Reason.NO_CAPACITY
