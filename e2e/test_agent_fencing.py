@@ -36,6 +36,7 @@ from dynamig.backends.nvml import fresh_simulated_nvml
 from dynamig.demo.cluster import ScenarioApi
 from dynamig.demo.inprocess import agent_running, operator_running, quick_agent_settings
 from dynamig.devcluster import ControlPlane, eventually
+from dynamig.devcluster.waiting import event_posted
 from dynamig.kube.answers import answer_entry
 from dynamig.kube.gpupartition import Inventory
 from dynamig.kube.heartbeat import lease_body, lease_name
@@ -99,8 +100,10 @@ async def test_a_killed_agent_is_fenced_with_no_policy_and_stale_leases_of_remov
             took = time.monotonic() - killed
             print(f"\n  killed agent: {live} withdrawn {took:.1f}s after the SIGKILL, with no policy")
             assert took < 30, took
-            silent = [e for e in await k.events(live, "default") if e["reason"] == "AgentSilent"]
-            assert silent and "withdrew" in silent[0]["message"], silent
+            # The Event is posted after the slices are deleted: waited for, not read at once.
+            await event_posted(
+                k.core, "default", live, "AgentSilent", event_type="Warning", saying=["withdrew"]
+            )
             assert metrics.registry.get_sample_value("dynamig_operator_silent_agents") == 1
 
     # Owned by its Node: the garbage collector deletes the Lease with the Node.
