@@ -29,6 +29,7 @@ from kubernetes_asyncio import client
 from dynamig.demo.cluster import AllocationWatch, ScenarioApi
 from dynamig.demo.inprocess import operator_running
 from dynamig.devcluster import ControlPlane, eventually
+from dynamig.devcluster.waiting import event_posted
 from dynamig.operator.metrics import OperatorMetrics
 from leased_agents import fencing_operator, leased_agent, node_slices, offering
 
@@ -92,11 +93,14 @@ async def test_pods_booked_on_a_stuck_agents_node_are_booked_again_elsewhere_wit
                 bound_after = time.monotonic() - stopped
             finally:
                 await watch.stop()
-            events = await k.events(a, "default")
-            silent = [e for e in events if e.get("reason") == "AgentSilent"]
-            assert silent, events
-            assert "withdrew" in silent[0]["message"] and "failed the bookings of" in silent[0]["message"], (
-                silent
+            # The operator posts its Event after failing the bookings: the pods may be bound on b first.
+            await event_posted(
+                k.core,
+                "default",
+                a,
+                "AgentSilent",
+                saying=["withdrew", "failed the bookings of"],
+                within_s=30,
             )
             failed = metrics.registry.get_sample_value(
                 "dynamig_operator_silent_node_actions_total", {"action": "booking-failed"}

@@ -22,7 +22,6 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
@@ -30,6 +29,7 @@ from kubernetes_asyncio import client
 from dynamig.demo.cluster import ScenarioApi, claim_pod
 from dynamig.demo.inprocess import operator_running
 from dynamig.devcluster import ControlPlane, eventually
+from dynamig.devcluster.waiting import event_posted
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, VERSION
 from dynamig.kube.pods import REASON_RESCHEDULED, REASON_STRANDED
 from dynamig.operator.metrics import OperatorMetrics
@@ -127,15 +127,10 @@ async def test_a_dead_agents_bound_pods_that_never_started_go_back_to_their_cont
             assert deleted - fenced >= STRANDED_AFTER_S - 0.5, deleted - fenced
             assert deleted - killed < LEASE_SECONDS + 5 + STRANDED_AFTER_S + 10, deleted - killed
 
-            told = [e for e in await k.events("owned") if e["reason"] == REASON_RESCHEDULED]
-            assert told and "ConfigMap stand-in" in told[0]["message"], told
+            told = await event_posted(k.core, namespace, "owned", REASON_RESCHEDULED, within_s=10)
+            assert "ConfigMap stand-in" in told[0]["message"], told
             assert "never started" in told[0]["message"] and node in told[0]["message"], told
-
-            async def unowned_told() -> list[dict[str, Any]] | None:
-                got = [e for e in await k.events("unowned") if e["reason"] == REASON_STRANDED]
-                return got or None
-
-            (event,) = await eventually(unowned_told, "the unowned pod told", within_s=10)
+            (event,) = await event_posted(k.core, namespace, "unowned", REASON_STRANDED, within_s=10)
             assert "no controller owns it" in event["message"] and event["type"] == "Warning", event
             # Told, never deleted; told once, though the operator goes on reading the node every second.
             rounds_end = time.monotonic() + 3

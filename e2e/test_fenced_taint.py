@@ -28,6 +28,7 @@ from dynamig.demo.cluster import ScenarioApi
 from dynamig.demo.inprocess import operator_running
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.devcluster.versions import KubeTarget
+from dynamig.devcluster.waiting import event_posted
 from dynamig.operator.fencing import REASON_AGENT_SILENT, TAINT_KEY, taint_rule_name
 from dynamig.operator.kubeio import KubeIO
 from dynamig.operator.metrics import OperatorMetrics
@@ -77,7 +78,8 @@ async def test_a_fenced_nodes_devices_are_tainted_where_served_and_untainted_whe
                 return True if await node_slices(k, node) == 0 else None
 
             await eventually(withdrawn, f"{node}'s slices withdrawn", within_s=30)
-            (event, *_) = [e for e in await k.events(node, "default") if e["reason"] == REASON_AGENT_SILENT]
+            # Posted after the slices are deleted: waited for.
+            (event, *_) = await event_posted(k.core, "default", node, REASON_AGENT_SILENT, within_s=30)
             if not served:
                 # Withdrawal alone, as on every version before: no rule, nothing failed on the way.
                 assert "DeviceTaintRule" not in event["message"], event
