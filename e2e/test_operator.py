@@ -39,6 +39,7 @@ from kubernetes_asyncio import client
 from dynamig.demo.cluster import AllocationWatch, ScenarioApi, allocated_device, layout_text
 from dynamig.demo.inprocess import agent_running, operator_running
 from dynamig.devcluster import ControlPlane, eventually
+from dynamig.devcluster.waiting import event_posted
 from dynamig.operator.metrics import OperatorMetrics
 
 pytestmark = pytest.mark.controlplane
@@ -142,16 +143,14 @@ async def test_morning_burst_training_static_and_return_to_baseline(
                 assert any(ev.kind == "destroy-gi" for ev in burst_history)  # free 3g.40gb were re-cut
                 bad = watch.destroyed_while_allocated(burst_history)
                 assert bad == [], bad
-                # Every pending claim was told why, with a CamelCase reason, on the claim and its pod.
+                # Every pending claim was told why, with a CamelCase reason, on the claim and its pod (the
+                # Events may follow the allocation: waited for).
+                why = ("ReshapeScheduled", "ReshapeInProgress", "WaitingForScheduler")
                 for pod in inference:
                     claim = await k.claim_of(pod)
                     assert claim is not None
-                    reasons = {e["reason"] for e in await k.events(claim["metadata"]["name"])}
-                    pod_reasons = {e["reason"] for e in await k.events(pod)}
-                    assert reasons & {"ReshapeScheduled", "ReshapeInProgress", "WaitingForScheduler"}, reasons
-                    assert pod_reasons & {"ReshapeScheduled", "ReshapeInProgress", "WaitingForScheduler"}, (
-                        pod_reasons
-                    )
+                    await event_posted(k.core, namespace, claim["metadata"]["name"], *why, within_s=30)
+                    await event_posted(k.core, namespace, pod, *why, within_s=30)
 
                 # ---- 2. a training pod: 3g.40gb, only free instances may change ----------------------
                 train_at = time.time()
@@ -203,10 +202,14 @@ async def test_morning_burst_training_static_and_return_to_baseline(
                 assert {g: (await k.partition(g))["metadata"]["generation"] for g in (gpu0, gpu1)} == gens
                 claim = await k.claim_of(static[0])
                 assert claim is not None
-                told = [
-                    e for e in await k.events(claim["metadata"]["name"]) if e["reason"] == "ReshapeDisabled"
-                ]
-                assert told and "Static" in told[0]["message"], told
+                await event_posted(
+                    k.core,
+                    namespace,
+                    claim["metadata"]["name"],
+                    "ReshapeDisabled",
+                    saying=["Static"],
+                    within_s=30,
+                )
                 await k.delete_pods(static)
 
                 # ---- 4. Dynamic again; inference pods leave; their GPU returns to the baseline -------
