@@ -38,6 +38,7 @@ from dynamig.demo.cluster import claim_pod, ensure_device_class, exactly, resour
 from dynamig.demo.inprocess import agent_running
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.devcluster.sandbox import install_crds
+from dynamig.devcluster.waiting import described, event_posted
 from dynamig.geometry.catalog import load_catalog
 from dynamig.operator.teardown import uninstall
 
@@ -524,15 +525,14 @@ async def test_agent_refuses_a_node_where_the_nvidia_device_plugin_advertises_gp
             assert "NVIDIA device plugin advertises nvidia.com/gpu=2" in managed["message"], managed
         await asyncio.sleep(1.0)
         assert await api.published(node) == {}
-        described = await asyncio.to_thread(crd.kubectl, "describe", "node", node)
-        assert "ForeignMigOwner" in described.stdout and "device plugin" in described.stdout, described.stdout
+        # The agent's Warning on the Node is posted apart from the GpuPartitions' status: waited for.
+        await described(crd, "node", node, "ForeignMigOwner", "device plugin", within_s=30)
 
         # The device plugin is turned off for this node: its resource goes to zero.
         status["status"]["allocatable"]["nvidia.com/gpu"] = "0"
         await api.core.patch_node_status(node, status)
         await eventually(lambda: _all_stable(api, node, 2), "both GPUs managed again")
-        described = await asyncio.to_thread(crd.kubectl, "describe", "node", node)
-        assert "ForeignMigOwnerResolved" in described.stdout, described.stdout
+        await described(crd, "node", node, "ForeignMigOwnerResolved", within_s=30)
 
 
 async def _no_slices(api: Api, node: str) -> bool | None:
@@ -999,8 +999,8 @@ async def test_a_layout_nvml_always_refuses_backs_off_then_is_reported_failed_wi
         assert ready["observedGeneration"] == gen
         assert "failed 5 times in a row" in ready["message"] and "InsufficientResources" in ready["message"]
         assert "write another spec.layout" in ready["message"], ready
-        events = await api.core.list_namespaced_event("default", field_selector=f"involvedObject.name={name}")
-        assert [e.type for e in events.items if e.reason == "LayoutFailed"] == ["Warning"]
+        failed = await event_posted(api.core, "default", name, "LayoutFailed", within_s=10)
+        assert [e["type"] for e in failed] == ["Warning"], failed
 
         sim_nvml.clear_failures()  # whatever NVML refused is gone: the next retry applies the layout
         await agent.reconcile_once()
