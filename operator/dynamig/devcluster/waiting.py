@@ -96,18 +96,19 @@ async def described(
     namespace: str | None = None,
     within_s: float = 60.0,
 ) -> str:
-    """``kubectl describe`` of the ``kind`` ``name`` (or of several, one output) once that output holds each
-    of ``texts``; the output. What it shows of an object's Events comes after the change they tell of: a
-    test that has seen the change waits for them here. After ``within_s`` a TimeoutError with the output
-    last seen."""
+    """``kubectl describe`` of the ``kind`` ``name`` (or of several, their outputs one after the other) once
+    that output holds each of ``texts``; the output. What it shows of an object's Events comes after the
+    change they tell of: a test that has seen the change waits for them here. Each object is described on
+    its own (kubectl shows no Events when it describes several at once). After ``within_s`` a TimeoutError
+    with the output last seen."""
     names = [name] if isinstance(name, str) else list(name)
     where = ["-n", namespace] if namespace else []
     last = [""]
 
     async def probe() -> str | None:
-        out = await asyncio.to_thread(cp.kubectl, "describe", kind, *names, *where)
-        last[0] = out.stdout
-        return out.stdout if all(t in out.stdout for t in texts) else None
+        outs = [await asyncio.to_thread(cp.kubectl, "describe", kind, n, *where) for n in names]
+        last[0] = "\n".join(out.stdout for out in outs)
+        return last[0] if all(t in last[0] for t in texts) else None
 
     what = f"kubectl describe {kind} {' '.join(names)} showing {list(texts)}"
     try:
