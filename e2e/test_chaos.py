@@ -807,9 +807,16 @@ async def test_faults_converge_without_losses(
             index, placed = placement(held.device)
             (mig,) = (await system.nvml())[(index, placed.profile, placed.start)]
             await asyncio.to_thread(system.admin.destroy, index, placed)
-            await asyncio.sleep(0.5)  # the watch sees the claim still allocated after the destroy
-            found = losses(await system.history(), system.claims)
-            assert any(mig in line for line in found), found
+            found: list[str] = []
+
+            async def reported() -> bool | None:  # once the watch saw the claim allocated after the destroy
+                found[:] = losses(await system.history(), system.claims)
+                return True if any(mig in line for line in found) else None
+
+            try:
+                await eventually(reported, f"the destroy of {mig} reported as a loss", within_s=10)
+            except TimeoutError as exc:
+                raise AssertionError(f"{mig} destroyed under claim {held.name}, losses: {found}") from exc
         finally:
             try:
                 with contextlib.suppress(ApiException, aiohttp.ClientError, TimeoutError, OSError):
