@@ -1,5 +1,6 @@
-"""A retire of several free instances is observed again before each destroy: a claim allocated one of them
-while the agent was destroying the others keeps it.
+"""Several free instances destroyed one after another, for a retire or for a cut, are each destroyed only
+after the claims were read again: a claim allocated one of them while the agent was destroying another
+keeps it.
 
 Real: kube-apiserver (the claims, their allocations, the GpuPartition), the node agent's whole loop over the
 NVML code path, in both inventories. Simulated: the GPU (one A100-80GB whose GPU-instance destroys take 1.5 s
@@ -12,6 +13,12 @@ the agent destroys the other two and keeps it (lifecycle.py: "a claim won the ra
 cut over it. An agent that read the claims once
 for the whole batch destroyed it about 1.5 s after the allocation was written (chaos seed 3 in the
 partitionable inventory, with other work on the machine, lost an instance booked that way).
+
+The cut, partitionable inventory: a booking of the 3g.40gb at slice 4 has the three free 1g.10gb in its way.
+Once the first is destroyed, the booking is deleted (its pod gone) and the 1g.10gb at slice 6, free again in
+the scheduler's view, is allocated to another claim. The agent reads the claims before the third destroy,
+finds the booking gone and stops: the instance stays with its claim. An agent that read them once before
+the cut destroyed it.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from dynamig.devcluster import ControlPlane, eventually
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.model import device_name
 from dynamig.kube.gpupartition import Inventory
+from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, VERSION
 
 pytestmark = pytest.mark.controlplane
@@ -52,14 +60,20 @@ async def set_layout(k: ScenarioApi, gpu: str, layout: list[tuple[str, int]]) ->
     )  # fmt: skip
 
 
-async def allocate(k: ScenarioApi, name: str, node: str, device: str) -> None:
-    """A claim for ``device`` and its allocation, written as kube-scheduler's PreBind writes one."""
-    selector = f'device.attributes["{DRIVER_NAME}"].profile == "1g.10gb"'
+async def allocate(
+    k: ScenarioApi, name: str, node: str, device: str, profile: str = "1g.10gb", guarded: bool = False
+) -> None:
+    """A claim for ``device`` and its allocation, written as kube-scheduler's PreBind writes one (with the
+    binding conditions of a booking when ``guarded``)."""
+    selector = f'device.attributes["{DRIVER_NAME}"].profile == "{profile}"'
     await k.custom.create_namespaced_custom_object(
         "resource.k8s.io", "v1", k.ns, "resourceclaims", resource_claim(name, exactly(selector))
     )
+    result: dict[str, Any] = {"request": "gpu", "driver": DRIVER_NAME, "pool": node, "device": device}
+    if guarded:
+        result |= {"bindingConditions": [BINDING_READY], "bindingFailureConditions": [BINDING_FAILED]}
     allocation: dict[str, Any] = {
-        "devices": {"results": [{"request": "gpu", "driver": DRIVER_NAME, "pool": node, "device": device}]},
+        "devices": {"results": [result]},
         "nodeSelector": {
             "nodeSelectorTerms": [
                 {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
@@ -128,6 +142,61 @@ async def test_a_claim_allocated_mid_retire_keeps_its_instance(
     assert last not in [d for d, _ in destroys], destroys
     assert last in still, still
     assert device_name(0, *FLOOR[0]) not in still, "the 3g.40gb was cut over the kept instance"
+    assert watch.destroyed_while_allocated(sim.history()[since:]) == []
+
+
+IN_THE_WAY = FREE
+BOOKED = ("3g.40gb", 4)
+
+
+async def test_a_cut_whose_booking_goes_mid_cut_leaves_the_next_instance_to_its_new_claim(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+) -> None:
+    k = ScenarioApi(kube_api, namespace)
+    await k.ensure_device_class()
+    node = make_node("cut-race", labels={"dynamig.io/managed": "true"})
+    gpu = f"{node}-gpu0"
+    sim.configure(gpus=["A100-80GB"], state_file=None, seed=node, destroy_latency_s=DESTROY_S)
+    settings = dataclasses.replace(quick_agent_settings(node), inventory=Inventory.PARTITIONABLE)
+    watch = AllocationWatch(k)
+    async with agent_running(kube_api, node, sim, settings):
+        await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
+        await set_layout(k, gpu, IN_THE_WAY)
+        await eventually(functools.partial(k.stable, gpu, layout_text(IN_THE_WAY)), "three free 1g.10gb", 60)
+        since = len(sim.history())
+        watch.start()
+        try:
+            await allocate(k, "booked", node, device_name(0, *BOOKED), BOOKED[0], guarded=True)
+
+            def first_destroy() -> str | None:
+                gone = [e for e in sim.history()[since:] if e.kind == "destroy-gi"]
+                return device_name(0, gone[0].profile, gone[0].start) if gone else None
+
+            first = await eventually(lambda: _async(first_destroy()), "the cut's first destroy", within_s=30)
+            await k.custom.delete_namespaced_custom_object(
+                "resource.k8s.io", "v1", k.ns, "resourceclaims", "booked"
+            )
+            # The destroy is recorded once NVML returns; the next one is under way by then: take the last.
+            other = [device_name(0, p, s) for p, s in IN_THE_WAY if device_name(0, p, s) != first][-1]
+            t_alloc = time.time()
+            await allocate(k, "next", node, other)
+            await asyncio.sleep(3 * DESTROY_S + 2.0)  # the cut's second destroy would be long done
+            still = live(sim)
+        finally:
+            await watch.stop()
+    destroys = [
+        (device_name(0, e.profile, e.start), round(e.timestamp - t_alloc, 2))
+        for e in sim.history()[since:]
+        if e.kind == "destroy-gi"
+    ]
+    print(
+        f"\n  cut: first destroyed {first}; booking gone, {other} allocated; destroys (s after): {destroys}"
+    )
+    assert other in still, (other, still, destroys)
     assert watch.destroyed_while_allocated(sim.history()[since:]) == []
 
 

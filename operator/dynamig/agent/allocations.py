@@ -157,18 +157,26 @@ class AllocationAnswerer:
         try:
             gpus, states = await self._observe(claims, refuse)
             answer = decide(p.device, p.claim, states, admin=admin)
-            if isinstance(answer, Cut) and answer.destroy:
+            while isinstance(answer, Cut) and answer.destroy:
                 # The round's claims are a snapshot: since it was read the booking may have gone (its pod
                 # deleted), and the scheduler may have given an instance in the way to another pod, which
-                # binds at once. So the claims are read again from the API server right before anything is
-                # destroyed, under the lock every prepare takes, and the cut is decided again from them.
+                # binds at once. So the claims are read again from the API server right before each destroy
+                # (each takes its time in NVML), under the lock every prepare takes, and the cut is decided
+                # again from them.
                 fresh = await self.api.list_claims()
                 if not still_waits(fresh, p, self.driver, self.node, BINDING_READY, BINDING_FAILED):
                     return None
                 gpus, states = await self._observe(fresh, refuse)
                 answer = decide(p.device, p.claim, states, admin=admin)
+                if isinstance(answer, Cut) and answer.destroy:
+                    refused = await self._destroy_in_the_way(
+                        answer, gpus[answer.gpu_index], answer.destroy[0]
+                    )
+                    if refused is not None:
+                        return refused
+                    # and round again: read, decide, then the next destroy (or the create)
             if isinstance(answer, Cut):
-                return await self._cut(answer, gpus)
+                return await self._create(answer, gpus)
             if isinstance(answer, Enumerate):
                 return await self._enumerated(gpus[answer.gpu_index], answer.placed)
             return answer
@@ -214,26 +222,39 @@ class AllocationAnswerer:
             "NOT_FOUND), so there is no MIG UUID to hand out; the instance stays, the scheduler books again",
         )
 
-    async def _cut(self, cut: Cut, gpus: dict[int, GpuInfo]) -> Ready | Failed:
-        """Destroy what is in the way, then create; any NVML refusal fails the binding (nothing busy is
-        destroyed: NVML's own in-use check stands behind the decision's)."""
-        devices = self.devices
+    async def _destroy_in_the_way(self, cut: Cut, gpu: GpuInfo, p: PlacedInstance) -> Failed | None:
+        """Destroy the free instance ``p`` in ``cut``'s way; a failed answer when NVML refuses (nothing busy
+        is destroyed: NVML's own in-use check stands behind the decision's)."""
+        what = device_name(gpu.index, cut.create.profile, cut.create.start)
+        try:
+            await asyncio.to_thread(self.devices.destroy, gpu, p)
+        except self.devices.error_type as exc:
+            return self._refused(what, exc)
+        except ValueError as exc:  # e.g. a GPU instance split by someone else
+            return Failed("PlacementTaken", f"{what}: {exc}")
+        self.metrics.operation("destroy", "success")
+        log.info("destroyed free %s to cut %s", device_name(gpu.index, p.profile, p.start), what)
+        return None
+
+    def _refused(self, what: str, exc: Exception) -> Failed:
+        err = self.devices.error_name(exc)
+        self.metrics.nvml_error("cut", err)
+        reason = "InstanceBusy" if self.devices.is_error(exc, "InUse") else "NvmlError"
+        if self.devices.is_error(exc, "InsufficientResources"):
+            reason = "PlacementTaken"
+        return Failed(reason, f"{what}: NVML refused ({err}): {exc}")
+
+    async def _create(self, cut: Cut, gpus: dict[int, GpuInfo]) -> Ready | Failed:
+        """Create the booked instance, nothing left in its way (``_answer`` destroyed that, one read of the
+        claims before each destroy)."""
+        assert not cut.destroy, cut
         gpu = gpus[cut.gpu_index]
         what = device_name(gpu.index, cut.create.profile, cut.create.start)
         try:
-            for p in cut.destroy:
-                await asyncio.to_thread(devices.destroy, gpu, p)
-                self.metrics.operation("destroy", "success")
-                log.info("destroyed free %s to cut %s", device_name(gpu.index, p.profile, p.start), what)
-            made = await asyncio.to_thread(devices.create, gpu, cut.create)
+            made = await asyncio.to_thread(self.devices.create, gpu, cut.create)
             self.metrics.operation("create", "success")
-        except devices.error_type as exc:
-            err = devices.error_name(exc)
-            self.metrics.nvml_error("cut", err)
-            reason = "InstanceBusy" if devices.is_error(exc, "InUse") else "NvmlError"
-            if devices.is_error(exc, "InsufficientResources"):
-                reason = "PlacementTaken"
-            return Failed(reason, f"{what}: NVML refused ({err}): {exc}")
+        except self.devices.error_type as exc:
+            return self._refused(what, exc)
         except ValueError as exc:  # e.g. a GPU instance split by someone else
             return Failed("PlacementTaken", f"{what}: {exc}")
         log.info("created %s for an allocation", what)
