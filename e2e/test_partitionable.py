@@ -38,6 +38,7 @@ from dynamig.demo.cluster import (
 from dynamig.demo.inprocess import agent_running, operator_running, quick_agent_settings
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.devcluster.versions import PRIMARY, KubeTarget, current
+from dynamig.devcluster.waiting import described
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.model import PlacedInstance
 from dynamig.kube.gpupartition import Inventory
@@ -169,13 +170,14 @@ async def test_morning_burst_books_placements_directly_and_is_compared_with_resh
                 # (in a thread: the agent and the operator run on this event loop)
                 wait = ("wait", "--for=condition=Ready", f"gpp/{policy}", "--timeout=60s")
                 await asyncio.to_thread(crds.kubectl, *wait, timeout=90)
+                # The operator's and the agent's Events show where a person looks (kubectl describe filters
+                # on the uid). The agent posts its own after the status the policy's Ready follows: waited
+                # for while it runs.
+                shown = ("LayoutChanged", "InstanceDestroyed", "InstanceCreated", "LayoutApplied")
+                await described(crds, "gpupartition", gpus, *shown, within_s=30)
             finally:
                 await watch.stop()
                 await k.delete_policy(policy)
-    # The operator's and the agent's Events show where a person looks (kubectl describe filters on the uid).
-    described = "".join(crds.kubectl("describe", "gpupartition", g).stdout for g in gpus)
-    for reason in ("LayoutChanged", "InstanceDestroyed", "InstanceCreated", "LayoutApplied"):
-        assert reason in described, (reason, described)
     await k.delete_pods(pods)
     await eventually(lambda: _no_pods(k), "the first burst's pods gone", within_s=60)
 
@@ -217,7 +219,10 @@ async def test_morning_burst_books_placements_directly_and_is_compared_with_resh
             assert claim is not None
             (entry,) = claim["status"]["devices"]
             assert entry["data"]["profile"] == "1g.10gb" and entry["data"]["migUUID"].startswith("MIG-")
-        answers = agent.metrics.binding_answers.labels(node, "ready")._value.get()
+        # Counted once the round's answers and their Events are written: a pod may bind before.
+        answers = await eventually(
+            lambda: _answers(agent, node, "ready", 7), "seven ready answers counted", within_s=30
+        )
         assert answers == 7
 
         # DryRun: the offers are withdrawn (the agent stops publishing placements), what Dynamic would offer
@@ -225,8 +230,17 @@ async def test_morning_burst_books_placements_directly_and_is_compared_with_resh
         await k.set_mode(policy, "DryRun")
         for g in gpus:
             await eventually(functools.partial(_withdrawn, k, g), f"{g} offers withdrawn")
-        planned = (await k.policy(policy))["status"]["plannedOffers"]
-        assert sorted(o["gpu"] for o in planned) == gpus
+
+        seen: list[Any] = [None]
+
+        async def planned() -> list[dict[str, Any]] | None:  # written apart from the GpuPartitions' specs
+            seen[0] = ((await k.policy(policy)).get("status") or {}).get("plannedOffers")
+            return seen[0] if sorted(o["gpu"] for o in seen[0] or []) == gpus else None
+
+        try:
+            await eventually(planned, f"the offers DryRun plans for {gpus} on the policy", within_s=30)
+        except TimeoutError as exc:
+            raise AssertionError(f"plannedOffers last seen: {seen[0]}") from exc
         assert {allocated_device(await k.claim_of(p)) for p in pods} == set(devices.values())
         await k.delete_policy(policy)
     await k.delete_pods(pods)
@@ -240,6 +254,12 @@ async def test_morning_burst_books_placements_directly_and_is_compared_with_resh
                 f"(create latency {CREATE_LATENCY_S}s; the scheduler re-reads binding conditions every 5s)"
             )
     assert len(figures["partitionable"]) == 7 and len(figures["instances"]) == 7
+
+
+async def _answers(agent: Any, node: str, answer: str, at_least: int) -> float | None:
+    """The agent's count of ``answer`` answers once it is ``at_least``."""
+    got = float(agent.metrics.binding_answers.labels(node, answer)._value.get())
+    return got if got >= at_least else None
 
 
 async def _policy_inventory(k: ScenarioApi, policy: str) -> dict[str, int] | None:
@@ -362,12 +382,16 @@ async def test_a_placement_taken_behind_the_agents_back_fails_the_binding_and_th
         assert watch.destroyed_while_allocated(history) == []
         assert not [e for e in history if e.kind == "destroy-gi" and e.start == start]  # intruder intact
         assert intruder in {i.mig_uuid for i in _instances(sim)}
-        # What happened is on the claim, where kubectl describe shows it.
-        described = await asyncio.to_thread(
-            crds.kubectl, "describe", "resourceclaim", "-n", namespace, "half"
-        )
-        assert "AllocationFailed" in described.stdout and "AllocationReady" in described.stdout, (
-            described.stdout
+        # What happened is on the claim, where kubectl describe shows it (the ready answer's Event is
+        # posted after the answer the binding follows: waited for).
+        await described(
+            crds,
+            "resourceclaim",
+            "half",
+            "AllocationFailed",
+            "AllocationReady",
+            namespace=namespace,
+            within_s=30,
         )
 
 
@@ -543,7 +567,9 @@ async def test_an_agent_restarted_between_the_two_nvml_creates_answers_once_and_
         later = sim.history()[crash_at:]
         assert [e.kind for e in later if e.kind.startswith("create")] == ["create-ci"]  # completed
         assert not [e for e in later if e.kind.startswith("destroy")]
-        assert second.metrics.binding_answers.labels(node, "ready")._value.get() == 1
+        # Counted once the answer's Event is posted: the pod may bind before.
+        ready = await eventually(lambda: _answers(second, node, "ready", 1), "the ready answer counted", 30)
+        assert ready == 1
         assert [(i.profile, i.start, i.has_compute_instance) for i in _instances(sim)] == [
             ("2g.20gb", start, True)
         ]
@@ -688,8 +714,8 @@ async def test_an_idle_node_is_kept_for_a_waiting_two_gpu_claim_and_a_small_pod_
             return True if await _published_profiles(k, node) == {"7g.80gb"} else None
 
         await eventually(kept, "the idle node kept for the two-GPU claim", within_s=60)
-        described = crds.kubectl("describe", "gpupartition", gpus[0]).stdout
-        assert f"idle node kept for waiting multi-GPU claim {namespace}/pair" in described, described
+        why = f"idle node kept for waiting multi-GPU claim {namespace}/pair"
+        await described(crds, "gpupartition", gpus[0], why, within_s=30)  # its Event follows the spec
 
         await _create_claim(k, "small", {"firstAvailable": first_available(["1g.10gb"])})
         await k.core.create_namespaced_pod(
