@@ -163,6 +163,14 @@ def placement(device: str) -> tuple[int, PlacedInstance]:
     return index, placed
 
 
+def booked(claim: dict[str, Any], device: str) -> bool:
+    """Whether the claim's allocation of ``device`` waits on binding conditions. Pure."""
+    results = (
+        (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
+    ) or []
+    return any(r.get("device") == device and r.get("bindingConditions") for r in results)
+
+
 def read_nvml(state: Path) -> dict[str, Any]:
     """The simulated NVML's whole state from its file (written by atomic rename: always complete)."""
     doc: dict[str, Any] = json.loads(state.read_bytes())
@@ -404,7 +412,9 @@ class System:
                 for c in claims:
                     seen = self.claims.setdefault(c["metadata"]["uid"], ClaimSeen(c["metadata"]["name"]))
                     device = allocated_device(c)
-                    uuids = {at[device]} if device in at else set()
+                    # A booking (a result with binding conditions) holds no instance until it is answered: its
+                    # pod waits in PreBind for the answer, which names the instance it gets (held below).
+                    uuids = {at[device]} if device in at and not booked(c, device) else set()
                     for entry in (c.get("status") or {}).get("devices") or []:
                         mig = (entry.get("data") or {}).get("migUUID")
                         if device is not None and entry.get("device") == device and mig:
@@ -881,3 +891,16 @@ def test_an_instance_a_claim_held_stays_held_while_its_allocation_lasts() -> Non
     assert c.held == {"MIG-a": 2.0, "MIG-b": 2.0, "MIG-c": 5.0, "MIG-d": 6.0}
     destroyed = [{"kind": "destroy-ci", "mig_uuid": "MIG-b", "timestamp": 1.5}]
     assert "claim c allocated to 2.00" in losses(destroyed, {"c": c})[0]
+
+
+def test_a_booking_holds_no_instance_until_it_is_answered() -> None:
+    """The watch's reading of an allocation: a result with binding conditions is a booking (its pod waits for
+    the agent's answer), one without binds at once and holds the instance at its device."""
+    results = [
+        {"device": "gpu0-1g10gb-s0", "bindingConditions": ["mig.dynamig.io/ready"]},
+        {"device": "gpu0-1g10gb-s1"},
+    ]
+    claim = {"status": {"allocation": {"devices": {"results": results}}}}
+    assert booked(claim, "gpu0-1g10gb-s0")
+    assert not booked(claim, "gpu0-1g10gb-s1")
+    assert not booked({"status": {}}, "gpu0-1g10gb-s0")
