@@ -348,7 +348,7 @@ def test_dev_cluster_with_gpu_nodes_runs_dynamig_you_can_kubectl(
         return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180, check=False)
 
     bad = cli("up", "--gpu-node", "n1=B200-999GB:1")
-    assert bad.returncode == 1 and "unknown GPU model 'B200-999GB'" in bad.stderr, bad.stderr
+    assert bad.returncode == 2 and "unknown GPU model 'B200-999GB'" in bad.stderr, bad.stderr
     assert not (state_dir / "state.json").exists()  # nothing started
 
     up = cli("up", "--gpu-node", "gpu-a=A100-80GB:2", "--gpu-node", "gpu-b=H100-80GB:1")
