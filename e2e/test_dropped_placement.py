@@ -62,9 +62,8 @@ from dynamig.demo.cluster import (
     exactly,
     resource_claim,
 )
-from dynamig.demo.inprocess import agent_running, quick_agent_settings
+from dynamig.demo.inprocess import agent_running, quick_agent_settings, whole_instances
 from dynamig.devcluster import ControlPlane, eventually
-from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.model import PlacedInstance, device_name
 from dynamig.kube.gpupartition import Inventory
 from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY, GpuInventory, published_devices_of
@@ -277,21 +276,6 @@ async def floor_in_place(k: ScenarioApi, gpu: str, layout: list[tuple[str, int]]
     return True if set(layout) <= have else None
 
 
-def live(sim: ModuleType) -> dict[str, str]:
-    """Device name -> MIG UUID of every whole instance NVML holds now."""
-    devices = NvmlDevices(sim, load_catalog())
-    devices.init()
-    try:
-        return {
-            device_name(g.index, i.profile, i.start): i.mig_uuid
-            for g in devices.discover()[0]
-            for i in devices.instances(g)
-            if i.whole is not None
-        }
-    finally:
-        devices.shutdown()
-
-
 async def prepared_or_unbound(
     k: ScenarioApi, agent: NodeAgent, pod: str, answer: Callable[[], str | None], within_s: float
 ) -> str:
@@ -385,7 +369,7 @@ async def test_a_placement_dropped_from_the_offer_while_booked_is_answered_and_n
 
                 outcome = await prepared_or_unbound(k, agent, "a", answer, SAFE_WITHIN_S)
                 got = await read_claim(k, "a")
-            now = live(sim)
+            now = whole_instances(sim)
             lost = watch.destroyed_while_allocated(sim.history()[since:])
         finally:
             await watch.stop()

@@ -51,7 +51,6 @@ from kubernetes_asyncio import client
 
 from dynamig.agent.controller import NodeAgent
 from dynamig.agent.devices_service import AgentMigInstances
-from dynamig.agent.nvml_device import NvmlDevices
 from dynamig.demo.cluster import (
     AllocationWatch,
     ScenarioApi,
@@ -62,10 +61,9 @@ from dynamig.demo.cluster import (
     layout_text,
     resource_claim,
 )
-from dynamig.demo.inprocess import agent_running, quick_agent_settings
+from dynamig.demo.inprocess import agent_running, quick_agent_settings, whole_instances
 from dynamig.devcluster import eventually
 from dynamig.devcluster.lagproxy import LaggingCluster
-from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.model import device_name
 from dynamig.kube.gpupartition import Inventory
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, MANAGED_NODE_LABEL, VERSION
@@ -247,21 +245,6 @@ async def bound(k: ScenarioApi, pod: str) -> str | None:
     return None
 
 
-def live(sim: ModuleType) -> dict[str, str]:
-    """Device name -> MIG UUID of every whole instance NVML holds now."""
-    devices = NvmlDevices(sim, load_catalog())
-    devices.init()
-    try:
-        return {
-            device_name(g.index, i.profile, i.start): i.mig_uuid
-            for g in devices.discover()[0]
-            for i in devices.instances(g)
-            if i.whole is not None
-        }
-    finally:
-        devices.shutdown()
-
-
 def destroyed(sim: ModuleType, since: int, profile: str, start: int) -> bool | None:
     hit = any(
         e.kind == "destroy-gi" and e.profile == profile and e.start == start for e in sim.history()[since:]
@@ -352,7 +335,7 @@ async def assert_safe(
 ) -> dict[str, str]:
     t0 = time.monotonic()
     outcome, served_after = await prepared_or_unbound(k, agent, pods, settled)
-    now = live(sim)
+    now = whole_instances(sim)
     lost = watch.destroyed_while_allocated(sim.history()[since:])
     report(case, variant, outcome, served_after, lost, time.monotonic() - t0)
     stuck = {p: o for p, o in outcome.items() if o.startswith("stuck")}
@@ -420,7 +403,7 @@ async def test_a_free_instance_retired_behind_the_schedulers_back_leaves_no_pod_
             y_offered = functools.partial(offering, k, s.gpu, [Y], variant.inventory)
             await eventually(y_offered, "Y free and offered", within_s=60)
             y = device_name(0, *Y)
-            assert y in live(sim)
+            assert y in whole_instances(sim)
             await scheduler_sees_slices(lagging_cluster, k, s.node)  # Y as a free instance
 
             proxy.hold("resourceslices", lag_s)
@@ -537,7 +520,7 @@ async def test_a_booking_deleted_mid_round_never_costs_the_next_pod_its_instance
             await offer(k, s.gpu, [F], ["1g.10gb", "2g.20gb"])
             await eventually(functools.partial(offering, k, s.gpu, [F]), "F free and offered", within_s=60)
             f = device_name(0, *F)
-            f_uuid = live(sim)[f]
+            f_uuid = whole_instances(sim)[f]
             await scheduler_sees_slices(lagging_cluster, k, s.node)  # F free, the offer
 
             since = len(sim.history())

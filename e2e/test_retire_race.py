@@ -35,11 +35,9 @@ import pytest
 from kubernetes_asyncio import client
 
 from dynamig import DRIVER_NAME
-from dynamig.agent.nvml_device import NvmlDevices
 from dynamig.demo.cluster import AllocationWatch, ScenarioApi, exactly, layout_text, resource_claim
-from dynamig.demo.inprocess import agent_running, quick_agent_settings
+from dynamig.demo.inprocess import agent_running, quick_agent_settings, whole_instances
 from dynamig.devcluster import ControlPlane, eventually
-from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.model import device_name
 from dynamig.kube.gpupartition import Inventory
 from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
@@ -130,7 +128,7 @@ async def test_a_claim_allocated_mid_retire_keeps_its_instance(
             await eventually(lambda: _async(others_gone()), "the other retired instances destroyed", 30)
             # Then several more rounds of the agent: the kept instance stays, the 3g.40gb waits for it.
             await asyncio.sleep(5.0)
-            still = live(sim)
+            still = whole_instances(sim)
         finally:
             await watch.stop()
     destroys = [
@@ -185,7 +183,7 @@ async def test_a_cut_whose_booking_goes_mid_cut_leaves_the_next_instance_to_its_
             t_alloc = time.time()
             await allocate(k, "next", node, other)
             await asyncio.sleep(3 * DESTROY_S + 2.0)  # the cut's second destroy would be long done
-            still = live(sim)
+            still = whole_instances(sim)
         finally:
             await watch.stop()
     destroys = [
@@ -198,21 +196,6 @@ async def test_a_cut_whose_booking_goes_mid_cut_leaves_the_next_instance_to_its_
     )
     assert other in still, (other, still, destroys)
     assert watch.destroyed_while_allocated(sim.history()[since:]) == []
-
-
-def live(sim: ModuleType) -> set[str]:
-    """Device names of the whole instances NVML holds now."""
-    devices = NvmlDevices(sim, load_catalog())
-    devices.init()
-    try:
-        return {
-            device_name(g.index, i.profile, i.start)
-            for g in devices.discover()[0]
-            for i in devices.instances(g)
-            if i.whole is not None
-        }
-    finally:
-        devices.shutdown()
 
 
 async def _async(value: Any) -> Any:

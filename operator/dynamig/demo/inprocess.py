@@ -20,6 +20,7 @@ from dynamig.agent.kubeapi import KubeApi
 from dynamig.agent.metrics import AgentMetrics
 from dynamig.agent.nvml_device import NvmlDevices
 from dynamig.geometry.catalog import load_catalog
+from dynamig.geometry.model import device_name
 from dynamig.operator.handlers import run_operator
 from dynamig.operator.metrics import OperatorMetrics
 from dynamig.operator.settings import OperatorSettings
@@ -66,3 +67,19 @@ async def operator_running(
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=30)
+
+
+def whole_instances(nvml: ModuleType) -> dict[str, str]:
+    """Device name -> MIG UUID of every whole instance (GPU instance with its compute instance) ``nvml``
+    holds now, read through the agent's own NVML code path."""
+    devices = NvmlDevices(nvml, load_catalog())
+    devices.init()
+    try:
+        return {
+            device_name(g.index, i.profile, i.start): i.mig_uuid
+            for g in devices.discover()[0]
+            for i in devices.instances(g)
+            if i.whole is not None
+        }
+    finally:
+        devices.shutdown()
