@@ -109,11 +109,7 @@ async def test_a_claim_allocated_mid_retire_keeps_its_instance(
         try:
             await set_layout(k, gpu, FLOOR)
 
-            def first_destroy() -> str | None:
-                gone = [e for e in sim.history()[since:] if e.kind == "destroy-gi"]
-                return device_name(0, gone[0].profile, gone[0].start) if gone else None
-
-            first = await eventually(lambda: _async(first_destroy()), "the first destroy begun", within_s=30)
+            first = await eventually(functools.partial(first_destroyed, sim, since), "the first destroy", 30)
             # The destroy is recorded once NVML returns; the agent goes on to the next one at once.
             left = [device_name(0, p, s) for p, s in FREE if device_name(0, p, s) != first]
             last = left[-1]
@@ -170,11 +166,7 @@ async def test_a_cut_whose_booking_goes_mid_cut_leaves_the_next_instance_to_its_
         try:
             await allocate(k, "booked", node, device_name(0, *BOOKED), BOOKED[0], guarded=True)
 
-            def first_destroy() -> str | None:
-                gone = [e for e in sim.history()[since:] if e.kind == "destroy-gi"]
-                return device_name(0, gone[0].profile, gone[0].start) if gone else None
-
-            first = await eventually(lambda: _async(first_destroy()), "the cut's first destroy", within_s=30)
+            first = await eventually(functools.partial(first_destroyed, sim, since), "the first destroy", 30)
             await k.custom.delete_namespaced_custom_object(
                 "resource.k8s.io", "v1", k.ns, "resourceclaims", "booked"
             )
@@ -196,6 +188,12 @@ async def test_a_cut_whose_booking_goes_mid_cut_leaves_the_next_instance_to_its_
     )
     assert other in still, (other, still, destroys)
     assert watch.destroyed_while_allocated(sim.history()[since:]) == []
+
+
+async def first_destroyed(sim: ModuleType, since: int) -> str | None:
+    """The device of the first GPU instance destroyed since history entry ``since``; None while none."""
+    gone = [e for e in sim.history()[since:] if e.kind == "destroy-gi"]
+    return device_name(0, gone[0].profile, gone[0].start) if gone else None
 
 
 async def _async(value: Any) -> Any:
