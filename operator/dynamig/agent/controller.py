@@ -83,6 +83,7 @@ from dynamig.kube.gpupartition import (
 from dynamig.kube.heartbeat import DEFAULT_LEASE_SECONDS, lease_body, stuck
 from dynamig.kube.names import NODE_LABEL, UNINSTALL_ANNOTATION, gpu_partition_name
 from dynamig.kube.times import now_rfc3339
+from dynamig.planner.offerlimit import in_force
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,9 @@ class AgentSettings:
     # e.g. re-listing after an API server outage) finds them free, and its prepare creates it again.
     quarantine_seconds: float = 120.0
     guard_free_instances: bool = False  # partitionable: free instances carry binding conditions too
-    placements_per_profile: int = 0  # partitionable: best-ranked placements offered per profile (0: all)
+    # Partitionable: best-ranked placements offered per profile (0: all); None (auto): the operator's choice
+    # in spec.autoPlacementsPerProfile (planner/offerlimit.py), every placement until it writes one.
+    placements_per_profile: int | None = 0
     interval_seconds: float = 10.0  # time between rounds when every GPU is Stable
     reshape_poll_seconds: float = 0.5  # time between rounds while a GPU reshapes
     min_round_gap_seconds: float = 0.2  # rounds woken by watch events are at least this far apart
@@ -551,11 +554,13 @@ class NodeAgent:
             self.metrics.reshape_duration.labels(node).observe(max(0.0, self.clock() - started))
 
         published, offer = set(plan.publish), None
+        auto = part.spec.auto_placements_per_profile
+        limit = in_force(self.settings.placements_per_profile, auto.choice() if auto else None)
         if keep:
             retiring = {w.placed for w in plan.draining} | set(plan.destroy)  # still there: guarded
             offer = partitionable_offer(
                 gpu, part, instances, claims, self.prepared, retiring, self.settings.guard_free_instances,
-                self.settings.placements_per_profile,
+                limit[0],
             )  # fmt: skip
             published = set(offer.unguarded)
             if offer.problem:
@@ -568,6 +573,7 @@ class NodeAgent:
         status = managed_status(
             status, part, model.key, plan, ready, now_rfc3339(),
             reshape_finished=started is not None, offered_placements=offer.placements if offer else 0,
+            placements_per_profile=limit if offer else None,
         )  # fmt: skip
         return GpuOutcome(
             name=part.name,

@@ -240,12 +240,16 @@ def managed_status(
     *,
     reshape_finished: bool,
     offered_placements: int,
+    placements_per_profile: tuple[int, str] | None = None,
 ) -> GpuPartitionStatus:
-    """``status`` of a GPU the agent manages, with its Managed, Healthy, LayoutValid and Ready conditions."""
+    """``status`` of a GPU the agent manages, with its Managed, Healthy, LayoutValid and Ready conditions;
+    ``placements_per_profile``: the partitionable offer's limit and how it was chosen (None: not offered)."""
     gen = part.metadata.generation
     ready = floor_held(status, plan, ready, offered_placements) or ready
     message, is_ready, reason = ready
     changes: dict[str, Any] = {"offered_placements": offered_placements}
+    limit, choice = placements_per_profile or (None, None)
+    changes["placements_per_profile"], changes["placements_per_profile_choice"] = limit, choice
     if reason == Reason.FLOOR_HELD:
         changes["message"] = message
     if reason == Reason.LAYOUT_APPLIED and status.inventory is Inventory.PARTITIONABLE:

@@ -19,6 +19,7 @@ from dynamig.cli._metrics import add_metrics_security_arguments, metrics_tls_fil
 from dynamig.cli.args import non_negative_float, port, positive_float, simulated_gpus
 from dynamig.cli.errors import EXIT_USAGE, CommandError, add_api_wait_argument
 from dynamig.kube.heartbeat import DEFAULT_LEASE_SECONDS, MAX_LEASE_SECONDS
+from dynamig.planner.offerlimit import parse_limit
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -94,11 +95,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--placements-per-profile",
-        type=_count,
-        default=0,
+        type=_placements_per_profile,
+        default=None,
         help="partitionable inventory: offer only the best-ranked N placements of each profile per GPU (0: "
-        "every valid placement); fewer devices keep kube-scheduler's cost per pod flat on large clusters "
-        "(docs/install.md)",
+        "every valid placement), or auto (default): the operator's choice from the number of GPU nodes, "
+        "every placement up to 64 and one above; fewer devices keep kube-scheduler's cost per pod flat on "
+        "large clusters (docs/install.md)",
     )
     p.add_argument(
         "--interval",
@@ -282,15 +284,12 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(main())
 
 
-def _count(text: str) -> int:
-    """A whole number >= 0, or argparse's usage error."""
+def _placements_per_profile(text: str) -> int | None:
+    """``auto`` (None) or a whole number >= 0, or argparse's usage error."""
     try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
-    return value
+        return parse_limit(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _lease_seconds(text: str) -> int:

@@ -4,7 +4,8 @@ Raw API dicts are parsed once, at the edge, with :func:`parse_gpu_partition`; st
 :meth:`GpuPartitionStatus.to_api`. Field names here are the wire names (camelCase aliases) of
 ``crds/gpupartitions.yaml``; keep the two in step. Pure: no I/O.
 
-Ownership of fields: the node agent creates the object and owns ``status``; the operator owns ``spec.layout``.
+Ownership of fields: the node agent creates the object and owns ``status``; the operator owns ``spec.layout``
+(and ``spec.offeredProfiles``, ``spec.autoPlacementsPerProfile``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pydantic.alias_generators import to_camel
 
 from dynamig.geometry.model import Layout, PlacedInstance, normalize_layout
 from dynamig.kube.names import GPU_PARTITION_KIND, GROUP_VERSION
+from dynamig.planner.offerlimit import AutoChoice
 
 
 class Phase(StrEnum):
@@ -100,11 +102,22 @@ class LayoutEntry(_Model):
         return PlacedInstance(self.start, self.profile)
 
 
+class AutoPlacementsSpec(_Model):
+    """The operator's choice of placements per profile for agents left on ``auto`` (planner/offerlimit.py)."""
+
+    limit: int = Field(ge=0)  # 0: every placement
+    gpu_nodes: int = Field(ge=0)  # the GPU nodes it was chosen from
+
+    def choice(self) -> AutoChoice:
+        return AutoChoice(self.limit, self.gpu_nodes)
+
+
 class GpuPartitionSpec(_Model):
     layout: list[LayoutEntry] = Field(default_factory=list)
     # Partitionable inventory only: profiles whose free placements are offered to the scheduler as devices
     # to be cut on allocation. None or empty: only the instances that exist are offered.
     offered_profiles: list[str] | None = None
+    auto_placements_per_profile: AutoPlacementsSpec | None = None  # written by the operator
 
     def desired(self) -> Layout:
         """The desired layout as a normalized (sorted) tuple of placed instances."""
@@ -161,6 +174,10 @@ class GpuPartitionStatus(_Model):
     last_reshape_time: str | None = None
     inventory: Inventory | None = None
     offered_placements: int = 0  # devices published that are placements still to be cut
+    # Partitionable: the best-ranked placements of each profile offered (0: all), and whether the agent's
+    # flag set it ("set") or the operator chose it ("auto (N GPU nodes)").
+    placements_per_profile: int | None = None
+    placements_per_profile_choice: str | None = None
     conditions: list[Condition] = Field(default_factory=list)
 
     def condition(self, ctype: str) -> Condition | None:

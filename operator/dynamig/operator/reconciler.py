@@ -28,7 +28,7 @@ from dynamig import DRIVER_NAME
 from dynamig.geometry.catalog import Catalog
 from dynamig.kube.apicalls import is_transient, status_of
 from dynamig.kube.events import gpu_partition_ref
-from dynamig.kube.gpupartition import Condition, layout_summary, set_condition
+from dynamig.kube.gpupartition import AutoPlacementsSpec, Condition, layout_summary, set_condition
 from dynamig.kube.heartbeat import Sighting, agent_leases, next_silence, sightings, silent_agents
 from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
 from dynamig.kube.names import GROUP_VERSION, POLICY_KIND, extended_resource_name
@@ -72,6 +72,7 @@ from dynamig.operator.metrics import OperatorMetrics
 from dynamig.operator.preemption import DryRunReport, dry_run
 from dynamig.operator.preemption import Memory as PreemptionMemory
 from dynamig.operator.settings import OperatorSettings
+from dynamig.planner.offerlimit import AutoChoice, choose, needs_rewrite
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +186,24 @@ def parse_world(
     return World(
         tuple(policies), gpus, node_labels, ownership, demand.pending, owner, demand.allocated, silent
     )
+
+
+def auto_limits(
+    gpus: tuple[GpuView, ...], mine: tuple[GpuView, ...], partitions: Mapping[str, Mapping[str, Any]]
+) -> dict[str, AutoChoice]:
+    """The GPUs of ``mine`` whose ``spec.autoPlacementsPerProfile`` is to be written, and what: the choice
+    for the number of GPU nodes dynamig manages (the nodes of every GpuPartition, ``gpus``). Pure."""
+    chosen = choose(len({g.node for g in gpus if g.node}))
+    out: dict[str, AutoChoice] = {}
+    for g in mine:
+        raw = ((partitions.get(g.name) or {}).get("spec") or {}).get("autoPlacementsPerProfile")
+        try:
+            written = AutoPlacementsSpec.model_validate(raw).choice() if raw else None
+        except ValidationError:
+            written = None
+        if needs_rewrite(written, chosen):
+            out[g.name] = chosen
+    return out
 
 
 class Reconciler:
@@ -350,7 +369,15 @@ class Reconciler:
             )
             self.metrics.plan_duration.labels(policy=name).observe(decision.plan_seconds)
             partitions = {p["metadata"]["name"]: p for p in snap.partitions}
-            written = await self._apply_writes(policy, decision.writes, decision.offers, partitions, now)
+            limits = auto_limits(world.gpus, mine, partitions)
+            for chosen in set(limits.values()):
+                log.info(
+                    "policy %s: placements per profile for agents on auto: %s (%d GPU nodes), to %d GPU(s)",
+                    name, chosen.limit or "every placement", chosen.gpu_nodes, len(limits),
+                )  # fmt: skip
+            written = await self._apply_writes(
+                policy, decision.writes, decision.offers, partitions, now, limits
+            )
             await self._tell_claims(decision.verdicts, now)
             preemption = await self._preemption_dry_run(policy, mine, snap, decision, now)
             models = [g.model for g in mine if g.model is not None and not g.unusable]
@@ -694,15 +721,17 @@ class Reconciler:
         offers: tuple[OfferWrite, ...],
         partitions: Mapping[str, Mapping[str, Any]],
         now: float,
+        limits: Mapping[str, AutoChoice] | None = None,
     ) -> tuple[LayoutWrite, ...]:
-        """Write each GPU's layout and offered profiles in one patch (one resourceVersion, one generation).
-        Returns the layout writes done."""
+        """Write each GPU's layout, offered profiles and automatic placements per profile in one patch (one
+        resourceVersion, one generation). Returns the layout writes done."""
         done: list[LayoutWrite] = []
         stamp = now_rfc3339()
         layouts = {w.gpu: w for w in writes}
         offered = {o.gpu: o for o in offers}
-        for gpu in [*layouts, *(g for g in offered if g not in layouts)]:
-            w, o = layouts.get(gpu), offered.get(gpu)
+        limits = limits or {}
+        for gpu in dict.fromkeys([*layouts, *offered, *limits]):
+            w, o, limit = layouts.get(gpu), offered.get(gpu), limits.get(gpu)
             raw = partitions.get(gpu) or {}
             rv = str((raw.get("metadata") or {}).get("resourceVersion", ""))
             spec: dict[str, Any] = {}
@@ -712,6 +741,8 @@ class Reconciler:
                 annotations[LAYOUT_WRITTEN_ANNOTATION] = stamp  # offers alone start no cooldown
             if o is not None:
                 spec["offeredProfiles"] = list(o.profiles)
+            if limit is not None:
+                spec["autoPlacementsPerProfile"] = {"limit": limit.limit, "gpuNodes": limit.gpu_nodes}
             try:
                 result = await self.kube.write_spec(gpu, spec, annotations, rv)
             except ApiException as exc:
@@ -723,13 +754,15 @@ class Reconciler:
                     await self._event_policy(
                         policy, "Warning", "ReshapeFailed", f"{gpu}: write failed: {exc.reason}"
                     )
-                else:
+                elif o is not None:
                     await self._event_policy(
                         policy,
                         "Warning",
                         "OffersFailed",
                         f"{gpu}: offeredProfiles write failed: {exc.reason}",
                     )
+                else:
+                    log.warning("%s: autoPlacementsPerProfile write failed: %s", gpu, exc.reason)
                 continue
             if o is not None:
                 before = ", ".join(o.before) if o.before else "none"
