@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from dynamig.backends import simnvml as nv
 
 HEADER = Path(__file__).resolve().parents[1] / "data" / "nvml" / "nvml.h"
 AGENT_NVML = Path(__file__).resolve().parents[2] / "operator" / "dynamig" / "agent" / "nvml_device.py"
+AGENT_HEALTH = AGENT_NVML.with_name("devicehealth.py")
 
 
 def _squash(text: str) -> str:
@@ -46,13 +48,13 @@ def doc_block(c_function: str) -> str:
 
 
 def member_doc(struct: str, member: str) -> str:
-    """The ``//!<`` comment of ``member`` in ``typedef struct <struct>``."""
+    """The ``//!<`` comment of ``member`` in ``typedef struct <struct>``, with the ``//`` lines after it."""
     text = _header()
     body = text[text.index(f"typedef struct {struct}") :]
     body = body[: body.index("}")]
-    m = re.search(rf"\b{member};\s*//!<\s*(.*)", body)
+    m = re.search(rf"\b{member};\s*//!<\s*(.*(?:\n\s*//(?!!<).*)*)", body)
     assert m, f"{struct}.{member} not found"
-    return _squash(m.group(1))
+    return _squash(re.sub(r"\n\s*//", " ", m.group(1)))
 
 
 @pytest.fixture(autouse=True)
@@ -384,6 +386,170 @@ def shutdown_then_uninitialized() -> None:
         nv.nvmlDeviceGetHandleByIndex(0)
 
 
+# --- events (nvml.h "Event Handling Methods"; dynamig.backends.simevents) ------------------------------
+
+XID = pynvml.nvmlEventTypeXidCriticalError
+
+
+def _xid_set(w: World) -> Any:
+    s = nv.nvmlEventSetCreate()
+    nv.nvmlDeviceRegisterEvents(w.parent, XID, s)
+    return s
+
+
+def _gi_id(gi: Any) -> int:
+    return int(nv.nvmlGpuInstanceGetInfo(gi).id)
+
+
+def event_set_needs_init() -> None:
+    nv.configure(["H100-80GB"])
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        nv.nvmlEventSetCreate()
+    nv.nvmlInit()
+    s = nv.nvmlEventSetCreate()
+    nv.nvmlShutdown()
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        nv.nvmlEventSetWait(s, 0)
+
+
+def events_before_register_not_recorded() -> None:
+    w = _world()
+    nv.inject_xid(0, 48)  # before the registration: not recorded
+    s = _xid_set(w)
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        nv.nvmlEventSetWait(s, 50)
+    nv.inject_xid(0, 79)
+    assert nv.nvmlEventSetWait(s, 50).eventData == 79
+
+
+def register_unsupported_type() -> None:
+    w = _world()
+    s = nv.nvmlEventSetCreate()
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nv.nvmlDeviceRegisterEvents(w.parent, XID | pynvml.nvmlEventTypeClock, s)
+    nv.inject_xid(0, 48)
+    with pytest.raises(pynvml.NVMLError_Timeout):  # nothing of that call was registered
+        nv.nvmlEventSetWait(s, 50)
+    nv.nvmlDeviceRegisterEvents(w.parent, XID, s)  # the set can still be used
+    nv.inject_xid(0, 48)
+    assert nv.nvmlEventSetWait(s, 50).eventData == 48
+
+
+def register_invalid_types() -> None:
+    w = _world()
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nv.nvmlDeviceRegisterEvents(w.parent, 1 << 40, nv.nvmlEventSetCreate())
+
+
+def register_on_lost_gpu() -> None:
+    w = _world()
+    nv.set_gpu_lost(0)
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        nv.nvmlDeviceRegisterEvents(w.parent, XID, nv.nvmlEventSetCreate())
+
+
+def wait_times_out() -> None:
+    w = _world()
+    s = _xid_set(w)
+    started = time.monotonic()
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        nv.nvmlEventSetWait(s, 200)
+    assert 0.15 <= time.monotonic() - started < 2.0
+
+
+def wait_returns_at_once_when_ready() -> None:
+    w = _world()
+    s = _xid_set(w)
+    nv.inject_xid(0, 94, gi_id=_gi_id(w.gi_small), ci_id=0)
+    started = time.monotonic()
+    assert nv.nvmlEventSetWait(s, 10_000).eventData == 94
+    assert time.monotonic() - started < 1.0
+
+
+def wait_sleeps_till_event() -> None:
+    w = _world()
+    s = _xid_set(w)
+    timer = threading.Timer(0.3, lambda: nv.inject_xid(0, 63))
+    timer.start()
+    started = time.monotonic()
+    data = nv.nvmlEventSetWait(s, 5_000)
+    timer.join()
+    assert data.eventData == 63 and 0.25 <= time.monotonic() - started < 3.0
+
+
+def every_xid_delivered() -> None:
+    w = _world()
+    s = _xid_set(w)
+    other = nv.nvmlEventSetCreate()
+    nv.nvmlDeviceRegisterEvents(nv.nvmlDeviceGetHandleByIndex(1), XID, other)
+    nv.inject_xid(0, 48)
+    nv.inject_xid(1, 74)  # another GPU: not in this set
+    nv.inject_xid(0, 31)
+    assert [nv.nvmlEventSetWait(s, 50).eventData for _ in range(2)] == [48, 31]
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        nv.nvmlEventSetWait(s, 20)
+    assert nv.nvmlEventSetWait(other, 50).eventData == 74
+
+
+def wait_gpu_lost() -> None:
+    w = _world()
+    s = _xid_set(w)
+    nv.set_gpu_lost(0)
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        nv.nvmlEventSetWait(s, 50)
+
+
+def event_device_is_the_parent() -> None:
+    w = _world()
+    s = _xid_set(w)
+    nv.inject_xid(0, 94, gi_id=_gi_id(w.gi_big), ci_id=0)
+    data = nv.nvmlEventSetWait(s, 50)
+    assert nv.nvmlDeviceIsMigDeviceHandle(data.device).value == 0
+    assert nv.nvmlDeviceGetUUID(data.device) == nv.nvmlDeviceGetUUID(w.parent)
+    assert data.eventType == XID
+
+
+def event_data_is_the_xid() -> None:
+    w = _world()
+    s = _xid_set(w)
+    nv.inject_xid(0, 95)
+    assert nv.nvmlEventSetWait(s, 50).eventData == 95
+
+
+def event_instance_ids() -> None:
+    w = _world()
+    s = _xid_set(w)
+    gi = _gi_id(w.gi_small)
+    nv.inject_xid(0, 94, gi_id=gi, ci_id=0)
+    nv.inject_xid(0, 48)  # the whole GPU
+    mig, whole = nv.nvmlEventSetWait(s, 50), nv.nvmlEventSetWait(s, 50)
+    assert (mig.gpuInstanceId, mig.computeInstanceId) == (gi, 0)
+    assert (whole.gpuInstanceId, whole.computeInstanceId) == (0xFFFFFFFF, 0xFFFFFFFF)
+
+
+def event_instance_ids_need_mig() -> None:
+    w = _world(mig_enabled=False)
+    with pytest.raises(KeyError):  # no GPU instance to attribute it to with MIG off
+        nv.inject_xid(0, 94, gi_id=1)
+    s = _xid_set(w)
+    nv.inject_xid(0, 94)
+    data = nv.nvmlEventSetWait(s, 50)
+    assert (data.gpuInstanceId, data.computeInstanceId) == (0xFFFFFFFF, 0xFFFFFFFF)
+
+
+def supported_event_types() -> None:
+    w = _world()
+    assert nv.nvmlDeviceGetSupportedEventTypes(w.parent) & XID
+
+
+def event_set_free() -> None:
+    w = _world()
+    s = _xid_set(w)
+    nv.nvmlEventSetFree(s)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):  # released: no longer a set (not in nvml.h)
+        nv.nvmlEventSetWait(s, 0)
+
+
 @dataclass(frozen=True)
 class Case:
     pynvml_name: str  # the pynvml function the agent calls
@@ -485,6 +651,55 @@ CASES = [
     Case("nvmlInit", "nvmlInit_v2",
          "A reference count of the number of initializations is maintained. Shutdown only occurs when the "
          "reference count reaches zero.", init_is_reference_counted),
+    Case("nvmlEventSetCreate", "nvmlEventSetCreate", "Create an empty set of events.", event_set_needs_init),
+    Case("nvmlEventSetCreate", "nvmlEventSetCreate",
+         "NVML_ERROR_UNINITIALIZED if the library has not been successfully initialized",
+         event_set_needs_init),
+    Case("nvmlDeviceRegisterEvents", "nvmlDeviceRegisterEvents",
+         "All events that occurred before this call are not recorded.", events_before_register_not_recorded),
+    Case("nvmlDeviceRegisterEvents", "nvmlDeviceRegisterEvents",
+         "If function reports NVML_ERROR_NOT_SUPPORTED, event set can still be used. None of the requested "
+         "eventTypes are registered in that case.", register_unsupported_type),
+    Case("nvmlDeviceRegisterEvents", "nvmlDeviceRegisterEvents",
+         "NVML_ERROR_INVALID_ARGUMENT if eventTypes is invalid or set is NULL", register_invalid_types),
+    Case("nvmlDeviceRegisterEvents", "nvmlDeviceRegisterEvents",
+         "NVML_ERROR_GPU_IS_LOST if the target GPU has fallen off the bus or is otherwise inaccessible",
+         register_on_lost_gpu),
+    Case("nvmlDeviceGetSupportedEventTypes", "nvmlDeviceGetSupportedEventTypes",
+         "Returns information about events supported on device", supported_event_types),
+    Case("nvmlEventSetWait", "nvmlEventSetWait_v2",
+         "NVML_ERROR_TIMEOUT if no event arrived in specified timeout or interrupt arrived", wait_times_out),
+    Case("nvmlEventSetWait", "nvmlEventSetWait_v2",
+         "If some events are ready to be delivered at the time of the call, function returns immediately.",
+         wait_returns_at_once_when_ready),
+    Case("nvmlEventSetWait", "nvmlEventSetWait_v2",
+         "If there are no events ready to be delivered, function sleeps till event arrives but not longer "
+         "than specified timeout.", wait_sleeps_till_event),
+    Case("nvmlEventSetWait", "nvmlEventSetWait_v2",
+         "On Linux, every Xid error event would return the associated event data and other information if "
+         "applicable.", every_xid_delivered),
+    Case("nvmlEventSetWait", "nvmlEventSetWait_v2",
+         "NVML_ERROR_GPU_IS_LOST if a GPU has fallen off the bus or is otherwise inaccessible",
+         wait_gpu_lost),
+    Case("nvmlEventSetWait", "nvmlEventSetWait_v2",
+         "This API does not currently support per-instance event reporting using MIG device handles.",
+         event_device_is_the_parent),
+    Case("nvmlEventSetWait", "struct:nvmlEventData_st:device", "Specific device where the event occurred",
+         event_device_is_the_parent),
+    Case("nvmlEventSetWait", "struct:nvmlEventData_st:eventData",
+         "Stores Xid error for the device in the event of nvmlEventTypeXidCriticalError,",
+         event_data_is_the_xid),
+    Case("nvmlEventSetWait", "struct:nvmlEventData_st:gpuInstanceId",
+         "If MIG is enabled and nvmlEventTypeXidCriticalError event is attributable to a GPU instance, "
+         "stores a valid GPU instance ID. gpuInstanceId is set to 0xFFFFFFFF otherwise.", event_instance_ids),
+    Case("nvmlEventSetWait", "struct:nvmlEventData_st:computeInstanceId",
+         "If MIG is enabled and nvmlEventTypeXidCriticalError event is attributable to a compute instance, "
+         "stores a valid compute instance ID. computeInstanceId is set to 0xFFFFFFFF otherwise.",
+         event_instance_ids),
+    Case("nvmlEventSetWait", "struct:nvmlEventData_st:gpuInstanceId",
+         "If MIG is enabled and nvmlEventTypeXidCriticalError event is attributable to a GPU instance",
+         event_instance_ids_need_mig),
+    Case("nvmlEventSetFree", "nvmlEventSetFree", "Releases events in the set", event_set_free),
 ]  # fmt: skip
 
 
@@ -519,3 +734,15 @@ def test_every_nvml_call_of_the_agent_has_a_documented_case() -> None:
     assert called <= covered, (
         f"NVML functions the agent calls with no nvml.h case: {sorted(called - covered)}"
     )
+
+
+def test_every_nvml_call_of_the_xid_watcher_has_a_documented_case() -> None:
+    called = set(re.findall(r"\bnv\.(nvml\w+)\(", AGENT_HEALTH.read_text()))
+    assert {
+        "nvmlEventSetCreate",
+        "nvmlDeviceRegisterEvents",
+        "nvmlEventSetWait",
+        "nvmlEventSetFree",
+    } <= called
+    covered = {c.pynvml_name for c in CASES}
+    assert called <= covered, f"NVML calls of the XID watcher with no nvml.h case: {sorted(called - covered)}"

@@ -23,9 +23,13 @@ and answers UUID, memory, attributes and processes for that instance alone.
 ``tests/unit/test_simnvml_fidelity.py`` checks each function the agent calls against the sentence of nvml.h
 that documents it.
 
+Event sets and XID critical-error events (``nvmlEventSetCreate``, ``nvmlDeviceRegisterEvents``,
+``nvmlEventSetWait``, ``nvmlEventSetFree``) follow nvml.h's "Event Handling Methods";
+:mod:`dynamig.backends.simevents` holds that machinery and says what it models.
+
 Not in ``pynvml`` (simulation control): :func:`configure`, :func:`attach_process`, :func:`detach_process`,
-:func:`set_gpu_lost`, :func:`reload_driver`, :func:`set_mig_enumeration_delay`, :func:`fail_next`,
-:func:`clear_failures`, :func:`history`, :func:`snapshot`, :func:`reset`.
+:func:`set_gpu_lost`, :func:`reload_driver`, :func:`set_mig_enumeration_delay`, :func:`inject_xid`,
+:func:`fail_next`, :func:`clear_failures`, :func:`history`, :func:`snapshot`, :func:`reset`.
 
 State (GPUs, MIG mode, instances, processes, the event history) lives in memory or, with ``state_file``, in a
 JSON file shared by every process that configures the same path: each call re-reads the file when it has
@@ -91,6 +95,7 @@ from pynvml import (
     nvmlStructToFriendlyObject,
 )
 
+from dynamig.backends.simevents import SUPPORTED_EVENT_TYPES, EventSets, XidRecord
 from dynamig.fileio import write_atomic
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.layout import (
@@ -208,7 +213,8 @@ class SimEvent:
 
     seq: int
     timestamp: float
-    kind: str  # create-gi destroy-gi create-ci destroy-ci attach-process detach-process set-mig-mode gpu-lost
+    # create-gi destroy-gi create-ci destroy-ci attach-process detach-process set-mig-mode gpu-lost xid
+    kind: str
     gpu_index: int
     gpu_uuid: str
     gi_id: int | None = None
@@ -219,7 +225,7 @@ class SimEvent:
     size: int | None = None
     mig_uuid: str | None = None
     pid: int | None = None
-    value: int | None = None  # MIG mode for set-mig-mode, 1/0 for gpu-lost
+    value: int | None = None  # MIG mode for set-mig-mode, 1/0 for gpu-lost, the XID for xid
 
 
 @dataclass
@@ -275,6 +281,7 @@ class _Simulator:
         self.create_latency_s = create_latency_s
         self.mig_enumeration_delay_s = 0.0  # a new compute instance's MIG device is listed this much later
         self.failures: list[_Failure] = []  # injected errors (fail_next), in this process only
+        self.events = EventSets()  # event sets are handles of this process, as NVML's
         self.destroy_latency_s = destroy_latency_s
         self._lock = threading.RLock()
         self._stamp: tuple[int, int, int] | None = None
@@ -493,6 +500,32 @@ def set_mig_enumeration_delay(seconds: float) -> None:
     The delay is this process's setting; the time it ends is kept in the state. Side effect: module state.
     """
     _sim().mig_enumeration_delay_s = max(0.0, float(seconds))
+
+
+def inject_xid(index: int, xid: int, *, gi_id: int | None = None, ci_id: int | None = None) -> int:
+    """Make the simulated driver report XID ``xid`` on GPU ``index``: the whole GPU, or the GPU instance
+    ``gi_id`` (and compute instance ``ci_id``) when MIG is enabled, which must exist (KeyError if not). Sets
+    waiting on the GPU receive it (:mod:`dynamig.backends.simevents`). Returns its history sequence number.
+    Side effect: state."""
+    sim = _sim()
+    if ci_id is not None and gi_id is None:
+        raise ValueError("a compute instance id needs its GPU instance id")
+    with sim.mutate() as state:
+        gpu = state.gpus[index]
+        if gi_id is not None:
+            gi = _find_gi(gpu, gi_id) if gpu.mig_current == NVML_DEVICE_MIG_ENABLE else None
+            if gi is None or (ci_id is not None and _find_ci(gi, ci_id) is None):
+                raise KeyError(f"GPU {index} has no MIG instance GI {gi_id} / CI {ci_id}")
+        sim.record(state, "xid", gpu, gi_id=gi_id, ci_id=ci_id, value=int(xid))
+        return state.serial
+
+
+def _xids() -> list[XidRecord]:
+    return [
+        XidRecord(e.seq, e.gpu_index, int(e.value or 0), e.gi_id, e.ci_id)
+        for e in _sim().state().history
+        if e.kind == "xid"
+    ]
 
 
 @dataclass
@@ -1257,3 +1290,38 @@ def nvmlComputeInstanceDestroy(computeInstance: Any) -> int:
             start=gi.start, size=gi.size, mig_uuid=ci.uuid,
         )  # fmt: skip
     return _SUCCESS
+
+
+# --- events (nvml.h "Event Handling Methods"; dynamig.backends.simevents) -------------------------------
+
+
+def nvmlEventSetCreate() -> Any:
+    return _initialized().events.create()
+
+
+def nvmlDeviceGetSupportedEventTypes(handle: Any) -> int:
+    _read(handle, _KIND_GPU)
+    return SUPPORTED_EVENT_TYPES
+
+
+def nvmlDeviceRegisterEvents(handle: Any, eventTypes: int, eventSet: Any) -> None:
+    sim = _initialized()
+    r = _resolve(sim.state(), handle, _KIND_GPU)
+    sim.events.register(eventSet, r.gpu.index, int(eventTypes), sim.state().serial)
+
+
+def nvmlEventSetWait_v2(eventSet: Any, timeoutms: int) -> Any:
+    sim = _initialized()
+
+    def lost(index: int) -> bool:
+        gpus = sim.state().gpus
+        return 0 <= index < len(gpus) and gpus[index].lost
+
+    return sim.events.wait(eventSet, timeoutms, _xids, lost, _gpu_handle)
+
+
+nvmlEventSetWait = nvmlEventSetWait_v2
+
+
+def nvmlEventSetFree(eventSet: Any) -> None:
+    _initialized().events.free(eventSet)
