@@ -36,6 +36,7 @@ from dynamig import DRIVER_NAME
 from dynamig.agent.allocations import AllocationAnswerer
 from dynamig.agent.answering import refusals
 from dynamig.agent.binding import Ready
+from dynamig.agent.devicehealth import DeviceHealth, XidWatcher, instance_devices
 from dynamig.agent.features import InventorySupport, detect_inventory
 from dynamig.agent.given_uuids import given_uuids
 from dynamig.agent.gpu_status import (
@@ -69,6 +70,7 @@ from dynamig.agent.reporting import NodeReporter
 from dynamig.agent.reshape import Reshaper
 from dynamig.agent.uuidwatch import AllocatedUuids, UuidChange
 from dynamig.agent.watch import NodeCopies, node_copies
+from dynamig.agent.xid import APPLICATION_XIDS
 from dynamig.geometry.model import PlacedInstance, device_name
 from dynamig.kube.apicalls import is_transient, status_of
 from dynamig.kube.gpupartition import (
@@ -117,6 +119,13 @@ class AgentSettings:
     # Added to this host's clock where the Lease's renewTime is written: the dev cluster plays a node whose
     # clock is off with it (the operator dates renewals by its own clock, so it must not matter).
     clock_offset_seconds: float = 0.0
+    # Device health (agent/devicehealth.py): watch NVML's XID events; the taint a critical XID puts on the
+    # devices it affects; the quiet period after which a GPU's faults clear (0: only the GpuPartition's
+    # mig.dynamig.io/xid-cleared annotation clears them); the XIDs that are no device fault.
+    xid_watch: bool = True
+    xid_effect: str = "NoSchedule"
+    xid_clear_after_seconds: float = 0.0
+    xid_ignored: tuple[int, ...] = tuple(sorted(APPLICATION_XIDS))
 
 
 # The longest wait after rounds that keep failing for another reason than the API server (a bug, a refusal):
@@ -203,6 +212,11 @@ class NodeAgent:
         )  # fmt: skip
         self.answerer.progress = self.progressed
         self.reporter = NodeReporter(api, metrics, settings.node, settings.events_namespace)
+        self.health = DeviceHealth(
+            settings.node, settings.xid_effect, settings.xid_clear_after_seconds
+        )  # faults from XID events: the publisher taints or withdraws their devices
+        self.publisher.health = self.health
+        self.xids: XidWatcher | None = None
         self.support: InventorySupport | None = (
             None
             if settings.inventory is None
@@ -233,6 +247,16 @@ class NodeAgent:
         makes no request); otherwise rounds list them and only follow the poll intervals.
         """
         watchers: list[asyncio.Task[None]] = [asyncio.create_task(self._heartbeats(stop), name="agent-lease")]
+        nvml = getattr(self.devices, "nvml", None)
+        if self.settings.xid_watch and nvml is not None and hasattr(nvml, "nvmlEventSetCreate"):
+            loop = asyncio.get_running_loop()
+
+            def woken() -> None:
+                loop.call_soon_threadsafe(self.wake)
+
+            self.health.on_fault = woken
+            self.xids = XidWatcher(nvml, self.health, self.metrics.registry, self.settings.xid_ignored)
+            self.xids.start()
         if self.settings.watch:
             self.copies = node_copies(self.api, self.settings.node, self.settings.driver, self.wake)
             for copy in self.copies.all():
@@ -244,6 +268,8 @@ class NodeAgent:
         try:
             await self._loop(stop)
         finally:
+            if self.xids is not None:
+                await asyncio.to_thread(self.xids.stop)
             for t in watchers:
                 t.cancel()
             await asyncio.gather(*watchers, return_exceptions=True)
@@ -349,10 +375,12 @@ class NodeAgent:
             await self._answer(view)  # a pod waiting on its binding is the most urgent thing on the node
         view.claims = allocated_devices(view.raw_claims, self.settings.driver, self.settings.node)
         outcomes, created, replaced = await self._each_gpu(view)
+        self.health.observe(view.gpus, instance_devices(outcomes), view.parts)
         await self._publish(view, outcomes)
         self._after_publish(outcomes, view.claims)  # the guards stand from now: their settle clocks start
         for o in outcomes:
             part = view.parts.get(o.name) or created.get(o.name, _NO_PARTITION)
+            self.health.report(o, part)  # the DevicesHealthy condition, an Event per critical XID
             if o.status is not None and o.status != part.status:
                 await self.reporter.write_status(o.name, o.status, part.metadata.uid)
             await self.reporter.post_events(part, o)

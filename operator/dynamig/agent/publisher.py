@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dynamig import DRIVER_NAME
 from dynamig.agent.answering import booked_devices
@@ -25,6 +25,9 @@ from dynamig.agent.kubeapi import KubeApi
 from dynamig.kube.apicalls import status_of
 from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY, GpuInventory, build_inventory_slices
 from dynamig.kube.slices import CONTENT_ANNOTATION, build_resource_slices
+
+if TYPE_CHECKING:
+    from dynamig.agent.devicehealth import DeviceHealth
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,8 @@ class SlicePublisher:
         self.publishes = 0
         # Owner of the slices (the Node, as for kubelet-registered drivers): deleting the node collects them.
         self.owner: dict[str, Any] | None = None
+        # Devices a critical XID made sick are tainted or left out (agent/devicehealth.py).
+        self.health: DeviceHealth | None = None
 
     def _ours(self, slices: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [
@@ -65,9 +70,8 @@ class SlicePublisher:
         ``existing`` may pass the node's slices already listed this round (any driver); otherwise they are
         listed here.
         """
-        return await self._sync(
-            lambda gen: build_resource_slices(self.node, gen, devices, self.driver), existing
-        )
+        build = await self._healthy(lambda gen: build_resource_slices(self.node, gen, devices, self.driver))
+        return await self._sync(build, existing)
 
     async def sync_inventory(
         self,
@@ -95,7 +99,17 @@ class SlicePublisher:
                     self.node, len(kept), ", ".join(kept),
                 )  # fmt: skip
 
-        return await self._sync(build, existing, before_dropping)
+        return await self._sync(await self._healthy(build, booked), existing, before_dropping)
+
+    async def _healthy(
+        self, build: Callable[[int], list[dict[str, Any]]], keep: set[str] | None = None
+    ) -> Callable[[int], list[dict[str, Any]]]:
+        """``build`` with the sick devices tainted, or withdrawn where the API drops taints (devices in
+        ``keep``, booked and not answered, stay). Side effect: the first time, asks the API server."""
+        health = self.health
+        if health is None or not await health.prepare(self.api, self.driver):
+            return build
+        return lambda gen: health.apply(build(gen), keep or set())
 
     def _booked(self, claims: list[dict[str, Any]]) -> set[str]:
         return set(booked_devices(claims, self.driver, self.node, BINDING_READY, BINDING_FAILED))

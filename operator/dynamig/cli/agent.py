@@ -103,6 +103,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "large clusters (docs/install.md)",
     )
     p.add_argument(
+        "--xid-effect",
+        choices=["NoSchedule", "NoExecute"],
+        default="NoSchedule",
+        help="the taint a critical XID puts on the devices it affects (docs/operations.md, Device health); "
+        "NoExecute also makes the scheduler's eviction controller move pods off them",
+    )
+    p.add_argument(
+        "--xid-clear-after",
+        type=non_negative_float,
+        default=0.0,
+        help="clear a GPU's XID faults after this many seconds without a new critical XID on it (0: only the "
+        "GpuPartition's mig.dynamig.io/xid-cleared annotation clears them)",
+    )
+    p.add_argument(
+        "--xid-ignore",
+        default="",
+        help="comma-separated XIDs that are no device fault, besides the application XIDs 13,31,43,45,68",
+    )
+    p.add_argument(
         "--interval",
         type=positive_float,
         default=10.0,
@@ -207,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
         run_agent,
     )
     from dynamig.agent.plugin.settings import PluginSettings
+    from dynamig.agent.xid import APPLICATION_XIDS
     from dynamig.cli._logging import configure_logging
     from dynamig.cli.errors import check_kubeconfig, reach_api
     from dynamig.geometry.catalog import load_catalog
@@ -259,6 +279,11 @@ def run(args: argparse.Namespace) -> int:
             ),
             lease_namespace=args.lease_namespace or None,
             lease_seconds=args.lease_seconds,
+            xid_effect=args.xid_effect,
+            xid_clear_after_seconds=args.xid_clear_after,
+            xid_ignored=tuple(
+                sorted(APPLICATION_XIDS | {int(x) for x in args.xid_ignore.split(",") if x.strip()})
+            ),
         ),
         nvml=args.nvml,
         simulation=simulation,
