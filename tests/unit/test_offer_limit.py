@@ -138,7 +138,7 @@ def test_the_operator_counts_gpu_nodes_not_gpus_and_writes_only_what_changed() -
     raws[0]["spec"]["autoPlacementsPerProfile"] = {"limit": 1, "gpuNodes": 70}  # type: ignore[index]
     raws[1]["spec"]["autoPlacementsPerProfile"] = {"limit": 0, "gpuNodes": 70}  # type: ignore[index]
     raws[2]["spec"]["autoPlacementsPerProfile"] = {"limit": 1, "gpuNodes": 60}  # type: ignore[index]
-    gpus = parse_inventory(tuple(raws), load_catalog(), frozenset(), {})
+    gpus = parse_inventory(tuple(raws), load_catalog(), {}, {})
     assert len(gpus) == 140
     partitions = {str(r["metadata"]["name"]): r for r in raws}  # type: ignore[index]
     mine = tuple(g for g in gpus if g.node in {"n0", "n1", "n2"})
