@@ -1,6 +1,6 @@
-"""The scheduler configuration docs/install.md recommends (packing score, binding timeout) is one the
-kube-scheduler of every Kubernetes target accepts (1.35 without the alpha gates: without the binding timeout,
-as the docs say).
+"""The scheduler configurations docs/install.md recommends (packing score, binding timeout; for large
+clusters, the share of nodes visited and the score weights) are ones the kube-scheduler of every Kubernetes
+target accepts (1.35 without the alpha gates: without the binding timeout, as the docs say).
 
 Real: the kube-scheduler binary the control plane uses, with ``--write-config-to`` (it loads and validates the
 file, writes the defaulted result and exits without contacting an API server). The snippet is read from the
@@ -89,3 +89,35 @@ def test_the_documented_packing_score_is_accepted_by_kube_scheduler(
     bad = yaml.safe_load(yaml.safe_dump(config).replace("MostAllocated", "MostAlocated"))
     refused = write_config(tmp_path, bad, gates)
     assert refused.returncode != 0 and "MostAlocated" in refused.stderr
+
+
+def large_cluster_config() -> dict[str, object]:
+    section = DOC.read_text().split("### Large clusters", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```yaml\n(.*?)```", section, re.S)
+    assert len(blocks) == 1, "one yaml block in the section"
+    loaded: dict[str, object] = yaml.safe_load(blocks[0])
+    return loaded
+
+
+def test_the_documented_large_cluster_settings_are_what_kube_scheduler_runs_with(
+    tmp_path: Path, kube_target: KubeTarget
+) -> None:
+    config = large_cluster_config()
+    done = write_config(tmp_path, config, kube_target.gate_flags())
+    assert done.returncode == 0, done.stderr[-2000:]
+    effective = yaml.safe_load((tmp_path / "effective.yaml").read_text())
+    assert effective["percentageOfNodesToScore"] == 10  # the default leaves it unset (adaptive)
+    (profile,) = [p for p in effective["profiles"] if p["schedulerName"] == "default-scheduler"]
+    weights = {p["name"]: p.get("weight") for p in profile["plugins"]["multiPoint"]["enabled"]}
+    assert weights["DynamicResources"] == 2
+    assert weights["NodeResourcesFit"] == 2  # 1 by default
+    (fit,) = [c["args"] for c in profile["pluginConfig"] if c["name"] == "NodeResourcesFit"]
+    assert fit["scoringStrategy"]["type"] == "MostAllocated"
+
+    # the check can fail: a share over 100 and a plugin that does not exist are refused
+    over = {**config, "percentageOfNodesToScore": 150}
+    refused = write_config(tmp_path, over, kube_target.gate_flags())
+    assert refused.returncode != 0 and "percentageOfNodesToScore" in refused.stderr, refused.stderr[-2000:]
+    typo = yaml.safe_load(yaml.safe_dump(config).replace("name: DynamicResources", "name: DynamicResource"))
+    refused = write_config(tmp_path, typo, kube_target.gate_flags())
+    assert refused.returncode != 0 and "DynamicResource" in refused.stderr, refused.stderr[-2000:]
