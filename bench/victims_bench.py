@@ -3,10 +3,10 @@
 Run: ``python bench/victims_bench.py`` (defaults: 1,000 nodes x 8 A100-80GB, 20,000 running pods,
 2,000 waiting preemptors). Options: ``--nodes``, ``--running``, ``--pending``, ``--seed``, ``--repeat``.
 
-The cluster: every GPU cut into a random valid layout of 1g.10gb to 7g.80gb instances, ``--running`` of
-those instances held by one pod each (priority 0 for 60%, 500 for 25%, 1000 for 15%; a tenth protected, as
-by a PodDisruptionBudget; started 0-10 h ago), the rest free. Waiting: ``--pending`` pods at priority 0, 500,
-1000 or 2000, asking for one of 1g.10gb..7g.80gb with up to two ``firstAvailable`` fallbacks, a fifth restricted to
+The cluster: every GPU cut into a random valid layout of 1g.10gb to 7g.80gb instances, ``--running`` of those
+instances held by one pod each (priority 0 for 60%, 500 for 25%, 1000 for 15%; a tenth protected, as by a
+PodDisruptionBudget; started 0-10 h ago), the rest free. Waiting: ``--pending`` pods at priority 0, 500, 1000
+or 2000, asking for one of 1g.10gb..7g.80gb with up to two ``firstAvailable`` fallbacks, a fifth restricted to
 three nodes. Printed: CPU seconds of one round (``time.process_time``, best of ``--repeat``), the evictions it
 chose, and, as the in-run baseline, the same preemptors searched one by one by brute force (every GPU, every
 alternative, every placement: what the index saves), timed on the first ``--baseline-pending`` preemptors and
