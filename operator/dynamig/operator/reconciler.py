@@ -30,9 +30,7 @@ from dynamig.kube.apicalls import is_transient, status_of
 from dynamig.kube.events import gpu_partition_ref
 from dynamig.kube.gpupartition import AutoPlacementsSpec, Condition, layout_summary, set_condition
 from dynamig.kube.heartbeat import Sighting, agent_leases, next_silence, sightings, silent_agents
-from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
 from dynamig.kube.names import GROUP_VERSION, POLICY_KIND, extended_resource_name
-from dynamig.kube.pods import REASON_RESCHEDULED, REASON_STRANDED
 from dynamig.kube.policy import (
     GpuPartitionPolicy,
     Mode,
@@ -55,23 +53,13 @@ from dynamig.operator.decide import (
 )
 from dynamig.operator.demand import PendingClaim, extract_demand, parse_device_classes
 from dynamig.operator.extended import class_changes, offered_profiles
-from dynamig.operator.fencing import (
-    REASON_AGENT_SILENT,
-    StrandedPod,
-    disrupted,
-    failed_answer,
-    fences,
-    taint_changes,
-    taint_rule,
-    taint_rule_name,
-    to_give_back,
-)
 from dynamig.operator.inventory import LAYOUT_WRITTEN_ANNOTATION, GpuView, allocated_devices, parse_inventory
 from dynamig.operator.kubeio import KubeIO, Snapshot
 from dynamig.operator.metrics import OperatorMetrics
 from dynamig.operator.preemption import DryRunReport, dry_run
 from dynamig.operator.preemption import Memory as PreemptionMemory
 from dynamig.operator.settings import OperatorSettings
+from dynamig.operator.silent_nodes import SilentNodes
 from dynamig.planner.offerlimit import AutoChoice, choose, needs_rewrite
 
 log = logging.getLogger(__name__)
@@ -93,12 +81,8 @@ class _Memory:
     floor_told: dict[str, int] = field(default_factory=dict)  # GPU -> generation whose FloorHeld was told
     told: dict[str, tuple[str, str, float]] = field(default_factory=dict)  # claim uid -> (reason, gpu, t)
     problems: dict[str, str] = field(default_factory=dict)  # policy -> last problems text
-    silent: set[str] = field(default_factory=set)  # GPUs already reported as having a silent agent
     taken: dict[str, str] = field(default_factory=dict)  # profile -> the other owner's class reported
     leases: dict[str, Sighting] = field(default_factory=dict)  # agent Lease -> when seen renewed
-    fenced_since: dict[str, float] = field(default_factory=dict)  # fenced node -> when first fenced
-    stranded: dict[str, str] = field(default_factory=dict)  # pod uid given back or told -> its fenced node
-    tainted: set[str] | None = None  # nodes whose DeviceTaintRule exists, as last listed (None: unknown)
     preemption: dict[str, PreemptionMemory] = field(default_factory=dict)  # policy -> what its pods were told
 
 
@@ -234,8 +218,7 @@ class Reconciler:
         self._gpu_uids: dict[str, str] = {}  # GpuPartition name -> uid, from the latest snapshot (for Events)
         self._next_silence: float | None = None  # wall time the next agent Lease runs out (plus grace)
         self._agents_checked = -float("inf")  # monotonic time the Leases were last read and acted on
-        self._taints_checked: tuple[float, bool] | None = None  # (monotonic time, DeviceTaintRules served)
-        self._taints_listed = -float("inf")  # monotonic time the DeviceTaintRules were last listed
+        self.silent_nodes = SilentNodes(kube, metrics, settings, clock)
 
     # ------------------------------------------------------------------------------------------ wake-ups
     def wake(self) -> None:
@@ -402,213 +385,10 @@ class Reconciler:
         world = parse_world(snap, self.catalog, wall, self._memory.leases)
         self._next_silence = next_silence(leases, wall, self._memory.leases)
         self._agents_checked = time.monotonic()
-        await self._report_silent_agents(world, snap)
-        await self._fence_silent_nodes(world.silent, snap, len(leases))
+        for gpu in await self.silent_nodes.report(world.silent, world.gpus, snap):
+            self._memory.awaiting.pop(gpu, None)
+        await self.silent_nodes.fence(world.silent, snap, len(leases))
         return world
-
-    async def _report_silent_agents(self, world: World, snap: Snapshot) -> None:
-        """Once per GPU whose agent went silent: Ready becomes Unknown (reason AgentSilent) and a Warning
-        Event says why its policy no longer waits for it; forgotten when the agent is back (it then writes
-        Ready itself)."""
-        silent = world.silent
-        self.metrics.silent_agents.set(len(silent))
-        raw = {p["metadata"]["name"]: p for p in snap.partitions}
-        for g in world.gpus:
-            if g.node not in silent:
-                self._memory.silent.discard(g.name)
-                continue
-            if g.name in self._memory.silent:
-                continue
-            reason = silent[g.node]
-            conditions = [
-                c
-                for c in ((raw.get(g.name) or {}).get("status") or {}).get("conditions") or []
-                if c.get("type") != "Ready"
-            ]
-            conditions.append(
-                {
-                    "type": "Ready",
-                    "status": "Unknown",
-                    "reason": "AgentSilent",
-                    "message": f"{reason}; its layout is not planned or awaited until it is back",
-                    "lastTransitionTime": now_rfc3339(),
-                    "observedGeneration": g.generation,
-                }
-            )
-            await self.kube.patch_partition_conditions(g.name, conditions)
-            self._memory.silent.add(g.name)  # only once written: a failed patch is tried again next round
-            uid = str(((raw.get(g.name) or {}).get("metadata") or {}).get("uid", ""))
-            await self._event_gpu(
-                g.name, "Warning", "AgentSilent", f"{reason}: {g.name} is left out of planning", uid
-            )
-            self._memory.awaiting.pop(g.name, None)
-            log.warning("%s: %s; left out of planning", g.name, reason)
-
-    async def _fence_silent_nodes(self, silent: Mapping[str, str], snap: Snapshot, agents: int) -> None:
-        """A node whose agent went silent offers nothing and its waiting bookings fail, so no pod waits for
-        an agent that cannot answer (operator/fencing.py). Each round while it stays silent, so a slice
-        written meanwhile is withdrawn too; a refusal (RBAC) is logged and the round goes on. A booking its
-        agent answered meanwhile keeps that answer (the write is refused, kube/apicalls.py).
-
-        Every agent silent at once (more than one; ``agents``: the Leases of nodes that exist) is taken as
-        the API server's or the network's doing, as kube-controller-manager stops evicting from a fully
-        disrupted zone: right after an outage no agent has renewed yet, and withdrawing every node then would
-        only churn. They are withdrawn once one renews.
-
-        A node fenced for ``settings.stranded_after_seconds`` has its bound pods that never started given
-        back (:meth:`_give_back_stranded`); the count starts again when its agent is back."""
-        fenced = self._memory.fenced_since
-        if not silent or disrupted(silent, agents):
-            fenced.clear()
-            self._memory.stranded.clear()
-            if silent:
-                log.warning(
-                    "every agent (%d) is silent at once: taken as an API server or network disruption, not "
-                    "as dead agents; no node is withdrawn until one of them renews its Lease",
-                    len(silent),
-                )
-            await self._keep_taints()
-            return
-        now = self.clock()
-        for node in [n for n in fenced if n not in silent]:
-            del fenced[node]
-        for node in silent:
-            fenced.setdefault(node, now)
-        tainted = await self._keep_taints()
-        try:
-            slices = [s for node in sorted(silent) for s in await self.kube.list_node_slices(node)]
-            for fence in fences(silent, slices, snap.claims, DRIVER_NAME, BINDING_READY, BINDING_FAILED):
-                if fence.empty:
-                    continue
-                for name in fence.slices:
-                    await self.kube.delete_slice(name)
-                    self.metrics.fenced.labels(action="slice-withdrawn").inc()
-                failed = []
-                for booking in fence.bookings:
-                    entry = failed_answer(fence, booking, DRIVER_NAME, BINDING_FAILED, now_rfc3339())
-                    if await self.kube.put_device_status(booking.namespace, booking.name, entry):
-                        self.metrics.fenced.labels(action="booking-failed").inc()
-                        failed.append(booking.claim)
-                text = (
-                    f"{fence.why}: withdrew {len(fence.slices)} ResourceSlice(s) of {DRIVER_NAME}"
-                    + (f" and failed the bookings of {', '.join(failed)}" if failed else "")
-                    + (
-                        f"; its devices are tainted NoSchedule (DeviceTaintRule "
-                        f"{taint_rule_name(fence.node)})"
-                        if fence.node in tainted
-                        else ""
-                    )
-                    + "; the node is offered again when its agent is back"
-                )
-                log.warning("node %s: %s", fence.node, text)
-                uid = next(
-                    (
-                        str(n["metadata"].get("uid", ""))
-                        for n in snap.nodes
-                        if n["metadata"]["name"] == fence.node
-                    ),
-                    "",
-                )
-                ref = {"apiVersion": "v1", "kind": "Node", "name": fence.node, "uid": uid}
-                await self.kube.post_event(
-                    ref, "Warning", REASON_AGENT_SILENT, text, self.settings.events_namespace
-                )
-        except ApiException as exc:
-            log.warning(
-                "could not withdraw the devices of silent agents' nodes: %s %s", exc.status, exc.reason
-            )
-        await self._give_back_stranded(silent, snap)
-
-    async def _keep_taints(self) -> set[str]:
-        """Where the API server serves DeviceTaintRules, one per fenced node (``NoSchedule`` on its devices of
-        the driver, operator/fencing.py ``taint_rule``) and none for a node that is not: deleted when its
-        agent is back. Listed again when the fenced nodes change and at least once a resync. Returns the
-        nodes tainted. A refusal (RBAC) is logged and the round goes on."""
-        mem = self._memory
-        fenced = set(mem.fenced_since)
-        if not await self._taints_served():
-            return set()
-        fresh = time.monotonic() - self._taints_listed < self.settings.resync_seconds
-        if mem.tainted == fenced and fresh:
-            return fenced
-        try:
-            create, delete = taint_changes(fenced, await self.kube.list_taint_rules())
-            for node in create:
-                await self.kube.create_taint_rule(taint_rule(node, DRIVER_NAME, now_rfc3339()))
-                log.warning(
-                    "node %s: its devices of %s tainted NoSchedule while its agent is silent",
-                    node,
-                    DRIVER_NAME,
-                )
-            for name in delete:
-                await self.kube.delete_taint_rule(name)
-                log.info("DeviceTaintRule %s deleted: its node's agent is back", name)
-        except ApiException as exc:
-            log.warning("could not keep the DeviceTaintRules of fenced nodes: %s %s", exc.status, exc.reason)
-            mem.tainted = None
-            return set()
-        mem.tainted = fenced
-        self._taints_listed = time.monotonic()
-        return fenced
-
-    async def _taints_served(self) -> bool:
-        """Whether the API server serves DeviceTaintRules, asked again every 5 minutes (an upgrade)."""
-        if self._taints_checked is None or time.monotonic() - self._taints_checked[0] > 300:
-            try:
-                self._taints_checked = (time.monotonic(), await self.kube.serves_taint_rules())
-            except ApiException as exc:
-                log.warning("cannot tell whether DeviceTaintRules are served: %s %s", exc.status, exc.reason)
-                return False
-        return self._taints_checked[1]
-
-    async def _give_back_stranded(self, silent: Mapping[str, str], snap: Snapshot) -> None:
-        """Pods bound to a node fenced for ``settings.stranded_after_seconds`` through claims of its pool,
-        that never started (operator/fencing.py ``to_give_back``): a Warning Event on each, once, and the
-        ones a controller owns deleted (uid precondition, their own grace period) so that their controller
-        creates them again and the scheduler books them on a node whose agent answers."""
-        now = self.clock()
-        fenced, told = self._memory.fenced_since, self._memory.stranded
-        for uid in [u for u, node in told.items() if node not in fenced]:
-            del told[uid]
-        after = self.settings.stranded_after_seconds
-        for pod in to_give_back(fenced, now, after, snap.pods, snap.claims, DRIVER_NAME):
-            if pod.uid in told:
-                continue
-            told[pod.uid] = pod.node  # once: a refused delete (RBAC) is not tried every round
-            cause = (
-                f"node {pod.node} was fenced {now - fenced[pod.node]:.0f}s ago ({silent.get(pod.node)}): the "
-                f"device of claim {', '.join(pod.claims)} there cannot be prepared until its agent is back"
-            )
-            await self._give_back(pod, cause)
-
-    async def _give_back(self, pod: StrandedPod, cause: str) -> None:
-        ref = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "name": pod.name,
-            "namespace": pod.namespace,
-            "uid": pod.uid,
-        }
-        if pod.action != "delete":
-            await self.kube.post_event(
-                ref, "Warning", REASON_STRANDED, f"{cause}; {pod.detail}", pod.namespace
-            )
-            self.metrics.fenced.labels(action="pod-told").inc()
-            log.warning("pod %s/%s: %s; %s", pod.namespace, pod.name, cause, pod.detail)
-            return
-        text = (
-            f"{cause}; the pod never started, so it is deleted for its controller ({pod.detail}) to create "
-            "it again and the scheduler to book it elsewhere"
-        )
-        await self.kube.post_event(ref, "Warning", REASON_RESCHEDULED, text, pod.namespace)
-        try:
-            deleted = await self.kube.delete_pod(pod.namespace, pod.name, pod.uid)
-        except ApiException as exc:
-            log.warning("could not delete pod %s/%s: %s %s", pod.namespace, pod.name, exc.status, exc.reason)
-            return
-        if deleted:
-            self.metrics.fenced.labels(action="pod-deleted").inc()
-            log.warning("pod %s/%s: %s", pod.namespace, pod.name, text)
 
     async def _keep_profile_classes(self, world: World, snap: Snapshot) -> None:
         """One DeviceClass per offered profile for pods asking the device plugin's resource names
