@@ -127,11 +127,15 @@ class AllocationAnswerer:
         todo = unreported(claims, self.driver, self.node)
         if not todo:
             return 0
-        _, states = await self._observe(claims)
+        gpus, states = await self._observe(claims)
         written = 0
         for p in todo:
             found = locate(p.device, states)
             uuid = found[0].mig_uuids.get(found[1], "") if found is not None else ""
+            if found is not None and not uuid and _slices_free(*found):
+                # Gone since the scheduler saw it free (destroyed outside dynamig): its pod is bound, and
+                # the kubelet plugin's prepare would create it; made now, the pod's start does not wait.
+                uuid = await self._recreate(gpus[found[0].index], found[1], p.device)
             if found is None or not uuid:
                 continue  # not a whole instance now: the kubelet plugin says so at prepare
             placed = found[1]
@@ -140,6 +144,21 @@ class AllocationAnswerer:
             if await self.api.put_device_status(p.namespace, p.name, entry):
                 written += 1
         return written
+
+    async def _recreate(self, gpu: GpuInfo, placed: PlacedInstance, device: str) -> str:
+        """Create the instance of a bound allocation over free slices; its MIG UUID, or "" when NVML
+        refused (the prepare tries again and says why)."""
+        try:
+            made = await asyncio.to_thread(self.devices.create, gpu, placed)
+        except (self.devices.error_type, ValueError) as exc:
+            self.metrics.operation("create", "error")
+            log.warning("%s is allocated to a bound pod and gone; creating it again failed: %s", device, exc)
+            return ""
+        self.metrics.operation("create", "success")
+        log.warning(
+            "%s is allocated to a bound pod and was gone (destroyed outside dynamig): created again", device
+        )
+        return made.mig_uuid or ""
 
     async def _answer(
         self,
@@ -261,3 +280,11 @@ class AllocationAnswerer:
         if not made.mig_uuid:  # created, but its MIG device is not enumerated yet
             return await self._enumerated(gpu, cut.create)
         return Ready(gpu.index, cut.create, made.mig_uuid)
+
+
+def _slices_free(gpu: GpuState, placed: PlacedInstance) -> bool:
+    """Whether no instance (whole or not) occupies any memory slice of ``placed`` on ``gpu``. Pure."""
+    if gpu.model is None or not gpu.mig_enabled or gpu.refused is not None:
+        return False
+    need = gpu.model.profile(placed.profile).mask(placed.start)
+    return not any(gpu.model.profile(o.placed.profile).mask(o.placed.start) & need for o in gpu.observed)
