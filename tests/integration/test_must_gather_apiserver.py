@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import io
 import os
 import re
@@ -29,7 +30,7 @@ import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from dynamig.demo.cluster import ScenarioApi, claim_pod, first_available
+from dynamig.demo.cluster import ScenarioApi, claim_pod, first_available, unplaceable_operator_pod
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.kube.heartbeat import lease_body
 
@@ -197,26 +198,13 @@ async def _scenario_and_checks(
         "app.kubernetes.io/component": "operator",
         "app.kubernetes.io/instance": release,
     }
-    operator_pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "dynamig-operator-x", "labels": chart_labels},
-        "spec": {
-            "nodeSelector": {"no-such-label": "x"},
-            "containers": [
-                {"name": "main", "image": "example.invalid/app:1",
-                 "ports": [{"name": "metrics", "containerPort": 8080}]}
-            ],
-        },
-    }  # fmt: skip
-    await k.core.create_namespaced_pod(namespace, operator_pod)
+    await k.core.create_namespaced_pod(namespace, unplaceable_operator_pod(chart_labels))
 
-    async def unschedulable() -> bool | None:
-        pod = await k.core.read_namespaced_pod("infer", namespace)
-        conds = pod.status.conditions or []
-        return True if any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in conds) else None
-
-    await eventually(unschedulable, "the scheduler to mark the claim's pod Unschedulable", within_s=30)
+    await eventually(
+        functools.partial(k.unschedulable, "infer"),
+        "the scheduler to mark the claim's pod Unschedulable",
+        within_s=30,
+    )
 
     async def served() -> bool | None:  # a CRD just established answers 429 until its storage is ready
         try:

@@ -135,6 +135,23 @@ def claim_pod(
     }
 
 
+def unplaceable_operator_pod(labels: Mapping[str, str]) -> dict[str, Any]:
+    """A Pod labelled like the chart's operator pod that never runs (no node matches it), so it has no log
+    and no metrics: what support tooling finds when the operator cannot be scheduled. Pure."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "dynamig-operator-x", "labels": dict(labels)},
+        "spec": {
+            "nodeSelector": {"no-such-label": "x"},
+            "containers": [
+                {"name": "main", "image": "example.invalid/app:1",
+                 "ports": [{"name": "metrics", "containerPort": 8080}]}
+            ],
+        },
+    }  # fmt: skip
+
+
 class ScenarioApi:
     """The handful of API calls a scenario makes, in one namespace."""
 
@@ -236,6 +253,12 @@ class ScenarioApi:
         for n in names:
             with contextlib.suppress(ApiException):
                 await self.core.delete_namespaced_pod(n, self.ns, grace_period_seconds=grace)
+
+    async def unschedulable(self, pod: str) -> bool | None:
+        """True once the scheduler has marked ``pod`` Unschedulable, else None (for ``eventually``)."""
+        got = await self.core.read_namespaced_pod(pod, self.ns)
+        conds = (got.status.conditions if got.status else None) or []
+        return True if any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in conds) else None
 
     async def claims(self) -> list[dict[str, Any]]:
         res = await self.custom.list_namespaced_custom_object(
