@@ -16,7 +16,6 @@ kubelet, saw such a pod bound to a missing device for its whole 60 s, partitiona
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from types import ModuleType
@@ -27,12 +26,12 @@ from kubernetes_asyncio import client
 
 from dynamig.agent.nvml_device import NvmlDevices
 from dynamig.demo.cluster import ScenarioApi, layout_text
-from dynamig.demo.inprocess import agent_running, quick_agent_settings, whole_instances
+from dynamig.demo.inprocess import whole_instances
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.model import PlacedInstance, device_name
 from dynamig.kube.gpupartition import Inventory
-from test_retire_race import allocate, set_layout
+from test_retire_race import agent_with_layout, allocate, set_layout
 
 pytestmark = pytest.mark.controlplane
 
@@ -51,12 +50,7 @@ async def test_a_bound_allocation_of_an_instance_destroyed_outside_is_made_again
     node = make_node("gone", labels={"dynamig.io/managed": "true"})
     gpu = f"{node}-gpu0"
     y = device_name(0, *Y)
-    sim.configure(gpus=["A100-80GB"], state_file=None, seed=node)
-    settings = dataclasses.replace(quick_agent_settings(node), inventory=Inventory.PARTITIONABLE)
-    async with agent_running(kube_api, node, sim, settings) as agent:
-        await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
-        await set_layout(k, gpu, [Y])
-        await eventually(functools.partial(k.stable, gpu, layout_text([Y])), "Y made", within_s=60)
+    async with agent_with_layout(k, kube_api, node, sim, Inventory.PARTITIONABLE, [Y]) as agent:
         await set_layout(k, gpu, [])  # Y stays, free and bookable; nothing would make it again
         await eventually(functools.partial(k.stable, gpu, layout_text([Y])), "Y kept free", within_s=60)
         before = whole_instances(sim)[y]

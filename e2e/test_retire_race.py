@@ -24,10 +24,11 @@ the cut destroyed it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from types import ModuleType
 from typing import Any
 
@@ -35,6 +36,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from dynamig import DRIVER_NAME
+from dynamig.agent.controller import NodeAgent
 from dynamig.demo.cluster import AllocationWatch, ScenarioApi, exactly, layout_text, resource_claim
 from dynamig.demo.inprocess import agent_running, quick_agent_settings, whole_instances
 from dynamig.devcluster import ControlPlane, eventually
@@ -56,6 +58,38 @@ async def set_layout(k: ScenarioApi, gpu: str, layout: list[tuple[str, int]]) ->
         {"spec": {"layout": [{"profile": p, "start": s} for p, s in layout], "offeredProfiles": ["1g.10gb"]}},
         _content_type="application/merge-patch+json",
     )  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def agent_with_layout(
+    k: ScenarioApi,
+    kube_api: client.ApiClient,
+    node: str,
+    sim: ModuleType,
+    inventory: Inventory,
+    layout: list[tuple[str, int]],
+    **gpu: Any,
+) -> AsyncIterator[NodeAgent]:
+    """The agent of ``node`` (one simulated A100-80GB, ``gpu``: its configure() settings) running, with
+    ``layout`` made and settled on its GPU."""
+    name = f"{node}-gpu0"
+    sim.configure(gpus=["A100-80GB"], state_file=None, seed=node, **gpu)
+    settings = dataclasses.replace(quick_agent_settings(node), inventory=inventory)
+    async with agent_running(kube_api, node, sim, settings) as agent:
+        await eventually(functools.partial(k.stable, name), f"GpuPartition {name}", within_s=60)
+        await set_layout(k, name, layout)
+        await eventually(functools.partial(k.stable, name, layout_text(layout)), f"{layout} made", 60)
+        yield agent
+
+
+def destroys_after(sim: ModuleType, since: int, t0: float) -> list[tuple[str, float]]:
+    """Each GPU instance destroyed since history entry ``since``: its device and seconds after ``t0``."""
+    history = sim.history()[since:]
+    return [
+        (device_name(0, e.profile, e.start), round(e.timestamp - t0, 2))
+        for e in history
+        if e.kind == "destroy-gi"
+    ]
 
 
 async def allocate(
@@ -97,13 +131,8 @@ async def test_a_claim_allocated_mid_retire_keeps_its_instance(
     await k.ensure_device_class()
     node = make_node("retire-race", labels={"dynamig.io/managed": "true"})
     gpu = f"{node}-gpu0"
-    sim.configure(gpus=["A100-80GB"], state_file=None, seed=node, destroy_latency_s=DESTROY_S)
-    settings = dataclasses.replace(quick_agent_settings(node), inventory=inventory)
     watch = AllocationWatch(k)
-    async with agent_running(kube_api, node, sim, settings):
-        await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
-        await set_layout(k, gpu, FREE)
-        await eventually(functools.partial(k.stable, gpu, layout_text(FREE)), "three free 1g.10gb", 60)
+    async with agent_with_layout(k, kube_api, node, sim, inventory, FREE, destroy_latency_s=DESTROY_S):
         since = len(sim.history())
         watch.start()
         try:
@@ -127,11 +156,7 @@ async def test_a_claim_allocated_mid_retire_keeps_its_instance(
             still = whole_instances(sim)
         finally:
             await watch.stop()
-    destroys = [
-        (device_name(0, e.profile, e.start), round(e.timestamp - t_alloc, 2))
-        for e in sim.history()[since:]
-        if e.kind == "destroy-gi"
-    ]
+    destroys = destroys_after(sim, since, t_alloc)
     print(f"\n  {inventory.value}: first destroyed {first}; {last} allocated; destroys (s after): {destroys}")
     assert last not in [d for d, _ in destroys], destroys
     assert last in still, still
@@ -153,14 +178,11 @@ async def test_a_cut_whose_booking_goes_mid_cut_leaves_the_next_instance_to_its_
     k = ScenarioApi(kube_api, namespace)
     await k.ensure_device_class()
     node = make_node("cut-race", labels={"dynamig.io/managed": "true"})
-    gpu = f"{node}-gpu0"
-    sim.configure(gpus=["A100-80GB"], state_file=None, seed=node, destroy_latency_s=DESTROY_S)
-    settings = dataclasses.replace(quick_agent_settings(node), inventory=Inventory.PARTITIONABLE)
     watch = AllocationWatch(k)
-    async with agent_running(kube_api, node, sim, settings):
-        await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
-        await set_layout(k, gpu, IN_THE_WAY)
-        await eventually(functools.partial(k.stable, gpu, layout_text(IN_THE_WAY)), "three free 1g.10gb", 60)
+    partitionable = Inventory.PARTITIONABLE
+    async with agent_with_layout(
+        k, kube_api, node, sim, partitionable, IN_THE_WAY, destroy_latency_s=DESTROY_S
+    ):
         since = len(sim.history())
         watch.start()
         try:
@@ -178,11 +200,7 @@ async def test_a_cut_whose_booking_goes_mid_cut_leaves_the_next_instance_to_its_
             still = whole_instances(sim)
         finally:
             await watch.stop()
-    destroys = [
-        (device_name(0, e.profile, e.start), round(e.timestamp - t_alloc, 2))
-        for e in sim.history()[since:]
-        if e.kind == "destroy-gi"
-    ]
+    destroys = destroys_after(sim, since, t_alloc)
     print(
         f"\n  cut: first destroyed {first}; booking gone, {other} allocated; destroys (s after): {destroys}"
     )
