@@ -8,9 +8,10 @@ plays its part, calling the agent's ``MigInstances.ensure``, what NodePrepareRes
 pod's device until it succeeds, as the kubelet retries a prepare).
 
 The interleaving: a change of the GpuPartition's spec makes the agent's round do a slow NVML call (a 4 s
-create or destroy); the round read the node's claims before it, so a booking made meanwhile is not in its
-copy. Pod A is created as that call starts and the scheduler books placement ``X`` for it from the slice
-the round has not replaced yet. The offer the round then computes lacks ``X``, three ways:
+create or destroy, held until the booking lands, so a slow scheduler cannot miss the window); the round read
+the node's claims before it, so a booking made meanwhile is not in its copy. Pod A is created as that call
+starts and the scheduler books placement ``X`` for it from the slice the round has not replaced yet. The offer
+the round then computes lacks ``X``, three ways:
 
 - ``floor-over-x``: a floor instance (``spec.layout``) is cut over ``X``'s memory slices; with one
   placement offered per profile, ``X`` is then a re-cut ranked below the placements still empty;
@@ -129,24 +130,30 @@ DROPS = [
 
 @dataclasses.dataclass
 class SlowCall:
-    """Wraps the agent's NVML create and destroy to tell when the chosen call begins. Observation only: the
-    call itself is unchanged."""
+    """Wraps the agent's NVML create and destroy to tell when the chosen call begins, and holds that call
+    (it runs in a worker thread) until ``release`` is set or ``hold_s`` has passed: the booking then lands
+    while the round is in it however slowly the scheduler books. The call itself is unchanged."""
 
     kind: str
     placed: PlacedInstance
+    hold_s: float = 60.0
     started: threading.Event = dataclasses.field(default_factory=threading.Event)
+    release: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+    def _begins(self, kind: str, placed: PlacedInstance) -> None:
+        if kind == self.kind and placed == self.placed and not self.started.is_set():
+            self.started.set()
+            self.release.wait(self.hold_s)
 
     def install(self, devices: NvmlDevices) -> None:
         create, destroy = devices.create, devices.destroy
 
         def creating(gpu: GpuInfo, placed: PlacedInstance) -> MigInstance:
-            if self.kind == "create" and placed == self.placed:
-                self.started.set()
+            self._begins("create", placed)
             return create(gpu, placed)
 
         def destroying(gpu: GpuInfo, placed: PlacedInstance, *, check_processes: bool = True) -> bool:
-            if self.kind == "destroy" and placed == self.placed:
-                self.started.set()
+            self._begins("destroy", placed)
             return destroy(gpu, placed, check_processes=check_processes)
 
         devices.create = creating  # type: ignore[method-assign]
@@ -207,8 +214,9 @@ async def sampled(k: ScenarioApi, node: str, claim: str, device: str) -> AsyncIt
         while True:
             with contextlib.suppress(client.ApiException, TimeoutError):
                 res = await k.custom.list_cluster_custom_object(
-                    "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node}"
-                )
+                    "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node}",
+                    _request_timeout=5,
+                )  # fmt: skip
                 names = {d.get("name") for s in res["items"] for d in s["spec"].get("devices") or []}
                 got = await read_claim(k, claim)
                 samples.append(
@@ -246,7 +254,7 @@ async def set_spec(k: ScenarioApi, gpu: str, spec: Spec) -> None:
 async def read_claim(k: ScenarioApi, name: str) -> dict[str, Any] | None:
     with contextlib.suppress(client.ApiException):
         got: dict[str, Any] = await k.custom.get_namespaced_custom_object(
-            "resource.k8s.io", "v1", k.ns, "resourceclaims", name
+            "resource.k8s.io", "v1", k.ns, "resourceclaims", name, _request_timeout=5
         )
         return got
     return None
@@ -359,10 +367,14 @@ async def test_a_placement_dropped_from_the_offer_while_booked_is_answered_and_n
                 await k.core.create_namespaced_pod(
                     k.ns, claim_pod("a", {"kubernetes.io/hostname": node}, claim="a")
                 )
-                booked = await eventually(
-                    lambda: _allocated(k, "a"), "a booked", within_s=SAFE_WITHIN_S, every_s=0.05
-                )
-                t_booked = time.time()
+                try:
+                    booked = await eventually(
+                        lambda: _allocated(k, "a"), "a booked", within_s=SAFE_WITHIN_S, every_s=0.05
+                    )
+                    t_booked = time.time()
+                    held = _held_for_answer(await read_claim(k, "a"))
+                finally:
+                    slow.release.set()
 
                 def answer() -> str | None:
                     return next((s.answer for s in samples if s.answer), None)
@@ -376,6 +388,7 @@ async def test_a_placement_dropped_from_the_offer_while_booked_is_answered_and_n
 
     # The interleaving: the booking of X, then a round's offer without X.
     assert booked == x, f"the scheduler booked {booked}, not {x}: the case was not set up"
+    assert held, f"{x} was booked without binding conditions (an existing instance): the case was not set up"
     dropped_at = offers.without(x, t_booked)
     assert dropped_at, (
         f"no round after the booking offered the GPU without {x} (offers since: "
@@ -411,6 +424,13 @@ async def test_a_placement_dropped_from_the_offer_while_booked_is_answered_and_n
 
 async def _allocated(k: ScenarioApi, name: str) -> str | None:
     return allocated_device(await read_claim(k, name))
+
+
+def _held_for_answer(claim: dict[str, Any] | None) -> bool:
+    """Whether the claim's allocation carries binding conditions: its pod waits for the agent's answer.
+    Pure."""
+    results = (((claim or {}).get("status") or {}).get("allocation") or {}).get("devices", {}).get("results")
+    return bool(results and results[0].get("bindingConditions"))
 
 
 async def _now(value: Any) -> Any:

@@ -32,7 +32,11 @@ PRE_CUT = [("7g.80gb", 0)]
 
 
 def device_plugin_deployment(name: str, resource: str, pool: str) -> dict[str, Any]:
-    """A Deployment written for the NVIDIA device plugin, as teams have them today. Pure."""
+    """A Deployment written for the NVIDIA device plugin, as teams have them today. Pure.
+
+    No kubelet runs its pods: ``terminationGracePeriodSeconds: 0`` lets a deletion by its ReplicaSet or the
+    garbage collector (a replacement made while the Deployment's deletion propagates, and bound by then)
+    finish without one."""
     labels = {"app": name}
     return {
         "apiVersion": "apps/v1",
@@ -45,6 +49,7 @@ def device_plugin_deployment(name: str, resource: str, pool: str) -> dict[str, A
                 "metadata": {"labels": labels},
                 "spec": {
                     "nodeSelector": {"test-pool": pool},
+                    "terminationGracePeriodSeconds": 0,
                     "containers": [
                         {
                             "name": "server",
