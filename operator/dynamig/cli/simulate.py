@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from dynamig.simulate.preemption import PreemptSettings  # light: the defaults of its knobs
+
+    preempt = PreemptSettings()
     p = sub.add_parser(
         "simulate",
         help="trace-driven comparison of dynamig with static MIG and first-fit",
@@ -186,6 +189,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=share,
         default=0.1,
         help="dynamig-warm: the pool holds at most this share of the cluster's compute slices (default 0.1)",
+    )
+    p.add_argument(
+        "--preempt-gap",
+        type=int,
+        default=preempt.gap,
+        help="dynamig-preempt: a victim's priority is at most the preemptor's minus this (default 1)",
+    )
+    p.add_argument(
+        "--preempt-min-run-s",
+        type=non_negative_float,
+        default=preempt.min_run_s,
+        help="dynamig-preempt: a job that has run less than this is not a victim (default 600)",
+    )
+    p.add_argument(
+        "--preempt-rate-per-h",
+        type=non_negative_float,
+        default=preempt.rate_per_h,
+        help="dynamig-preempt: evictions per hour over the cluster, a token bucket (default 60; 0: none)",
     )
     p.add_argument("--out", type=Path, default=Path("simulate-out"), help="output directory")
     p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
@@ -420,6 +441,7 @@ def run(args: argparse.Namespace) -> int:
     from dynamig.simulate import alibaba, report, synthetic
     from dynamig.simulate.booking import NODE_ORDERS
     from dynamig.simulate.engine import SimConfig
+    from dynamig.simulate.preemption import PreemptSettings
     from dynamig.simulate.runner import (
         CREATING,
         POLICIES,
@@ -459,6 +481,9 @@ def run(args: argparse.Namespace) -> int:
             warm_resize_s=args.warm_resize_min * 60.0,
             warm_max_share=args.warm_max_share,
             warm_refill_s=args.warm_refill_s,
+            preempt=PreemptSettings(
+                gap=args.preempt_gap, min_run_s=args.preempt_min_run_s, rate_per_h=args.preempt_rate_per_h
+            ),
         )
         loads = _loads(args.loads)
         sweep_latencies = _loads(args.create_latencies)
@@ -604,6 +629,9 @@ def run(args: argparse.Namespace) -> int:
         print("  " + report.text_table(*report.size_rows(rep)).replace("\n", "\n  "))
         print("  wait per first-choice profile (single-device jobs, p50 / p95):")
         print("  " + report.text_table(*report.profile_wait_rows(rep)).replace("\n", "\n  "))
+        if (by_class := report.priority_rows(rep)) is not None:
+            print("  per priority class (preemption):")
+            print("  " + report.text_table(*by_class).replace("\n", "\n  "))
     if any(rep.load is not None for rep in reports):
         print("\n== served share of offered demand by load")
         print(report.text_table(*report.load_rows(reports)))
@@ -670,6 +698,8 @@ def _markdown(reports: list[TraceReport], paper: list[PaperRun], sweep: list[Tra
             "Wait per first-choice profile (single-device jobs, p50 / p95):\n\n"
             + report.markdown_table(*report.profile_wait_rows(rep))
         )
+        if (by_class := report.priority_rows(rep)) is not None:
+            parts.append("Per priority class (preemption):\n\n" + report.markdown_table(*by_class))
     if any(rep.load is not None for rep in reports):
         parts.append(
             "### Served share of offered demand by load\n\n"

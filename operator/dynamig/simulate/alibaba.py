@@ -18,6 +18,7 @@ Mapping to MIG (stated in ``docs/benchmarks.md``):
 - a task's ``gpu_spec`` (GPU types separated by ``|``, empty: any) restricts it to nodes of those types;
 - ``creation_time``/``deletion_time`` are only needed by the online replay; the paper's protocol samples
   tasks without them;
+- a task's priority comes from its ``qos`` (``dynamig.simulate.priority``: LS > Burstable > BE);
 - on a mixed-model cluster (``dynamig simulate --mixed``) the nodes get the models by weight
   (``trace.assign_models``) and a task lists, as DRA alternatives, every model's profile for its share,
   smallest memory first (share 0.1: 1g.5gb on an A100-40GB, 1g.10gb on an H100-80GB, 1g.18gb on an
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import IO
 
 from dynamig.geometry.model import GpuModel
+from dynamig.simulate.priority import qos_priority
 from dynamig.simulate.trace import (
     ClusterSpec,
     Job,
@@ -189,6 +191,7 @@ def task_job(task: Task, model: Models, fallbacks: int, *, arrival: float, durat
         kind=task.qos or "task",
         share=share,
         gpu_types=tuple(sorted(x.strip() for x in task.gpu_spec.split("|") if x.strip())),
+        priority=qos_priority(task.qos),
     )
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dynamig.geometry.model import Layout
@@ -78,12 +78,18 @@ class Allocator:
 
     name = "base"
     replans = False  # True: the engine runs planning rounds (batched) while demand is pending
+    # True: the engine asks ``preempt`` after each scheduling pass, and the queue is walked highest
+    # priority first (kube-scheduler's PrioritySort); False: priorities are ignored, arrival order
+    preempts = False
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self.reshapes = 0
         self.plan_calls = 0
         self._holding: set[str] = set()
+        # set by the engine: evict(victim, now, preemptor) ends a running job, its work lost, and queues it
+        # again (the allocator's ``release`` is called for it)
+        self.evictor: Callable[[str, float, str], None] | None = None
 
     @property
     def total_slices(self) -> int:
@@ -135,6 +141,12 @@ class Allocator:
     def wants_plan(self, now: float) -> bool:
         """True when a planning round is due even without pending jobs (e.g. warm pool below minimum)."""
         return False
+
+    def preempt(self, now: float, waiting: Sequence[Job]) -> Replan:
+        """Evict (through ``evictor``) to make room for ``waiting`` (highest priority first), after a
+        scheduling pass left them waiting. ``ready_times``: instances created for them; ``retry_at``: when
+        to ask again though nothing changed. Only for ``preempts`` allocators."""
+        return Replan()
 
 
 class InstancePoolAllocator(Allocator):

@@ -20,9 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dynamig.simulate.allocators import Allocation, Allocator
+from dynamig.simulate.preemption import PingPong, PriorityTally
 from dynamig.simulate.trace import Job, Trace, compute_slices_by_name, percentile
 
-DEPART, READY, ARRIVE, ABANDON, PLAN = 0, 1, 2, 3, 4
+DEPART, READY, ARRIVE, ABANDON, PLAN, PREEMPT = 0, 1, 2, 3, 4, 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +83,13 @@ class RunResult:
     alloc_wait_p95_s: float = 0.0
     node_order: str = ""
     create_latency_s: float = 0.0
+    # per priority class (``dynamig.simulate.priority``): jobs, started, p50_s / p95_s to running (every
+    # job that arrived, as wait_mean_s, from its arrival to its first start), served_slice_h
+    by_priority: dict[str, dict[str, float]] = field(default_factory=dict)
+    evictions: int = 0  # pods evicted to make room for higher-priority ones
+    evicted_jobs: int = 0  # distinct jobs evicted at least once
+    evicted_work_gpu_s: float = 0.0  # GPU-seconds the victims had run, lost (no MIG checkpointing)
+    thrash: int = 0  # ping-pong: a job evicted that then evicted its evictor
 
     @property
     def utilization(self) -> float:
@@ -115,8 +123,11 @@ def _timeline(
     return [((b + 0.5) * width / 3600.0, acc[b] / (width * total)) for b in range(n)]
 
 
-def _shape(job: Job) -> tuple[tuple[str, ...], int, tuple[str, ...]]:
-    return (job.alternatives, job.count, job.gpu_types)
+Shape = tuple[tuple[str, ...], int, tuple[str, ...], int]  # alternatives, count, GPU types, priority
+
+
+def _shape(job: Job) -> Shape:
+    return (job.alternatives, job.count, job.gpu_types, job.priority)
 
 
 def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None) -> RunResult:
@@ -136,9 +147,20 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
     heapq.heapify(events)
 
     pending: dict[str, Job] = {}  # in arrival order
-    queues: dict[tuple[tuple[str, ...], int, tuple[str, ...]], dict[str, Job]] = {}  # the same, per shape
+    queues: dict[Shape, dict[str, Job]] = {}  # the same, per shape
     order: dict[str, int] = {}
     running: dict[str, tuple[Job, Allocation]] = {}
+    # per running job: (its DEPART event's sequence number, when it was allocated, when it began, the
+    # served and held slice-seconds credited for its whole run): an eviction takes them back
+    credit: dict[str, tuple[int, float, float, float, float]] = {}
+    tally = PriorityTally()
+    pingpong = PingPong()
+    evicted: set[str] = set()
+    evictions = 0
+    lost_gpu_s = 0.0
+    preempt_at: float | None = None
+    priority_first = allocator.preempts
+    abandon_token: dict[str, int] = {}  # the ABANDON event of a job's latest time in the queue
     waits: list[float] = []
     alloc_waits: list[float] = []
     profile_waits: dict[str, list[float]] = {}  # single-device jobs, by first-choice profile
@@ -151,6 +173,7 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
     points: list[tuple[float, int]] = [(0.0, allocator.busy_slices())]
 
     for job in trace.jobs:
+        tally.arrived(job, waits=job.arrival <= horizon)
         run = horizon - job.arrival if job.duration is None else min(job.duration, horizon - job.arrival)
         asked = demand_slices(job, slices.__getitem__) * max(0.0, run)
         offered += asked
@@ -161,7 +184,8 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
         (same outcome as trying them all). Per-shape queues keep a pass cheap with thousands waiting."""
         nonlocal served, held
         allocator.set_pending([j for shape, q in queues.items() if shape[1] > 1 for j in q.values()])
-        heads = [(order[next(iter(q))], shape) for shape, q in queues.items()]
+        # kube-scheduler's PrioritySort (highest priority first) where priorities matter, else arrival
+        heads = [(head_key(shape, q), shape) for shape, q in queues.items()]
         heapq.heapify(heads)
         while heads:
             _, shape = heapq.heappop(heads)
@@ -172,32 +196,92 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
                 continue
             del q[name]
             if q:
-                heapq.heappush(heads, (order[next(iter(q))], shape))
+                heapq.heappush(heads, (head_key(shape, q), shape))
             else:
                 del queues[shape]
             del pending[name]
             running[name] = (job, alloc)
-            started.add(name)
             begin = now + alloc.delay
-            waits.append(begin - job.arrival)
-            alloc_waits.append(now - job.arrival)
-            if job.count == 1:
-                profile_waits.setdefault(job.preferred, []).append(begin - job.arrival)
+            if name not in started:  # time to running: to the first start (a victim's restart is not one)
+                started.add(name)
+                waits.append(begin - job.arrival)
+                alloc_waits.append(now - job.arrival)
+                tally.started(job, begin - job.arrival)
+                if job.count == 1:
+                    profile_waits.setdefault(job.preferred, []).append(begin - job.arrival)
             run = max(0.0, horizon - begin if job.duration is None else min(job.duration, horizon - begin))
             got = demand_slices(job, slices.__getitem__) * run
             served += got
             served_by[job.count] = served_by.get(job.count, 0.0) + got
-            held += alloc.slices * (run + min(alloc.delay, horizon - now))
+            tally.served(job, got)
+            kept = alloc.slices * (run + min(alloc.delay, horizon - now))
+            held += kept
+            token = next(seq)
+            credit[name] = (token, now, begin, got, kept)
             if job.duration is not None and begin + job.duration <= horizon:
-                heapq.heappush(events, (begin + job.duration, DEPART, next(seq), job))
+                heapq.heappush(events, (begin + job.duration, DEPART, token, job))
+
+    def head_key(shape: Shape, q: dict[str, Job]) -> tuple[int, int]:
+        return (-shape[3] if priority_first else 0, order[next(iter(q))])
+
+    def enqueue(job: Job, now: float) -> None:
+        pending[job.name] = job
+        order[job.name] = len(order)
+        queues.setdefault(_shape(job), {})[job.name] = job
+        patience = trace.patience if job.patience is None else job.patience
+        if patience is not None:
+            abandon_token[job.name] = token = next(seq)
+            heapq.heappush(events, (now + patience, ABANDON, token, job))
+
+    def evict(name: str, now: float, by: str) -> None:
+        """``name`` is evicted for ``by``: its instances released, the work it did lost (not served), and
+        it queues again as a new pod (it restarts from zero)."""
+        nonlocal served, held, evictions, lost_gpu_s
+        job, alloc = running.pop(name)
+        _, at, begin, got, kept = credit.pop(name)
+        allocator.release(job, alloc, now)
+        served -= got
+        served_by[job.count] -= got
+        tally.served(job, -got)
+        held += alloc.slices * (min(now, horizon) - at) - kept
+        gpus = sum(i.slices / i.gpu.model.compute_slices for i in alloc.instances)
+        lost_gpu_s += max(0.0, now - begin) * gpus
+        evictions += 1
+        evicted.add(name)
+        pingpong.evicted(name, by)
+        enqueue(job, now)
+
+    allocator.evictor = evict
+
+    def preempt_pass(now: float) -> None:
+        nonlocal preempt_at
+        if not allocator.preempts or not pending:
+            return
+        waiting = sorted(pending.values(), key=lambda j: (-j.priority, order[j.name]))
+        before = evictions
+        outcome = allocator.preempt(now, waiting)
+        for ready in sorted(set(outcome.ready_times)):
+            heapq.heappush(events, (ready, READY, next(seq), None))
+        retry = outcome.retry_at
+        if (
+            retry is not None and retry > now and (preempt_at is None or retry < preempt_at)
+        ):  # never this instant
+            preempt_at = retry
+            heapq.heappush(events, (retry, PREEMPT, next(seq), None))
+        if evictions > before:
+            schedule_pass(now)
 
     while events and events[0][0] <= horizon:
         now = events[0][0]
         changed = False
         plan_now = False
+        preempt_now = False
         while events and events[0][0] == now:
-            _, kind, _, item = heapq.heappop(events)
+            _, kind, token, item = heapq.heappop(events)
             if kind == DEPART and item is not None:
+                if item.name not in credit or credit[item.name][0] != token:
+                    continue  # the run this departure ended was evicted
+                del credit[item.name]
                 _, alloc = running.pop(item.name)
                 allocator.release(item, alloc, now)
                 changed = True
@@ -206,14 +290,11 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
                 changed = True
             elif kind == ARRIVE and item is not None:
                 allocator.observe_arrival(item, now)
-                pending[item.name] = item
-                order[item.name] = len(order)
-                queues.setdefault(_shape(item), {})[item.name] = item
+                enqueue(item, now)
                 changed = True
-                patience = trace.patience if item.patience is None else item.patience
-                if patience is not None:
-                    heapq.heappush(events, (now + patience, ABANDON, next(seq), item))
             elif kind == ABANDON and item is not None:
+                if abandon_token.get(item.name) != token:
+                    continue  # an evicted job queued again: its patience counts from then
                 if pending.pop(item.name, None) is not None:
                     q = queues[_shape(item)]
                     del q[item.name]
@@ -224,8 +305,13 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
             elif kind == PLAN:
                 plan_at = None
                 plan_now = True
+            elif kind == PREEMPT and preempt_at == now:
+                preempt_at = None
+                preempt_now = True
         if changed:
             schedule_pass(now)
+        if changed or preempt_now:
+            preempt_pass(now)
         if plan_now and allocator.replans:
             outcome = allocator.replan(now, list(pending.values()))
             for ready in sorted(set(outcome.ready_times)):
@@ -282,4 +368,9 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
         alloc_wait_p95_s=percentile(all_alloc, 95),
         node_order=getattr(allocator, "node_order", ""),
         create_latency_s=cfg.reshape_latency_s,
+        by_priority=tally.table(horizon),
+        evictions=evictions,
+        evicted_jobs=len(evicted),
+        evicted_work_gpu_s=lost_gpu_s,
+        thrash=pingpong.count,
     )

@@ -26,6 +26,8 @@ from dynamig.simulate.bounds import served_upper_bound
 from dynamig.simulate.cluster import Cluster
 from dynamig.simulate.dynamig_policy import DynamigAllocator
 from dynamig.simulate.engine import RunResult, SimConfig, simulate
+from dynamig.simulate.preempt_policies import DynamigPreemptAllocator, StaticPreemptAllocator
+from dynamig.simulate.preemption import PreemptSettings
 from dynamig.simulate.static_layouts import average_mix, device_mix_on, mixed_static_candidates
 from dynamig.simulate.trace import ClusterSpec, Job, Trace, compute_slices_by_name, order_models
 
@@ -39,13 +41,20 @@ POLICIES = (
     "dynamig",
     "dynamig-warm",
     "pool",
+    "static-preempt",
+    "dynamig-preempt",
 )
+# the policies that evict lower-priority jobs (dynamig.simulate.preempt_policies); opt-in
+PREEMPTING = ("static-preempt", "dynamig-preempt")
 # what `dynamig simulate` runs unless --policies says otherwise (the labelled variants are opt-in)
-DEFAULT_POLICIES = tuple(p for p in POLICIES if p not in ("dynamig-warm", "hami-default"))
+DEFAULT_POLICIES = tuple(p for p in POLICIES if p not in ("dynamig-warm", "hami-default", *PREEMPTING))
 # the policies that create instances, whose figures depend on the create latency (the latency sweep)
-CREATING = ("first-fit", "nvidia-dynamic-mig", "hami-reserve", "hami-default", "dynamig", "dynamig-warm")
+CREATING = (
+    "first-fit", "nvidia-dynamic-mig", "hami-reserve", "hami-default",
+    "dynamig", "dynamig-warm", "dynamig-preempt",
+)  # fmt: skip
 # policies that learn from arrivals over time; the paper protocol (no clock, no departures) leaves them out
-ONLINE_ONLY = ("dynamig-warm",)
+ONLINE_ONLY = ("dynamig-warm", *PREEMPTING)  # and those that evict (no clock, no one to evict for)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +74,8 @@ class DynamigSettings:
     warm_resize_s: float = 300.0
     warm_max_share: float = 0.1
     warm_refill_s: float | None = None  # None: bind_rtt_s + window_s + reshape_latency_s
+    # dynamig-preempt's knobs (gap, minimum run time, rate limit, GPU cooldown, ledger)
+    preempt: PreemptSettings = field(default_factory=PreemptSettings)
 
     def policy(self, models: GpuModel | Iterable[GpuModel]) -> Policy:
         """The planner policy for a cluster of ``models`` (one model or several). Pure."""
@@ -212,6 +223,30 @@ def allocator_factories(
         )
     if "pool" in policies:
         out.append(("pool", lambda: PoolAllocator(Cluster(spec, log=log), order)))
+    if "static-preempt" in policies:  # the best static layout, with kube-scheduler's priority preemption
+        best = statics["best-fit"]
+        out.append(
+            (
+                "static-preempt:best-fit",
+                lambda: StaticPreemptAllocator(Cluster(spec, log=log), best, "best-fit", order),
+            )
+        )
+    if "dynamig-preempt" in policies:
+        out.append(
+            (
+                "dynamig-preempt",
+                lambda: DynamigPreemptAllocator(
+                    Cluster(spec, log=log),
+                    dyn.policy(models),
+                    reshape_latency_s=cfg.reshape_latency_s,
+                    cooldown_s=cfg.cooldown_s,
+                    bind_rtt_s=cfg.bind_rtt_s,
+                    prebind_poll_s=cfg.prebind_poll_s,
+                    node_order=order,
+                    preempt=dyn.preempt,
+                ),
+            )
+        )
     return out, statics
 
 

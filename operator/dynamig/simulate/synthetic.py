@@ -16,6 +16,7 @@ classes:
   bursts: {every_h: 3, first_h: 1, size: 120, spread_s: 120}   # optional: batches of arrivals
   duration: {dist: lognormal, median_s: 3000, sigma: 0.6}   # or exponential/uniform/pareto/fixed
   patience_h: 1             # optional: gives up after waiting this long
+  priority: LS              # optional: LS, Burstable or BE (default: LS for kind inference, else BE)
 ```
 
 Each class draws from its own ``random.Random`` seeded with ``"<seed>:<class>"``, so adding a class does
@@ -34,6 +35,7 @@ from typing import Any
 import yaml
 
 from dynamig.geometry.catalog import load_catalog
+from dynamig.simulate.priority import kind_priority
 from dynamig.simulate.trace import (
     Job,
     Trace,
@@ -166,6 +168,11 @@ def build_trace(
         duration = cls.get("duration")
         if not isinstance(duration, Mapping):
             raise TraceSpecError(f"{where}.duration: expected a mapping with dist")
+        named = cls.get("priority")
+        try:
+            priority = kind_priority(str(cls.get("kind", cls["name"])), None if named is None else str(named))
+        except ValueError as exc:
+            raise TraceSpecError(f"{where}.priority: {exc}") from None
         for i, t in enumerate(_arrivals(rng, cls, horizon, where)):
             profile = rng.choices(names, weights)[0] if len(names) > 1 else names[0]
             jobs.append(
@@ -182,6 +189,7 @@ def build_trace(
                     kind=str(cls.get("kind", cls["name"])),
                     share=model.profile(profile).compute_slices / model.compute_slices,
                     patience=patience,
+                    priority=priority,
                 )
             )
     patience_h = doc.get("patience_h")

@@ -28,6 +28,7 @@ class Job:
     share: float = 1.0  # GPU fraction per device the workload asked for (trace units), for allocation rates
     patience: float | None = None  # seconds it waits before giving up; None: the trace's default
     gpu_types: tuple[str, ...] = ()  # node GPU types it may run on (the trace's gpu_spec); empty: any
+    priority: int = 0  # the pod's priority (``dynamig.simulate.priority``); only preempting policies read it
 
     @property
     def preferred(self) -> str:
