@@ -99,7 +99,10 @@ def test_ledger_rate_limit_refills_at_its_rate_and_cooldown_and_spare_expire() -
     assert ledger.tokens(90.0) == pytest.approx(1.5)
     assert ledger.tokens(10_000.0) == 2.0  # never above the burst
     assert not ledger.gpu_ready(3, 299.0) and ledger.gpu_ready(3, 300.0) and ledger.gpu_ready(4, 0.0)
-    assert ledger.spared("a", 3599.0) and not ledger.spared("a", 3600.0) and not ledger.spared("c", 0.0)
+    assert not ledger.spared("a", 10.0)  # evicted once: still a victim
+    ledger.record(gpu=4, victims=["a"], now=1000.0)
+    assert ledger.spared("a", 3599.0)  # twice within the hour: spared
+    assert not ledger.spared("a", 3600.0) and not ledger.spared("c", 0.0)  # the older one is an hour old
     assert EvictionLedger(PreemptSettings(rate_per_h=0.0)).next_token_at(0.0) is None  # no evictions at all
 
 

@@ -4,7 +4,7 @@ kube-scheduler's preemption.
 - ``DynamigPreemptAllocator`` (``dynamig-preempt``): dynamig as it books and plans (``DynamigAllocator``);
   after a scheduling pass, a single-device job still waiting (no offer, so no plan that evicts nothing,
   serves it) is a preemptor. ``dynamig.planner.victims.find_victims`` picks, in kube-scheduler's order,
-  the running jobs of lower priority (by ``gap``, run at least ``min_run_s``, not evicted within
+  the running jobs of lower priority (by ``gap``, run at least ``min_run_s``, not evicted twice within
   ``spare_s``) whose instances, once freed, let a re-cut serve it, on GPUs not reshaping and out of their
   eviction cooldown, as many as the rate limit's bucket holds. The victims are evicted (their work lost,
   they queue again as new pods and restart from zero), the instances in the way destroyed, the preemptor's
@@ -103,7 +103,7 @@ class DynamigPreemptAllocator(DynamigAllocator):
                 name,
                 job.priority,
                 begin,
-                protected="evicted recently" if self.ledger.spared(name, now) else "",
+                protected="evicted twice within the hour" if self.ledger.spared(name, now) else "",
             )
             for name, (job, begin) in self.running.jobs.items()
         }

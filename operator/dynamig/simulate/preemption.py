@@ -2,8 +2,8 @@
 
 - ``PreemptSettings``: the victims' rules (``gap``, ``min_run_s``), how often evictions may happen (a
   token bucket of ``rate_per_h`` evictions per hour over the cluster, a ``gpu_cooldown_s`` per GPU after
-  one of its cuts evicted) and which jobs are spared (``spare_s``: a job evicted within it is not a victim
-  again, the ledger of evicted owners).
+  one of its cuts evicted) and which jobs are spared (``spare_s``: a job evicted twice within it is not a
+  victim again until its older eviction is that old, the ledger of evicted owners).
 - ``EvictionLedger``: those limits as state, for one run.
 - ``PingPong``: counts a job evicted that then evicts its evictor (thrash).
 - ``PriorityTally``: jobs, starts, waits and served slice-seconds per priority class.
@@ -28,7 +28,7 @@ class PreemptSettings:
     rate_per_h: float = 60.0  # evictions per hour over the cluster (token bucket); 0: none
     burst: float = 5.0  # the bucket's size (evictions at once after a quiet spell)
     gpu_cooldown_s: float = 300.0  # a GPU one eviction cut for is not cut by evicting again for this long
-    spare_s: float = 3600.0  # a job evicted within this long is not a victim again
+    spare_s: float = 3600.0  # a job evicted twice within this long is not a victim a third time
     retry_s: float = 60.0  # preemptors still waiting: asked again this long after (min run, rate limit)
 
     def __post_init__(self) -> None:
@@ -56,7 +56,7 @@ class EvictionLedger:
         self._tokens = min(settings.burst, max(settings.rate_per_h, 0.0)) if settings.rate_per_h else 0.0
         self._at = 0.0
         self._gpu_until: dict[int, float] = {}
-        self._evicted_at: dict[str, float] = {}
+        self._evicted_at: dict[str, list[float]] = {}  # job -> its evictions, oldest first
 
     def tokens(self, now: float) -> float:
         """Evictions the bucket allows at ``now``. Side effect: refills it."""
@@ -84,8 +84,9 @@ class EvictionLedger:
         return self._gpu_until.get(gpu, -1.0) <= now
 
     def spared(self, job: str, now: float) -> bool:
-        at = self._evicted_at.get(job)
-        return at is not None and now - at < self.settings.spare_s
+        """Whether ``job`` was evicted twice within ``spare_s`` before ``now``. Pure."""
+        recent = [at for at in self._evicted_at.get(job, ()) if now - at < self.settings.spare_s]
+        return len(recent) >= 2
 
     def record(self, gpu: int, victims: list[str], now: float) -> None:
         """``victims`` were evicted for a cut on GPU ``gpu``. Side effect: the bucket, cooldown, ledger."""
@@ -93,7 +94,7 @@ class EvictionLedger:
         self._tokens -= len(victims)
         self._gpu_until[gpu] = now + self.settings.gpu_cooldown_s
         for v in victims:
-            self._evicted_at[v] = now
+            self._evicted_at.setdefault(v, []).append(now)
 
 
 class PingPong:
