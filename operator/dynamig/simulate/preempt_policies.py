@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dynamig.geometry.model import Layout
 from dynamig.planner.model import GpuKey
 from dynamig.planner.victims import GpuHolding, HeldInstance, Preemptor, Rules, RunningPod, find_victims
-from dynamig.simulate.allocators import Allocation, Replan, StaticAllocator
+from dynamig.simulate.allocators import Allocation, Allocator, Replan, StaticAllocator
 from dynamig.simulate.cluster import Cluster
 from dynamig.simulate.dynamig_policy import DynamigAllocator
 from dynamig.simulate.preemption import EvictionLedger, PreemptSettings
@@ -59,7 +59,23 @@ class _Running:
         return min(self._counts) if self._counts else None
 
 
-class DynamigPreemptAllocator(DynamigAllocator):
+class _TracksRunning(Allocator):
+    """Keeps ``running`` (who runs since when, at what priority) beside the allocator it is mixed into."""
+
+    running: _Running
+
+    def place(self, job: Job, now: float) -> Allocation | None:
+        alloc = super().place(job, now)
+        if alloc is not None:
+            self.running.add(job, now + alloc.delay)
+        return alloc
+
+    def release(self, job: Job, alloc: Allocation, now: float) -> None:
+        self.running.remove(job)
+        super().release(job, alloc, now)
+
+
+class DynamigPreemptAllocator(_TracksRunning, DynamigAllocator):
     name = "dynamig-preempt"
     preempts = True
 
@@ -76,14 +92,7 @@ class DynamigPreemptAllocator(DynamigAllocator):
         if now < self._binds_at.get(job.name, now):
             return None
         self._binds_at.pop(job.name, None)
-        alloc = super().place(job, now)
-        if alloc is not None:
-            self.running.add(job, now + alloc.delay)
-        return alloc
-
-    def release(self, job: Job, alloc: Allocation, now: float) -> None:
-        self.running.remove(job)
-        super().release(job, alloc, now)
+        return super().place(job, now)
 
     def preempt(self, now: float, waiting: Sequence[Job]) -> Replan:
         s = self.settings
@@ -159,7 +168,7 @@ class DynamigPreemptAllocator(DynamigAllocator):
         return Replan(tuple(readies), retry)
 
 
-class StaticPreemptAllocator(StaticAllocator):
+class StaticPreemptAllocator(_TracksRunning, StaticAllocator):
     preempts = True
 
     def __init__(
@@ -174,16 +183,6 @@ class StaticPreemptAllocator(StaticAllocator):
         self.name = f"static-preempt:{label}"
         self.gap = gap
         self.running = _Running()
-
-    def place(self, job: Job, now: float) -> Allocation | None:
-        alloc = super().place(job, now)
-        if alloc is not None:
-            self.running.add(job, now + alloc.delay)
-        return alloc
-
-    def release(self, job: Job, alloc: Allocation, now: float) -> None:
-        self.running.remove(job)
-        super().release(job, alloc, now)
 
     def preempt(self, now: float, waiting: Sequence[Job]) -> Replan:
         lowest = self.running.lowest()

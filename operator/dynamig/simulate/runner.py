@@ -10,6 +10,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.model import GpuModel, Layout
@@ -188,33 +189,29 @@ def allocator_factories(
                 ),
             )
         )
-    if "dynamig" in policies:
-        out.append(
-            (
-                "dynamig",
-                lambda: DynamigAllocator(
-                    Cluster(spec, log=log),
-                    dyn.policy(models),
-                    reshape_latency_s=cfg.reshape_latency_s,
-                    cooldown_s=cfg.cooldown_s,
-                    bind_rtt_s=cfg.bind_rtt_s,
-                    prebind_poll_s=cfg.prebind_poll_s,
-                    node_order=order,
-                ),
-            )
+
+    def dynamig_like(make: type[DynamigAllocator], policy: Policy, **extra: Any) -> DynamigAllocator:
+        """A dynamig variant on its own cluster, with the run's clock and node order."""
+        return make(
+            Cluster(spec, log=log),
+            policy,
+            reshape_latency_s=cfg.reshape_latency_s,
+            cooldown_s=cfg.cooldown_s,
+            bind_rtt_s=cfg.bind_rtt_s,
+            prebind_poll_s=cfg.prebind_poll_s,
+            node_order=order,
+            **extra,
         )
+
+    if "dynamig" in policies:
+        out.append(("dynamig", lambda: dynamig_like(DynamigAllocator, dyn.policy(models))))
     if "dynamig-warm" in policies:
         out.append(
             (
                 "dynamig-warm",
-                lambda: DynamigAllocator(
-                    Cluster(spec, log=log),
+                lambda: dynamig_like(
+                    DynamigAllocator,
                     replace(dyn.policy(models), warm_pool={}),  # sized from the history as it arrives
-                    reshape_latency_s=cfg.reshape_latency_s,
-                    cooldown_s=cfg.cooldown_s,
-                    bind_rtt_s=cfg.bind_rtt_s,
-                    prebind_poll_s=cfg.prebind_poll_s,
-                    node_order=order,
                     warm_sizing=dyn.sizing(cfg),
                     resize_every_s=dyn.warm_resize_s,
                     warm_max_slices=int(dyn.warm_max_share * total_slices),
@@ -235,16 +232,7 @@ def allocator_factories(
         out.append(
             (
                 "dynamig-preempt",
-                lambda: DynamigPreemptAllocator(
-                    Cluster(spec, log=log),
-                    dyn.policy(models),
-                    reshape_latency_s=cfg.reshape_latency_s,
-                    cooldown_s=cfg.cooldown_s,
-                    bind_rtt_s=cfg.bind_rtt_s,
-                    prebind_poll_s=cfg.prebind_poll_s,
-                    node_order=order,
-                    preempt=dyn.preempt,
-                ),
+                lambda: dynamig_like(DynamigPreemptAllocator, dyn.policy(models), preempt=dyn.preempt),
             )
         )
     return out, statics
