@@ -726,3 +726,27 @@ def test_pending_demand_by_profile_leaves_out_claims_the_scheduler_fails_on() ->
         assert decision.pending_by_reason()["SchedulerError"] == 47
         assert sum(decision.pending_by_profile().values()) == 3, decision.pending_by_profile()
         assert "1g.10gb" in decision.pending_by_profile()
+
+
+def test_a_gpu_with_an_uncleared_critical_xid_is_never_cut() -> None:
+    """The agent sets ``DevicesHealthy`` False on a GPU with a critical XID and taints its devices: the
+    operator plans nothing there (no new layout, no floor), and the burst goes to the healthy GPU."""
+    sick = baseline_gpu(0)
+    sick["status"]["conditions"] = [
+        {
+            "type": "DevicesHealthy",
+            "status": "False",
+            "reason": "CriticalXid",
+            "message": "XID 79 on GPU-1 at 2026-12-05T08:00:00Z: NoSchedule",
+            "lastTransitionTime": "2026-12-05T08:00:00Z",
+        }
+    ]
+    (g,) = parse_inventory([sick], CATALOG)
+    assert g.unusable == "critical XID, devices tainted: XID 79 on GPU-1 at 2026-12-05T08:00:00Z: NoSchedule"
+    decision, _ = run(policy(disruptionBudget={"maxGpusReshaping": 2}), [sick, baseline_gpu(1)], burst(3))
+    assert [w.gpu for w in decision.writes] == ["node-a-gpu1"]
+
+    # cleared (True, as the agent writes after the administrator's annotation): planned again
+    sick["status"]["conditions"][0].update(status="True", reason="NoCriticalXid", message="")
+    (g,) = parse_inventory([sick], CATALOG)
+    assert g.unusable == ""

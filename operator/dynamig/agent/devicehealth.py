@@ -47,13 +47,13 @@ from dynamig.agent.xid import (
     with_health,
 )
 from dynamig.geometry.model import device_name
-from dynamig.kube.gpupartition import GpuPartition, set_condition
+from dynamig.kube.gpupartition import ConditionType, GpuPartition, set_condition
 from dynamig.kube.names import gpu_partition_name
 from dynamig.kube.times import now_rfc3339
 
 log = logging.getLogger(__name__)
 
-CONDITION = "DevicesHealthy"
+CONDITION = ConditionType.DEVICES_HEALTHY
 CLEAR_ANNOTATION = f"{API_GROUP}/xid-cleared"
 EFFECTS = ("NoSchedule", "NoExecute")
 WAIT_MS = 1000

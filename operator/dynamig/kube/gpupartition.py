@@ -58,6 +58,9 @@ class ConditionType(StrEnum):
     LAYOUT_VALID = "LayoutValid"  # spec.layout is valid for this GPU model
     MANAGED = "Managed"  # the agent may manage this GPU (no other MIG owner, MIG enabled)
     HEALTHY = "Healthy"  # NVML can reach the GPU
+    # no uncleared critical XID on the GPU's devices (absent on a GPU that never had one); False: some of its
+    # devices are tainted in the node's slices (dynamig.agent.devicehealth)
+    DEVICES_HEALTHY = "DevicesHealthy"
     UNINSTALLED = "Uninstalled"  # the agent withdrew this GPU and removed its files from the node
 
 

@@ -7,8 +7,9 @@ it a moment before the agent noticed). A GPU whose agent has not yet reported th
 nothing to it until the agent has caught up, and plans it as the layout it is becoming. On a GPU with the
 ``Partitionable`` inventory ``spec.layout`` is a floor (instances kept pre-created; the scheduler books the
 rest), so it is in flight only while some desired instance is still missing. GPUs that are
-``Degraded``, have MIG off, are owned by another MIG manager or are of a model the catalog lacks are not
-planned at all.
+``Degraded``, have MIG off, are owned by another MIG manager, carry an uncleared critical XID
+(``DevicesHealthy`` False: their devices are tainted) or are of a model the catalog lacks are not planned
+at all.
 """
 
 from __future__ import annotations
@@ -146,6 +147,9 @@ def _gpu_view(
         unusable = f"MIG mode is {st.mig_mode.value}"
     elif managed is not None and not managed.is_true:
         unusable = f"not managed: {managed.message or managed.reason}"
+    elif (health := st.condition(ConditionType.DEVICES_HEALTHY)) is not None and not health.is_true:
+        # a critical XID: its devices are tainted until the administrator clears it; nothing is cut there
+        unusable = f"critical XID, devices tainted: {health.message or health.reason}"
     if node in silent:
         # Nothing planned on it and nothing awaited from it: a layout it never applies holds no budget.
         unusable, in_flight = silent[node], False
