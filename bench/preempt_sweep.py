@@ -17,7 +17,6 @@ with preemption; work lost <= 2%; evicted jobs <= 1%; ping-pong 0; served >= 0.9
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import sys
 from pathlib import Path
@@ -101,7 +100,7 @@ def main() -> int:
         served = by_name["dynamig"].served_slice_h
         rows = [row(r, r.policy, best, served, model.compute_slices) for r in base]
         for s in settings:
-            dyn = DynamigSettings(preempt=dataclasses.replace(s))
+            dyn = DynamigSettings(preempt=s)
             (r,) = run_trace(trace, cfg, dyn, ("dynamig-preempt",)).results
             rows.append(row(r, f"dynamig-preempt ({s.label()})", best, served, model.compute_slices))
         print(f"\n== {order} node order, create {args.create_latency_s:g}s")

@@ -354,10 +354,7 @@ class DynamigAllocator(OfferAllocator):
             if not gp.changed:
                 continue
             gpu = by_key[(gp.node, gp.index)]
-            node = gpu.node_pos
-            begin = max(now, self._node_free_at[node])  # the agent re-cuts one GPU after another
-            ready = begin + self.latency
-            self._node_free_at[node] = ready
+            ready = self._cut_done_at(gpu.node_pos, now)
             readies.append(ready)
             self._apply(gpu, gp.layout, now, ready)
             touched.append(gpu)
@@ -400,6 +397,13 @@ class DynamigAllocator(OfferAllocator):
                     self._not_ready.add(inst)
         gpu.cooldown_until = now + self.cooldown
         self.reshapes += 1
+
+    def _cut_done_at(self, node: int, now: float) -> float:
+        """When a re-cut of one GPU of ``node`` that starts now is done: the agent re-cuts one GPU after
+        another. Side effect: the node is busy until then."""
+        ready = max(now, self._node_free_at[node]) + self.latency
+        self._node_free_at[node] = ready
+        return ready
 
     def _has_room(self, gpu: Gpu) -> bool:
         return bool(self._can[gpu.pos])

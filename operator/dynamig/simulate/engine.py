@@ -262,10 +262,8 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
         outcome = allocator.preempt(now, waiting)
         for ready in sorted(set(outcome.ready_times)):
             heapq.heappush(events, (ready, READY, next(seq), None))
-        retry = outcome.retry_at
-        if (
-            retry is not None and retry > now and (preempt_at is None or retry < preempt_at)
-        ):  # never this instant
+        retry = outcome.retry_at  # asked again later, never at this instant (that would loop)
+        if retry is not None and now < retry and (preempt_at is None or retry < preempt_at):
             preempt_at = retry
             heapq.heappush(events, (retry, PREEMPT, next(seq), None))
         if evictions > before:

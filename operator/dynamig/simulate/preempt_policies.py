@@ -150,20 +150,16 @@ class DynamigPreemptAllocator(_TracksRunning, DynamigAllocator):
             gone = set(ev.in_the_way)
             for inst in [i for i in gpu.instances if i.placed in gone]:
                 self.cluster.destroy(inst, now)
-            node = gpu.node_pos
-            begin = max(now, self._node_free_at[node])
-            ready = begin + self.latency
-            self._node_free_at[node] = ready
+            ready = self._cut_done_at(gpu.node_pos, now)
             inst = self.cluster.create(gpu, ev.profile, ev.start, now, ready)
             self._not_ready.add(inst)
             self._reserved[inst] = ev.preemptor
             self._claims.setdefault(ev.preemptor, []).append(inst)
             self.reshapes += 1
             self.touch([gpu])
-            self._binds_at[ev.preemptor] = self.running_at(
-                now, ready
-            )  # the first PreBind check after the cut
-            readies.append(self._binds_at[ev.preemptor])
+            binds = self.running_at(now, ready)  # the first PreBind check after the cut
+            self._binds_at[ev.preemptor] = binds
+            readies.append(binds)
         retry = now + s.retry_s if found.refused or len(found.evictions) > len(readies) else None
         return Replan(tuple(readies), retry)
 

@@ -41,7 +41,7 @@ class PreemptSettings:
             raise ValueError(f"retry_s must be positive, got {self.retry_s}")
 
     def label(self) -> str:
-        """``gap 1, min run 10m, 60/h`` for tables. Pure."""
+        """``gap 1, min run 10m, 60/h, GPU cooldown 5m, spared 60m`` for tables. Pure."""
         return (
             f"gap {self.gap}, min run {self.min_run_s / 60:g}m, {self.rate_per_h:g}/h, "
             f"GPU cooldown {self.gpu_cooldown_s / 60:g}m, spared {self.spare_s / 60:g}m"
@@ -53,7 +53,7 @@ class EvictionLedger:
 
     def __init__(self, settings: PreemptSettings) -> None:
         self.settings = settings
-        self._tokens = min(settings.burst, max(settings.rate_per_h, 0.0)) if settings.rate_per_h else 0.0
+        self._tokens = settings.burst if settings.rate_per_h else 0.0  # full after the quiet before a run
         self._at = 0.0
         self._gpu_until: dict[int, float] = {}
         self._evicted_at: dict[str, list[float]] = {}  # job -> its evictions, oldest first
@@ -73,7 +73,8 @@ class EvictionLedger:
 
     def next_token_at(self, now: float, need: float = 1.0) -> float | None:
         """When the bucket next holds ``need`` evictions (None: never, a zero rate); at least a second
-        after ``now`` when it does not hold them now, so a caller asking again then moves on. Pure."""
+        after ``now`` when it does not hold them now, so a caller asking again then moves on. Side effect:
+        refills the bucket."""
         s = self.settings
         if s.rate_per_h <= 0 or need > s.burst:
             return None
@@ -115,10 +116,9 @@ class PriorityTally:
 
     def __init__(self) -> None:
         self._jobs: dict[str, int] = {}
-        self._arrivals: dict[str, list[float]] = {}  # arrival times of the jobs not (yet) started
         self._waits: dict[str, list[float]] = {}
         self._served: dict[str, float] = {}
-        self._unstarted: dict[str, dict[str, float]] = {}
+        self._unstarted: dict[str, dict[str, float]] = {}  # class -> job -> arrival, not started yet
 
     def arrived(self, job: Job, *, waits: bool = True) -> None:
         """``job`` is one of the trace's; ``waits``: it arrives within the horizon (its wait counts)."""
