@@ -368,11 +368,11 @@ async def test_a_placement_dropped_from_the_offer_while_booked_is_answered_and_n
                     k.ns, claim_pod("a", {"kubernetes.io/hostname": node}, claim="a")
                 )
                 try:
-                    booked = await eventually(
-                        lambda: _allocated(k, "a"), "a booked", within_s=SAFE_WITHIN_S, every_s=0.05
+                    claim = await eventually(
+                        lambda: _allocated_claim(k, "a"), "a booked", within_s=SAFE_WITHIN_S, every_s=0.05
                     )
                     t_booked = time.time()
-                    held = _held_for_answer(await read_claim(k, "a"))
+                    booked, held = allocated_device(claim), _held_for_answer(claim)
                 finally:
                     slow.release.set()
 
@@ -422,8 +422,10 @@ async def test_a_placement_dropped_from_the_offer_while_booked_is_answered_and_n
     )
 
 
-async def _allocated(k: ScenarioApi, name: str) -> str | None:
-    return allocated_device(await read_claim(k, name))
+async def _allocated_claim(k: ScenarioApi, name: str) -> dict[str, Any] | None:
+    """The claim once it is allocated (the allocation and its binding conditions are written together)."""
+    claim = await read_claim(k, name)
+    return claim if allocated_device(claim) else None
 
 
 def _held_for_answer(claim: dict[str, Any] | None) -> bool:
