@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import uuid
 from collections.abc import Callable, Iterator
@@ -34,9 +35,10 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from dynamig.demo.cluster import ScenarioApi, allocated_device, claim_pod, layout_text
-from dynamig.demo.inprocess import agent_running, operator_running
+from dynamig.demo.inprocess import agent_running, operator_running, quick_agent_settings
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.devcluster.waiting import event_posted, events_about
+from dynamig.kube.gpupartition import Inventory
 from dynamig.operator.metrics import OperatorMetrics
 
 pytestmark = pytest.mark.controlplane
@@ -240,3 +242,163 @@ async def test_dry_run_reports_victims_and_evicts_nothing(
         for name in classes:
             with contextlib.suppress(ApiException):
                 await scheduling.delete_priority_class(f"{name}-{pool}")
+
+
+@pytest.mark.parametrize("inventory", [Inventory.INSTANCES, Inventory.PARTITIONABLE], ids=str.lower)
+async def test_evict_holds_the_placement_and_serves_the_waiting_pod(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim_nvml: ModuleType,
+    inventory: Inventory,
+) -> None:
+    """``mode: Evict``: the placement is held on the GpuPartition (spec.holds, then status.holds once the
+    agent enforces it), the three pods under slices 4-7 are evicted through the Eviction API (and only
+    they), a pending pod of the victims' priority does not get their freed slices, and the waiting pod is
+    allocated the 3g.40gb it waited for; then the hold is released. The test plays the kubelet: it finishes
+    the evicted pods' deletion, as a kubelet does once their containers exit."""
+    k = ScenarioApi(kube_api, namespace)
+    await k.ensure_device_class()
+    scheduling = client.SchedulingV1Api(kube_api)
+    pool = uuid.uuid4().hex[:8]
+    node = make_node("evict", labels={"dynamig.io/managed": "true", "test-pool": pool})
+    gpu0 = f"{node}-gpu0"
+    policy = f"evict-{pool}"
+    for name, value in (("low", 0), ("high", 1000)):
+        await scheduling.create_priority_class(
+            {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+             "metadata": {"name": f"{name}-{pool}"}, "value": value}
+        )  # fmt: skip
+    await k.claim_template("small", ["1g.10gb"])
+    await k.claim_template("big", ["3g.40gb"])
+    metrics = OperatorMetrics()
+
+    async def create_pod(name: str, template: str, priority_class: str) -> None:
+        body = claim_pod(name, {"test-pool": pool}, template=template, labels={"app": priority_class})
+        body["spec"]["priorityClassName"] = f"{priority_class}-{pool}"
+        await k.core.create_namespaced_pod(namespace, body)
+
+    low = [f"low-{i}" for i in range(7)]
+    settings = dataclasses.replace(quick_agent_settings(node), inventory=inventory)
+    try:
+        async with agent_running(kube_api, node, sim_nvml, settings):
+            await eventually(lambda: k.stable(gpu0), "the agent's GpuPartition", within_s=60)
+            await k.set_layout(gpu0, SEVEN)
+            await eventually(lambda: _instances(k, gpu0, len(SEVEN)), "gpu0 at 7 x 1g.10gb", within_s=60)
+            for name in low:
+                await create_pod(name, "small", "low")
+
+            async def all_allocated() -> dict[str, str] | None:
+                devices = {p: allocated_device(await k.claim_of(p)) for p in low}
+                return {p: d for p, d in devices.items() if d} if all(devices.values()) else None
+
+            devices = await eventually(all_allocated, "the seven low pods' claims allocated", within_s=90)
+            victims = sorted(p for p, d in devices.items() if d.split("-s")[-1] in "456")
+            kept = sorted(set(low) - set(victims))
+            assert len(victims) == 3, devices
+            uids = {p: (await k.core.read_namespaced_pod(p, namespace)).metadata.uid for p in low}
+
+            async with operator_running(crds.kubeconfig_path, metrics):
+                await k.create_policy(
+                    policy,
+                    {
+                        "nodeSelector": {"matchLabels": {"test-pool": pool}},
+                        "gpuProducts": ["A100-80GB"],
+                        "mode": "Dynamic",
+                        "allowedProfiles": ["1g.10gb", "3g.40gb"],
+                        "batchWindowSeconds": 1,
+                        "cooldownSeconds": 0,
+                        # The pods never start here (no kubelet): each counts as started now.
+                        "preemption": {"mode": "Evict", "minRunSeconds": 0, "gpuCooldownSeconds": 0},
+                    },
+                )
+                # A pod of the victims' priority waits too: it evicts nobody and must not get their slices.
+                await create_pod("low-late", "small", "low")
+                await eventually(lambda: k.unschedulable("low-late"), "low-late unschedulable", within_s=60)
+                await create_pod("big", "big", "high")
+
+                async def held() -> dict[str, Any] | None:
+                    part = await k.partition(gpu0)
+                    enforced = (part.get("status") or {}).get("holds") or []
+                    return part if enforced else None
+
+                part = await eventually(held, "the hold enforced by the agent (status.holds)", within_s=60)
+                (hold,) = part["spec"]["holds"]
+                big_claim = await k.claim_of("big")
+                assert big_claim is not None
+                assert hold["claim"] == f"{namespace}/{big_claim['metadata']['name']}"
+                assert (hold["profile"], hold["start"], hold["priority"]) == ("3g.40gb", 4, 1000)
+                assert sorted(v.split("@")[0] for v in hold["victims"]) == [
+                    f"{namespace}/{p}" for p in victims
+                ]
+                await event_posted(
+                    k.core, namespace, "big", "Preempting", saying=["evicts", "to cut 3g.40gb at slice 4"]
+                )
+
+                async def evicted() -> bool | None:
+                    for p in victims:
+                        pod = await k.core.read_namespaced_pod(p, namespace)
+                        if pod.metadata.deletion_timestamp is None:
+                            return None
+                    return True
+
+                await eventually(evicted, "the three victims evicted (being deleted)", within_s=60)
+                for p in victims:
+                    await event_posted(
+                        k.core, namespace, p, "Preempted", event_type="Warning",
+                        saying=["to make room for claim", "priority 1000 > 0"],
+                    )  # fmt: skip
+                # The kubelet's part: the containers exited, the pods go.
+                await k.delete_pods(victims)
+
+                async def served() -> str | None:
+                    return allocated_device(await k.claim_of("big"))
+
+                device = await eventually(served, "the waiting pod's claim allocated", within_s=60)
+                assert device == "gpu0-3g40gb-s4", device
+
+                async def bound() -> bool | None:
+                    pod = await k.core.read_namespaced_pod("big", namespace)
+                    return True if pod.spec.node_name == node else None
+
+                await eventually(bound, "the waiting pod bound", within_s=60)
+
+                async def released() -> bool | None:
+                    part = await k.partition(gpu0)
+                    gone = not (part["spec"].get("holds") or (part.get("status") or {}).get("holds"))
+                    return True if gone else None
+
+                await eventually(released, "the hold released once the claim is allocated", within_s=60)
+                await event_posted(
+                    k.core, namespace, big_claim["metadata"]["name"], "PreemptionHoldReleased",
+                    saying=["is allocated"],
+                )  # fmt: skip
+                # Nobody else was evicted, and the late low pod got none of the held slices.
+                for p in kept:
+                    pod = await k.core.read_namespaced_pod(p, namespace)
+                    assert pod.metadata.uid == uids[p] and pod.metadata.deletion_timestamp is None, p
+                    assert allocated_device(await k.claim_of(p)) == devices[p], p
+                late = allocated_device(await k.claim_of("low-late"))
+                assert late is None or late.split("-s")[-1] not in "4567", late
+                sample = metrics.registry.get_sample_value
+                labels = {"policy": policy}
+                assert sample("dynamig_operator_evictions_total", {**labels, "result": "evicted"}) == 3
+                assert sample("dynamig_operator_evictions_total", {**labels, "result": "refused"}) == 0
+                assert (
+                    sample("dynamig_operator_preemption_holds_released_total", {**labels, "why": "served"})
+                    == 1
+                )
+    finally:
+        await k.delete_pods([*low, "low-late", "big"])
+        with contextlib.suppress(ApiException):
+            await k.delete_policy(policy)
+        for name in ("low", "high"):
+            with contextlib.suppress(ApiException):
+                await scheduling.delete_priority_class(f"{name}-{pool}")
+
+
+async def _instances(k: ScenarioApi, gpu: str, count: int) -> bool | None:
+    """True once the agent reports ``count`` instances on ``gpu``."""
+    st = (await k.partition(gpu)).get("status") or {}
+    return True if len(st.get("instances") or []) == count else None

@@ -624,8 +624,10 @@ OPERATOR_ALLOWED = [
     ("create", "deviceclasses.resource.k8s.io"),
     ("update", "deviceclasses.resource.k8s.io"),
     ("delete", "deviceclasses.resource.k8s.io"),
-    # Preemption (DryRun): which pods a PodDisruptionBudget protects.
+    # Preemption: which pods a PodDisruptionBudget protects, and (Evict) evicting victims through the
+    # Eviction API, which honours those budgets.
     ("list", "poddisruptionbudgets.policy", "--all-namespaces"),
+    ("create", "pods", "--subresource=eviction", "-n", "default"),
 ]
 OPERATOR_DENIED = [
     ("create", "resourceslices.resource.k8s.io"),
@@ -651,8 +653,7 @@ OPERATOR_DENIED = [
     ("deletecollection", "deviceclasses.resource.k8s.io"),
     ("update", "gpupartitions.dynamig.io"),
     ("update", "gpupartitionpolicies.dynamig.io", "--subresource=status"),
-    # Preemption only reports so far: no eviction, and budgets are only read.
-    ("create", "pods", "--subresource=eviction", "-n", "default"),
+    # Budgets are only read.
     ("create", "poddisruptionbudgets.policy", "-n", "default"),
     ("get", "poddisruptionbudgets.policy", "-n", "default"),
 ]

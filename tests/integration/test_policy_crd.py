@@ -83,6 +83,8 @@ def test_valid_spec_is_accepted_and_defaults_are_filled(policy_crd: ControlPlane
         assert defaults["disruptionBudget"] == {"maxGpusReshaping": 1}
         assert defaults["preemption"] == {
             "mode": "Off", "priorityGap": 1, "minRunSeconds": 300, "spareKueueWorkloads": True,
+            "maxEvictionsPerHour": 60, "gpuCooldownSeconds": 300, "holdSeconds": 600,
+            "spareAfterEvictions": 2,
         }  # fmt: skip
         table = policy_crd.kubectl("get", "gpupartitionpolicies", name).stdout
         header = table.splitlines()[0].split()
@@ -128,7 +130,7 @@ def test_valid_spec_is_accepted_and_defaults_are_filled(policy_crd: ControlPlane
             "spec.nodeSelector.matchExpressions[0]",
             "need values",
         ),
-        # Preemption: only Off and DryRun exist so far; a gap under 1 would let equal priorities evict.
+        # Preemption: Off, DryRun and Evict exist; a gap under 1 would let equal priorities evict.
         ({"preemption": {"mode": "Enabled"}}, "spec.preemption.mode", "Unsupported value"),
         ({"preemption": {"mode": False}}, "spec.preemption.mode", "string"),  # `mode: Off` unquoted
         ({"preemption": {"priorityGap": 0}}, "spec.preemption.priorityGap", "greater than or equal to 1"),
@@ -139,6 +141,18 @@ def test_valid_spec_is_accepted_and_defaults_are_filled(policy_crd: ControlPlane
             "greater than or equal to 0",
         ),
         ({"preemption": {"spareKueueWorkloads": "yes"}}, "spec.preemption.spareKueueWorkloads", "boolean"),
+        # Evict: an hour with no eviction budget, or a hold shorter than a scheduler's retry, is a mistake.
+        (
+            {"preemption": {"maxEvictionsPerHour": 0}},
+            "spec.preemption.maxEvictionsPerHour",
+            "greater than or equal to 1",
+        ),
+        ({"preemption": {"holdSeconds": 10}}, "spec.preemption.holdSeconds", "greater than or equal to 30"),
+        (
+            {"preemption": {"spareAfterEvictions": 0}},
+            "spec.preemption.spareAfterEvictions",
+            "greater than or equal to 1",
+        ),
     ],
 )
 def test_invalid_spec_is_refused_naming_the_field(

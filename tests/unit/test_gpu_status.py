@@ -257,12 +257,17 @@ def printer_columns() -> list[dict[str, Any]]:
 
 
 def resolve(obj: dict[str, Any], path: str) -> Any:
-    """The value kubectl prints for a printer column's ``jsonPath``: the two forms the CRD uses (a dotted
-    path; a condition's field picked by type); None where kubectl prints <none>."""
+    """The value kubectl prints for a printer column's ``jsonPath``: the three forms the CRD uses (a dotted
+    path; a condition's field picked by type; a field of every item of a list, comma-joined); None where
+    kubectl prints <none>."""
     picked = re.fullmatch(r'\.status\.conditions\[\?\(@\.type=="(\w+)"\)\]\.(\w+)', path)
     if picked:
         cond = [c for c in obj["status"].get("conditions", []) if c["type"] == picked[1]]
         return cond[0].get(picked[2]) if cond else None
+    every = re.fullmatch(r"((?:\.\w+)+)\[\*\]\.(\w+)", path)
+    if every:
+        items = resolve(obj, every[1]) or []
+        return ",".join(str(i.get(every[2])) for i in items) or None
     assert re.fullmatch(r"(\.\w+)+", path), f"printer column path this test cannot read: {path}"
     value: Any = obj
     for key in path[1:].split("."):
@@ -286,6 +291,13 @@ def test_default_columns_show_what_a_partitionable_gpu_offers() -> None:
     }
     wide = {c["name"]: resolve(obj, c["jsonPath"]) for c in printer_columns()}
     assert wide["Inventory"] == "Partitionable" and wide["Model"] == MODEL.key
+    assert wide["Held For"] is None
+    held = {"claim": "ml/big", "profile": "3g.40gb", "start": 4, "expiresAt": STAMP}
+    obj["status"]["holds"] = [held, {**held, "claim": "ml/other", "start": 0}]
+    assert resolve(obj, next(c["jsonPath"] for c in printer_columns() if c["name"] == "Held For")) == (
+        "ml/big,ml/other"
+    )
+    del obj["status"]["holds"]
     assert (
         wide["Message"]
         == "0 instances (0 booked or in use), 14 placements offered to cut; floor spec.layout empty"

@@ -142,6 +142,8 @@ def report(
     pdbs: list[dict[str, Any]] | None = [],  # noqa: B006 - never mutated
     busy_unclaimed: tuple[int, ...] = (),
     unread: str = "",
+    kept: dict[str, str] | None = None,
+    spared: dict[str, str] | None = None,
 ) -> DryRunReport:
     """One round of ``decide_round`` on node-a's gpu0, then the DryRun report on its verdicts."""
     p = parse_policy(pol)
@@ -150,7 +152,7 @@ def report(
     gpus = parse_inventory([partition(allocated, busy_unclaimed)], CATALOG, allocated_devices(claims, DRIVER))
     pending = extract_demand(claims, pods, CLASSES, (A100,), {"node-a": {}}).pending
     decision = decide_round(RoundInput(p, (), gpus, pending, NOW, {}, CATALOG))
-    return dry_run(p, decision.verdicts, gpus, claims, pods, pdbs, CATALOG, DRIVER, NOW, unread)
+    return dry_run(p, decision.verdicts, gpus, claims, pods, pdbs, CATALOG, DRIVER, NOW, unread, kept, spared)
 
 
 def preemptor(priority: int = 1000, **spec: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -376,3 +378,26 @@ def test_verdict_is_no_capacity_where_preemption_is_asked() -> None:
     pending = extract_demand([*claims, big_claim], [*pods, big_pod], CLASSES, (A100,), {"node-a": {}}).pending
     (v,) = decide_round(RoundInput(p, (), gpus, pending, NOW, {}, CATALOG)).verdicts
     assert v.reason is Reason.NO_CAPACITY
+
+
+def test_the_search_skips_held_gpus_and_claims_and_spares_the_ledgers_owners() -> None:
+    claims, pods = full_gpu([0] * 7)
+    big_claim, big_pod = preemptor()
+    pol = policy(mode="Evict")
+    out = report(pol, [*claims, big_claim], [*pods, big_pod])
+    (told,) = out.told
+    assert told.reason == REASON_WOULD_PREEMPT and told.eviction is not None
+    assert told.message.startswith("evicts ") and "DryRun" not in told.message
+    assert told.priority == 1000 and set(told.victim_uids.values()) == {
+        f"uid-{v.split('/')[1]}" for v in told.victims
+    }
+    # The GPU holds a placement already: no other preemptor is served there.
+    assert report(pol, [*claims, big_claim], [*pods, big_pod], kept={"node-a-gpu0": "ml/other"}).told[
+        0
+    ].reason == (REASON_NO_VICTIMS)
+    # The claim holds one: it waits for it, nothing more is searched for it.
+    assert report(pol, [*claims, big_claim], [*pods, big_pod], kept={"node-a-gpu0": "ml/big"}).told == ()
+    # Every pod's owner was evicted too often: none is a victim.
+    spared = {f"Pod ml/small-{s}": "spared by the ledger" for s in range(7)}
+    (none,) = report(pol, [*claims, big_claim], [*pods, big_pod], spared=spared).told
+    assert none.reason == REASON_NO_VICTIMS and "spared by the ledger" in none.message

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any
 
 from dynamig.agent.answering import admin_allocations, ordinary_holders
@@ -39,6 +40,7 @@ from dynamig.agent.reconcile import observe
 from dynamig.geometry.model import PlacedInstance, device_name
 from dynamig.kube.answers import Pending, data_entry, still_waits, unanswered, unreported
 from dynamig.kube.events import AGENT_COMPONENT, claim_ref, event_body
+from dynamig.kube.gpupartition import Hold
 from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
 from dynamig.kube.times import now_rfc3339
 
@@ -47,6 +49,7 @@ log = logging.getLogger(__name__)
 REASON_GPU_UNAVAILABLE = "GpuUnavailable"
 
 Refuse = Callable[[GpuInfo], Problem | None]  # why the round leaves a GPU alone, or None
+HoldsOf = Callable[[GpuInfo], tuple[Hold, ...]]  # the placements kept for one claim each on a GPU
 
 
 class AllocationAnswerer:
@@ -74,16 +77,21 @@ class AllocationAnswerer:
         self.progress: Callable[[], None] = lambda: None  # told after each booking handled (the heartbeat)
 
     async def answer_all(
-        self, claims: list[dict[str, Any]], unavailable: str | None = None, refuse: Refuse | None = None
+        self,
+        claims: list[dict[str, Any]],
+        unavailable: str | None = None,
+        refuse: Refuse | None = None,
+        holds: HoldsOf | None = None,
     ) -> list[tuple[Pending, Ready | Failed]]:
         """Answer every unanswered allocation in ``claims``: ``failed`` with ``unavailable`` as the reason
         when the node's GPUs cannot be read (the pod is booked again elsewhere instead of waiting for the
-        scheduler's binding timeout), and with the refusal's reason on a GPU ``refuse`` names. Call under
-        the agent's lock. Returns the answers written."""
+        scheduler's binding timeout), with the refusal's reason on a GPU ``refuse`` names, and on slices
+        ``holds`` keeps for another claim. Call under the agent's lock. Returns the answers written."""
         written: list[tuple[Pending, Ready | Failed]] = []
         admin = admin_allocations(claims, self.driver, self.node)
+        view = _GpuJudges(refuse, holds)
         for p in unanswered(claims, self.driver, self.node, BINDING_READY, BINDING_FAILED):
-            answer = await self._answer(p, claims, unavailable, refuse, (p.claim, p.device) in admin)
+            answer = await self._answer(p, claims, unavailable, view, (p.claim, p.device) in admin)
             self.progress()
             if answer is None:
                 log.info("claim %s no longer waits on %s; nothing cut, nothing to answer", p.claim, p.device)
@@ -165,7 +173,7 @@ class AllocationAnswerer:
         p: Pending,
         claims: list[dict[str, Any]],
         unavailable: str | None,
-        refuse: Refuse | None,
+        judges: _GpuJudges,
         admin: bool,
     ) -> Ready | Failed | None:
         """Decide, and cut or read the MIG UUID again when that is the answer; an NVML error on the way is a
@@ -174,7 +182,7 @@ class AllocationAnswerer:
             return Failed(REASON_GPU_UNAVAILABLE, f"{p.device}: {unavailable}")
         devices = self.devices
         try:
-            gpus, states = await self._observe(claims, refuse)
+            gpus, states = await self._observe(claims, judges)
             answer = decide(p.device, p.claim, states, admin=admin)
             while isinstance(answer, Cut) and answer.destroy:
                 # The round's claims are a snapshot: since it was read the booking may have gone (its pod
@@ -185,7 +193,7 @@ class AllocationAnswerer:
                 fresh = await self.api.list_claims()
                 if not still_waits(fresh, p, self.driver, self.node, BINDING_READY, BINDING_FAILED):
                     return None
-                gpus, states = await self._observe(fresh, refuse)
+                gpus, states = await self._observe(fresh, judges)
                 answer = decide(p.device, p.claim, states, admin=admin)
                 if isinstance(answer, Cut) and answer.destroy:
                     refused = await self._destroy_in_the_way(
@@ -204,7 +212,7 @@ class AllocationAnswerer:
             return Failed(REASON_GPU_UNAVAILABLE, f"{p.device}: NVML cannot read the GPUs: {exc}")
 
     async def _observe(
-        self, claims: list[dict[str, Any]], refuse: Refuse | None = None
+        self, claims: list[dict[str, Any]], judges: _GpuJudges | None = None
     ) -> tuple[dict[int, GpuInfo], list[GpuState]]:
         gpus, _ = await asyncio.to_thread(self.devices.discover)
         holders = ordinary_holders(claims, self.driver, self.node)  # admin access holds nothing
@@ -213,8 +221,9 @@ class AllocationAnswerer:
             instances = await asyncio.to_thread(self.devices.instances, gpu)
             uuids = {i.placed: i.mig_uuid for i in instances if i.whole is not None}
             observed = observe(instances, holders, self.prepared)
-            refused = refuse(gpu) if refuse is not None else None
-            states.append(GpuState(gpu.index, gpu.model, gpu.mig_enabled, observed, uuids, refused))
+            refused = judges.refuse(gpu) if judges is not None and judges.refuse is not None else None
+            held = judges.holds(gpu) if judges is not None and judges.holds is not None else ()
+            states.append(GpuState(gpu.index, gpu.model, gpu.mig_enabled, observed, uuids, refused, held))
         return {g.index: g for g in gpus}, states
 
     async def _enumerated(self, gpu: GpuInfo, placed: PlacedInstance) -> Ready | Failed:
@@ -280,6 +289,14 @@ class AllocationAnswerer:
         if not made.mig_uuid:  # created, but its MIG device is not enumerated yet
             return await self._enumerated(gpu, cut.create)
         return Ready(gpu.index, cut.create, made.mig_uuid)
+
+
+@dataclass(frozen=True, slots=True)
+class _GpuJudges:
+    """What the round says of each GPU beyond NVML: whether it is left alone, what it keeps for whom."""
+
+    refuse: Refuse | None = None
+    holds: HoldsOf | None = None
 
 
 def _slices_free(gpu: GpuState, placed: PlacedInstance) -> bool:

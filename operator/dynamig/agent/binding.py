@@ -32,10 +32,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dynamig.agent.holds import REASON_PLACEMENT_HELD, held_against
 from dynamig.agent.reconcile import Observed, overlaps
 from dynamig.geometry.layout import check_layout
 from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, normalize_layout, placement_of
 from dynamig.kube.answers import answer_entry
+from dynamig.kube.gpupartition import Hold
 
 REASON_UNKNOWN_DEVICE = "UnknownDevice"
 REASON_MIG_DISABLED = "MigDisabled"
@@ -55,6 +57,7 @@ class GpuState:
     observed: tuple[Observed, ...] = ()
     mig_uuids: dict[PlacedInstance, str] = field(default_factory=dict)  # whole instances only ("" unread)
     refused: tuple[str, str] | None = None  # (reason, message): the round leaves this GPU alone
+    holds: tuple[Hold, ...] = ()  # placements kept for one claim each (agent/holds.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +144,13 @@ def decide(device: str, claim: str, gpus: Sequence[GpuState], *, admin: bool = F
     if admin:
         return _admin(device, gpu, placed)
     model = gpu.model
+    hold = held_against(model, placed, claim, gpu.holds)
+    if hold is not None:
+        return Failed(
+            REASON_PLACEMENT_HELD,
+            f"{device}: memory slices kept for claim {hold.claim} until {hold.expires_at} (pods were evicted "
+            "to make room for it)",
+        )
     in_way: list[PlacedInstance] = []
     for raw in gpu.observed:
         o = _holders_besides(raw, claim)

@@ -52,6 +52,7 @@ from dynamig.agent.gpu_status import (
     refusal,
     refused_status,
 )
+from dynamig.agent.holds import guarded_by_holds, held_desired, valid_holds
 from dynamig.agent.kubeapi import (
     API_RETRY_MAX_S,
     KubeApi,
@@ -76,6 +77,7 @@ from dynamig.kube.apicalls import is_transient, status_of
 from dynamig.kube.gpupartition import (
     ConditionType,
     GpuPartition,
+    Hold,
     Inventory,
     Phase,
     Reason,
@@ -464,7 +466,15 @@ class NodeAgent:
         refuses: booked again elsewhere); then write the MIG UUIDs of bookings bound without an answer."""
         unavailable = None if view.gpus else view.unavailable
         refuse = refusals(self.settings.node, view.parts, view.node_owner, view.foreign, _NO_PARTITION)
-        for _, answer in await self.answerer.answer_all(view.raw_claims, unavailable, refuse):
+        wall = time.time()
+
+        def holds_of(gpu: GpuInfo) -> tuple[Hold, ...]:
+            part = view.parts.get(gpu_partition_name(self.settings.node, gpu.index))
+            if part is None or gpu.model is None:
+                return ()
+            return valid_holds(gpu.model, part.spec.active_holds(wall))
+
+        for _, answer in await self.answerer.answer_all(view.raw_claims, unavailable, refuse, holds_of):
             outcome = "ready" if isinstance(answer, Ready) else "failed"
             self.metrics.binding_answers.labels(self.settings.node, outcome).inc()
         if view.gpus:
@@ -555,7 +565,9 @@ class NodeAgent:
             )
             return GpuOutcome(part.name, status=refused_status(status, part, problem, now_rfc3339()))
 
-        model, desired, keep = gpu.model, part.spec.desired(), self.partitionable and not leaving
+        model, keep = gpu.model, self.partitionable and not leaving
+        holds = () if leaving else valid_holds(model, part.spec.active_holds(time.time()))
+        desired = held_desired(model, part.spec.desired(), holds, self.partitionable)
         settle, now = self.settings.settle_seconds, self.clock()
         observed = self.reshaper.observe(instances, claims)
         for o in observed:
@@ -586,9 +598,10 @@ class NodeAgent:
         limit = in_force(self.settings.placements_per_profile, auto.choice() if auto else None)
         if keep:
             retiring = {w.placed for w in plan.draining} | set(plan.destroy)  # still there: guarded
+            retiring |= guarded_by_holds(model, (i.placed for i in instances), holds)
             offer = partitionable_offer(
                 gpu, part, instances, claims, self.prepared, retiring, self.settings.guard_free_instances,
-                limit[0],
+                limit[0], [h.placed() for h in holds],
             )  # fmt: skip
             published = set(offer.unguarded)
             if offer.problem:
@@ -603,6 +616,7 @@ class NodeAgent:
             reshape_finished=started is not None, offered_placements=offer.placements if offer else 0,
             placements_per_profile=limit if offer else None,
         )  # fmt: skip
+        status = status.model_copy(update={"holds": list(holds)})
         return GpuOutcome(
             name=part.name,
             status=status,

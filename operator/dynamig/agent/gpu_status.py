@@ -295,12 +295,21 @@ def partitionable_offer(
     retiring: Collection[PlacedInstance],
     guard_free: bool,
     placements_per_profile: int = 0,
+    held: Sequence[PlacedInstance] = (),
 ) -> Offer:
     """This GPU's partitionable inventory: free instances bookable at once unless ``retiring``, not yet
     listed by NVML as a MIG device (no UUID to answer with), or all of them with ``guard_free``: those are
     published guarded; allocated ones counted; busy ones unbookable; the best ``placements_per_profile``
-    placements of each offered profile (0: all)."""
+    placements of each offered profile (0: all). Over the ``held`` placements nothing is offered but they
+    themselves: allocated instances there count as busy, free ones are not offered."""
     assert gpu.model is not None
+    model = gpu.model
+    over_held = {
+        i.placed
+        for i in instances
+        for h in held
+        if i.placed != h and model.profile(h.profile).mask(h.start) & model.profile(i.profile).mask(i.start)
+    }
     items = []
     for i in instances:
         dev = device_name(i.gpu_index, i.profile, i.start)
@@ -312,14 +321,19 @@ def partitionable_offer(
             occupancy = Occupancy.BUSY
         else:
             occupancy = Occupancy.FREE
+        if occupancy is Occupancy.ALLOCATED and i.placed in over_held:
+            # Not published, its counters taken out: when its pod lets go, the scheduler cannot hand it to
+            # the next pod from a slice that still shows it (free instances over a hold are not offered).
+            occupancy = Occupancy.BUSY
         guarded = occupancy is Occupancy.FREE and (i.placed in retiring or guard_free or not i.mig_uuid)
         items.append(
             Instance(i.profile, i.start, occupancy, i.mig_uuid, i.memory_bytes, i.multiprocessors, guarded)
         )
     offered = frozenset(p for p in part.spec.offered_profiles or () if gpu.model.has_profile(p))
     inv = GpuInventory(
-        gpu.index, gpu.model, gpu.uuid, gpu.product, tuple(items), offered, placements_per_profile
-    )
+        gpu.index, gpu.model, gpu.uuid, gpu.product, tuple(items), offered, placements_per_profile,
+        tuple(held),
+    )  # fmt: skip
     try:
         devices = offered_devices([inv])
     except InventoryError as exc:

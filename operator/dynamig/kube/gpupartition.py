@@ -18,6 +18,7 @@ from pydantic.alias_generators import to_camel
 
 from dynamig.geometry.model import Layout, PlacedInstance, normalize_layout
 from dynamig.kube.names import GPU_PARTITION_KIND, GROUP_VERSION
+from dynamig.kube.times import parse_time
 from dynamig.planner.offerlimit import AutoChoice
 
 
@@ -115,12 +116,43 @@ class AutoPlacementsSpec(_Model):
         return AutoChoice(self.limit, self.gpu_nodes)
 
 
+class Hold(_Model):
+    """A placement kept for one claim (``spec.holds``, written by the operator when it evicts pods to make
+    room): no other claim is answered ready on memory slices it overlaps, and no instance of the agent's own
+    making goes there, until the claim is served, gone, or ``expiresAt`` passes. The agent copies the holds it
+    enforces into ``status.holds``; the operator evicts only once a hold shows there."""
+
+    claim: str  # namespace/name of the ResourceClaim it is kept for
+    claim_uid: str = ""
+    profile: str
+    start: int = Field(ge=0)
+    priority: int = 0  # the waiting pod's
+    victims: list[str] = Field(default_factory=list)  # namespace/name@uid of the pods evicted for it
+    created_at: str = ""  # RFC 3339
+    expires_at: str  # RFC 3339
+
+    def placed(self) -> PlacedInstance:
+        return PlacedInstance(self.start, self.profile)
+
+    def expires(self) -> float:
+        """Epoch seconds; 0 when unreadable (an unreadable expiry holds nothing)."""
+        return parse_time(self.expires_at) or 0.0
+
+    def describe(self) -> str:
+        return f"{self.profile}@{self.start} for {self.claim}"
+
+
 class GpuPartitionSpec(_Model):
     layout: list[LayoutEntry] = Field(default_factory=list)
     # Partitionable inventory only: profiles whose free placements are offered to the scheduler as devices
     # to be cut on allocation. None or empty: only the instances that exist are offered.
     offered_profiles: list[str] | None = None
     auto_placements_per_profile: AutoPlacementsSpec | None = None  # written by the operator
+    holds: list[Hold] = Field(default_factory=list)  # written by the operator (preemption)
+
+    def active_holds(self, now: float) -> tuple[Hold, ...]:
+        """The holds not yet expired at ``now`` (epoch seconds). Pure."""
+        return tuple(h for h in self.holds if h.expires() > now)
 
     def desired(self) -> Layout:
         """The desired layout as a normalized (sorted) tuple of placed instances."""
@@ -181,6 +213,7 @@ class GpuPartitionStatus(_Model):
     # flag set it ("set") or the operator chose it ("auto (N GPU nodes)").
     placements_per_profile: int | None = None
     placements_per_profile_choice: str | None = None
+    holds: list[Hold] = Field(default_factory=list)  # the spec's holds the agent enforces now
     conditions: list[Condition] = Field(default_factory=list)
 
     def condition(self, ctype: str) -> Condition | None:

@@ -144,6 +144,9 @@ class GpuInventory:
     # At most this many placements to cut per profile (the best-ranked ones); 0: every valid placement. Fewer
     # devices per node are what keeps kube-scheduler's cost flat at 1,000 nodes (docs/benchmarks.md).
     placements_per_profile: int = 0
+    # Placements kept for one claim each (preemption, agent/holds.py): no other device over their memory
+    # slices is offered (the held placement is, to be cut for that claim).
+    held: tuple[PlacedInstance, ...] = ()
 
     def layout(self, *states: Occupancy) -> Layout:
         return tuple(sorted(i.placed for i in self.instances if i.occupancy in states))
@@ -298,6 +301,8 @@ def offered_devices(gpus: Sequence[GpuInventory]) -> tuple[OfferedDevice, ...]:
     placements: dict[tuple[int, str], int] = {}  # (GPU, profile) -> placements offered so far
     for o in ranked:
         g = by_index[o.gpu_index]
+        if g.held and _over_held(g, PlacedInstance(o.start, o.profile)):
+            continue
         if o.kind is not OfferKind.FREE and g.placements_per_profile:
             seen = placements[(g.index, o.profile)] = placements.get((g.index, o.profile), 0) + 1
             if seen > g.placements_per_profile:
@@ -326,6 +331,13 @@ def offered_devices(gpus: Sequence[GpuInventory]) -> tuple[OfferedDevice, ...]:
                     )
                 )
     return tuple(out)
+
+
+def _over_held(g: GpuInventory, placed: PlacedInstance) -> bool:
+    """Whether ``placed`` takes memory slices of a placement ``g`` holds for a claim, other than that
+    placement itself. Pure."""
+    mask = g.model.profile(placed.profile).mask(placed.start)
+    return any(h != placed and g.model.profile(h.profile).mask(h.start) & mask for h in g.held)
 
 
 def counter_sets(gpus: Sequence[GpuInventory], devices: Sequence[OfferedDevice]) -> list[dict[str, Any]]:

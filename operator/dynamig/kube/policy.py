@@ -34,6 +34,7 @@ class Mode(StrEnum):
 class PreemptionMode(StrEnum):
     OFF = "Off"  # nothing is preempted
     DRY_RUN = "DryRun"  # report which pods would be evicted for each waiting claim; evict none
+    EVICT = "Evict"  # evict them through the Eviction API and hold the freed placement for the claim
 
 
 class _Model(BaseModel):
@@ -79,13 +80,20 @@ class DisruptionBudget(_Model):
 
 
 class Preemption(_Model):
-    """``spec.preemption``: whether a claim no re-cut can serve may have lower-priority pods evicted for it.
-    Only ``Off`` and ``DryRun`` exist so far: nothing is ever evicted."""
+    """``spec.preemption``: whether a claim no re-cut can serve may have lower-priority pods evicted for it
+    (``Evict``), or only be told which (``DryRun``)."""
 
     mode: PreemptionMode = PreemptionMode.OFF
     priority_gap: int = Field(default=1, ge=1, le=1_000_000_000)  # victims at most preemptor minus this
     min_run_seconds: int = Field(default=300, ge=0, le=604_800)  # a pod younger than this is no victim
     spare_kueue_workloads: bool = True  # pods Kueue manages are left to Kueue
+    # Evict: at most this many pods evicted by the policy in any hour; a GPU gets no new hold this long after
+    # its last; the freed placement is kept for the waiting claim this long at most; an owner (or a pod
+    # without one) evicted this many times within the hour is spared from then on.
+    max_evictions_per_hour: int = Field(default=60, ge=1, le=100_000)
+    gpu_cooldown_seconds: int = Field(default=300, ge=0, le=86_400)
+    hold_seconds: int = Field(default=600, ge=30, le=86_400)
+    spare_after_evictions: int = Field(default=2, ge=1, le=100)
 
 
 class PolicySpec(_Model):

@@ -7,6 +7,7 @@ happens in the pure modules). Transient API errors (5xx, 429, connection errors)
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -52,6 +53,26 @@ class Snapshot:
     claims: tuple[dict[str, Any], ...]
     device_classes: tuple[dict[str, Any], ...]
     leases: tuple[dict[str, Any], ...] = ()  # the agents' heartbeat Leases (dynamig.kube.heartbeat)
+
+
+@dataclass(frozen=True, slots=True)
+class EvictResult:
+    outcome: str  # "evicted" | "gone" (no such pod, or another pod by that name) | "refused" (429)
+    message: str = ""
+
+
+def _server_trouble(exc: BaseException) -> bool:
+    """Worth another try of an eviction: 5xx and connection errors, not a budget's 429. Pure."""
+    return is_transient(exc) and not (isinstance(exc, ApiException) and exc.status == 429)
+
+
+def _api_message(exc: ApiException) -> str:
+    """The Status message of an API error, or its reason. Pure."""
+    try:
+        body = json.loads(exc.body or "{}")
+    except (TypeError, ValueError):
+        body = {}
+    return str(body.get("message") or exc.reason or exc.status)
 
 
 class KubeIO:
@@ -211,6 +232,44 @@ class KubeIO:
                 return False
             raise
         return True
+
+    async def evict_pod(self, namespace: str, name: str, uid: str) -> EvictResult:
+        """Evict the pod ``namespace/name`` through the ``policy/v1`` Eviction API, if it is still the one
+        with ``uid``: PodDisruptionBudgets are enforced and the pod keeps its own grace period. A refusal
+        (429: a budget allows no disruption now) is returned, not retried; 5xx and connection errors are
+        retried with backoff, then raised. Never replaced by a plain delete."""
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": {"uid": uid}} if uid else {},
+        }
+
+        async def call() -> None:
+            await self.core.create_namespaced_pod_eviction(name, namespace, body)
+
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception(_server_trouble),
+                stop=stop_after_attempt(self._attempts),
+                wait=wait_exponential_jitter(multiplier=0.2, max=5.0),
+                reraise=True,
+            ):
+                with attempt:
+                    await call()
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return EvictResult("gone")
+            if exc.status == 429:
+                return EvictResult("refused", _api_message(exc))
+            raise
+        return EvictResult("evicted")
+
+    async def write_holds(
+        self, name: str, holds: list[dict[str, Any]], resource_version: str
+    ) -> dict[str, Any]:
+        """Replace a GpuPartition's ``spec.holds`` (merge patch; 409 when it changed since it was read)."""
+        return await self.write_spec(name, {"holds": holds}, {}, resource_version)
 
     async def put_device_status(self, namespace: str, name: str, entry: dict[str, Any]) -> bool:
         """Answer a booking (``dynamig.kube.apicalls.put_device_status``); False when nothing is to answer,

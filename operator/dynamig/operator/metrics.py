@@ -5,6 +5,7 @@ Names follow Prometheus conventions: ``dynamig_operator_`` prefix, base units (s
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -14,6 +15,8 @@ from dynamig import __version__
 RESHAPE_RESULTS = ("written", "completed", "blocked", "failed")
 FENCE_ACTIONS = ("slice-withdrawn", "booking-failed", "pod-deleted", "pod-told")
 PREEMPTOR_RESULTS = ("would-preempt", "no-victims")
+EVICTION_RESULTS = ("evicted", "gone", "refused", "error")
+HOLD_ENDS = ("served", "gone", "expired", "refused", "off")
 
 
 @dataclass
@@ -89,6 +92,42 @@ class OperatorMetrics:
             registry=r,
         )
 
+        self.evictions = Counter(
+            "dynamig_operator_evictions_total",
+            "Pods a policy with preemption Evict asked the Eviction API to evict, by result "
+            f"(result={'|'.join(EVICTION_RESULTS)})",
+            ["policy", "result"],
+            registry=r,
+        )
+        self.holds = Gauge(
+            "dynamig_operator_preemption_holds",
+            "Placements held for waiting claims (GpuPartition spec.holds) of a policy",
+            ["policy"],
+            registry=r,
+        )
+        self.oldest_hold = Gauge(
+            "dynamig_operator_preemption_oldest_hold_seconds",
+            "Age of the oldest placement a policy holds for a waiting claim (0: none)",
+            ["policy"],
+            registry=r,
+        )
+        self.holds_released = Counter(
+            "dynamig_operator_preemption_holds_released_total",
+            f"Holds a policy released, by why (why={'|'.join(HOLD_ENDS)})",
+            ["policy", "why"],
+            registry=r,
+        )
+
+    def evicted(self, policy: str, result: str) -> None:
+        for r in EVICTION_RESULTS:
+            self.evictions.labels(policy=policy, result=r)  # every series starts at 0
+        self.evictions.labels(policy=policy, result=result).inc()
+
+    def set_holds(self, policy: str, holds: int, oldest_s: float) -> None:
+        self.holds.labels(policy=policy).set(holds)
+        self.oldest_hold.labels(policy=policy).set(oldest_s)
+        self._preemption_series.add(policy)
+
     def set_preemption_dry_run(self, policy: str, victims: int, would_preempt: int, no_victims: int) -> None:
         """The figures of a DryRun preemption round of ``policy``."""
         self.dryrun_victims.labels(policy=policy).set(victims)
@@ -99,9 +138,12 @@ class OperatorMetrics:
     def forget_preemption(self, policy: str) -> None:
         """Drop the DryRun series of a policy whose preemption is off (or that is gone)."""
         if policy in self._preemption_series:
-            self.dryrun_victims.remove(policy)
+            for gauge in (self.dryrun_victims, self.holds, self.oldest_hold):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(policy)
             for result in PREEMPTOR_RESULTS:
-                self.dryrun_preemptors.remove(policy, result)
+                with contextlib.suppress(KeyError):
+                    self.dryrun_preemptors.remove(policy, result)
             self._preemption_series.discard(policy)
 
     def set_pending(self, policy: str, counts: dict[tuple[str, str], int]) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 
 from dynamig.geometry.catalog import Catalog
 from dynamig.geometry.model import GpuModel, PlacedInstance, device_name
-from dynamig.kube.policy import GpuPartitionPolicy, LabelSelector
+from dynamig.kube.policy import GpuPartitionPolicy, LabelSelector, PreemptionMode
 from dynamig.kube.times import parse_time
 from dynamig.operator.decide import ClaimVerdict, Reason
 from dynamig.operator.demand import PendingClaim
@@ -38,6 +38,7 @@ from dynamig.operator.inventory import GpuView
 from dynamig.planner.model import GpuKey
 from dynamig.planner.victims import (
     SYSTEM_PRIORITY,
+    Eviction,
     GpuHolding,
     HeldInstance,
     Preemptor,
@@ -103,14 +104,33 @@ def pod_key(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
-def protection(pod: Mapping[str, Any], budgets: Sequence[Budget], spare_kueue: bool) -> str:
-    """Why ``pod`` may never be a victim, or "" when it may (priority and run time aside). Pure."""
+def owner_key(pod: Mapping[str, Any]) -> str:
+    """The workload a pod belongs to, for the ledger of evictions: its controller (``Kind namespace/name``),
+    or the pod itself when it has none. Replacement pods of one controller share it. Pure."""
+    meta = pod.get("metadata") or {}
+    namespace = str(meta.get("namespace", ""))
+    for owner in meta.get("ownerReferences") or []:
+        if owner.get("controller"):
+            return f"{owner.get('kind', '')} {namespace}/{owner.get('name', '')}"
+    return f"Pod {namespace}/{meta.get('name', '')}"
+
+
+def protection(
+    pod: Mapping[str, Any],
+    budgets: Sequence[Budget],
+    spare_kueue: bool,
+    spared: Mapping[str, str] | None = None,
+) -> str:
+    """Why ``pod`` may never be a victim, or "" when it may (priority and run time aside). ``spared``: owner
+    key (:func:`owner_key`) -> why the ledger of evictions spares it. Pure."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     labels: Mapping[str, str] = meta.get("labels") or {}
     namespace = str(meta.get("namespace", ""))
     if meta.get("deletionTimestamp"):
         return "it is already being deleted"
+    if spared and owner_key(pod) in spared:
+        return spared[owner_key(pod)]
     if spare_kueue:
         if any(k in labels for k in KUEUE_LABELS):
             return "Kueue manages it (spareKueueWorkloads)"
@@ -133,7 +153,12 @@ def protection(pod: Mapping[str, Any], budgets: Sequence[Budget], spare_kueue: b
 
 
 def running_pod(
-    pod: Mapping[str, Any], budgets: Sequence[Budget], spare_kueue: bool, now: float, unit: str = ""
+    pod: Mapping[str, Any],
+    budgets: Sequence[Budget],
+    spare_kueue: bool,
+    now: float,
+    unit: str = "",
+    spared: Mapping[str, str] | None = None,
 ) -> RunningPod:
     """The victim search's view of a pod that holds instances. Pure."""
     spec = pod.get("spec") or {}
@@ -144,7 +169,7 @@ def running_pod(
         priority=int(spec.get("priority") or 0),
         started_at=started if started is not None else now,
         unit=unit,
-        protected=protection(pod, budgets, spare_kueue),
+        protected=protection(pod, budgets, spare_kueue, spared),
     )
 
 
@@ -293,6 +318,9 @@ class Told:
     reason: str  # REASON_WOULD_PREEMPT or REASON_NO_VICTIMS
     message: str
     victims: tuple[str, ...] = ()
+    eviction: Eviction | None = None  # with REASON_WOULD_PREEMPT: the GPU, the placement, the victims
+    victim_uids: Mapping[str, str] = field(default_factory=dict)  # victim -> its uid when searched
+    priority: int = 0  # the waiting pods' (the lowest of them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,6 +330,9 @@ class DryRunReport:
     would_preempt: int = 0
     no_victims: int = 0
     unread: str = ""  # what could not be read (then every pod is kept)
+    evicting: bool = False  # Evict: the victims are evicted once the placement is held
+    held: int = 0  # Evict: placements held for waiting claims after the round
+    evicted_last_hour: int = 0  # Evict: pods the policy evicted in the last hour
 
     @property
     def preemptors(self) -> int:
@@ -309,10 +340,16 @@ class DryRunReport:
 
     def summary(self) -> str:
         """The policy's Preemption condition message. Pure."""
-        text = (
-            f"DryRun: {self.would_preempt} waiting claim(s) would have {self.victims} pod(s) evicted, "
-            f"{self.no_victims} find no victims; nothing is evicted"
-        )
+        if self.evicting:
+            text = (
+                f"Evict: {self.held} placement(s) held for waiting claims, {self.evicted_last_hour} pod(s) "
+                f"evicted in the last hour; {self.no_victims} waiting claim(s) find no victims"
+            )
+        else:
+            text = (
+                f"DryRun: {self.would_preempt} waiting claim(s) would have {self.victims} pod(s) evicted, "
+                f"{self.no_victims} find no victims; nothing is evicted"
+            )
         return f"{text} ({self.unread})" if self.unread else text
 
 
@@ -352,22 +389,31 @@ def dry_run(
     driver: str,
     now: float,
     unread: str = "",
+    kept: Mapping[str, str] | None = None,
+    spared: Mapping[str, str] | None = None,
 ) -> DryRunReport:
     """Which pods would be evicted for each claim of the round that found no room (``verdicts``), on the
     usable ``gpus`` of ``policy``. ``claims``: every ResourceClaim; ``pods``: every pod not finished (the
     waiting ones included); ``pdbs``: every PodDisruptionBudget, None when they could not be read (then no
-    pod is a victim, and ``unread`` says why). Pure."""
+    pod is a victim, and ``unread`` says why). ``kept``: GPU name -> the claim a placement on it is held
+    for (no other preemptor is served there, and a claim holding one waits for it); ``spared``: owners the
+    ledger of evictions spares (:func:`protection`). Pure."""
+    kept = kept or {}
+    holding = frozenset(kept.values())
     usable = [g for g in gpus if not g.unusable and g.model is not None]
     models = {g.model.key: g.model for g in usable if g.model is not None}
     pod_list = list(pods)
     by_uid = {str((p.get("metadata") or {}).get("uid", "")): p for p in pod_list}
+    verdicts = [v for v in verdicts if v.claim.claim.key not in holding]
     waiting = waiting_claims(verdicts, by_uid, policy, frozenset(models))
+    evicting = policy.spec.preemption.mode is PreemptionMode.EVICT
     if not waiting:
-        return DryRunReport(unread=unread)
-    held = holdings(usable, claims, driver)
+        return DryRunReport(unread=unread, evicting=evicting)
+    held = holdings([g for g in usable if g.name not in kept], claims, driver)
     spec = policy.spec.preemption
     budgets = parse_budgets(pdbs or ())
     running: dict[str, RunningPod] = {}
+    uid_of: dict[str, str] = {}
     for key, uid in held.holders:
         pod = by_uid.get(uid)
         if pod is None or pod_key(pod) != key:
@@ -375,7 +421,8 @@ def dry_run(
         phase = (pod.get("status") or {}).get("phase")
         if phase in ("Succeeded", "Failed"):
             continue  # finished: its claim is released without anyone's help
-        rp = running_pod(pod, budgets, spec.spare_kueue_workloads, now, held.shared.get(key, ""))
+        rp = running_pod(pod, budgets, spec.spare_kueue_workloads, now, held.shared.get(key, ""), spared)
+        uid_of[key] = uid
         if pdbs is None and not rp.protected:
             rp = RunningPod(
                 rp.name, rp.priority, rp.started_at, rp.unit, f"not known to be unprotected ({unread})"
@@ -396,20 +443,23 @@ def dry_run(
         e = chosen.get(pre.name)
         if e is None:
             why = plan.refused.get(pre.name, "no victims found")
-            kept = _kept_text(running.values(), pre, rules)
-            why += f"; {kept}" if kept else ""
+            kept_why = _kept_text(running.values(), pre, rules)
+            why += f"; {kept_why}" if kept_why else ""
             told.append(Told(w.verdict.claim, REASON_NO_VICTIMS, f"no pod would be evicted for it: {why}"))
             continue
         victims += len(e.victims)
         gone = ", ".join(f"{i.profile}@{i.start}" for i in e.in_the_way)
         text = (
-            f"would evict {_names(e.victims)} (priority {e.highest_priority} < {pre.priority}) on "
-            f"{e.gpu.node}/gpu{e.gpu.index} ({gpu_name.get(e.gpu, '')}) to cut {e.profile} at slice "
-            f"{e.start} in place of {gone}; policy {policy.name} has preemption DryRun: nothing is evicted"
+            f"{'evicts' if evicting else 'would evict'} {_names(e.victims)} (priority "
+            f"{e.highest_priority} < {pre.priority}) on {e.gpu.node}/gpu{e.gpu.index} "
+            f"({gpu_name.get(e.gpu, '')}) to cut {e.profile} at slice {e.start} in place of {gone}"
         )
-        told.append(Told(w.verdict.claim, REASON_WOULD_PREEMPT, text, e.victims))
+        if not evicting:
+            text += f"; policy {policy.name} has preemption DryRun: nothing is evicted"
+        uids = {v: uid_of.get(v, "") for v in e.victims}
+        told.append(Told(w.verdict.claim, REASON_WOULD_PREEMPT, text, e.victims, e, uids, pre.priority))
     would = sum(1 for t in told if t.reason == REASON_WOULD_PREEMPT)
-    return DryRunReport(tuple(told), victims, would, len(told) - would, unread)
+    return DryRunReport(tuple(told), victims, would, len(told) - would, unread, evicting)
 
 
 @dataclass

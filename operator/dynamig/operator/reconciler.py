@@ -35,7 +35,6 @@ from dynamig.kube.policy import (
     GpuPartitionPolicy,
     Mode,
     Ownership,
-    PreemptionMode,
     check_spec_against_catalog,
     parse_policy,
     resolve_ownership,
@@ -56,8 +55,8 @@ from dynamig.operator.extended import class_changes, offered_profiles
 from dynamig.operator.inventory import LAYOUT_WRITTEN_ANNOTATION, GpuView, allocated_devices, parse_inventory
 from dynamig.operator.kubeio import KubeIO, Snapshot
 from dynamig.operator.metrics import OperatorMetrics
-from dynamig.operator.preemption import DryRunReport, dry_run
-from dynamig.operator.preemption import Memory as PreemptionMemory
+from dynamig.operator.preempting import Preempter
+from dynamig.operator.preemption import DryRunReport
 from dynamig.operator.settings import OperatorSettings
 from dynamig.operator.silent_nodes import SilentNodes
 from dynamig.planner.offerlimit import AutoChoice, choose, needs_rewrite
@@ -83,7 +82,6 @@ class _Memory:
     problems: dict[str, str] = field(default_factory=dict)  # policy -> last problems text
     taken: dict[str, str] = field(default_factory=dict)  # profile -> the other owner's class reported
     leases: dict[str, Sighting] = field(default_factory=dict)  # agent Lease -> when seen renewed
-    preemption: dict[str, PreemptionMemory] = field(default_factory=dict)  # policy -> what its pods were told
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +217,7 @@ class Reconciler:
         self._next_silence: float | None = None  # wall time the next agent Lease runs out (plus grace)
         self._agents_checked = -float("inf")  # monotonic time the Leases were last read and acted on
         self.silent_nodes = SilentNodes(kube, metrics, settings, clock)
+        self.preempter = Preempter(kube, catalog, metrics, settings.event_repeat_seconds)
 
     # ------------------------------------------------------------------------------------------ wake-ups
     def wake(self) -> None:
@@ -362,7 +361,7 @@ class Reconciler:
                 policy, decision.writes, decision.offers, partitions, now, limits
             )
             await self._tell_claims(decision.verdicts, now)
-            preemption = await self._preemption_dry_run(policy, mine, snap, decision, now)
+            preemption = await self.preempter.round(policy, mine, snap, decision, now, self.wall())
             models = [g.model for g in mine if g.model is not None and not g.unusable]
             warm = warm_pool_shortfall(policy.spec, models) if models and not problems else None
             await self._report_problems(policy, problems, warm)
@@ -610,56 +609,6 @@ class Reconciler:
                 msg = f"claim {v.claim.claim.name}: {v.message}"
                 await self.kube.post_event(pod_ref, kind, v.reason.value, msg, pod.namespace)
 
-    async def _preemption_dry_run(
-        self,
-        policy: GpuPartitionPolicy,
-        mine: tuple[GpuView, ...],
-        snap: Snapshot,
-        decision: RoundDecision,
-        now: float,
-    ) -> DryRunReport | None:
-        """``spec.preemption.mode: DryRun``: which pods would be evicted for each claim the round found no
-        room for (operator/preemption.py), told on the claim's pods when it changes (Events WouldPreempt and
-        NoPreemptionVictims) and counted in metrics; nothing is evicted. None when preemption is Off."""
-        memory = self._memory.preemption.setdefault(policy.name, PreemptionMemory())
-        if policy.spec.preemption.mode != PreemptionMode.DRY_RUN:
-            memory.keep_only(())
-            self.metrics.forget_preemption(policy.name)
-            return None
-        report = DryRunReport()
-        if any(v.reason is Reason.NO_CAPACITY for v in decision.verdicts):
-            pdbs: tuple[dict[str, Any], ...] | None = None
-            unread = ""
-            try:
-                running = await self.kube.list_running_pods()
-                pdbs = await self.kube.list_disruption_budgets()
-            except ApiException as exc:
-                unread = f"cannot list pods or PodDisruptionBudgets: {exc.status} {exc.reason}"
-                log.warning(
-                    "policy %s: preemption DryRun: %s; no pod is taken for a victim", policy.name, unread
-                )
-                running = ()
-            pods = (*snap.pods, *running)
-            report = dry_run(
-                policy, decision.verdicts, mine, snap.claims, pods, pdbs, self.catalog, DRIVER_NAME,
-                time.time(), unread,
-            )  # fmt: skip
-        self.metrics.set_preemption_dry_run(
-            policy.name, report.victims, report.would_preempt, report.no_victims
-        )
-        told: list[str] = []
-        for t in report.told:
-            for pod in t.claim.pods:
-                told.append(pod.uid)
-                if not memory.due(pod.uid, t.reason, t.message, now, self.settings.event_repeat_seconds):
-                    continue
-                what = "extended resources" if t.claim.claim.is_pod else f"claim {t.claim.claim.name}"
-                ref = {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace,
-                       "uid": pod.uid}  # fmt: skip
-                await self.kube.post_event(ref, "Normal", t.reason, f"{what}: {t.message}", pod.namespace)
-        memory.keep_only(told)
-        return report
-
     async def _report_problems(
         self, policy: GpuPartitionPolicy, problems: tuple[Any, ...], warm_shortfall: str | None
     ) -> None:
@@ -745,7 +694,8 @@ class Reconciler:
         conds = set_condition(conds, "Ready", *ready, gen, stamp)
         if preemption is not None:
             text = preemption.summary()
-            conds = set_condition(conds, "Preemption", True, "DryRun", text, gen, stamp)
+            reason = "Evict" if preemption.evicting else "DryRun"
+            conds = set_condition(conds, "Preemption", True, reason, text, gen, stamp)
         else:  # Off: no condition
             conds = [c for c in conds if c.type != "Preemption"]
         old_demand: dict[str, Any] = dict(old.get("pendingDemand") or {})

@@ -1,0 +1,149 @@
+"""Preemption that evicts (``spec.preemption.mode: Evict``): the placements held for waiting claims, the
+ledger of evictions, and what may start now. Pure; the reconciler reads and writes.
+
+The order, one step per round, each step restartable from what the API server stores:
+
+1. **Hold.** A claim the victim search (operator/preemption.py) serves gets a hold on its GPU's GpuPartition
+   (``spec.holds``: the claim, the placement, the victims with their uids, an expiry). At most one hold per
+   GPU; a GPU gets none within ``gpuCooldownSeconds`` of its last; the victims count against
+   ``maxEvictionsPerHour`` when the hold is made.
+2. **Evict**, once the node agent shows the hold in ``status.holds``: from then on it answers failed every
+   other claim's booking of the held slices and publishes the victims' instances guarded as they are freed
+   (agent/holds.py), so a freed slice is not handed to the next small pod. Victims still there, not being
+   deleted and with the uid the search saw, are evicted through the Eviction API every round until gone.
+   A PodDisruptionBudget's refusal (429) releases the hold: the search runs again next round.
+3. **Release**, when the claim is allocated (served, wherever), deleted or replaced, or the hold expires.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dynamig.kube.gpupartition import Hold
+from dynamig.kube.times import micro_time, parse_time
+
+LEDGER_WINDOW_S = 3600.0  # the rate limit and the ping-pong rule count evictions of the last hour
+
+
+@dataclass
+class Ledger:
+    """Pods evicted per policy in the last hour: (when, owner key). Kept in memory: a restart forgets it
+    (the holds themselves are stored)."""
+
+    evicted: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
+    last_hold: dict[str, float] = field(default_factory=dict)  # GPU -> when its last hold was made
+
+    def _recent(self, policy: str, now: float) -> list[tuple[float, str]]:
+        kept = [e for e in self.evicted.get(policy, []) if now - e[0] < LEDGER_WINDOW_S]
+        self.evicted[policy] = kept
+        return kept
+
+    def count(self, policy: str, now: float) -> int:
+        return len(self._recent(policy, now))
+
+    def record(self, policy: str, now: float, owners: Iterable[str]) -> None:
+        self._recent(policy, now).extend((now, o) for o in owners)
+
+    def spared(self, policy: str, now: float, after: int) -> dict[str, str]:
+        """Owner key -> why it is spared: evicted ``after`` times or more within the hour."""
+        counts: dict[str, int] = {}
+        for _, owner in self._recent(policy, now):
+            counts[owner] = counts.get(owner, 0) + 1
+        return {
+            o: f"{o} was evicted {n} times within the hour (spareAfterEvictions {after}): spared"
+            for o, n in counts.items()
+            if n >= after
+        }
+
+
+def refusal(
+    gpu: str,
+    victims: int,
+    policy: str,
+    ledger: Ledger,
+    now: float,
+    max_per_hour: int,
+    cooldown_s: float,
+) -> str:
+    """Why no hold may be made on ``gpu`` for ``victims`` evictions now, or "". Pure but for the ledger's
+    pruning."""
+    last = ledger.last_hold.get(gpu)
+    if last is not None and now - last < cooldown_s:
+        return f"GPU {gpu} had pods evicted {now - last:.0f}s ago (gpuCooldownSeconds {cooldown_s:.0f})"
+    done = ledger.count(policy, now)
+    if done + victims > max_per_hour:
+        return (
+            f"{done} pod(s) evicted in the last hour, {victims} more would pass maxEvictionsPerHour "
+            f"{max_per_hour}"
+        )
+    return ""
+
+
+def new_hold(
+    claim: Mapping[str, Any],
+    profile: str,
+    start: int,
+    priority: int,
+    victims: Sequence[str],
+    now: float,
+    hold_seconds: float,
+) -> Hold:
+    meta = claim.get("metadata") or {}
+    return Hold(
+        claim=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
+        claim_uid=str(meta.get("uid", "")),
+        profile=profile,
+        start=start,
+        priority=priority,
+        victims=list(victims),
+        created_at=micro_time(now),
+        expires_at=micro_time(now + hold_seconds),
+    )
+
+
+def victim_ref(text: str) -> tuple[str, str, str]:
+    """``namespace/name@uid`` (as a hold stores a victim) -> (namespace, name, uid). Pure."""
+    key, _, uid = text.partition("@")
+    namespace, _, name = key.partition("/")
+    return namespace, name, uid
+
+
+def released(hold: Hold, claims: Mapping[str, Mapping[str, Any]], now: float) -> tuple[str, str]:
+    """Why ``hold`` ends now as (kind, text), kind one of ``served``, ``gone``, ``expired``; ("", "") while
+    it stands. ``claims``: ``namespace/name`` -> ResourceClaim. Pure."""
+    claim = claims.get(hold.claim)
+    if claim is None or (hold.claim_uid and (claim.get("metadata") or {}).get("uid") != hold.claim_uid):
+        return "gone", f"claim {hold.claim} is gone"
+    if (claim.get("metadata") or {}).get("deletionTimestamp"):
+        return "gone", f"claim {hold.claim} is being deleted"
+    if (claim.get("status") or {}).get("allocation"):
+        return "served", f"claim {hold.claim} is allocated"
+    if hold.expires() <= now:
+        return "expired", f"it expired at {hold.expires_at} before claim {hold.claim} was allocated"
+    return "", ""
+
+
+def enforced(part: Mapping[str, Any], hold: Hold) -> bool:
+    """Whether the node agent shows ``hold`` in the GpuPartition's ``status.holds`` (it enforces it). Pure."""
+    for raw in (part.get("status") or {}).get("holds") or []:
+        if (raw.get("claim"), raw.get("profile"), raw.get("start")) == (hold.claim, hold.profile, hold.start):
+            return True
+    return False
+
+
+def holds_of(part: Mapping[str, Any]) -> list[Hold]:
+    """The holds in a GpuPartition's spec (unreadable entries dropped). Pure."""
+    out = []
+    for raw in (part.get("spec") or {}).get("holds") or []:
+        try:
+            out.append(Hold.model_validate(raw))
+        except ValueError:
+            continue
+    return out
+
+
+def age(hold: Hold, now: float) -> float:
+    made = parse_time(hold.created_at)
+    return 0.0 if made is None else max(0.0, now - made)

@@ -1,0 +1,318 @@
+"""Preemption's I/O, one policy round at a time: report (``DryRun``), or hold, evict and release (``Evict``).
+
+What is searched lives in operator/preemption.py (pure), what may start and when a hold ends in
+operator/holds.py (pure); this module reads what they need, writes the holds into GpuPartition specs, calls
+the Eviction API and tells every step: Events on the waiting pods (``WouldPreempt`` under DryRun,
+``Preempting`` under Evict, ``NoPreemptionVictims``), on the victims (``Preempted``) and on the waiting
+claim (``PreemptionHoldReleased``, ``PreemptionAborted``), and metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from dynamig import DRIVER_NAME
+from dynamig.geometry.catalog import Catalog
+from dynamig.kube.apicalls import is_transient, status_of
+from dynamig.kube.events import claim_ref
+from dynamig.kube.gpupartition import Hold
+from dynamig.kube.policy import GpuPartitionPolicy, PreemptionMode
+from dynamig.operator.decide import Reason, RoundDecision
+from dynamig.operator.holds import (
+    Ledger,
+    age,
+    enforced,
+    holds_of,
+    new_hold,
+    refusal,
+    released,
+    victim_ref,
+)
+from dynamig.operator.inventory import GpuView
+from dynamig.operator.kubeio import KubeIO, Snapshot
+from dynamig.operator.metrics import OperatorMetrics
+from dynamig.operator.preemption import (
+    REASON_NO_VICTIMS,
+    REASON_WOULD_PREEMPT,
+    DryRunReport,
+    Memory,
+    Told,
+    dry_run,
+    owner_key,
+    pod_key,
+)
+from dynamig.planner.model import GpuKey
+
+log = logging.getLogger(__name__)
+
+REASON_PREEMPTING = "Preempting"  # on the waiting pod: its placement is held, the victims are evicted
+REASON_PREEMPTED = "Preempted"  # on a victim
+REASON_HOLD_RELEASED = "PreemptionHoldReleased"  # on the waiting claim
+REASON_ABORTED = "PreemptionAborted"  # on the waiting claim: the Eviction API refused a victim
+
+
+def _key(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def _pod_ref(pod: Mapping[str, Any]) -> dict[str, Any]:
+    meta = pod.get("metadata") or {}
+    return {"apiVersion": "v1", "kind": "Pod", "name": meta.get("name"), "namespace": meta.get("namespace"),
+            "uid": meta.get("uid")}  # fmt: skip
+
+
+def _hold_api(hold: Hold) -> dict[str, Any]:
+    return hold.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+@dataclass
+class _Round:
+    """What one round of one policy read: its GpuPartitions, the claims and the pods by key."""
+
+    policy: GpuPartitionPolicy
+    parts: dict[str, dict[str, Any]]  # governed GpuPartition name -> object
+    claims: dict[str, dict[str, Any]]
+    pods: dict[str, dict[str, Any]]
+    wall: float
+    kept: dict[str, str] = field(default_factory=dict)  # GPU -> the claim a placement on it is held for
+
+
+class Preempter:
+    """Preemption for every policy of one operator. ``event_repeat_s``: an unchanged message is told again
+    on a waiting pod after this long."""
+
+    def __init__(
+        self, kube: KubeIO, catalog: Catalog, metrics: OperatorMetrics, event_repeat_s: float
+    ) -> None:
+        self.kube, self.catalog, self.metrics = kube, catalog, metrics
+        self.event_repeat_s = event_repeat_s
+        self.memory: dict[str, Memory] = {}  # policy -> what its waiting pods were told
+        self.ledger = Ledger()
+
+    async def round(
+        self,
+        policy: GpuPartitionPolicy,
+        mine: tuple[GpuView, ...],
+        snap: Snapshot,
+        decision: RoundDecision,
+        now: float,
+        wall: float,
+    ) -> DryRunReport | None:
+        """Preemption's part of a policy round; the report for the policy's Preemption condition, None when
+        preemption is Off."""
+        memory = self.memory.setdefault(policy.name, Memory())
+        mode = policy.spec.preemption.mode
+        evicting = mode is PreemptionMode.EVICT
+        waiting = any(v.reason is Reason.NO_CAPACITY for v in decision.verdicts)
+        names = {g.name for g in mine}
+        parts = {str(p["metadata"]["name"]): p for p in snap.partitions if p["metadata"]["name"] in names}
+        held = any(holds_of(p) for p in parts.values())
+        if mode is PreemptionMode.OFF and not held:
+            memory.keep_only(())
+            self.metrics.forget_preemption(policy.name)
+            return None
+        unread = ""
+        running: tuple[dict[str, Any], ...] = ()
+        pdbs: tuple[dict[str, Any], ...] | None = None
+        if waiting or held:
+            try:
+                running = await self.kube.list_running_pods()
+                pdbs = await self.kube.list_disruption_budgets()
+            except ApiException as exc:
+                unread = f"cannot list pods or PodDisruptionBudgets: {exc.status} {exc.reason}"
+                log.warning("policy %s: preemption: %s; no pod is taken for a victim", policy.name, unread)
+        pods = (*snap.pods, *running)
+        rnd = _Round(policy, parts, {_key(c): c for c in snap.claims}, {pod_key(p): p for p in pods}, wall)
+        await self._keep_holds(rnd, evicting)
+        if mode is PreemptionMode.OFF:
+            memory.keep_only(())
+            self.metrics.forget_preemption(policy.name)
+            return None
+        report = DryRunReport(evicting=evicting)
+        if waiting:
+            spec = policy.spec.preemption
+            spared = self.ledger.spared(policy.name, wall, spec.spare_after_evictions) if evicting else {}
+            report = dry_run(
+                policy, decision.verdicts, mine, snap.claims, pods, pdbs, self.catalog, DRIVER_NAME, wall,
+                unread, rnd.kept, spared,
+            )  # fmt: skip
+            if evicting:
+                report = await self._hold(rnd, report, {GpuKey(g.node, g.index): g.name for g in mine})
+        if evicting:
+            report = replace(
+                report, held=len(rnd.kept), evicted_last_hour=self.ledger.count(policy.name, wall)
+            )
+        else:
+            self.metrics.set_preemption_dry_run(
+                policy.name, report.victims, report.would_preempt, report.no_victims
+            )
+        await self._tell(memory, report, now)
+        return report
+
+    # --- holds ---------------------------------------------------------------------------------------
+
+    async def _keep_holds(self, rnd: _Round, evicting: bool) -> None:
+        """Release the holds that end (the claim served or gone, expired, or the policy no longer evicts),
+        and evict the victims of those the agent enforces. Fills ``rnd.kept``."""
+        name = rnd.policy.name
+        oldest = 0.0
+        for gpu, part in rnd.parts.items():
+            holds = holds_of(part)
+            if not holds:
+                continue
+            keep: list[Hold] = []
+            ends: list[tuple[Hold, str, str]] = []
+            for h in holds:
+                kind, why = released(h, rnd.claims, rnd.wall) if evicting else ("off", "")
+                if not evicting:
+                    why = f"policy {name} no longer evicts (preemption {rnd.policy.spec.preemption.mode})"
+                (ends.append((h, kind, why)) if kind else keep.append(h))
+            if ends and not await self._write_holds(gpu, part, keep):
+                continue
+            for h, kind, why in ends:
+                await self._released(rnd, gpu, h, kind, why)
+            for h in keep:
+                if enforced(part, h) and not await self._evict(rnd, gpu, part, h, keep):
+                    continue  # refused: released
+                rnd.kept[gpu] = h.claim
+                oldest = max(oldest, age(h, rnd.wall))
+        self.metrics.set_holds(name, len(rnd.kept), oldest)
+
+    async def _write_holds(self, gpu: str, part: dict[str, Any], holds: list[Hold]) -> bool:
+        """Replace ``spec.holds`` of ``gpu``; False when the object changed since it was read (the next round
+        reads it again)."""
+        rv = str((part.get("metadata") or {}).get("resourceVersion", ""))
+        try:
+            stored = await self.kube.write_holds(gpu, [_hold_api(h) for h in holds], rv)
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                log.info(
+                    "GpuPartition %s changed while its holds were written (%s); next round", gpu, exc.status
+                )
+                return False
+            raise
+        part["metadata"]["resourceVersion"] = (stored.get("metadata") or {}).get("resourceVersion", rv)
+        part.setdefault("spec", {})["holds"] = [_hold_api(h) for h in holds]
+        return True
+
+    async def _released(self, rnd: _Round, gpu: str, hold: Hold, kind: str, why: str) -> None:
+        self.metrics.holds_released.labels(policy=rnd.policy.name, why=kind).inc()
+        text = f"the placement {hold.profile}@{hold.start} on {gpu} is no longer held for it: {why}"
+        log.info("policy %s: hold of %s released: %s", rnd.policy.name, hold.describe(), why)
+        await self._tell_claim(hold, "Normal", REASON_HOLD_RELEASED, text)
+
+    async def _tell_claim(self, hold: Hold, kind: str, reason: str, text: str) -> None:
+        namespace, _, name = hold.claim.partition("/")
+        ref = claim_ref(namespace, name, hold.claim_uid or None)
+        await self.kube.post_event(ref, kind, reason, text, namespace)
+
+    async def _evict(
+        self, rnd: _Round, gpu: str, part: dict[str, Any], hold: Hold, holds: list[Hold]
+    ) -> bool:
+        """Evict the victims of ``hold`` still there (same uid, not being deleted); False when the Eviction
+        API refused one (a PodDisruptionBudget): the hold is then released and the search runs again."""
+        policy = rnd.policy.name
+        for victim in hold.victims:
+            namespace, pod_name, uid = victim_ref(victim)
+            pod = rnd.pods.get(f"{namespace}/{pod_name}")
+            meta = (pod or {}).get("metadata") or {}
+            if pod is None or (uid and meta.get("uid") != uid) or meta.get("deletionTimestamp"):
+                continue  # gone, replaced, or on its way out
+            try:
+                result = await self.kube.evict_pod(namespace, pod_name, uid)
+            except Exception as exc:
+                if not (isinstance(exc, ApiException) or is_transient(exc)):
+                    raise
+                self.metrics.evicted(policy, "error")
+                log.warning("policy %s: evicting %s failed (%s); next round", policy, victim,
+                            status_of(exc) or repr(exc))  # fmt: skip
+                continue
+            self.metrics.evicted(policy, result.outcome)
+            if result.outcome == "refused":
+                holds.remove(hold)
+                if await self._write_holds(gpu, part, holds):
+                    self.metrics.holds_released.labels(policy=policy, why="refused").inc()
+                text = (
+                    f"the Eviction API refused evicting {namespace}/{pod_name}: {result.message}; the "
+                    f"placement {hold.profile}@{hold.start} on {gpu} is no longer held, victims are searched "
+                    "again"
+                )
+                log.warning("policy %s: %s", policy, text)
+                await self._tell_claim(hold, "Warning", REASON_ABORTED, text)
+                return False
+            if result.outcome == "evicted":
+                prio = int((pod.get("spec") or {}).get("priority") or 0)
+                text = (
+                    f"evicted by dynamig to make room for claim {hold.claim}, priority {hold.priority} > "
+                    f"{prio}, on {gpu}: {hold.profile} at slice {hold.start} (policy {policy})"
+                )
+                log.info("policy %s: evicted %s: %s", policy, victim, text)
+                await self.kube.post_event(_pod_ref(pod), "Warning", REASON_PREEMPTED, text, namespace)
+        return True
+
+    async def _hold(self, rnd: _Round, report: DryRunReport, gpu_names: Mapping[GpuKey, str]) -> DryRunReport:
+        """Hold the placement of each claim the search serves, when the cooldown and the rate allow; the
+        victims are evicted once the agent shows the hold (a later round)."""
+        spec = rnd.policy.spec.preemption
+        told: list[Told] = []
+        for t in report.told:
+            e = t.eviction
+            if e is None:
+                told.append(t)
+                continue
+            gpu = gpu_names.get(e.gpu, "")
+            claim = rnd.claims.get(t.claim.claim.key)
+            why = refusal(
+                gpu, len(e.victims), rnd.policy.name, self.ledger, rnd.wall, spec.max_evictions_per_hour,
+                spec.gpu_cooldown_seconds,
+            )  # fmt: skip
+            if claim is None or t.claim.claim.is_pod:
+                why = why or "its pod asks for extended resources: preemption serves ResourceClaims"
+            part = rnd.parts.get(gpu)
+            if why or claim is None or part is None or gpu in rnd.kept:
+                why = why or f"a placement on {gpu} is held already"
+                text = f"no pod is evicted for it now: {why}"
+                told.append(replace(t, reason=REASON_NO_VICTIMS, message=text, eviction=None))
+                continue
+            victims = [f"{v}@{t.victim_uids.get(v, '')}" for v in e.victims]
+            hold = new_hold(claim, e.profile, e.start, t.priority, victims, rnd.wall, spec.hold_seconds)
+            if not await self._write_holds(gpu, part, [*holds_of(part), hold]):
+                continue
+            rnd.kept[gpu] = hold.claim
+            self.ledger.last_hold[gpu] = rnd.wall
+            owners = [owner_key(rnd.pods[v]) if v in rnd.pods else f"Pod {v}" for v in e.victims]
+            self.ledger.record(rnd.policy.name, rnd.wall, owners)
+            log.info("policy %s: holding %s on %s; evicting %s once the agent keeps it",
+                     rnd.policy.name, hold.describe(), gpu, ", ".join(e.victims))  # fmt: skip
+            text = f"{t.message}; the placement is kept for it until {hold.expires_at}"
+            told.append(replace(t, reason=REASON_PREEMPTING, message=text))
+        return replace(report, told=tuple(told))
+
+    # --- telling -------------------------------------------------------------------------------------
+
+    async def _tell(self, memory: Memory, report: DryRunReport, now: float) -> None:
+        """An Event on each waiting pod whose answer changed (or went stale)."""
+        told: list[str] = []
+        for t in report.told:
+            for pod in t.claim.pods:
+                told.append(pod.uid)
+                if not memory.due(pod.uid, t.reason, t.message, now, self.event_repeat_s):
+                    continue
+                what = "extended resources" if t.claim.claim.is_pod else f"claim {t.claim.claim.name}"
+                ref = {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace,
+                       "uid": pod.uid}  # fmt: skip
+                await self.kube.post_event(ref, "Normal", t.reason, f"{what}: {t.message}", pod.namespace)
+        memory.keep_only(told)
+
+    def forget(self, policy: str) -> None:
+        self.memory.pop(policy, None)
+        self.metrics.forget_preemption(policy)
+
+
+__all__ = ["REASON_WOULD_PREEMPT", "Preempter"]
