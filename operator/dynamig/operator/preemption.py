@@ -1,8 +1,8 @@
-"""Preemption, report-only (``spec.preemption.mode: DryRun``): for each claim a round found no room for
-without evicting anything, which lower-priority pods would have to go so that a re-cut serves it. Pure: turns
-what the operator read (GPUs, allocated claims, the pods reserving them, PodDisruptionBudgets) into the victim
-search's input (``dynamig.planner.victims``), runs it, and words the answer. The reconciler posts it; nothing
-is evicted.
+"""Preemption's search (``spec.preemption.mode: DryRun`` or ``Evict``): for each claim a round found no room
+for without evicting anything, which lower-priority pods would have to go so that a re-cut serves it. Pure:
+turns what the operator read (GPUs, allocated claims, the pods reserving them, PodDisruptionBudgets) into the
+victim search's input (``dynamig.planner.victims``), runs it, and words the answer. operator/preempting.py
+posts it and, under ``Evict``, holds the placement and evicts (operator/holds.py says when).
 
 What the search is told, as Kubernetes means it:
 
