@@ -126,16 +126,7 @@ async def test_dry_run_reports_victims_and_evicts_nothing(
             async with operator_running(crds.kubeconfig_path, metrics):
                 await k.create_policy(
                     policy,
-                    {
-                        "nodeSelector": {"matchLabels": {"test-pool": pool}},
-                        "gpuProducts": ["A100-80GB"],
-                        "mode": "Dynamic",
-                        "allowedProfiles": ["1g.10gb", "3g.40gb"],
-                        "batchWindowSeconds": 1,
-                        "cooldownSeconds": 0,
-                        # The pods never start here (no kubelet): each counts as started now.
-                        "preemption": {"mode": "DryRun", "minRunSeconds": 0},
-                    },
+                    _policy_spec(pool, {"mode": "DryRun"}),
                 )
 
                 async def governs() -> bool | None:
@@ -302,16 +293,7 @@ async def test_evict_holds_the_placement_and_serves_the_waiting_pod(
             async with operator_running(crds.kubeconfig_path, metrics):
                 await k.create_policy(
                     policy,
-                    {
-                        "nodeSelector": {"matchLabels": {"test-pool": pool}},
-                        "gpuProducts": ["A100-80GB"],
-                        "mode": "Dynamic",
-                        "allowedProfiles": ["1g.10gb", "3g.40gb"],
-                        "batchWindowSeconds": 1,
-                        "cooldownSeconds": 0,
-                        # The pods never start here (no kubelet): each counts as started now.
-                        "preemption": {"mode": "Evict", "minRunSeconds": 0, "gpuCooldownSeconds": 0},
-                    },
+                    _policy_spec(pool, {"mode": "Evict", "gpuCooldownSeconds": 0}),
                 )
                 # A pod of the victims' priority waits too: it evicts nobody and must not get their slices.
                 await create_pod("low-late", "small", "low")
@@ -396,6 +378,20 @@ async def test_evict_holds_the_placement_and_serves_the_waiting_pod(
         for name in ("low", "high"):
             with contextlib.suppress(ApiException):
                 await scheduling.delete_priority_class(f"{name}-{pool}")
+
+
+def _policy_spec(pool: str, preemption: dict[str, Any]) -> dict[str, Any]:
+    """A policy governing the pool's A100s with 1g.10gb and 3g.40gb, re-cutting at once."""
+    return {
+        "nodeSelector": {"matchLabels": {"test-pool": pool}},
+        "gpuProducts": ["A100-80GB"],
+        "mode": "Dynamic",
+        "allowedProfiles": ["1g.10gb", "3g.40gb"],
+        "batchWindowSeconds": 1,
+        "cooldownSeconds": 0,
+        # The pods never start here (no kubelet): each counts as started now.
+        "preemption": {"minRunSeconds": 0, **preemption},
+    }
 
 
 async def _instances(k: ScenarioApi, gpu: str, count: int) -> bool | None:

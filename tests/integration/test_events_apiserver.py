@@ -1,6 +1,7 @@
 """The operator's API plumbing against the real API server: repeated Events are one Event with a count, which
 `kubectl describe` shows as "(xN over ...)", and an Event deleted meanwhile (the API server's TTL) is created
-again; a LIST that RBAC refuses raises instead of reading as empty.
+again; a LIST that RBAC refuses raises instead of reading as empty; an eviction reads as the API server
+answers it (evicted, gone, refused by a budget).
 
 Real: kube-apiserver (Events, merge patch), kubectl describe (its own Event rendering)."""
 
@@ -76,3 +77,44 @@ async def test_a_refused_list_is_an_error_not_an_empty_list(crds: ControlPlane, 
         assert "pods" in str(refused.value.body), refused.value.body
     finally:
         await asyncio.to_thread(cp.kubectl, "delete", "clusterrolebinding,clusterrole", who, check=False)
+
+
+async def test_eviction_outcomes_as_the_api_server_answers(
+    control_plane: ControlPlane, kube_api: client.ApiClient, namespace: str
+) -> None:
+    """Preemption evicts through the Eviction API: a pod evicted is gone; a pod replaced under the same name
+    (another uid: 409 from the precondition) or already gone (404) reads as gone, never evicted by name; a
+    running pod its PodDisruptionBudget keeps is refused (429), with the API server's words, not retried."""
+    core = client.CoreV1Api(kube_api)
+    io = KubeIO(kube_api, attempts=2)
+
+    async def pod(name: str) -> str:
+        spec = {"containers": [{"name": "c", "image": "busybox"}]}
+        made = await core.create_namespaced_pod(
+            namespace, {"metadata": {"name": name, "labels": {"app": name}}, "spec": spec}
+        )
+        return str(made.metadata.uid)
+
+    uid = await pod("victim")
+    assert (await io.evict_pod(namespace, "victim", uid)).outcome == "evicted"
+    # Never bound to a node: deleted at once, so a second eviction finds nothing.
+    names = [p.metadata.name for p in (await core.list_namespaced_pod(namespace)).items]
+    assert "victim" not in names, names
+    assert (await io.evict_pod(namespace, "victim", uid)).outcome == "gone"
+
+    await pod("replaced")
+    assert (await io.evict_pod(namespace, "replaced", "0000-not-its-uid")).outcome == "gone"
+    assert (await core.read_namespaced_pod("replaced", namespace)).metadata.deletion_timestamp is None
+
+    # A Pending pod is evicted whatever its budgets say (the API server's rule): make it Running.
+    kept = await pod("kept")
+    await core.patch_namespaced_pod_status("kept", namespace, {"status": {"phase": "Running"}})
+    policy = client.PolicyV1Api(kube_api)
+    budget = {"minAvailable": 1, "selector": {"matchLabels": {"app": "kept"}}}
+    await policy.create_namespaced_pod_disruption_budget(
+        namespace, {"metadata": {"name": "keep"}, "spec": budget}
+    )
+    refused = await io.evict_pod(namespace, "kept", kept)
+    assert refused.outcome == "refused", refused
+    assert "disruption budget" in refused.message, refused.message
+    assert (await core.read_namespaced_pod("kept", namespace)).metadata.deletion_timestamp is None

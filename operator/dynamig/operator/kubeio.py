@@ -86,12 +86,14 @@ class KubeIO:
         self.events = EventCorrelator()
         self._attempts = attempts
 
-    async def _retry(self, call: Callable[[], Awaitable[T]]) -> T:
+    async def _retry(
+        self, call: Callable[[], Awaitable[T]], retry_on: Callable[[BaseException], bool] = is_transient
+    ) -> T:
         # Waits of 0.1, 0.2, 0.4, ... s plus up to 1 s of jitter, none longer than 2 s: a call in flight when
         # the API server returns goes through within 2 s. Once the attempts are spent the error reaches the
         # policy loop, whose retries are capped alike (Reconciler.run_policy).
         async for attempt in AsyncRetrying(
-            retry=retry_if_exception(is_transient),
+            retry=retry_if_exception(retry_on),
             stop=stop_after_attempt(self._attempts),
             wait=wait_exponential_jitter(multiplier=0.1, max=2.0),
             reraise=True,
@@ -249,14 +251,7 @@ class KubeIO:
             await self.core.create_namespaced_pod_eviction(name, namespace, body)
 
         try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception(_server_trouble),
-                stop=stop_after_attempt(self._attempts),
-                wait=wait_exponential_jitter(multiplier=0.2, max=5.0),
-                reraise=True,
-            ):
-                with attempt:
-                    await call()
+            await self._retry(call, _server_trouble)
         except ApiException as exc:
             if exc.status in (404, 409):
                 return EvictResult("gone")
