@@ -331,6 +331,12 @@ async def test_evict_holds_the_placement_and_serves_the_waiting_pod(
                         k.core, namespace, p, "Preempted", event_type="Warning",
                         saying=["to make room for claim", "priority 1000 > 0"],
                     )  # fmt: skip
+                    victim_claim = await k.claim_of(p)  # told where the claim's owner reads it, too
+                    assert victim_claim is not None, p
+                    await event_posted(
+                        k.core, namespace, victim_claim["metadata"]["name"], "Preempted", event_type="Warning",
+                        saying=["to make room for claim"],
+                    )  # fmt: skip
                 # The kubelet's part: the containers exited, the pods go.
                 await k.delete_pods(victims)
 

@@ -628,6 +628,8 @@ OPERATOR_ALLOWED = [
     # Eviction API, which honours those budgets.
     ("list", "poddisruptionbudgets.policy", "--all-namespaces"),
     ("create", "pods", "--subresource=eviction", "-n", "default"),
+    # and which namespaces take part (spec.preemption.namespaceSelector)
+    ("list", "namespaces"),
 ]
 OPERATOR_DENIED = [
     ("create", "resourceslices.resource.k8s.io"),

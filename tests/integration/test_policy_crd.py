@@ -149,6 +149,16 @@ def test_valid_spec_is_accepted_and_defaults_are_filled(policy_crd: ControlPlane
         ),
         ({"preemption": {"holdSeconds": 10}}, "spec.preemption.holdSeconds", "greater than or equal to 30"),
         (
+            {"preemption": {"maxEvictionsPerHourPerNamespace": 0}},
+            "spec.preemption.maxEvictionsPerHourPerNamespace",
+            "greater than or equal to 1",
+        ),
+        (
+            {"preemption": {"namespaceSelector": {"matchLabels": {"bad key!": "x"}}}},
+            "spec.preemption.namespaceSelector.matchLabels",
+            "every key must be a label key",
+        ),
+        (
             {"preemption": {"spareAfterEvictions": 0}},
             "spec.preemption.spareAfterEvictions",
             "greater than or equal to 1",

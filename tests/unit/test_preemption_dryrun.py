@@ -13,11 +13,13 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from dynamig.cli.kubectl_plugin.report import PreemptionReads, plan_report, plan_table
 from dynamig.geometry.catalog import load_catalog
 from dynamig.kube.policy import PreemptionMode, parse_policy
 from dynamig.operator.decide import Reason, RoundInput, decide_round
 from dynamig.operator.demand import extract_demand, parse_device_classes
 from dynamig.operator.inventory import allocated_devices, parse_inventory
+from dynamig.operator.kubeio import Snapshot
 from dynamig.operator.preemption import (
     REASON_NO_VICTIMS,
     REASON_WOULD_PREEMPT,
@@ -35,14 +37,11 @@ DRIVER = "mig.dynamig.io"
 NOW = 1_800_000_000.0
 LONG_AGO = "2026-01-01T00:00:00Z"  # started long before NOW
 PROFILE = 'device.attributes["mig.dynamig.io"].profile'
-CLASSES = parse_device_classes(
-    [
-        {
-            "metadata": {"name": DRIVER},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-        }
-    ]
-)
+CLASS = {
+    "metadata": {"name": DRIVER},
+    "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+}
+CLASSES = parse_device_classes([CLASS])
 
 
 def policy(**preemption: Any) -> dict[str, Any]:
@@ -144,6 +143,7 @@ def report(
     unread: str = "",
     kept: dict[str, str] | None = None,
     spared: dict[str, str] | None = None,
+    namespaces: dict[str, dict[str, str]] | None = None,
 ) -> DryRunReport:
     """One round of ``decide_round`` on node-a's gpu0, then the DryRun report on its verdicts."""
     p = parse_policy(pol)
@@ -152,7 +152,9 @@ def report(
     gpus = parse_inventory([partition(allocated, busy_unclaimed)], CATALOG, allocated_devices(claims, DRIVER))
     pending = extract_demand(claims, pods, CLASSES, (A100,), {"node-a": {}}).pending
     decision = decide_round(RoundInput(p, (), gpus, pending, NOW, {}, CATALOG))
-    return dry_run(p, decision.verdicts, gpus, claims, pods, pdbs, CATALOG, DRIVER, NOW, unread, kept, spared)
+    return dry_run(
+        p, decision.verdicts, gpus, claims, pods, pdbs, CATALOG, DRIVER, NOW, unread, kept, spared, namespaces
+    )
 
 
 def preemptor(priority: int = 1000, **spec: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -401,3 +403,62 @@ def test_the_search_skips_held_gpus_and_claims_and_spares_the_ledgers_owners() -
     spared = {f"Pod ml/small-{s}": "spared by the ledger" for s in range(7)}
     (none,) = report(pol, [*claims, big_claim], [*pods, big_pod], spared=spared).told
     assert none.reason == REASON_NO_VICTIMS and "spared by the ledger" in none.message
+
+
+def test_only_selected_namespaces_preempt_and_lose_pods() -> None:
+    claims, pods = full_gpu([0] * 7)
+    for obj in (*claims, *pods):
+        obj["metadata"]["namespace"] = "batch"  # the seven small pods; the waiting one is in ml
+    big_claim, big_pod = preemptor()
+    world = ([*claims, big_claim], [*pods, big_pod])
+    labels = {"ml": {"tier": "prod"}, "batch": {"tier": "batch"}}
+    both = {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["prod", "batch"]}]}
+    (told,) = report(policy(namespaceSelector=both), *world, namespaces=labels).told
+    assert told.reason == REASON_WOULD_PREEMPT and told.victims[0].startswith("batch/"), told
+    # batch not selected: its pods are no victims, and the answer says why.
+    prod, batch = {"matchLabels": {"tier": "prod"}}, {"matchLabels": {"tier": "batch"}}
+    (kept,) = report(policy(namespaceSelector=prod), *world, namespaces=labels).told
+    assert kept.reason == REASON_NO_VICTIMS
+    assert "7 pod(s): namespace batch is not selected by spec.preemption.namespaceSelector" in kept.message
+    # ml not selected: the waiting pod preempts nobody.
+    (out,) = report(policy(namespaceSelector=batch), *world, namespaces=labels).told
+    assert out.reason == REASON_NO_VICTIMS and "namespace ml is not selected" in out.message, out.message
+    # Namespaces unread: nobody takes part; unset selector: everybody does, without reading them.
+    (unread,) = report(policy(namespaceSelector=both), *world, namespaces=None).told
+    assert "namespaces could not be read" in unread.message
+    assert report(policy(), *world).told[0].reason == REASON_WOULD_PREEMPT
+
+
+def test_kubectl_dynamig_plan_shows_what_preemption_would_do_and_what_is_held() -> None:
+    claims, pods = full_gpu([0] * 7)
+    big_claim, big_pod = preemptor()
+    part = partition(list(range(7)))
+    node = {"metadata": {"name": "node-a", "labels": {}}}
+
+    def plan(pol: dict[str, Any], reads: PreemptionReads | None) -> dict[str, Any]:
+        snap = Snapshot((pol,), (part,), (node,), (big_pod,), (*claims, big_claim), (CLASS,))
+        return plan_report(snap, CATALOG, NOW, reads=reads)
+
+    report = plan(policy(), PreemptionReads(tuple(pods), (), None, ""))
+    (p,) = report["policies"]
+    (answer,) = p["preemption"]["answers"]
+    assert answer["answer"] == REASON_WOULD_PREEMPT and answer["claim"] == "ml/big"
+    assert answer["victims"] == ["ml/small-4", "ml/small-5", "ml/small-6"]
+    text = plan_table(report)
+    assert "preemption DryRun" in text and "would evict ml/small-4, ml/small-5, ml/small-6" in text, text
+    # Running pods unread (RBAC): nobody is a victim, and the answer says why.
+    unread = plan(policy(), None)
+    (answer,) = unread["policies"][0]["preemption"]["answers"]
+    assert answer["answer"] == REASON_NO_VICTIMS
+    assert "were not read: no pod is taken for a victim" in plan_table(unread)
+    # Evict with a placement held and enforced: the hold is listed, and the claim holding it is not searched.
+    hold = {"claim": "ml/big", "profile": "3g.40gb", "start": 4, "victims": ["ml/small-4@uid-small-4"],
+            "createdAt": "2027-01-15T08:00:00Z", "expiresAt": "2027-01-15T08:10:00Z"}  # fmt: skip
+    part["spec"]["holds"] = [hold]
+    part["status"]["holds"] = [hold]
+    held = plan(policy(mode="Evict"), PreemptionReads(tuple(pods), (), None, ""))["policies"][0]
+    assert held["preemption"]["answers"] == []
+    (row,) = held["preemption"]["holds"]
+    assert (row["gpu"], row["placement"], row["enforced"]) == ("node-a-gpu0", "3g.40gb@4", True)
+    text = plan_table({**report, "policies": [held]})
+    assert "HELD ON" in text and "ml/small-4" in text and "rate, cooldown or ledger" in text, text

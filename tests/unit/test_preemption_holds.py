@@ -113,11 +113,14 @@ def test_evict_mode_and_its_limits_parse_and_bad_values_name_the_field() -> None
     ).spec.preemption
     assert spec.mode is PreemptionMode.EVICT
     assert (spec.max_evictions_per_hour, spec.gpu_cooldown_seconds, spec.hold_seconds) == (60, 300, 600)
+    assert spec.max_evictions_per_hour_per_namespace is None and spec.namespace_selector is None
     for value, field in (
         ({"maxEvictionsPerHour": 0}, "maxEvictionsPerHour"),
         ({"gpuCooldownSeconds": -1}, "gpuCooldownSeconds"),
         ({"holdSeconds": 5}, "holdSeconds"),
         ({"spareAfterEvictions": 0}, "spareAfterEvictions"),
+        ({"maxEvictionsPerHourPerNamespace": 0}, "maxEvictionsPerHourPerNamespace"),
+        ({"namespaceSelector": {"matchLabels": "tier"}}, "namespaceSelector"),
     ):
         with pytest.raises(ValidationError) as err:
             parse_policy({"metadata": {"name": "p"}, "spec": {"preemption": value}})
@@ -151,15 +154,23 @@ def test_victims_are_evicted_only_once_the_agent_shows_the_hold() -> None:
 
 def test_cooldown_rate_and_ledger() -> None:
     ledger = Ledger()
-    assert refusal("g0", 3, "p", ledger, NOW, 4, 300) == ""
+    three = ["ml/a", "ml/b", "ml/c"]
+    assert refusal("g0", three, "p", ledger, NOW, 4, 300) == ""
     ledger.record("p", NOW, ["ReplicaSet ml/web", "ReplicaSet ml/web", "Pod ml/x"])
     ledger.last_hold["g0"] = NOW
-    assert "gpuCooldownSeconds 300" in refusal("g0", 1, "p", ledger, NOW + 10, 4, 300)
-    assert "maxEvictionsPerHour 4" in refusal("g1", 2, "p", ledger, NOW + 10, 4, 300)
-    assert refusal("g1", 1, "p", ledger, NOW + 10, 4, 300) == ""
+    assert "gpuCooldownSeconds 300" in refusal("g0", ["ml/a"], "p", ledger, NOW + 10, 4, 300)
+    assert "maxEvictionsPerHour 4" in refusal("g1", ["ml/a", "ml/b"], "p", ledger, NOW + 10, 4, 300)
+    assert refusal("g1", ["ml/a"], "p", ledger, NOW + 10, 4, 300) == ""
+    # Per namespace: ml lost 3 pods this hour; a 4th passes a limit of 3, a pod of another namespace not.
+    why = refusal("g1", ["ml/a"], "p", ledger, NOW + 10, 60, 300, 3)
+    assert "namespace ml had 3 pod(s) evicted" in why and "PerNamespace 3" in why, why
+    assert refusal("g1", ["web/a", "web/b", "web/c"], "p", ledger, NOW + 10, 60, 300, 3) == ""
+    assert "namespace web" in refusal("g1", ["web/a"] * 4, "p", ledger, NOW + 10, 60, 300, 3)
+    assert ledger.count("p", NOW + 10, "ml") == 3 and ledger.count("p", NOW + 10, "web") == 0
     spared = ledger.spared("p", NOW + 10, 2)
     assert list(spared) == ["ReplicaSet ml/web"] and "evicted 2 times" in spared["ReplicaSet ml/web"]
-    assert refusal("g1", 2, "p", ledger, NOW + 3601, 4, 300) == ""  # the hour has passed
+    assert refusal("g1", ["ml/a", "ml/b"], "p", ledger, NOW + 3601, 4, 300) == ""  # the hour has passed
+    assert refusal("g1", ["ml/a"], "p", ledger, NOW + 3601, 60, 300, 1) == ""
     assert ledger.spared("p", NOW + 3601, 2) == {}
     owned = {"metadata": {"namespace": "ml", "name": "web-1", "ownerReferences": [
         {"kind": "ReplicaSet", "name": "web", "controller": True}]}}  # fmt: skip

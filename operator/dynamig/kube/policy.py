@@ -94,6 +94,11 @@ class Preemption(_Model):
     gpu_cooldown_seconds: int = Field(default=300, ge=0, le=86_400)
     hold_seconds: int = Field(default=600, ge=30, le=86_400)
     spare_after_evictions: int = Field(default=2, ge=1, le=100)
+    # Evict: at most this many pods of one namespace evicted in any hour (None: the policy's limit alone).
+    max_evictions_per_hour_per_namespace: int | None = Field(default=None, ge=1, le=100_000)
+    # Which namespaces take part: only their waiting pods preempt and only their pods are victims (None:
+    # every namespace).
+    namespace_selector: LabelSelector | None = None
 
 
 class PolicySpec(_Model):

@@ -40,8 +40,12 @@ class Ledger:
         self.evicted[policy] = kept
         return kept
 
-    def count(self, policy: str, now: float) -> int:
-        return len(self._recent(policy, now))
+    def count(self, policy: str, now: float, namespace: str | None = None) -> int:
+        """Pods the policy evicted in the last hour (of ``namespace`` only, when given)."""
+        recent = self._recent(policy, now)
+        if namespace is None:
+            return len(recent)
+        return sum(1 for _, o in recent if owner_namespace(o) == namespace)
 
     def record(self, policy: str, now: float, owners: Iterable[str]) -> None:
         self._recent(policy, now).extend((now, o) for o in owners)
@@ -58,26 +62,43 @@ class Ledger:
         }
 
 
+def owner_namespace(owner: str) -> str:
+    """The namespace of an owner key (``Kind namespace/name``, operator/preemption.py ``owner_key``). Pure."""
+    return owner.partition(" ")[2].partition("/")[0]
+
+
 def refusal(
     gpu: str,
-    victims: int,
+    victims: Sequence[str],
     policy: str,
     ledger: Ledger,
     now: float,
     max_per_hour: int,
     cooldown_s: float,
+    max_per_namespace: int | None = None,
 ) -> str:
-    """Why no hold may be made on ``gpu`` for ``victims`` evictions now, or "". Pure but for the ledger's
-    pruning."""
+    """Why no hold may be made on ``gpu`` for evicting ``victims`` (``namespace/name``) now, or "". Pure but
+    for the ledger's pruning."""
     last = ledger.last_hold.get(gpu)
     if last is not None and now - last < cooldown_s:
         return f"GPU {gpu} had pods evicted {now - last:.0f}s ago (gpuCooldownSeconds {cooldown_s:.0f})"
     done = ledger.count(policy, now)
-    if done + victims > max_per_hour:
+    if done + len(victims) > max_per_hour:
         return (
-            f"{done} pod(s) evicted in the last hour, {victims} more would pass maxEvictionsPerHour "
+            f"{done} pod(s) evicted in the last hour, {len(victims)} more would pass maxEvictionsPerHour "
             f"{max_per_hour}"
         )
+    if max_per_namespace is not None:
+        more: dict[str, int] = {}
+        for v in victims:
+            more[v.partition("/")[0]] = more.get(v.partition("/")[0], 0) + 1
+        for namespace, n in sorted(more.items()):
+            had = ledger.count(policy, now, namespace)
+            if had + n > max_per_namespace:
+                return (
+                    f"namespace {namespace} had {had} pod(s) evicted in the last hour, {n} more would pass "
+                    f"maxEvictionsPerHourPerNamespace {max_per_namespace}"
+                )
     return ""
 
 

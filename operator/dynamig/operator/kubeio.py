@@ -151,6 +151,13 @@ class KubeIO:
         """Every pod in phase Running (the snapshot has the Pending ones): preemption's possible victims."""
         return await self._list_core("list_pod_for_all_namespaces", field_selector="status.phase=Running")
 
+    async def list_namespace_labels(self) -> dict[str, dict[str, str]]:
+        """Every namespace's labels, by name (preemption's ``namespaceSelector``)."""
+        return {
+            str(ns["metadata"]["name"]): dict(ns["metadata"].get("labels") or {})
+            for ns in await self._list_core("list_namespace")
+        }
+
     async def list_disruption_budgets(self) -> tuple[dict[str, Any], ...]:
         """Every PodDisruptionBudget (policy/v1)."""
 

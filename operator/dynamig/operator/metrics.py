@@ -111,6 +111,13 @@ class OperatorMetrics:
             ["policy"],
             registry=r,
         )
+        self.spared = Gauge(
+            "dynamig_operator_preemption_spared_workloads",
+            "Workloads a policy with preemption Evict spares because they were evicted spareAfterEvictions "
+            "times within the hour (ping-pong)",
+            ["policy"],
+            registry=r,
+        )
         self.holds_released = Counter(
             "dynamig_operator_preemption_holds_released_total",
             f"Holds a policy released, by why (why={'|'.join(HOLD_ENDS)})",
@@ -128,6 +135,10 @@ class OperatorMetrics:
         self.oldest_hold.labels(policy=policy).set(oldest_s)
         self._preemption_series.add(policy)
 
+    def set_spared(self, policy: str, workloads: int) -> None:
+        self.spared.labels(policy=policy).set(workloads)
+        self._preemption_series.add(policy)
+
     def set_preemption_dry_run(self, policy: str, victims: int, would_preempt: int, no_victims: int) -> None:
         """The figures of a DryRun preemption round of ``policy``."""
         self.dryrun_victims.labels(policy=policy).set(victims)
@@ -138,7 +149,7 @@ class OperatorMetrics:
     def forget_preemption(self, policy: str) -> None:
         """Drop the DryRun series of a policy whose preemption is off (or that is gone)."""
         if policy in self._preemption_series:
-            for gauge in (self.dryrun_victims, self.holds, self.oldest_hold):
+            for gauge in (self.dryrun_victims, self.holds, self.oldest_hold, self.spared):
                 with contextlib.suppress(KeyError):
                     gauge.remove(policy)
             for result in PREEMPTOR_RESULTS:

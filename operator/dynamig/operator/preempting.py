@@ -23,6 +23,7 @@ from dynamig.kube.events import claim_ref
 from dynamig.kube.gpupartition import Hold
 from dynamig.kube.policy import GpuPartitionPolicy, PreemptionMode
 from dynamig.operator.decide import Reason, RoundDecision
+from dynamig.operator.demand import pod_claim_names
 from dynamig.operator.holds import (
     Ledger,
     age,
@@ -127,6 +128,13 @@ class Preempter:
             except ApiException as exc:
                 unread = f"cannot list pods or PodDisruptionBudgets: {exc.status} {exc.reason}"
                 log.warning("policy %s: preemption: %s; no pod is taken for a victim", policy.name, unread)
+        namespaces: dict[str, dict[str, str]] | None = None
+        if waiting and policy.spec.preemption.namespace_selector is not None:
+            try:
+                namespaces = await self.kube.list_namespace_labels()
+            except ApiException as exc:
+                unread = f"cannot list namespaces: {exc.status} {exc.reason}"
+                log.warning("policy %s: preemption: %s; no namespace takes part", policy.name, unread)
         pods = (*snap.pods, *running)
         rnd = _Round(policy, parts, {_key(c): c for c in snap.claims}, {pod_key(p): p for p in pods}, wall)
         await self._keep_holds(rnd, evicting)
@@ -140,14 +148,20 @@ class Preempter:
             spared = self.ledger.spared(policy.name, wall, spec.spare_after_evictions) if evicting else {}
             report = dry_run(
                 policy, decision.verdicts, mine, snap.claims, pods, pdbs, self.catalog, DRIVER_NAME, wall,
-                unread, rnd.kept, spared,
+                unread, rnd.kept, spared, namespaces,
             )  # fmt: skip
             if evicting:
                 report = await self._hold(rnd, report, {GpuKey(g.node, g.index): g.name for g in mine})
         if evicting:
+            spec = policy.spec.preemption
+            spared_now = self.ledger.spared(policy.name, wall, spec.spare_after_evictions)
             report = replace(
-                report, held=len(rnd.kept), evicted_last_hour=self.ledger.count(policy.name, wall)
+                report,
+                held=len(rnd.kept),
+                evicted_last_hour=self.ledger.count(policy.name, wall),
+                spared=tuple(sorted(spared_now)),
             )
+            self.metrics.set_spared(policy.name, len(spared_now))
         else:
             self.metrics.set_preemption_dry_run(
                 policy.name, report.victims, report.would_preempt, report.no_victims
@@ -253,8 +267,19 @@ class Preempter:
                     f"{prio}, on {gpu}: {hold.profile} at slice {hold.start} (policy {policy})"
                 )
                 log.info("policy %s: evicted %s: %s", policy, victim, text)
-                await self.kube.post_event(_pod_ref(pod), "Warning", REASON_PREEMPTED, text, namespace)
+                await self._tell_victim(rnd, pod, text)
         return True
+
+    async def _tell_victim(self, rnd: _Round, pod: dict[str, Any], text: str) -> None:
+        """``Preempted`` on the evicted pod and on each claim of its (the device is freed with the pod: said
+        where a claim's owner reads it)."""
+        namespace = str((pod.get("metadata") or {}).get("namespace", ""))
+        await self.kube.post_event(_pod_ref(pod), "Warning", REASON_PREEMPTED, text, namespace)
+        for name in pod_claim_names(pod):
+            claim = rnd.claims.get(f"{namespace}/{name}")
+            if claim is not None:
+                ref = claim_ref(namespace, name, (claim.get("metadata") or {}).get("uid"))
+                await self.kube.post_event(ref, "Warning", REASON_PREEMPTED, text, namespace)
 
     async def _hold(self, rnd: _Round, report: DryRunReport, gpu_names: Mapping[GpuKey, str]) -> DryRunReport:
         """Hold the placement of each claim the search serves, when the cooldown and the rate allow; the
@@ -269,8 +294,8 @@ class Preempter:
             gpu = gpu_names.get(e.gpu, "")
             claim = rnd.claims.get(t.claim.claim.key)
             why = refusal(
-                gpu, len(e.victims), rnd.policy.name, self.ledger, rnd.wall, spec.max_evictions_per_hour,
-                spec.gpu_cooldown_seconds,
+                gpu, e.victims, rnd.policy.name, self.ledger, rnd.wall, spec.max_evictions_per_hour,
+                spec.gpu_cooldown_seconds, spec.max_evictions_per_hour_per_namespace,
             )  # fmt: skip
             if claim is None or t.claim.claim.is_pod:
                 why = why or "its pod asks for extended resources: preemption serves ResourceClaims"

@@ -24,8 +24,8 @@ What the search is told, as Kubernetes means it:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dynamig.geometry.catalog import Catalog
@@ -333,6 +333,7 @@ class DryRunReport:
     evicting: bool = False  # Evict: the victims are evicted once the placement is held
     held: int = 0  # Evict: placements held for waiting claims after the round
     evicted_last_hour: int = 0  # Evict: pods the policy evicted in the last hour
+    spared: tuple[str, ...] = ()  # Evict: workloads the ledger spares (evicted too often within the hour)
 
     @property
     def preemptors(self) -> int:
@@ -345,6 +346,8 @@ class DryRunReport:
                 f"Evict: {self.held} placement(s) held for waiting claims, {self.evicted_last_hour} pod(s) "
                 f"evicted in the last hour; {self.no_victims} waiting claim(s) find no victims"
             )
+            if self.spared:
+                text += f"; spared after repeated evictions within the hour: {_names(self.spared)}"
         else:
             text = (
                 f"DryRun: {self.would_preempt} waiting claim(s) would have {self.victims} pod(s) evicted, "
@@ -378,6 +381,24 @@ def _names(victims: Sequence[str]) -> str:
     return f"{shown} and {more} more" if more > 0 else shown
 
 
+def _outside(
+    selector: LabelSelector | None, namespaces: Mapping[str, Mapping[str, str]] | None
+) -> Callable[[str], str]:
+    """For ``namespace/name``: why its namespace takes no part in preemption, or "". Pure."""
+
+    def why(key: str) -> str:
+        namespace = key.partition("/")[0]
+        if selector is None:
+            return ""
+        if namespaces is None:
+            return "the namespaces could not be read for spec.preemption.namespaceSelector"
+        if selector.matches(namespaces.get(namespace, {})):
+            return ""
+        return f"namespace {namespace} is not selected by spec.preemption.namespaceSelector"
+
+    return why
+
+
 def dry_run(
     policy: GpuPartitionPolicy,
     verdicts: Sequence[ClaimVerdict],
@@ -391,13 +412,15 @@ def dry_run(
     unread: str = "",
     kept: Mapping[str, str] | None = None,
     spared: Mapping[str, str] | None = None,
+    namespaces: Mapping[str, Mapping[str, str]] | None = None,
 ) -> DryRunReport:
     """Which pods would be evicted for each claim of the round that found no room (``verdicts``), on the
     usable ``gpus`` of ``policy``. ``claims``: every ResourceClaim; ``pods``: every pod not finished (the
     waiting ones included); ``pdbs``: every PodDisruptionBudget, None when they could not be read (then no
     pod is a victim, and ``unread`` says why). ``kept``: GPU name -> the claim a placement on it is held
     for (no other preemptor is served there, and a claim holding one waits for it); ``spared``: owners the
-    ledger of evictions spares (:func:`protection`). Pure."""
+    ledger of evictions spares (:func:`protection`); ``namespaces``: every namespace's labels, for the
+    policy's ``namespaceSelector`` (None: not read, then no namespace is selected). Pure."""
     kept = kept or {}
     holding = frozenset(kept.values())
     usable = [g for g in gpus if not g.unusable and g.model is not None]
@@ -405,7 +428,11 @@ def dry_run(
     pod_list = list(pods)
     by_uid = {str((p.get("metadata") or {}).get("uid", "")): p for p in pod_list}
     verdicts = [v for v in verdicts if v.claim.claim.key not in holding]
-    waiting = waiting_claims(verdicts, by_uid, policy, frozenset(models))
+    opted_out = _outside(policy.spec.preemption.namespace_selector, namespaces)
+    waiting = tuple(
+        Waiting(w.verdict, None, why) if w.preemptor and (why := opted_out(w.preemptor.name)) else w
+        for w in waiting_claims(verdicts, by_uid, policy, frozenset(models))
+    )
     evicting = policy.spec.preemption.mode is PreemptionMode.EVICT
     if not waiting:
         return DryRunReport(unread=unread, evicting=evicting)
@@ -423,6 +450,8 @@ def dry_run(
             continue  # finished: its claim is released without anyone's help
         rp = running_pod(pod, budgets, spec.spare_kueue_workloads, now, held.shared.get(key, ""), spared)
         uid_of[key] = uid
+        if not rp.protected and (why := opted_out(key)):
+            rp = replace(rp, protected=why)
         if pdbs is None and not rp.protected:
             rp = RunningPod(
                 rp.name, rp.priority, rp.started_at, rp.unit, f"not known to be unprotected ({unread})"

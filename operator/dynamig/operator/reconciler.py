@@ -694,7 +694,7 @@ class Reconciler:
         conds = set_condition(conds, "Ready", *ready, gen, stamp)
         if preemption is not None:
             text = preemption.summary()
-            reason = "Evict" if preemption.evicting else "DryRun"
+            reason = "DryRun" if not preemption.evicting else "Sparing" if preemption.spared else "Evict"
             conds = set_condition(conds, "Preemption", True, reason, text, gen, stamp)
         else:  # Off: no condition
             conds = [c for c in conds if c.type != "Preemption"]

@@ -22,6 +22,7 @@ from dynamig.cli import render
 from dynamig.cli.errors import EXIT_USAGE, CommandError, check_kubeconfig, describe, exit_code
 from dynamig.cli.kubectl_plugin import EXIT_FAILED, EXIT_OK, OUTPUT_FORMATS, PROG
 from dynamig.cli.kubectl_plugin.report import (
+    PreemptionReads,
     ReportError,
     export_policy_baseline,
     export_scenario,
@@ -59,11 +60,31 @@ async def snapshot(api: client.ApiClient, lease_namespace: str | None) -> Snapsh
     return await KubeIO(api).snapshot(lease_namespace)
 
 
+async def preemption_reads(api: client.ApiClient, snap: Snapshot) -> PreemptionReads | None:
+    """What the operator's victim search reads beyond the snapshot, when a policy preempts; what cannot be
+    read (RBAC) is said, and then no pod is taken for a victim."""
+    specs = [(p.get("spec") or {}).get("preemption") or {} for p in snap.policies]
+    if not any(s.get("mode") in ("DryRun", "Evict") for s in specs):
+        return None
+    io = KubeIO(api, attempts=2)
+    try:
+        running, pdbs = await io.list_running_pods(), await io.list_disruption_budgets()
+    except ApiException as exc:
+        return PreemptionReads(unread=f"cannot list pods or PodDisruptionBudgets: {exc.status} {exc.reason}")
+    if not any(s.get("namespaceSelector") is not None for s in specs):
+        return PreemptionReads(running, pdbs, None, "")
+    try:
+        return PreemptionReads(running, pdbs, await io.list_namespace_labels(), "")
+    except ApiException as exc:
+        return PreemptionReads(running, pdbs, None, f"cannot list namespaces: {exc.status} {exc.reason}")
+
+
 async def _plan(args: argparse.Namespace) -> int:
     async with connected(args) as api:
         leases = args.agent_namespace or await agent_namespace(api)
         snap = await snapshot(api, leases)
-    report = plan_report(snap, load_catalog(), time.time(), args.namespace, args.policy)
+        reads = await preemption_reads(api, snap)
+    report = plan_report(snap, load_catalog(), time.time(), args.namespace, args.policy, reads)
     print(plan_table(report) if args.output == "table" else render(report, args.output))
     return EXIT_OK
 

@@ -1,31 +1,37 @@
 """What ``plan``, ``verify`` and ``export`` print, computed from raw API dicts. Pure: no I/O.
 
 ``plan`` runs the operator's own round (:func:`dynamig.operator.reconciler.parse_world` and
-:func:`dynamig.operator.decide.decide_round`) on a snapshot and reports the decision instead of writing it.
+:func:`dynamig.operator.decide.decide_round`) on a snapshot and reports the decision instead of writing it;
+under a policy that preempts, also the operator's victim search (:func:`dynamig.operator.preemption.dry_run`)
+and the placements held.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from dynamig import __version__
+from dynamig import DRIVER_NAME, __version__
 from dynamig.geometry.catalog import Catalog
 from dynamig.geometry.model import Layout, normalize_layout
 from dynamig.kube.gpupartition import (
     ConditionType,
     GpuPartition,
+    Hold,
     Inventory,
     Phase,
     layout_summary,
     parse_gpu_partition,
 )
 from dynamig.kube.names import GROUP_VERSION, POLICY_KIND
-from dynamig.kube.policy import GpuPartitionPolicy, check_spec_against_catalog
+from dynamig.kube.policy import GpuPartitionPolicy, PreemptionMode, check_spec_against_catalog
 from dynamig.operator.decide import LayoutWrite, OfferWrite, RoundDecision, RoundInput, decide_round
+from dynamig.operator.holds import enforced, holds_of
 from dynamig.operator.inventory import GpuView
 from dynamig.operator.kubeio import Snapshot
+from dynamig.operator.preemption import dry_run
 from dynamig.operator.reconciler import World, parse_world
 from dynamig.textable import align
 
@@ -35,6 +41,64 @@ class ReportError(ValueError):
 
 
 # ------------------------------------------------------------------------------------------------- plan
+
+
+@dataclass(frozen=True)
+class PreemptionReads:
+    """What preemption reads beyond a round's snapshot: running pods, PodDisruptionBudgets (None: unread)
+    and the namespaces' labels (None: unread or not needed); ``unread`` says what could not be read."""
+
+    running: tuple[dict[str, Any], ...] = ()
+    pdbs: tuple[dict[str, Any], ...] | None = None
+    namespaces: dict[str, dict[str, str]] | None = None
+    unread: str = "running pods and PodDisruptionBudgets were not read"
+
+
+def _preemption(
+    policy: GpuPartitionPolicy,
+    decision: RoundDecision,
+    mine: Sequence[GpuView],
+    snap: Snapshot,
+    reads: PreemptionReads,
+    catalog: Catalog,
+    now: float,
+    namespace: str | None,
+) -> dict[str, Any] | None:
+    """What preemption would do this round, and the placements held now; None when it is Off."""
+    if policy.spec.preemption.mode is PreemptionMode.OFF:
+        return None
+    names = {g.name for g in mine}
+    parts = [p for p in snap.partitions if p["metadata"]["name"] in names]
+    holds = [(str(p["metadata"]["name"]), p, h) for p in parts for h in holds_of(p)]
+    kept = {gpu: h.claim for gpu, _, h in holds}
+    found = dry_run(
+        policy, decision.verdicts, mine, snap.claims, (*snap.pods, *reads.running), reads.pdbs, catalog,
+        DRIVER_NAME, now, reads.unread, kept, None, reads.namespaces,
+    )  # fmt: skip
+    evicting = policy.spec.preemption.mode is PreemptionMode.EVICT
+    return {
+        "mode": policy.spec.preemption.mode.value,
+        "answers": [
+            {"claim": t.claim.claim.key, "answer": t.reason, "victims": list(t.victims), "message": t.message}
+            for t in found.told
+            if _in_namespace(t.claim.claim.key, namespace)
+        ],
+        "holds": [_held(gpu, part, h) for gpu, part, h in holds],
+        "unread": found.unread,  # then no pod is taken for a victim
+        # The operator's ledger (evictions of the last hour, GPU cooldowns) lives in its memory.
+        "note": "the operator may still refuse for its rate, cooldown or ledger" if evicting else "",
+    }
+
+
+def _held(gpu: str, part: Mapping[str, Any], h: Hold) -> dict[str, Any]:
+    return {
+        "gpu": gpu,
+        "claim": h.claim,
+        "placement": f"{h.profile}@{h.start}",
+        "victims": list(h.victims),
+        "expiresAt": h.expires_at,
+        "enforced": enforced(part, h),
+    }
 
 
 def _in_namespace(claim_key: str, namespace: str | None) -> bool:
@@ -64,6 +128,7 @@ def _policy_report(
     mine: Sequence[GpuView],
     problems: Sequence[Any],
     namespace: str | None,
+    preemption: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     written = {w.gpu for w in decision.writes}
     return {
@@ -86,6 +151,7 @@ def _policy_report(
         "reshapes": [_reshape(w, w.gpu in written, decision.held.get(w.gpu, "")) for w in decision.planned],
         "offers": [_offer(o, "write") for o in decision.offers]
         + [_offer(o, "dry-run") for o in decision.planned_offers],
+        "preemption": preemption,
     }
 
 
@@ -100,9 +166,11 @@ def plan_report(
     now: float,
     namespace: str | None = None,
     only_policy: str | None = None,
+    reads: PreemptionReads | None = None,
 ) -> dict[str, Any]:
     """One operator round per policy on ``snap`` at ``now`` (epoch seconds), as plain data. Claims outside
-    ``namespace`` are planned (the operator plans them too) but not listed. Pure.
+    ``namespace`` are planned (the operator plans them too) but not listed. ``reads``: what preemption reads
+    beyond the snapshot (None: nothing read, so no pod is taken for a victim). Pure.
 
     The running operator remembers since when each GPU has been idle; here every GPU counts as idle since
     ``now``, as a freshly started operator counts it, so returns to the baseline show as held.
@@ -120,7 +188,10 @@ def plan_report(
         problems = tuple(check_spec_against_catalog(policy.spec, catalog))
         claims = tuple(c for c in world.pending if world.claim_owner.get(c.claim.key) == policy.name)
         decision = decide_round(RoundInput(policy, problems, mine, claims, now, idle_since, catalog))
-        reports.append(_policy_report(policy, decision, mine, problems, namespace))
+        preemption = _preemption(
+            policy, decision, mine, snap, reads or PreemptionReads(), catalog, now, namespace
+        )
+        reports.append(_policy_report(policy, decision, mine, problems, namespace, preemption))
     unowned = [
         c.claim.key
         for c in world.pending
@@ -132,6 +203,29 @@ def plan_report(
         "claimsWithoutPolicy": unowned if only_policy is None else [],
         "silentAgents": dict(world.silent),
     }
+
+
+def _preemption_lines(pre: Mapping[str, Any] | None) -> list[str]:
+    if not pre:
+        return []
+    out = [f"  preemption {pre['mode']}" + (f" ({pre['note']})" if pre["note"] else "")]
+    if pre["unread"]:
+        out.append(f"    {pre['unread']}: no pod is taken for a victim")
+    if pre["answers"]:
+        rows: list[tuple[str, ...]] = [("WAITING CLAIM", "ANSWER", "MESSAGE")]
+        rows += [(a["claim"], a["answer"], a["message"]) for a in pre["answers"]]
+        out += ["    " + line for line in align(rows)]
+    if pre["holds"]:
+        rows = [("HELD ON", "PLACEMENT", "FOR CLAIM", "VICTIMS", "EXPIRES", "AGENT ENFORCES")]
+        rows += [
+            (h["gpu"], h["placement"], h["claim"], ",".join(v.split("@")[0] for v in h["victims"]) or "-",
+             h["expiresAt"], "yes" if h["enforced"] else "not yet")
+            for h in pre["holds"]
+        ]  # fmt: skip
+        out += ["    " + line for line in align(rows)]
+    if not (pre["answers"] or pre["holds"]):
+        out.append("    no claim waits for room, no placement is held")
+    return out
 
 
 def plan_table(report: Mapping[str, Any]) -> str:
@@ -172,7 +266,8 @@ def plan_table(report: Mapping[str, Any]) -> str:
                 for o in p["offers"]
             ]
             out += ["  " + line for line in align(rows)]
-        if not (p["claims"] or p["reshapes"] or p["offers"]):
+        out += _preemption_lines(p.get("preemption"))
+        if not (p["claims"] or p["reshapes"] or p["offers"] or p.get("preemption")):
             out.append("  nothing to do")
         out.append("")
     if report["claimsWithoutPolicy"]:
