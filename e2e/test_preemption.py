@@ -334,8 +334,8 @@ async def test_evict_holds_the_placement_and_serves_the_waiting_pod(
                     victim_claim = await k.claim_of(p)  # told where the claim's owner reads it, too
                     assert victim_claim is not None, p
                     await event_posted(
-                        k.core, namespace, victim_claim["metadata"]["name"], "Preempted", event_type="Warning",
-                        saying=["to make room for claim"],
+                        k.core, namespace, victim_claim["metadata"]["name"], "Preempted",
+                        event_type="Warning", saying=["to make room for claim"],
                     )  # fmt: skip
                 # The kubelet's part: the containers exited, the pods go.
                 await k.delete_pods(victims)
@@ -384,6 +384,112 @@ async def test_evict_holds_the_placement_and_serves_the_waiting_pod(
         for name in ("low", "high"):
             with contextlib.suppress(ApiException):
                 await scheduling.delete_priority_class(f"{name}-{pool}")
+
+
+@pytest.mark.parametrize("inventory", [Inventory.INSTANCES, Inventory.PARTITIONABLE], ids=str.lower)
+async def test_drain_keeps_the_placement_for_a_claim_starving_at_equal_priority(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim_nvml: ModuleType,
+    inventory: Inventory,
+) -> None:
+    """``spec.drain``: every pod at one priority, so nothing may be evicted. The 3g.40gb claim gets gpu0
+    drained for it at slice 4 (three 1g.10gb in the way, not four): a hold of kind Drain, no victims. A
+    1g.10gb pod arriving later does not get the slice freed when one of those three pods ends; once the
+    other two end, the 3g.40gb is cut and allocated to the waiting claim, the hold is released, and nobody
+    was evicted. The test plays the kubelet: it deletes the pods that finish."""
+    k = ScenarioApi(kube_api, namespace)
+    await k.ensure_device_class()
+    pool = uuid.uuid4().hex[:8]
+    node = make_node("drain", labels={"dynamig.io/managed": "true", "test-pool": pool})
+    gpu0 = f"{node}-gpu0"
+    policy = f"drain-{pool}"
+    await k.claim_template("small", ["1g.10gb"])
+    await k.claim_template("big", ["3g.40gb"])
+    metrics = OperatorMetrics()
+
+    async def create_pod(name: str, template: str) -> None:
+        await k.core.create_namespaced_pod(namespace, claim_pod(name, {"test-pool": pool}, template=template))
+
+    low = [f"low-{i}" for i in range(7)]
+    settings = dataclasses.replace(quick_agent_settings(node), inventory=inventory)
+    try:
+        async with agent_running(kube_api, node, sim_nvml, settings):
+            await eventually(lambda: k.stable(gpu0), "the agent's GpuPartition", within_s=60)
+            await k.set_layout(gpu0, SEVEN)
+            await eventually(lambda: _instances(k, gpu0, len(SEVEN)), "gpu0 at 7 x 1g.10gb", within_s=60)
+            for name in low:
+                await create_pod(name, "small")
+
+            async def all_allocated() -> dict[str, str] | None:
+                devices = {p: allocated_device(await k.claim_of(p)) for p in low}
+                return {p: d for p, d in devices.items() if d} if all(devices.values()) else None
+
+            devices = await eventually(all_allocated, "the seven pods' claims allocated", within_s=90)
+            in_the_way = sorted(p for p, d in devices.items() if d.split("-s")[-1] in "456")
+            kept = sorted(set(low) - set(in_the_way))
+            uids = {p: (await k.core.read_namespaced_pod(p, namespace)).metadata.uid for p in low}
+
+            async with operator_running(crds.kubeconfig_path, metrics):
+                spec = {**_policy_spec(pool, {"mode": "Evict"}), "drain": {"afterSeconds": 0}}
+                await k.create_policy(policy, spec)
+                await create_pod("big", "big")
+
+                async def held() -> dict[str, Any] | None:
+                    part = await k.partition(gpu0)
+                    return part if (part.get("status") or {}).get("holds") else None
+
+                part = await eventually(held, "the drain enforced by the agent (status.holds)", within_s=60)
+                (hold,) = part["spec"]["holds"]
+                big_claim = await k.claim_of("big")
+                assert big_claim is not None
+                assert hold["claim"] == f"{namespace}/{big_claim['metadata']['name']}"
+                assert (hold["kind"], hold["profile"], hold["start"]) == ("Drain", "3g.40gb", 4)
+                assert hold.get("victims", []) == [], hold
+                await event_posted(
+                    k.core, namespace, "big", "Draining", saying=["no GPU can cut now", "nobody is evicted"]
+                )
+                # A 1g.10gb pod arrives; one of the three in the way ends: its slice stays with the hold.
+                await create_pod("late", "small")
+                await eventually(lambda: k.unschedulable("late"), "late unschedulable", within_s=60)
+                await k.delete_pods(in_the_way[:1])
+                await asyncio.sleep(5)
+                late = allocated_device(await k.claim_of("late"))
+                assert late is None, late
+                await k.delete_pods(in_the_way[1:])
+
+                async def served() -> str | None:
+                    return allocated_device(await k.claim_of("big"))
+
+                device = await eventually(served, "the starving claim allocated", within_s=60)
+                assert device == "gpu0-3g40gb-s4", device
+
+                async def released() -> list[dict[str, Any]] | None:
+                    part = await k.partition(gpu0)
+                    holds = [*(part["spec"].get("holds") or []), *(part["status"].get("holds") or [])]
+                    return None if any(h["claim"] == hold["claim"] for h in holds) else holds
+
+                after = await eventually(released, "the drain released once the claim is served", within_s=60)
+                # The 1g.10gb pod starves now (afterSeconds 0): the next drain, if any, is its own.
+                assert all(h["claim"] != hold["claim"] and h["profile"] == "1g.10gb" for h in after), after
+                # Nobody was evicted: the four pods outside the placement kept their instances throughout.
+                for p in kept:
+                    pod = await k.core.read_namespaced_pod(p, namespace)
+                    assert pod.metadata.uid == uids[p] and pod.metadata.deletion_timestamp is None, p
+                    assert allocated_device(await k.claim_of(p)) == devices[p], p
+                sample = metrics.registry.get_sample_value
+                labels = {"policy": policy}
+                # One drain for the 3g.40gb claim, and one for the 1g.10gb pod if its round has come.
+                assert sample("dynamig_operator_drains_total", labels) in (1, 2)
+                assert not sample("dynamig_operator_evictions_total", {**labels, "result": "evicted"})
+                released_total = "dynamig_operator_preemption_holds_released_total"
+                assert sample(released_total, {**labels, "why": "served"}) == 1
+    finally:
+        await k.delete_pods([*low, "late", "big"])
+        with contextlib.suppress(ApiException):
+            await k.delete_policy(policy)
 
 
 def _policy_spec(pool: str, preemption: dict[str, Any]) -> dict[str, Any]:

@@ -15,10 +15,13 @@ from pydantic import ValidationError
 
 from dynamig.cli.kubectl_plugin.report import PreemptionReads, plan_report, plan_table
 from dynamig.geometry.catalog import load_catalog
-from dynamig.kube.policy import PreemptionMode, parse_policy
-from dynamig.operator.decide import Reason, RoundInput, decide_round
+from dynamig.kube.gpupartition import HoldKind
+from dynamig.kube.policy import GpuPartitionPolicy, PreemptionMode, parse_policy
+from dynamig.kube.times import parse_time
+from dynamig.operator.decide import ClaimVerdict, Reason, RoundInput, decide_round
 from dynamig.operator.demand import extract_demand, parse_device_classes
-from dynamig.operator.inventory import allocated_devices, parse_inventory
+from dynamig.operator.draining import plan_drains
+from dynamig.operator.inventory import GpuView, allocated_devices, parse_inventory
 from dynamig.operator.kubeio import Snapshot
 from dynamig.operator.preemption import (
     REASON_NO_VICTIMS,
@@ -462,3 +465,60 @@ def test_kubectl_dynamig_plan_shows_what_preemption_would_do_and_what_is_held() 
     assert (row["gpu"], row["placement"], row["enforced"]) == ("node-a-gpu0", "3g.40gb@4", True)
     text = plan_table({**report, "policies": [held]})
     assert "HELD ON" in text and "ml/small-4" in text and "rate, cooldown or ledger" in text, text
+
+
+# ------------------------------------------------------------------------------------------------ drains
+
+
+def round_of(
+    pol: dict[str, Any], claims: list[dict[str, Any]], pods: list[dict[str, Any]], part: dict[str, Any]
+) -> tuple[GpuPartitionPolicy, tuple[GpuView, ...], tuple[ClaimVerdict, ...]]:
+    """(policy, GPUs, the round's verdicts) on ``part``."""
+    p = parse_policy(pol)
+    gpus = parse_inventory([part], CATALOG, allocated_devices(claims, DRIVER))
+    pending = extract_demand(claims, pods, CLASSES, (A100,), {"node-a": {}}).pending
+    return p, gpus, decide_round(RoundInput(p, (), gpus, pending, NOW, {}, CATALOG)).verdicts
+
+
+def test_a_claim_starving_at_equal_priority_gets_a_gpu_drained_and_nobody_evicted() -> None:
+    claims, pods = full_gpu([1000] * 7)
+    big_claim, big_pod = preemptor(1000)
+    drain = policy(mode="Off")
+    drain["spec"]["drain"] = {"afterSeconds": 60}
+    world = ([*claims, big_claim], [*pods, big_pod])
+    p, gpus, verdicts = round_of(drain, *world, partition(list(range(7))))
+    (d,) = plan_drains(p, verdicts, gpus, world[0], world[1], DRIVER, NOW, {}, 1)
+    assert (d.gpu_name, d.choice.profile, d.choice.start, d.priority) == ("node-a-gpu0", "3g.40gb", 4, 1000)
+    hold = d.hold("c-big", NOW, 3600)
+    assert hold.kind is HoldKind.DRAIN and hold.victims == [] and hold.claim == "ml/big"
+    text = d.message(hold.expires_at)
+    assert "no GPU can cut now" in text and "1g.10gb@4, 1g.10gb@5, 1g.10gb@6 end" in text
+    assert "nobody is evicted" in text
+    # Not yet starving, no room left, the GPU or the claim holding a placement already, or drains off.
+    created = parse_time(LONG_AGO)
+    assert created is not None
+    assert plan_drains(p, verdicts, gpus, world[0], world[1], DRIVER, created + 30, {}, 1) == ()
+    assert plan_drains(p, verdicts, gpus, world[0], world[1], DRIVER, NOW, {}, 0) == ()
+    assert plan_drains(p, verdicts, gpus, world[0], world[1], DRIVER, NOW, {"node-a-gpu0": "ml/x"}, 1) == ()
+    assert plan_drains(p, verdicts, gpus, world[0], world[1], DRIVER, NOW, {"node-b-gpu0": "ml/big"}, 1) == ()
+    off = parse_policy(policy(mode="Off"))
+    assert plan_drains(off, verdicts, gpus, world[0], world[1], DRIVER, NOW, {}, 1) == ()
+
+
+def test_a_held_placement_is_planned_busy_so_no_other_claim_is_planned_over_it() -> None:
+    # Slices 0-3 busy, 4-6 free under a hold of 3g.40gb@4: a 1g.10gb claim finds no room on the GPU.
+    claims, pods = full_gpu([0] * 7)
+    claims, pods = claims[:4], pods[:4]
+    small_claim = claim("late", "1g.10gb")
+    small_pod = pod("late", "late", 0, pending=True)
+    world = ([*claims, small_claim], [*pods, small_pod])
+    part = partition(list(range(4)))
+    _, gpus, verdicts = round_of(policy(), *world, part)
+    assert verdicts[0].reason is not Reason.NO_CAPACITY  # free 1g.10gb at 4, 5, 6: served there
+    part["spec"]["holds"] = [{"claim": "ml/big", "profile": "3g.40gb", "start": 4,
+                              "expiresAt": "2099-01-01T00:00:00Z"}]  # fmt: skip
+    _, gpus, verdicts = round_of(policy(), *world, part)
+    assert verdicts[0].reason is Reason.NO_CAPACITY, verdicts[0]
+    (g,) = gpus
+    state = g.state()
+    assert [(i.profile, i.start, i.busy) for i in state.instances if i.start >= 4] == [("3g.40gb", 4, True)]

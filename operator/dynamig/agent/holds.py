@@ -30,11 +30,7 @@ REASON_PLACEMENT_HELD = "PlacementHeld"
 
 def valid_holds(model: GpuModel, holds: Iterable[Hold]) -> tuple[Hold, ...]:
     """The holds that name a placement of ``model`` (others hold nothing). Pure."""
-    return tuple(
-        h
-        for h in holds
-        if model.has_profile(h.profile) and h.start in model.profile(h.profile).placement_starts
-    )
+    return tuple(h for h in holds if h.fits(model))
 
 
 def held_against(model: GpuModel, placed: PlacedInstance, claim: str, holds: Sequence[Hold]) -> Hold | None:

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from dynamig.geometry.model import Layout, PlacedInstance, normalize_layout
+from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, normalize_layout
 from dynamig.kube.names import GPU_PARTITION_KIND, GROUP_VERSION
 from dynamig.kube.times import parse_time
 from dynamig.planner.offerlimit import AutoChoice
@@ -116,6 +116,11 @@ class AutoPlacementsSpec(_Model):
         return AutoChoice(self.limit, self.gpu_nodes)
 
 
+class HoldKind(StrEnum):
+    EVICT = "Evict"  # pods were evicted to free the placement
+    DRAIN = "Drain"  # nobody is evicted: the instances in its way end on their own
+
+
 class Hold(_Model):
     """A placement kept for one claim (``spec.holds``, written by the operator when it evicts pods to make
     room): no other claim is answered ready on memory slices it overlaps, and no instance of the agent's own
@@ -124,6 +129,7 @@ class Hold(_Model):
 
     claim: str  # namespace/name of the ResourceClaim it is kept for
     claim_uid: str = ""
+    kind: HoldKind = HoldKind.EVICT
     profile: str
     start: int = Field(ge=0)
     priority: int = 0  # the waiting pod's
@@ -133,6 +139,10 @@ class Hold(_Model):
 
     def placed(self) -> PlacedInstance:
         return PlacedInstance(self.start, self.profile)
+
+    def fits(self, model: GpuModel) -> bool:
+        """Whether the held placement is one of ``model``'s (others hold nothing). Pure."""
+        return model.has_profile(self.profile) and self.start in model.profile(self.profile).placement_starts
 
     def expires(self) -> float:
         """Epoch seconds; 0 when unreadable (an unreadable expiry holds nothing)."""

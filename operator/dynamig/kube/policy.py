@@ -101,6 +101,16 @@ class Preemption(_Model):
     namespace_selector: LabelSelector | None = None
 
 
+class Drain(_Model):
+    """``spec.drain``: a claim waiting longer than ``afterSeconds`` for a profile that no GPU can cut now (its
+    slices busy everywhere, at any priority) gets one GPU drained for it: the placement is kept, no new
+    booking goes over it, and the claim gets it once the instances running there end. Nobody is evicted."""
+
+    after_seconds: int | None = Field(default=None, ge=0, le=604_800)  # None: no drain
+    hold_seconds: int = Field(default=3600, ge=30, le=604_800)  # a drain ends after this, served or not
+    max_gpus: int = Field(default=1, ge=1, le=10_000)  # GPUs of the policy draining at once
+
+
 class PolicySpec(_Model):
     node_selector: LabelSelector = Field(default_factory=LabelSelector)
     gpu_products: list[str] = Field(default_factory=list)
@@ -113,6 +123,7 @@ class PolicySpec(_Model):
     cooldown_seconds: int = Field(default=300, ge=0)
     disruption_budget: DisruptionBudget = Field(default_factory=DisruptionBudget)
     preemption: Preemption = Field(default_factory=Preemption)
+    drain: Drain = Field(default_factory=Drain)
 
     def baseline_layout(self, model_key: str) -> Layout | None:
         entries = self.baseline.get(model_key)

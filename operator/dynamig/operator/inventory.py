@@ -64,6 +64,8 @@ class GpuView:
     # Partitionable: the agent's Ready message while a floor instance waits for bookings to end (Ready True,
     # reason FloorHeld, at the current generation): expected, not a failure; "" otherwise.
     floor_held: str = ""
+    # Placements kept for waiting claims (spec.holds): planned as busy, with nothing else over their slices.
+    holds: tuple[PlacedInstance, ...] = ()
 
     @property
     def partitionable(self) -> bool:
@@ -85,7 +87,8 @@ class GpuView:
 
         A GPU in flight is planned as the layout it is becoming (``spec.layout`` plus any busy instance the
         agent kept), so claims that its new instances will serve are not planned a second time elsewhere;
-        if that union cannot exist, every actual instance is pinned instead.
+        if that union cannot exist, every actual instance is pinned instead. A held placement stands in for
+        every instance over its slices, busy: no other claim is planned there, as the agent books none.
         """
         assert self.model is not None
         if self.in_flight:
@@ -96,6 +99,13 @@ class GpuView:
                 instances = tuple(CurrentInstance(i.profile, i.start, busy=True) for i in self.actual)
         else:
             instances = tuple(CurrentInstance(i.profile, i.start, busy=i in self.busy) for i in self.actual)
+        if self.holds:
+            model = self.model
+            held = [model.profile(h.profile).mask(h.start) for h in self.holds]
+            instances = (
+                *(i for i in instances if not any(model.profile(i.profile).mask(i.start) & m for m in held)),
+                *(CurrentInstance(h.profile, h.start, busy=True) for h in self.holds),
+            )
         return GpuState(node=self.node, index=self.index, model=self.model.key, instances=instances)
 
     def identity(self, node_labels: Mapping[str, str]) -> GpuIdentity:
@@ -190,6 +200,7 @@ def _gpu_view(
         inventory=st.inventory,
         offered=tuple(gp.spec.offered_profiles) if gp.spec.offered_profiles is not None else None,
         floor_held=floor_held,
+        holds=tuple(h.placed() for h in gp.spec.holds if model is not None and h.fits(model)),
     )
 
 

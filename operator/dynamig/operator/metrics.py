@@ -118,6 +118,13 @@ class OperatorMetrics:
             ["policy"],
             registry=r,
         )
+        self.drains = Counter(
+            "dynamig_operator_drains_total",
+            "GPUs a policy drained for a claim starving behind small ones (spec.drain): a placement held, "
+            "no pod evicted",
+            ["policy"],
+            registry=r,
+        )
         self.holds_released = Counter(
             "dynamig_operator_preemption_holds_released_total",
             f"Holds a policy released, by why (why={'|'.join(HOLD_ENDS)})",
@@ -146,10 +153,12 @@ class OperatorMetrics:
         self.dryrun_preemptors.labels(policy=policy, result="no-victims").set(no_victims)
         self._preemption_series.add(policy)
 
-    def forget_preemption(self, policy: str) -> None:
-        """Drop the DryRun series of a policy whose preemption is off (or that is gone)."""
+    def forget_preemption(self, policy: str, holds_too: bool = True) -> None:
+        """Drop the preemption series of a policy whose preemption is off (or that is gone); the holds' too
+        unless it still drains."""
         if policy in self._preemption_series:
-            for gauge in (self.dryrun_victims, self.holds, self.oldest_hold, self.spared):
+            held = (self.holds, self.oldest_hold) if holds_too else ()
+            for gauge in (self.dryrun_victims, self.spared, *held):
                 with contextlib.suppress(KeyError):
                     gauge.remove(policy)
             for result in PREEMPTOR_RESULTS:

@@ -1,10 +1,11 @@
-"""Preemption's I/O, one policy round at a time: report (``DryRun``), or hold, evict and release (``Evict``).
+"""Preemption's and drains' I/O, one policy round at a time: report (``DryRun``), or hold, evict and release
+(``Evict``); drain a GPU for a claim starving behind small ones (``spec.drain``).
 
-What is searched lives in operator/preemption.py (pure), what may start and when a hold ends in
-operator/holds.py (pure); this module reads what they need, writes the holds into GpuPartition specs, calls
-the Eviction API and tells every step: Events on the waiting pods (``WouldPreempt`` under DryRun,
-``Preempting`` under Evict, ``NoPreemptionVictims``), on the victims (``Preempted``) and on the waiting
-claim (``PreemptionHoldReleased``, ``PreemptionAborted``), and metrics.
+What is searched lives in operator/preemption.py and operator/draining.py (pure), what may start and when a
+hold ends in operator/holds.py (pure); this module reads what they need, writes the holds into GpuPartition
+specs, calls the Eviction API and tells every step: Events on the waiting pods (``WouldPreempt`` under
+DryRun, ``Preempting`` under Evict, ``NoPreemptionVictims``, ``Draining``), on the victims and their claims
+(``Preempted``) and on the waiting claim (``PreemptionHoldReleased``, ``PreemptionAborted``), and metrics.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from dynamig import DRIVER_NAME
 from dynamig.geometry.catalog import Catalog
 from dynamig.kube.apicalls import is_transient, status_of
 from dynamig.kube.events import claim_ref
-from dynamig.kube.gpupartition import Hold
+from dynamig.kube.gpupartition import Hold, HoldKind
 from dynamig.kube.policy import GpuPartitionPolicy, PreemptionMode
 from dynamig.operator.decide import Reason, RoundDecision
 from dynamig.operator.demand import pod_claim_names
+from dynamig.operator.draining import REASON_DRAINING, draining_count, plan_drains
 from dynamig.operator.holds import (
     Ledger,
     age,
@@ -82,6 +84,7 @@ class _Round:
     pods: dict[str, dict[str, Any]]
     wall: float
     kept: dict[str, str] = field(default_factory=dict)  # GPU -> the claim a placement on it is held for
+    oldest: float = 0.0  # age of the oldest hold kept, seconds
 
 
 class Preempter:
@@ -114,7 +117,8 @@ class Preempter:
         names = {g.name for g in mine}
         parts = {str(p["metadata"]["name"]): p for p in snap.partitions if p["metadata"]["name"] in names}
         held = any(holds_of(p) for p in parts.values())
-        if mode is PreemptionMode.OFF and not held:
+        draining = policy.spec.drain.after_seconds is not None
+        if mode is PreemptionMode.OFF and not held and not draining:
             memory.keep_only(())
             self.metrics.forget_preemption(policy.name)
             return None
@@ -137,10 +141,34 @@ class Preempter:
                 log.warning("policy %s: preemption: %s; no namespace takes part", policy.name, unread)
         pods = (*snap.pods, *running)
         rnd = _Round(policy, parts, {_key(c): c for c in snap.claims}, {pod_key(p): p for p in pods}, wall)
-        await self._keep_holds(rnd, evicting)
+        await self._keep_holds(rnd, evicting, draining)
+        report = await self._preempt(rnd, memory, mine, snap, decision, pods, pdbs, namespaces, unread, now)
+        if draining and waiting:
+            await self._drain(rnd, mine, snap, decision, pods)
+        self.metrics.set_holds(policy.name, len(rnd.kept), rnd.oldest)
+        return report
+
+    async def _preempt(
+        self,
+        rnd: _Round,
+        memory: Memory,
+        mine: tuple[GpuView, ...],
+        snap: Snapshot,
+        decision: RoundDecision,
+        pods: tuple[dict[str, Any], ...],
+        pdbs: tuple[dict[str, Any], ...] | None,
+        namespaces: dict[str, dict[str, str]] | None,
+        unread: str,
+        now: float,
+    ) -> DryRunReport | None:
+        """The victim search (DryRun, Evict): told, and under Evict held; None when preemption is Off."""
+        policy, wall = rnd.policy, rnd.wall
+        mode = policy.spec.preemption.mode
+        evicting = mode is PreemptionMode.EVICT
+        waiting = any(v.reason is Reason.NO_CAPACITY for v in decision.verdicts)
         if mode is PreemptionMode.OFF:
             memory.keep_only(())
-            self.metrics.forget_preemption(policy.name)
+            self.metrics.forget_preemption(policy.name, holds_too=False)
             return None
         report = DryRunReport(evicting=evicting)
         if waiting:
@@ -169,13 +197,42 @@ class Preempter:
         await self._tell(memory, report, now)
         return report
 
+    async def _drain(
+        self,
+        rnd: _Round,
+        mine: tuple[GpuView, ...],
+        snap: Snapshot,
+        decision: RoundDecision,
+        pods: tuple[dict[str, Any], ...],
+    ) -> None:
+        """Drain a GPU for each claim starving past ``drain.afterSeconds``, within ``drain.maxGpus``."""
+        spec = rnd.policy.spec.drain
+        room = spec.max_gpus - sum(draining_count(holds_of(p)) for p in rnd.parts.values())
+        drains = plan_drains(
+            rnd.policy, decision.verdicts, mine, snap.claims, pods, DRIVER_NAME, rnd.wall, rnd.kept, room
+        )
+        for d in drains:
+            part = rnd.parts.get(d.gpu_name)
+            claim = rnd.claims.get(d.claim.claim.key)
+            if part is None or claim is None:
+                continue
+            hold = d.hold(str((claim.get("metadata") or {}).get("uid", "")), rnd.wall, spec.hold_seconds)
+            if not await self._write_holds(d.gpu_name, part, [*holds_of(part), hold]):
+                continue
+            rnd.kept[d.gpu_name] = hold.claim
+            self.metrics.drains.labels(policy=rnd.policy.name).inc()
+            text = d.message(hold.expires_at)
+            log.info("policy %s: draining %s for %s: %s", rnd.policy.name, d.gpu_name, hold.claim, text)
+            for pod in d.claim.pods:
+                ref = {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace,
+                       "uid": pod.uid}  # fmt: skip
+                await self.kube.post_event(ref, "Normal", REASON_DRAINING, text, pod.namespace)
+
     # --- holds ---------------------------------------------------------------------------------------
 
-    async def _keep_holds(self, rnd: _Round, evicting: bool) -> None:
-        """Release the holds that end (the claim served or gone, expired, or the policy no longer evicts),
-        and evict the victims of those the agent enforces. Fills ``rnd.kept``."""
-        name = rnd.policy.name
-        oldest = 0.0
+    async def _keep_holds(self, rnd: _Round, evicting: bool, draining: bool) -> None:
+        """Release the holds that end (the claim served or gone, expired, or the policy no longer evicts or
+        drains), and evict the victims of those the agent enforces. Fills ``rnd.kept`` and ``rnd.oldest``."""
         for gpu, part in rnd.parts.items():
             holds = holds_of(part)
             if not holds:
@@ -183,9 +240,12 @@ class Preempter:
             keep: list[Hold] = []
             ends: list[tuple[Hold, str, str]] = []
             for h in holds:
-                kind, why = released(h, rnd.claims, rnd.wall) if evicting else ("off", "")
-                if not evicting:
-                    why = f"policy {name} no longer evicts (preemption {rnd.policy.spec.preemption.mode})"
+                kind, why = released(h, rnd.claims, rnd.wall)
+                if h.kind is HoldKind.DRAIN and not draining:
+                    kind, why = "off", f"policy {rnd.policy.name} no longer drains (drain.afterSeconds unset)"
+                elif h.kind is HoldKind.EVICT and not evicting:
+                    mode = rnd.policy.spec.preemption.mode
+                    kind, why = "off", f"policy {rnd.policy.name} no longer evicts (preemption {mode})"
                 (ends.append((h, kind, why)) if kind else keep.append(h))
             if ends and not await self._write_holds(gpu, part, keep):
                 continue
@@ -195,8 +255,7 @@ class Preempter:
                 if enforced(part, h) and not await self._evict(rnd, gpu, part, h, keep):
                     continue  # refused: released
                 rnd.kept[gpu] = h.claim
-                oldest = max(oldest, age(h, rnd.wall))
-        self.metrics.set_holds(name, len(rnd.kept), oldest)
+                rnd.oldest = max(rnd.oldest, age(h, rnd.wall))
 
     async def _write_holds(self, gpu: str, part: dict[str, Any], holds: list[Hold]) -> bool:
         """Replace ``spec.holds`` of ``gpu``; False when the object changed since it was read (the next round

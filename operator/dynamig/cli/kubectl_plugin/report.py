@@ -31,7 +31,7 @@ from dynamig.operator.decide import LayoutWrite, OfferWrite, RoundDecision, Roun
 from dynamig.operator.holds import enforced, holds_of
 from dynamig.operator.inventory import GpuView
 from dynamig.operator.kubeio import Snapshot
-from dynamig.operator.preemption import dry_run
+from dynamig.operator.preemption import DryRunReport, dry_run
 from dynamig.operator.reconciler import World, parse_world
 from dynamig.textable import align
 
@@ -64,17 +64,19 @@ def _preemption(
     now: float,
     namespace: str | None,
 ) -> dict[str, Any] | None:
-    """What preemption would do this round, and the placements held now; None when it is Off."""
-    if policy.spec.preemption.mode is PreemptionMode.OFF:
-        return None
+    """What preemption would do this round, and the placements held now (for preemption or drains); None when
+    neither preemption nor drains are on and nothing is held."""
     names = {g.name for g in mine}
     parts = [p for p in snap.partitions if p["metadata"]["name"] in names]
     holds = [(str(p["metadata"]["name"]), p, h) for p in parts for h in holds_of(p)]
+    off = policy.spec.preemption.mode is PreemptionMode.OFF
+    if off and policy.spec.drain.after_seconds is None and not holds:
+        return None
     kept = {gpu: h.claim for gpu, _, h in holds}
     found = dry_run(
         policy, decision.verdicts, mine, snap.claims, (*snap.pods, *reads.running), reads.pdbs, catalog,
         DRIVER_NAME, now, reads.unread, kept, None, reads.namespaces,
-    )  # fmt: skip
+    ) if not off else DryRunReport()  # fmt: skip
     evicting = policy.spec.preemption.mode is PreemptionMode.EVICT
     return {
         "mode": policy.spec.preemption.mode.value,
@@ -93,6 +95,7 @@ def _preemption(
 def _held(gpu: str, part: Mapping[str, Any], h: Hold) -> dict[str, Any]:
     return {
         "gpu": gpu,
+        "kind": h.kind.value,
         "claim": h.claim,
         "placement": f"{h.profile}@{h.start}",
         "victims": list(h.victims),
@@ -216,10 +219,11 @@ def _preemption_lines(pre: Mapping[str, Any] | None) -> list[str]:
         rows += [(a["claim"], a["answer"], a["message"]) for a in pre["answers"]]
         out += ["    " + line for line in align(rows)]
     if pre["holds"]:
-        rows = [("HELD ON", "PLACEMENT", "FOR CLAIM", "VICTIMS", "EXPIRES", "AGENT ENFORCES")]
+        rows = [("HELD ON", "KIND", "PLACEMENT", "FOR CLAIM", "VICTIMS", "EXPIRES", "AGENT ENFORCES")]
         rows += [
-            (h["gpu"], h["placement"], h["claim"], ",".join(v.split("@")[0] for v in h["victims"]) or "-",
-             h["expiresAt"], "yes" if h["enforced"] else "not yet")
+            (h["gpu"], h["kind"], h["placement"], h["claim"],
+             ",".join(v.split("@")[0] for v in h["victims"]) or "-", h["expiresAt"],
+             "yes" if h["enforced"] else "not yet")
             for h in pre["holds"]
         ]  # fmt: skip
         out += ["    " + line for line in align(rows)]
