@@ -1,5 +1,7 @@
-"""Preemption, report-only, end to end: a policy with ``spec.preemption.mode: DryRun`` tells a waiting
-high-priority pod which lower-priority pods it would evict, and evicts none.
+"""Making room, end to end: a policy with ``spec.preemption.mode: DryRun`` tells a waiting high-priority pod
+which lower-priority pods it would evict, and evicts none; with ``Evict`` it holds the placement, evicts them
+and the waiting pod gets it; with ``spec.drain`` a claim starving at equal priority gets a GPU drained for it
+and nobody is evicted (each test's docstring says how, in both inventories).
 
 Real: etcd, kube-apiserver, kube-scheduler (the only allocator, and the one whose own preemption cannot free a
 DRA device), kube-controller-manager (claims from templates, and PodDisruptionBudget status computed by its
@@ -9,7 +11,7 @@ code path, both as tasks of the test's event loop.
 Simulated: one A100-80GB (``dynamig.backends.simnvml``) and the node (a Node object without kubelet: pods are
 bound, never run, so they never start and no PodDisruptionBudget counts them healthy).
 
-Scenario:
+DryRun scenario:
 1. The GPU is cut into seven 1g.10gb; seven pods at priority 0 (a PriorityClass) take them all.
 2. A pod at priority 1000 asks for a 3g.40gb: no re-cut serves it without evicting. The pod is told
    ``WouldPreempt`` naming the three pods under slices 4-7 (fewer than the four under slices 0-3), the
@@ -26,7 +28,7 @@ import contextlib
 import dataclasses
 import functools
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -274,17 +276,7 @@ async def test_evict_holds_the_placement_and_serves_the_waiting_pod(
     settings = dataclasses.replace(quick_agent_settings(node), inventory=inventory)
     try:
         async with agent_running(kube_api, node, sim_nvml, settings):
-            await eventually(lambda: k.stable(gpu0), "the agent's GpuPartition", within_s=60)
-            await k.set_layout(gpu0, SEVEN)
-            await eventually(lambda: _instances(k, gpu0, len(SEVEN)), "gpu0 at 7 x 1g.10gb", within_s=60)
-            for name in low:
-                await create_pod(name, "small", "low")
-
-            async def all_allocated() -> dict[str, str] | None:
-                devices = {p: allocated_device(await k.claim_of(p)) for p in low}
-                return {p: d for p, d in devices.items() if d} if all(devices.values()) else None
-
-            devices = await eventually(all_allocated, "the seven low pods' claims allocated", within_s=90)
+            devices = await _seven_allocated(k, gpu0, low, lambda name: create_pod(name, "small", "low"))
             victims = sorted(p for p, d in devices.items() if d.split("-s")[-1] in "456")
             kept = sorted(set(low) - set(victims))
             assert len(victims) == 3, devices
@@ -417,17 +409,7 @@ async def test_drain_keeps_the_placement_for_a_claim_starving_at_equal_priority(
     settings = dataclasses.replace(quick_agent_settings(node), inventory=inventory)
     try:
         async with agent_running(kube_api, node, sim_nvml, settings):
-            await eventually(lambda: k.stable(gpu0), "the agent's GpuPartition", within_s=60)
-            await k.set_layout(gpu0, SEVEN)
-            await eventually(lambda: _instances(k, gpu0, len(SEVEN)), "gpu0 at 7 x 1g.10gb", within_s=60)
-            for name in low:
-                await create_pod(name, "small")
-
-            async def all_allocated() -> dict[str, str] | None:
-                devices = {p: allocated_device(await k.claim_of(p)) for p in low}
-                return {p: d for p, d in devices.items() if d} if all(devices.values()) else None
-
-            devices = await eventually(all_allocated, "the seven pods' claims allocated", within_s=90)
+            devices = await _seven_allocated(k, gpu0, low, lambda name: create_pod(name, "small"))
             in_the_way = sorted(p for p, d in devices.items() if d.split("-s")[-1] in "456")
             kept = sorted(set(low) - set(in_the_way))
             uids = {p: (await k.core.read_namespaced_pod(p, namespace)).metadata.uid for p in low}
@@ -504,6 +486,24 @@ def _policy_spec(pool: str, preemption: dict[str, Any]) -> dict[str, Any]:
         # The pods never start here (no kubelet): each counts as started now.
         "preemption": {"minRunSeconds": 0, **preemption},
     }
+
+
+async def _seven_allocated(
+    k: ScenarioApi, gpu0: str, pods: list[str], create: Callable[[str], Awaitable[None]]
+) -> dict[str, str]:
+    """``gpu0`` cut into seven 1g.10gb and one of ``pods`` (made by ``create``) allocated each: device by
+    pod."""
+    await eventually(lambda: k.stable(gpu0), "the agent's GpuPartition", within_s=60)
+    await k.set_layout(gpu0, SEVEN)
+    await eventually(lambda: _instances(k, gpu0, len(SEVEN)), "gpu0 at 7 x 1g.10gb", within_s=60)
+    for name in pods:
+        await create(name)
+
+    async def all_allocated() -> dict[str, str] | None:
+        devices = {p: allocated_device(await k.claim_of(p)) for p in pods}
+        return {p: d for p, d in devices.items() if d} if all(devices.values()) else None
+
+    return await eventually(all_allocated, "the seven pods' claims allocated", within_s=90)
 
 
 async def _instances(k: ScenarioApi, gpu: str, count: int) -> bool | None:

@@ -1,5 +1,5 @@
 """Placements kept for one claim (``GpuPartition.spec.holds``, written by the operator when it evicts pods to
-make room for that claim). Pure.
+make room for that claim, or drains the GPU for it). Pure; every kind of hold is kept alike.
 
 While a hold stands on a GPU the agent:
 

@@ -123,9 +123,10 @@ class HoldKind(StrEnum):
 
 class Hold(_Model):
     """A placement kept for one claim (``spec.holds``, written by the operator when it evicts pods to make
-    room): no other claim is answered ready on memory slices it overlaps, and no instance of the agent's own
-    making goes there, until the claim is served, gone, or ``expiresAt`` passes. The agent copies the holds it
-    enforces into ``status.holds``; the operator evicts only once a hold shows there."""
+    room, or drains the GPU for a starving claim): no other claim is answered ready on memory slices it
+    overlaps, and no instance of the agent's own making goes there, until the claim is served, gone, or
+    ``expiresAt`` passes. The agent copies the holds it enforces into ``status.holds``; the operator evicts
+    only once a hold shows there."""
 
     claim: str  # namespace/name of the ResourceClaim it is kept for
     claim_uid: str = ""
