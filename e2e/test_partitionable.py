@@ -812,6 +812,45 @@ async def test_a_control_plane_upgraded_in_place_to_1_37_2_switches_the_inventor
                 assert not [e for e in sim.history()[history_start:] if e.kind.startswith("destroy")]
 
 
+async def test_a_booking_waiting_on_its_binding_is_answered_by_an_agent_switched_to_instances(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+) -> None:
+    """The agent restarted with ``--inventory=instances`` (a Helm upgrade that sets it) while a pod waits in
+    PreBind on a placement the partitionable agent published: the new agent answers that booking (cuts the
+    instance, ready) and the pod binds, rather than waiting out the scheduler's binding timeout (10 min)."""
+    k = ScenarioApi(kube_api, namespace)
+    node = await one_gpu_node(k, sim, make_node, "switch")
+    gpu = f"{node}-gpu0"
+    async with agent_running(kube_api, node, sim, partitionable(node)):
+        await offered(k, gpu, [], A100_PROFILES)
+    # No agent now: its placements stay published; the scheduler books one and waits on its condition.
+    await _create_claim(k, "w", {"firstAvailable": first_available(["1g.10gb"])})
+    await k.core.create_namespaced_pod(k.ns, claim_pod("w", {"kubernetes.io/hostname": node}, claim="w"))
+
+    async def booked() -> dict[str, Any] | None:
+        claim = await _allocated(k, "w")
+        return claim["status"]["allocation"]["devices"]["results"][0] if claim else None
+
+    result = await eventually(booked, "the placement booked", within_s=60)
+    assert result["bindingConditions"] == ["mig.dynamig.io/ready"], result
+    assert await bound_node(k, "w") is None
+    instances = dataclasses.replace(quick_agent_settings(node), inventory=Inventory.INSTANCES)
+    async with agent_running(kube_api, node, sim, instances):
+        assert await eventually(lambda: bound_node(k, "w"), "the pod bound", within_s=30) == node
+        claim = await _allocated(k, "w")
+        assert claim is not None
+        (entry,) = claim["status"]["devices"]
+        assert entry["device"] == result["device"]
+        ready = {c["type"]: c["status"] for c in entry["conditions"]}
+        assert ready == {"mig.dynamig.io/ready": "True"}, entry
+        made = {i.mig_uuid for i in _instances(sim)}
+        assert entry["data"]["migUUID"] in made, (entry, made)
+
+
 async def test_uninstall_leaving_gpus_empty_destroys_the_free_instances_kept_for_bookings(
     crds: ControlPlane,
     kube_api: client.ApiClient,

@@ -373,8 +373,11 @@ class NodeAgent:
         view = await self._observe(meta)
         parts = map(parse_gpu_partition, await self._partitions())
         view.parts = {p.name: self.reporter.freshest(p) for p in parts}  # the answers need the refusals
-        if self.partitionable and (view.gpus or view.unavailable):
-            await self._answer(view)  # a pod waiting on its binding is the most urgent thing on the node
+        # A pod waiting on its binding is the most urgent thing on the node. Under the instances inventory
+        # nothing published carries binding conditions, but a booking made on the partitionable inventory
+        # before a switch still waits on one: it is answered too, not left to the scheduler's timeout.
+        if view.gpus or view.unavailable:
+            await self._answer(view)
         view.claims = allocated_devices(view.raw_claims, self.settings.driver, self.settings.node)
         outcomes, created, replaced = await self._each_gpu(view)
         self.health.observe(view.gpus, instance_devices(outcomes), view.parts)
@@ -477,7 +480,7 @@ class NodeAgent:
         for _, answer in await self.answerer.answer_all(view.raw_claims, unavailable, refuse, holds_of):
             outcome = "ready" if isinstance(answer, Ready) else "failed"
             self.metrics.binding_answers.labels(self.settings.node, outcome).inc()
-        if view.gpus:
+        if view.gpus and self.partitionable:  # the instances inventory gives MIG UUIDs in its slices
             await self.answerer.report_bound(view.raw_claims)
 
     # --- each GPU ------------------------------------------------------------------------------------

@@ -53,12 +53,17 @@ REQUIRED_CGROUP_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "devices", 
 # What a test container reports: each NVIDIA device node with its numbers (busybox stat, hex), the NVIDIA
 # and dynamig environment, and whether the driver's files from the node's base CDI spec were mounted; then
 # it waits, and exits at once on SIGTERM (a shell as PID 1 ignores it otherwise).
-DEVICE_REPORT = r"""
+# What the container exits with when it is sent SIGTERM: 128 + 15, the code of a process SIGTERM ended. The
+# shell is PID 1 and would ignore the signal without the trap; a container killed after its grace period
+# exits 137 (SIGKILL) instead, so the kubelet's report tells a graceful stop from a kill.
+EXIT_ON_SIGTERM = 143
+
+DEVICE_REPORT = rf"""
 for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -e "$f" ] && stat -c 'DEV %n %F %t:%T' "$f"; done
 env | grep -E '^(NVIDIA|DYNAMIG)_' | sed 's/^/ENV /'
 [ -e /usr/bin/nvidia-smi ] && echo 'FILE /usr/bin/nvidia-smi'
 echo REPORTED
-trap 'exit 0' TERM
+trap 'exit {EXIT_ON_SIGTERM}' TERM
 sleep 3600 & wait
 """
 
