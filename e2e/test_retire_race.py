@@ -37,7 +37,7 @@ from kubernetes_asyncio import client
 
 from dynamig import DRIVER_NAME
 from dynamig.agent.controller import NodeAgent
-from dynamig.demo.cluster import AllocationWatch, ScenarioApi, exactly, layout_text, resource_claim
+from dynamig.demo.cluster import AllocationWatch, ScenarioApi, claim_pod, exactly, layout_text, resource_claim
 from dynamig.demo.inprocess import agent_running, quick_agent_settings, whole_instances
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.geometry.model import device_name
@@ -96,14 +96,20 @@ async def allocate(
     k: ScenarioApi, name: str, node: str, device: str, profile: str = "1g.10gb", guarded: bool = False
 ) -> None:
     """A claim for ``device`` and its allocation, written as kube-scheduler's PreBind writes one (with the
-    binding conditions of a booking when ``guarded``)."""
+    binding conditions of a booking, and the waiting pod reserved on the claim, when ``guarded``). The pod
+    names a scheduler nobody runs, so only the test books for it."""
     selector = f'device.attributes["{DRIVER_NAME}"].profile == "{profile}"'
     await k.custom.create_namespaced_custom_object(
         "resource.k8s.io", "v1", k.ns, "resourceclaims", resource_claim(name, exactly(selector))
     )
     result: dict[str, Any] = {"request": "gpu", "driver": DRIVER_NAME, "pool": node, "device": device}
+    reserved: list[dict[str, str]] = []
     if guarded:
         result |= {"bindingConditions": [BINDING_READY], "bindingFailureConditions": [BINDING_FAILED]}
+        pod = claim_pod(name, {"kubernetes.io/hostname": node}, claim=name)
+        pod["spec"]["schedulerName"] = "nobody"
+        made = await k.core.create_namespaced_pod(k.ns, pod)
+        reserved = [{"resource": "pods", "name": name, "uid": made.metadata.uid}]
     allocation: dict[str, Any] = {
         "devices": {"results": [result]},
         "nodeSelector": {
@@ -113,7 +119,8 @@ async def allocate(
         },
     }
     await k.custom.patch_namespaced_custom_object_status(
-        "resource.k8s.io", "v1", k.ns, "resourceclaims", name, {"status": {"allocation": allocation}},
+        "resource.k8s.io", "v1", k.ns, "resourceclaims", name,
+        {"status": {"allocation": allocation, **({"reservedFor": reserved} if reserved else {})}},
         _content_type="application/merge-patch+json",
     )  # fmt: skip
 

@@ -47,6 +47,7 @@ from dynamig.kube.times import now_rfc3339
 log = logging.getLogger(__name__)
 
 REASON_GPU_UNAVAILABLE = "GpuUnavailable"
+REASON_NOBODY_WAITS = "NobodyWaits"  # the booking's pod is gone: a failed answer releases it, no cut
 
 Refuse = Callable[[GpuInfo], Problem | None]  # why the round leaves a GPU alone, or None
 HoldsOf = Callable[[GpuInfo], tuple[Hold, ...]]  # the placements kept for one claim each on a GPU
@@ -178,6 +179,12 @@ class AllocationAnswerer:
     ) -> Ready | Failed | None:
         """Decide, and cut or read the MIG UUID again when that is the answer; an NVML error on the way is a
         failed answer, never silence. None: the booking is gone (read just before a destroy)."""
+        if not p.reserved:
+            return Failed(
+                REASON_NOBODY_WAITS,
+                f"{p.device}: no pod is reserved on the claim any more (deleted, or preempted while it waited "
+                "for this answer); nothing is cut for it",
+            )
         if unavailable is not None:
             return Failed(REASON_GPU_UNAVAILABLE, f"{p.device}: {unavailable}")
         devices = self.devices

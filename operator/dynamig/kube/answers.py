@@ -19,6 +19,10 @@ class Pending:
     device: str
     generation: int = 0
     uid: str = ""
+    # Whether some consumer (a pod) is still reserved on the claim. kube-scheduler writes the reservation with
+    # the allocation; it is taken away when the pod goes, e.g. preempted in PreBind while it waited for this
+    # answer (kube-scheduler 1.37 rejects such a pod and keeps the claim allocated, reserved for nobody).
+    reserved: bool = True
 
     @property
     def claim(self) -> str:
@@ -55,6 +59,7 @@ def _allocations(
                     str(r["device"]),
                     int(meta.get("generation") or 0),
                     str(meta.get("uid", "")),
+                    bool(status.get("reservedFor")),
                 )
                 out.append((str(meta.get("creationTimestamp", "")), pending))
     return [p for _, p in sorted(out, key=lambda x: x[0])]
@@ -115,8 +120,9 @@ def still_waits(
     claims: Sequence[Mapping[str, Any]], booking: Pending, driver: str, pool: str, ready: str, failed: str
 ) -> bool:
     """Whether ``booking`` is still an unanswered allocation in ``claims`` (the same claim, by uid, still
-    allocating the same device of ``driver``/``pool``). Pure."""
+    allocating the same device of ``driver``/``pool``) that a pod is still reserved on. Pure."""
     key = (booking.namespace, booking.name, booking.uid, booking.device)
     return any(
-        (p.namespace, p.name, p.uid, p.device) == key for p in unanswered(claims, driver, pool, ready, failed)
+        (p.namespace, p.name, p.uid, p.device) == key and p.reserved
+        for p in unanswered(claims, driver, pool, ready, failed)
     )
