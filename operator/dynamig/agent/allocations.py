@@ -182,8 +182,8 @@ class AllocationAnswerer:
         if not p.reserved:
             return Failed(
                 REASON_NOBODY_WAITS,
-                f"{p.device}: no pod is reserved on the claim any more (deleted, or preempted while it waited "
-                "for this answer); nothing is cut for it",
+                f"{p.device}: no pod is reserved on the claim any more (deleted, or preempted while it "
+                "waited for this answer); nothing is cut for it",
             )
         if unavailable is not None:
             return Failed(REASON_GPU_UNAVAILABLE, f"{p.device}: {unavailable}")
