@@ -33,9 +33,22 @@ def test_demo_tells_the_story_and_leaves_nothing_running(tmp_path: os.PathLike[s
     assert len(pods) == 7 and len({dev for _, dev in pods}) == 7, out  # seven pods, seven distinct slices
     assert all(re.search(r"-(1g10gb|2g20gb)-", dev) for _, dev in pods), pods
     assert re.search(r"train-0 -> gpu\d-3g40gb-s[04]", out), out
+    _made_room(out)
     assert "(all of them free at the time)" in out, out
     assert "nothing is left running" in out
     assert _control_plane_pids_under(str(tmp_path)) == []
+
+
+def _made_room(out: str) -> None:
+    """The preemption chapter: the critical pod got a 3g.40gb by evicting the three 1g.10gb pods under it
+    (at slice 4: three in the way, not four), and the batch pod that found no slice still waits."""
+    got = re.search(
+        r"critical-0 -> (gpu\d-3g40gb-s4); evicted ((?:batch-\d+(?:, )?)+) \(priority 0 < 1000\)", out
+    )
+    assert got, out
+    assert len(got.group(2).split(", ")) == 3, got.group(0)
+    assert re.search(r"^\s+14 batch pods got a slice; 1 wait", out, re.M), out
+    assert re.search(r"^\s+1 batch pod\(s\) still wait", out, re.M), out
 
 
 def _real_node_pids() -> set[str]:
@@ -65,6 +78,8 @@ def test_demo_on_a_real_node_runs_every_pod_on_its_own_slice(tmp_path: os.PathLi
     assert len({uuid for _, _, uuid, *_ in seen}) == 8, "eight containers, eight MIG UUIDs"
     caps = [c for *_, gi, ci in seen for c in (gi, ci)]
     assert len(set(caps)) == 16, "no capability node shared between two containers"
+    _made_room(out)
+    assert re.search(r"^\s+critical-0\s+\+\d+\.\ds\s+MIG-", out, re.M), "the critical pod's container ran"
     assert "(all of them free at the time)" in out, out
     assert "nothing is left running" in out
     assert _real_node_pids() - before == set(), "the kubelet, containerd and shims are gone"

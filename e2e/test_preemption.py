@@ -67,7 +67,6 @@ async def test_dry_run_reports_victims_and_evicts_nothing(
 ) -> None:
     k = ScenarioApi(kube_api, namespace)
     await k.ensure_device_class()
-    scheduling = client.SchedulingV1Api(kube_api)
     budgets = client.PolicyV1Api(kube_api)
     pool = uuid.uuid4().hex[:8]
     node = make_node("preempt", labels={"dynamig.io/managed": "true", "test-pool": pool})
@@ -78,11 +77,7 @@ async def test_dry_run_reports_victims_and_evicts_nothing(
         "high": {"value": 1000},
         "never": {"value": 1000, "preemptionPolicy": "Never"},
     }
-    for name, fields in classes.items():
-        await scheduling.create_priority_class(
-            {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-             "metadata": {"name": f"{name}-{pool}"}, **fields}
-        )  # fmt: skip
+    await k.priority_classes({f"{name}-{pool}": fields for name, fields in classes.items()})
     await k.claim_template("small", ["1g.10gb"])
     await k.claim_template("big", ["3g.40gb"])
     metrics = OperatorMetrics()
@@ -232,9 +227,7 @@ async def test_dry_run_reports_victims_and_evicts_nothing(
         await k.delete_pods([*low, "big", "never"])
         with contextlib.suppress(ApiException):
             await k.delete_policy(policy)
-        for name in classes:
-            with contextlib.suppress(ApiException):
-                await scheduling.delete_priority_class(f"{name}-{pool}")
+        await k.delete_priority_classes(f"{name}-{pool}" for name in classes)
 
 
 @pytest.mark.parametrize("inventory", [Inventory.INSTANCES, Inventory.PARTITIONABLE], ids=str.lower)
@@ -253,16 +246,11 @@ async def test_evict_holds_the_placement_and_serves_the_waiting_pod(
     the evicted pods' deletion, as a kubelet does once their containers exit."""
     k = ScenarioApi(kube_api, namespace)
     await k.ensure_device_class()
-    scheduling = client.SchedulingV1Api(kube_api)
     pool = uuid.uuid4().hex[:8]
     node = make_node("evict", labels={"dynamig.io/managed": "true", "test-pool": pool})
     gpu0 = f"{node}-gpu0"
     policy = f"evict-{pool}"
-    for name, value in (("low", 0), ("high", 1000)):
-        await scheduling.create_priority_class(
-            {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-             "metadata": {"name": f"{name}-{pool}"}, "value": value}
-        )  # fmt: skip
+    await k.priority_classes({f"low-{pool}": {"value": 0}, f"high-{pool}": {"value": 1000}})
     await k.claim_template("small", ["1g.10gb"])
     await k.claim_template("big", ["3g.40gb"])
     metrics = OperatorMetrics()
@@ -373,9 +361,7 @@ async def test_evict_holds_the_placement_and_serves_the_waiting_pod(
         await k.delete_pods([*low, "low-late", "big"])
         with contextlib.suppress(ApiException):
             await k.delete_policy(policy)
-        for name in ("low", "high"):
-            with contextlib.suppress(ApiException):
-                await scheduling.delete_priority_class(f"{name}-{pool}")
+        await k.delete_priority_classes([f"low-{pool}", f"high-{pool}"])
 
 
 @pytest.mark.parametrize("inventory", [Inventory.INSTANCES, Inventory.PARTITIONABLE], ids=str.lower)

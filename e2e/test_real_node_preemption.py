@@ -122,16 +122,11 @@ async def test_victims_stop_on_sigterm_and_the_preemptor_runs_on_the_cut(
     node = s.node.name
     cp = s.node.cluster
     apps = client.AppsV1Api(k.core.api_client)
-    scheduling = client.SchedulingV1Api(k.core.api_client)
     pool = uuid.uuid4().hex[:8]
     policy = f"room-{pool}"
     metrics = OperatorMetrics()
     ended: dict[str, dict[str, Any]] = {}
-    for name, value in (("low", 0), ("high", 1000)):
-        await scheduling.create_priority_class(
-            {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-             "metadata": {"name": f"{name}-{pool}"}, "value": value}
-        )  # fmt: skip
+    await k.priority_classes({f"low-{pool}": {"value": 0}, f"high-{pool}": {"value": 1000}})
     await k.claim_template("small", ["1g.10gb"])
     await k.claim_template("big", ["3g.40gb"])
     await asyncio.to_thread(cp.kubectl, "label", "node", node, f"test-pool={pool}", "--overwrite")
@@ -239,6 +234,4 @@ async def test_victims_stop_on_sigterm_and_the_preemptor_runs_on_the_cut(
         await scaled_to_zero(apps, k.core, k.ns)
         await k.delete_policy(policy)
         await asyncio.to_thread(cp.kubectl, "label", "node", node, "test-pool-")
-        for name in ("low", "high"):
-            with contextlib.suppress(ApiException):
-                await scheduling.delete_priority_class(f"{name}-{pool}")
+        await k.delete_priority_classes([f"low-{pool}", f"high-{pool}"])

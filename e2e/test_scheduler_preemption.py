@@ -1,18 +1,24 @@
 """kube-scheduler's own preemption meets dynamig's binding conditions: a pod waiting in PreBind for the
 agent's answer is preempted, and its booking is released without a cut.
 
-Real: etcd, kube-apiserver, kube-scheduler (its DefaultPreemption rejects a victim that waits in PreBind and
-deletes it, 1.37: "Preemptor rejected a pod in preBind"), kube-controller-manager, the node agent's whole loop
-in the partitionable inventory. Simulated: one A100-80GB; the node (no kubelet: pods bind, never run).
+Real: etcd, kube-apiserver, kube-scheduler, kube-controller-manager, the node agent's whole loop in the
+partitionable inventory. Simulated: one A100-80GB; the node (no kubelet: pods bind, never run).
+
+kube-scheduler 1.37 cancels a victim's binding cycle in PreBind ("Preemptor rejected a pod in preBind",
+pkg/scheduler/framework/preemption/executor.go) and the victim goes back to the queue; a preemptor retried
+before the cancel has taken effect preempts again and deletes the victim. Either way the DRA plugin's
+Unreserve takes the pod out of the claim's ``reservedFor`` and leaves the allocation: a booking reserved
+for nobody, which the resource claim controller does not deallocate (it does so only when it removes the
+last reservation itself).
 
 1. The agent offers 1g.10gb placements, then stops: a booking now waits for an answer nobody gives yet.
 2. A pod at priority 0 asking one CPU (all the node has) and a 1g.10gb from a claim of its own is booked
    (binding conditions) and waits in PreBind.
-3. A pod at priority 1000 asking one CPU and no device: kube-scheduler preempts the waiting pod. What it
-   leaves is the case under test: the claim still allocated, reserved for nobody.
+3. A pod at priority 1000 asking one CPU and no device: kube-scheduler preempts the waiting pod. The claim
+   is left allocated, reserved for nobody.
 4. The agent comes back: it answers the booking failed (``NobodyWaits``) and cuts nothing.
-5. A new pod using the same claim: kube-scheduler, seeing the failed booking, books again; the agent cuts and
-   answers; the pod binds.
+5. The preemptor ends; the claim's pod (the victim back from the queue, or a new one where it was deleted)
+   is booked afresh, the agent cuts and answers, the pod binds.
 """
 
 from __future__ import annotations
@@ -71,13 +77,8 @@ async def test_a_booking_whose_pod_was_preempted_in_prebind_is_released_without_
     node = make_node("prebind", labels={"dynamig.io/managed": "true"}, allocatable={"cpu": "1"})
     gpu = f"{node}-gpu0"
     settings = dataclasses.replace(quick_agent_settings(node), inventory=Inventory.PARTITIONABLE)
-    scheduling = client.SchedulingV1Api(kube_api)
     pool = uuid.uuid4().hex[:8]
-    for name, value in (("low", 0), ("high", 1000)):
-        await scheduling.create_priority_class(
-            {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-             "metadata": {"name": f"{name}-{pool}"}, "value": value}
-        )  # fmt: skip
+    await k.priority_classes({f"low-{pool}": {"value": 0}, f"high-{pool}": {"value": 1000}})
 
     async def claim() -> dict[str, Any]:
         got: dict[str, Any] = await k.custom.get_namespaced_custom_object(
@@ -121,13 +122,12 @@ async def test_a_booking_whose_pod_was_preempted_in_prebind_is_released_without_
         t0 = time.monotonic()
         await k.core.create_namespaced_pod(k.ns, cpu_pod("high", node, f"high-{pool}"))
 
-        async def low_gone() -> bool | None:
-            names = {p.metadata.name for p in (await k.core.list_namespaced_pod(k.ns)).items}
-            return None if "low" in names else True
+        async def unreserved() -> dict[str, Any] | None:
+            left: dict[str, Any] = (await claim())["status"]
+            return left if not left.get("reservedFor") else None
 
-        await eventually(low_gone, "the low pod preempted (deleted)", within_s=60)
-        left = (await claim())["status"]
-        assert left.get("allocation") and not left.get("reservedFor"), left  # booked for nobody
+        left = await eventually(unreserved, "the booking unreserved by the preemption", within_s=60)
+        assert left.get("allocation"), left  # booked for nobody
         took = time.monotonic() - t0
         print(f"\nkube-scheduler preempted the pod in PreBind {took:.1f}s after the preemptor came")
 
@@ -141,25 +141,22 @@ async def test_a_booking_whose_pod_was_preempted_in_prebind_is_released_without_
 
             entry = await eventually(answered, "the agent's answer to the booking", within_s=30)
             (cond,) = entry["conditions"]
-            assert (cond["type"], cond["status"], cond["reason"]) == (
-                BINDING_FAILED,
-                "True",
-                REASON_NOBODY_WAITS,
-            )
+            got = (cond["type"], cond["status"], cond["reason"])
+            assert got == (BINDING_FAILED, "True", REASON_NOBODY_WAITS), cond
             assert [e.kind for e in sim.history()[since:]] == [], "nothing cut for a booking nobody waits on"
 
-            # ---- 5. a new pod of the claim is booked again and binds ---------------------------------
-            again = claim_pod("again", {"kubernetes.io/hostname": node}, claim="gpu")
-            again["spec"]["priorityClassName"] = f"low-{pool}"
-            await k.core.create_namespaced_pod(k.ns, again)
+            # ---- 5. the preemptor ends; the claim's pod is booked again and binds -------------------------
+            await k.core.delete_namespaced_pod("high", k.ns, grace_period_seconds=0)
+            pod = "low"
+            if not {p.metadata.name for p in (await k.core.list_namespaced_pod(k.ns)).items} & {"low"}:
+                pod = "again"  # the preemptor's second attempt deleted the victim
+                await k.core.create_namespaced_pod(k.ns, cpu_pod(pod, node, f"low-{pool}", claim="gpu"))
+            print(f"the claim's pod: {pod}")
 
             async def bound() -> str | None:
-                return (await k.core.read_namespaced_pod("again", k.ns)).spec.node_name or None
+                return (await k.core.read_namespaced_pod(pod, k.ns)).spec.node_name or None
 
-            assert await eventually(bound, "the new pod of the claim bound", within_s=60) == node
+            assert await eventually(bound, f"{pod}, the claim's pod, bound", within_s=60) == node
             assert [e.kind for e in sim.history()[since:]] == ["create-gi", "create-ci"]
-            high = (await k.core.read_namespaced_pod("high", k.ns)).spec.node_name
-            print(f"preemptor bound: {high is not None} after {time.monotonic() - t0:.1f}s")
     finally:
-        for name in ("low", "high"):
-            await scheduling.delete_priority_class(f"{name}-{pool}")
+        await k.delete_priority_classes([f"low-{pool}", f"high-{pool}"])

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -164,6 +164,7 @@ class ScenarioApi:
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
         self.resource = client.ResourceV1Api(api)
+        self.scheduling = client.SchedulingV1Api(api)
         self.ns = namespace
         # Pods are bound, never run, unless a real node runs them: then this makes them runnable there.
         self.pod_shape = pod_shape
@@ -243,8 +244,25 @@ class ScenarioApi:
             "resource.k8s.io", "v1", self.ns, "resourceclaimtemplates", body
         )
 
-    async def pod(self, name: str, template: str, node_selector: dict[str, str]) -> None:
+    async def priority_classes(self, classes: Mapping[str, Mapping[str, Any]]) -> None:
+        """PriorityClasses (cluster-wide) by name: their ``value`` and, when given, ``preemptionPolicy``."""
+        for name, fields in classes.items():
+            await self.scheduling.create_priority_class(
+                {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
+                 **fields}
+            )  # fmt: skip
+
+    async def delete_priority_classes(self, names: Iterable[str]) -> None:
+        for name in names:
+            with contextlib.suppress(ApiException):
+                await self.scheduling.delete_priority_class(name)
+
+    async def pod(
+        self, name: str, template: str, node_selector: dict[str, str], priority_class: str | None = None
+    ) -> None:
         body = claim_pod(name, node_selector, template=template, labels={"app": name.rsplit("-", 1)[0]})
+        if priority_class is not None:
+            body["spec"]["priorityClassName"] = priority_class
         await self.core.create_namespaced_pod(self.ns, self.pod_shape(body) if self.pod_shape else body)
 
     async def delete_pods(self, names: list[str]) -> None:
@@ -291,7 +309,9 @@ class AllocationWatch:
 
     def __init__(self, scenario: ScenarioApi) -> None:
         self.scenario = scenario
-        self.seen: dict[str, list[float]] = {}  # device -> [first, last] time seen allocated
+        # (device, claim uid) -> [first, last] time seen allocated: a device name comes back when its place is
+        # cut again for another claim, and the gap between the two is when the agent may destroy it.
+        self.seen: dict[tuple[str, str], list[float]] = {}
         self.first_allocated: dict[str, float] = {}  # claim name -> first time seen allocated
         self.first_bound: dict[str, float] = {}  # pod name -> first time seen bound to a node
         self._task: asyncio.Task[None] | None = None
@@ -311,7 +331,7 @@ class AllocationWatch:
             dev = allocated_device(c)
             if dev is None:
                 continue
-            span = self.seen.setdefault(dev, [now, now])
+            span = self.seen.setdefault((dev, c["metadata"].get("uid", "")), [now, now])
             span[1] = now
             self.first_allocated.setdefault(c["metadata"]["name"], now)
         for pod in (await self.scenario.core.list_namespaced_pod(self.scenario.ns)).items:
@@ -342,9 +362,8 @@ class AllocationWatch:
             if ev.kind not in ("destroy-gi", "destroy-ci") or ev.profile is None or ev.start is None:
                 continue
             name = device_name(ev.gpu_index, ev.profile, ev.start)
-            span = self.seen.get(name)
-            if span is not None and span[0] - 0.05 <= ev.timestamp <= span[1] + 0.05:
-                bad.append(
-                    f"{name} destroyed at {ev.timestamp:.2f} while allocated {span[0]:.2f}-{span[1]:.2f}"
-                )
+            for (device, _), (first, last) in self.seen.items():
+                if device == name and first - 0.05 <= ev.timestamp <= last + 0.05:
+                    held = f"{first:.2f}-{last:.2f}"
+                    bad.append(f"{name} destroyed at {ev.timestamp:.2f} while allocated {held}")
         return bad

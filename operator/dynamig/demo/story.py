@@ -10,10 +10,15 @@ The story, as a platform engineer lives it:
    ``Dynamic`` policy dynamig re-cuts the free 3g.40gb instances and the scheduler books every pod.
 3. A training pod asking ``3g.40gb`` fits into what is still free.
 4. The inference pods finish; after the cooldown the idle GPU returns to the baseline layout.
+5. Best-effort batch pods (priority 0) take every slice; a latency-critical pod (priority 1000) asks for a
+   ``3g.40gb``. kube-scheduler cannot preempt for a DRA device; the policy's ``preemption.mode: Evict`` holds
+   a placement for it, evicts the fewest batch pods in its way, and the pod gets the cut.
 
 With ``real_node`` the node is real (:class:`~dynamig.devcluster.node.RealNode`: a kubelet and containerd,
 root needed) and its agent runs as its own process beside it, as the DaemonSet would: the pods run, and the
-story prints when each container started and the MIG UUID and capability device nodes it saw.
+story prints when each container started and the MIG UUID and capability device nodes it saw. Without a
+real node no kubelet finishes an evicted pod's deletion: the story does it, as a kubelet would once the
+pod's containers exited, and says so.
 """
 
 from __future__ import annotations
@@ -30,12 +35,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
+from kubernetes_asyncio.client.exceptions import ApiException
+
 from dynamig.backends.simnvml import SimEvent
 from dynamig.demo.cluster import AllocationWatch, ScenarioApi, allocated_device, layout_text
 from dynamig.demo.inprocess import agent_running, operator_running
 from dynamig.devcluster import eventually
 from dynamig.devcluster.node import ContainerReport, RealNode, parse_report, runnable
 from dynamig.devcluster.processes import Component
+from dynamig.geometry.catalog import load_catalog
 from dynamig.kube.names import MANAGED_NODE_LABEL, gpu_partition_name
 from dynamig.simulate.trace import percentile
 from dynamig.textable import align
@@ -47,6 +55,8 @@ NAMESPACE = "demo"
 NODE = "gpu-node-a"
 POOL_LABEL = "dynamig.io/demo-pool"
 POLICY = "morning"
+BEST_EFFORT, CRITICAL = "dynamig-demo-best-effort", "dynamig-demo-critical"  # PriorityClasses: 0 and 1000
+BATCH_PROFILE = "1g.10gb"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -266,6 +276,8 @@ async def _story(options: DemoOptions, report: Reporter, cp: Any, api_client: An
     await api.ensure_device_class()
     await api.claim_template("inference", list(options.inference_profiles))
     await api.claim_template("training", [options.training_profile])
+    await api.claim_template("batch", [BATCH_PROFILE])
+    await api.priority_classes({BEST_EFFORT: {"value": 0}, CRITICAL: {"value": 1000}})
     gpus = [gpu_partition_name(NODE, i) for i in range(len(options.gpus))]
     baseline = list(options.baseline)
     within = options.step_timeout_s
@@ -295,6 +307,7 @@ async def _story(options: DemoOptions, report: Reporter, cp: Any, api_client: An
                 "batchWindowSeconds": 1,
                 "cooldownSeconds": options.cooldown_s,
                 "disruptionBudget": {"maxGpusReshaping": len(gpus)},
+                "preemption": {"mode": "Evict", "minRunSeconds": 0, "gpuCooldownSeconds": 0},
             })  # fmt: skip
 
             async def governs() -> bool | None:
@@ -304,9 +317,11 @@ async def _story(options: DemoOptions, report: Reporter, cp: Any, api_client: An
             await eventually(governs, "the policy to govern the GPUs", within)
             watch.start()
             try:
-                ok = await _burst_training_release(options, report, api, agent, watch, gpus, history_start)
+                await _burst_training_release(options, report, api, agent, watch, gpus)
+                await _make_room(options, report, api, agent, watch)
             finally:
                 await watch.stop()
+            ok = _summary(report, agent, watch, history_start)
     return 0 if ok else 1
 
 
@@ -328,8 +343,7 @@ async def _burst_training_release(
     agent: _NodeAgent,
     watch: AllocationWatch,
     gpus: list[str],
-    history_start: int,
-) -> bool:
+) -> None:
     within = options.step_timeout_s
     selector = {POOL_LABEL: "morning"}
     inference = [f"infer-{i}" for i in range(options.inference_pods)]
@@ -390,6 +404,87 @@ async def _burst_training_release(
         await _show_layouts(api, report, len(gpus))
         await api.delete_pods(["train-0"])
 
+
+async def _make_room(
+    options: DemoOptions, report: Reporter, api: ScenarioApi, agent: _NodeAgent, watch: AllocationWatch
+) -> None:
+    """Batch pods at priority 0 take every slice; a pod at priority 1000 asks for the training profile and
+    gets it by the policy's preemption. Prints whom it evicted and how long the pod waited."""
+    within = options.step_timeout_s
+    selector = {POOL_LABEL: "morning"}
+    catalog = load_catalog()
+    room = sum(catalog.model(gpu).profile(BATCH_PROFILE).max_instances for gpu in options.gpus)
+    batch = [f"batch-{i}" for i in range(room + 1)]  # one more than the GPUs hold
+    morning = [p.metadata.name for p in (await api.core.list_namespaced_pod(api.ns)).items]
+    await api.delete_pods(morning)  # what is left of the morning (with --skip-baseline) ends first
+
+    async def gone() -> bool | None:
+        return None if (await api.core.list_namespaced_pod(api.ns)).items else True
+
+    await eventually(gone, "the morning's pods gone", within)
+    report.step(f"1 PM: {len(batch)} best-effort batch pods (priority 0), each asking {BATCH_PROFILE}")
+    for name in batch:
+        await api.pod(name, "batch", selector, priority_class=BEST_EFFORT)
+
+    async def full() -> tuple[int, int] | None:
+        allocated = waiting = 0
+        for name in batch:
+            if allocated_device(await api.claim_of(name)):
+                allocated += 1
+            elif await api.unschedulable(name):
+                waiting += 1
+        return (allocated, waiting) if allocated == room and waiting == len(batch) - room else None
+
+    running, waiting = await eventually(full, f"{room} batch pods allocated, the rest waiting", within)
+    report.info(f"{running} batch pods got a slice; {waiting} wait: no GPU has room for another")
+
+    report.step(
+        f"2 PM: a latency-critical pod (priority 1000) asks {options.training_profile}; kube-scheduler "
+        "cannot preempt for a DRA device, the policy's preemption (mode Evict) makes room"
+    )
+    if agent.node is None:
+        report.info("(no kubelet here: the story finishes each evicted pod's deletion, as a kubelet would)")
+    created = time.time()
+    await api.pod("critical-0", "training", selector, priority_class=CRITICAL)
+    kubelet = None if agent.node is not None else asyncio.create_task(_finish_evictions(api, batch))
+    try:
+
+        async def critical_allocated() -> str | None:
+            return allocated_device(await api.claim_of("critical-0"))
+
+        device = await eventually(critical_allocated, "the critical pod allocated", within)
+        waited = (await _bound_waits(watch, {"critical-0": created}, within))[0]
+        report.timed("critical pod created to bound", waited)
+    finally:
+        if kubelet is not None:
+            kubelet.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await kubelet
+    evicted = [name for name in batch if "Preempted" in {e["reason"] for e in await api.events(name)}]
+    report.info(f"critical-0 -> {device}; evicted {', '.join(evicted)} (priority 0 < 1000) for it")
+    waiting_now = [n for n in batch if n not in evicted and not allocated_device(await api.claim_of(n))]
+    report.info(f"{len(waiting_now)} batch pod(s) still wait")
+    if agent.node is not None:
+        await _show_containers(
+            api, report, ["critical-0"], created, within, "critical pod created to container started"
+        )
+    await api.delete_pods([*batch, "critical-0"])
+
+
+async def _finish_evictions(api: ScenarioApi, pods: list[str]) -> None:
+    """What a kubelet does for an evicted pod once its containers exit: finish its deletion. Runs until
+    cancelled."""
+    while True:
+        for name in pods:
+            with contextlib.suppress(ApiException):
+                pod = await api.core.read_namespaced_pod(name, api.ns)
+                if pod.metadata.deletion_timestamp is not None:
+                    await api.core.delete_namespaced_pod(name, api.ns, grace_period_seconds=0)
+        await asyncio.sleep(0.5)
+
+
+def _summary(report: Reporter, agent: _NodeAgent, watch: AllocationWatch, history_start: int) -> bool:
+    """Prints what NVML did and the story's timings; False when an allocated instance was destroyed."""
     history = agent.history()[history_start:]
     created = sum(1 for ev in history if ev.kind == "create-gi")
     destroyed = sum(1 for ev in history if ev.kind == "destroy-gi")
