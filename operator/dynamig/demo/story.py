@@ -460,7 +460,10 @@ async def _make_room(
             kubelet.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await kubelet
-    evicted = [name for name in batch if "Preempted" in {e["reason"] for e in await api.events(name)}]
+    # Evicted: deleted or being deleted (the Eviction API sets the deletion first; nothing else deletes
+    # batch pods here). Read from the pods, not from Events, which are posted after the fact.
+    left = {p.metadata.name: p for p in (await api.core.list_namespaced_pod(api.ns)).items}
+    evicted = [n for n in batch if n not in left or left[n].metadata.deletion_timestamp is not None]
     report.info(f"critical-0 -> {device}; evicted {', '.join(evicted)} (priority 0 < 1000) for it")
     waiting_now = [n for n in batch if n not in evicted and not allocated_device(await api.claim_of(n))]
     report.info(f"{len(waiting_now)} batch pod(s) still wait")
