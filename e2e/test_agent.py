@@ -472,29 +472,57 @@ async def test_agent_refuses_gpus_of_another_mig_owner(
             "resource.k8s.io", "v1", "resourceslices", foreign_slice["metadata"]["name"]
         )
 
-    # MIG disabled (an A100 as it often ships): reported as such, never enabled, nothing published. When the
-    # node opts out, the agent withdraws its slices.
+    # MIG disabled (an A100 as it often ships): reported as such, never enabled, published whole as gpu0
+    # (no MIG device). A layout written for it is not applied and the GPU says why. When the node opts out,
+    # the agent withdraws its slices.
     sim_nvml.configure(gpus=["A100-40GB"], state_file=None, mig_enabled=False)
     node = make_node("migoff", labels={"dynamig.io/managed": "true"})
     async with agent_running(kube_api, node, sim_nvml, agent_settings(node)):
 
-        async def mig_off() -> dict[str, Any] | None:
+        async def served_whole() -> dict[str, Any] | None:
             p = await api.partition(f"{node}-gpu0")
-            return p if p and (p.get("status") or {}).get("phase") == "Degraded" else None
+            ready = condition(p, "Ready") or {} if p else {}
+            return p if ready.get("reason") == "WholeGpu" and ready.get("status") == "True" else None
 
-        p = await eventually(mig_off, "MIG-disabled GPU reported")
-        assert p["status"]["migMode"] == "Disabled" and p["status"]["product"].startswith("NVIDIA A100")
-        assert (condition(p, "Managed") or {})["reason"] == "MigDisabled"
+        p = await eventually(served_whole, "MIG-disabled GPU served whole")
+        st = p["status"]
+        assert st["migMode"] == "Disabled" and st["product"].startswith("NVIDIA A100")
+        assert st["wholeGpu"] == {
+            "deviceName": "gpu0", "state": "free", "published": True, "processes": 0, "claims": []
+        }  # fmt: skip
+        assert (condition(p, "Managed") or {})["status"] == "True"
+        published = await eventually(lambda: _published_count(api, node, 1), "the whole GPU published")
+        attrs = published["gpu0"]["attributes"]
+        assert attrs["mig.dynamig.io/profile"] == {"string": "whole"}
+        assert attrs["mig.dynamig.io/uuid"] == {"string": st["uuid"]}
+        assert attrs["mig.dynamig.io/architecture"] == {"string": "Ampere"}
+        assert "bindingConditions" not in published["gpu0"] and "consumesCounters" not in published["gpu0"]
+        memory = int(published["gpu0"]["capacity"]["mig.dynamig.io/memory"]["value"])
+        total = int(sim_nvml.nvmlDeviceGetMemoryInfo(sim_nvml.nvmlDeviceGetHandleByIndex(0)).total)
+        assert memory == total
         await api.set_layout(f"{node}-gpu0", "7g.40gb@0")
-        await asyncio.sleep(1.0)
-        assert await api.published(node) == {}
+
+        async def layout_refused() -> dict[str, Any] | None:
+            p = await api.partition(f"{node}-gpu0")
+            valid = condition(p, "LayoutValid") or {} if p else {}
+            return p if valid.get("reason") == "MigDisabled" else None
+
+        await eventually(layout_refused, "a layout on a MIG-off GPU refused, named")
+        assert set(await api.published(node)) == {"gpu0"}
         assert NvmlDevices(sim_nvml, load_catalog()).gpus()[0].mig_current == 0
         # An administrator enables MIG while the agent runs: the agent reads the GPU's profiles again and
         # applies the layout (a model cached while MIG was off would offer no profile at all).
         sim_nvml.nvmlDeviceSetMigMode(sim_nvml.nvmlDeviceGetHandleByIndex(0), sim_nvml.NVML_DEVICE_MIG_ENABLE)
         gen = (await api.partition(f"{node}-gpu0") or {})["metadata"]["generation"]
-        await eventually(lambda: _stable(api, f"{node}-gpu0", gen, ready=True), "applied once MIG is on")
-        assert set(await api.published(node)) == {"gpu0-7g40gb-s0"}
+
+        async def applied() -> dict[str, Any] | None:
+            p = await _stable(api, f"{node}-gpu0", gen, ready=True)
+            return p if p and (condition(p, "Ready") or {}).get("reason") == "LayoutApplied" else None
+
+        p = await eventually(applied, "applied once MIG is on")
+        assert "wholeGpu" not in p["status"] and p["status"]["migMode"] == "Enabled"
+        # the whole GPU is gone from the slice with MIG on: its memory is the MIG instance's now
+        await eventually(lambda: _published_names(api, node, {"gpu0-7g40gb-s0"}), "only the MIG device")
         crd.register_node(node, labels={"dynamig.io/managed": "false"})
         await eventually(lambda: _no_slices(api, node), "slices withdrawn after opting out")
 
@@ -552,6 +580,10 @@ async def _stable(api: Api, name: str, generation: int, ready: bool = False) -> 
     if ready and (condition(p, "Ready") or {}).get("status") != "True":
         return None
     return p
+
+
+async def _published_names(api: Api, node: str, names: set[str]) -> bool | None:
+    return True if set(await api.published(node)) == names else None
 
 
 async def _published_count(api: Api, node: str, n: int) -> dict[str, dict[str, Any]] | None:

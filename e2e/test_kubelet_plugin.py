@@ -52,6 +52,7 @@ from dynamig.agent.nvml_device import GpuInfo, NvmlDevices
 from dynamig.agent.plugin import MigInstances, PluginServer, PluginSettings, serve_plugin
 from dynamig.agent.plugin import cdi as cdi_files
 from dynamig.agent.plugin.checkpoint import CheckpointError, CheckpointStore
+from dynamig.agent.plugin.instances import InstanceError
 from dynamig.agent.plugin.stubs import Stubs, load_stubs
 from dynamig.agent.simulated_driver import (
     SimulatedDriverFiles,
@@ -182,6 +183,23 @@ def crds(control_plane: ControlPlane) -> None:
 @pytest.fixture
 async def node(crds: None, kube_api: client.ApiClient, make_node: Callable[..., str]) -> AsyncIterator[Node]:
     """A managed node with one simulated A100-80GB carrying ``LAYOUT``, its agent, and its plugin started."""
+    async with node_with(kube_api, make_node, mig=True) as n:
+        yield n
+
+
+@pytest.fixture
+async def whole_node(
+    crds: None, kube_api: client.ApiClient, make_node: Callable[..., str]
+) -> AsyncIterator[Node]:
+    """The same with the GPU's MIG mode off: one whole GPU, ``gpu0``."""
+    async with node_with(kube_api, make_node, mig=False) as n:
+        yield n
+
+
+@contextlib.asynccontextmanager
+async def node_with(
+    kube_api: client.ApiClient, make_node: Callable[..., str], *, mig: bool
+) -> AsyncIterator[Node]:
     from dynamig.backends.nvml import load_nvml
 
     await ensure_device_class(client.ResourceV1Api(kube_api))
@@ -189,15 +207,12 @@ async def node(crds: None, kube_api: client.ApiClient, make_node: Callable[..., 
     root = Path(tempfile.mkdtemp(prefix="dmkp", dir="/tmp"))
     name = make_node("kp", labels={MANAGED_NODE_LABEL: "true"})
     nvml = load_nvml("simulated")
-    nvml.configure(gpus=["A100-80GB"], state_file=root / "nvml-state.json")
+    nvml.configure(gpus=["A100-80GB"], state_file=root / "nvml-state.json", mig_enabled=mig)
     devices = NvmlDevices(nvml, load_catalog())
     devices.init()
     gpu = devices.gpu(0)
-    if not gpu.mig_enabled:  # as an administrator would, before handing the GPU to dynamig
-        nvml.nvmlDeviceSetMigMode(nvml.nvmlDeviceGetHandleByIndex(0), nvml.NVML_DEVICE_MIG_ENABLE)
-        gpu = devices.gpu(0)
-    assert gpu.mig_enabled
-    for placed in LAYOUT:
+    assert gpu.mig_enabled == mig
+    for placed in LAYOUT if mig else ():
         devices.create(gpu, placed)
     agent = NodeAgent(
         AgentSettings(node=name, settle_seconds=0.5),
@@ -421,6 +436,35 @@ async def test_claim_with_two_devices(node: Node, kube_api: client.ApiClient, na
         assert sorted(env.removeprefix("DYNAMIG_MIG_UUIDS=").split(",")) == uuids
     assert await node.kubelet.unprepare(ref) == {ref[2]: ""}
     assert not {"gpu0-1g10gb-s2", "gpu0-1g10gb-s3"} & node.agent.prepared
+
+
+async def test_a_whole_gpu_is_prepared_as_its_one_device_node(
+    whole_node: Node, kube_api: client.ApiClient, namespace: str
+) -> None:
+    """MIG mode off: the scheduler allocates ``gpu0`` and the prepared CDI device is the GPU's node alone
+    (``/dev/nvidia<minor>``, no capability nodes) with its UUID; a MIG placement on it is refused."""
+    node = whole_node
+    selector = f'device.attributes["{DRIVER}"].profile == "whole"'
+    ref, names = await allocate_selector(kube_api, namespace, node.name, selector)
+    assert names == ["gpu0"]
+    uid = ref[2]
+    answer = (await node.kubelet.prepare(ref))[uid]
+    assert answer.error == ""
+    assert devices_of(answer) == [(["gpu"], node.name, "gpu0", [f"k8s.mig.dynamig.io/claim={uid}-gpu0"])]
+    [cdi_dev] = read_spec(node, uid)["devices"]
+    assert cdi_dev["containerEdits"]["env"] == [f"DYNAMIG_GPU_UUIDS={node.gpu.uuid}"]
+    nodes = cdi_dev["containerEdits"]["deviceNodes"]
+    assert [n["path"] for n in nodes] == [f"/dev/nvidia{node.gpu.minor}"]
+    assert all(host_node_exists(node, n["hostPath"]) for n in nodes)
+    assert "gpu0" in node.agent.prepared
+    await node.agent.reconcile_once()
+    part = await node.agent.api.get_partition(f"{node.name}-gpu0")
+    assert part["status"]["wholeGpu"]["state"] == "in-use", part["status"]
+    with pytest.raises(InstanceError, match="MIG mode is not enabled"):
+        await node.instances.ensure("gpu0-1g10gb-s0")
+    assert await node.kubelet.unprepare(ref) == {uid: ""}
+    assert "gpu0" not in node.agent.prepared
+    assert node.devices.instances(node.gpu) == []  # nothing was cut, nothing to destroy
 
 
 async def test_corrupt_checkpoint_stops_the_plugin_from_starting(

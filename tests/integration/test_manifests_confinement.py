@@ -11,7 +11,7 @@ one goes through, so each test fails both when the confinement is missing and wh
   The tests run once with the chart's RBAC, and once with the checks 1.36 adds granted away, as the older API
   servers authorize: the policy's own refusal must then show (marked ``matrix``: also run on 1.35).
 - DeviceClasses: the operator and the hook may write every one by RBAC; the policy keeps them to dynamig's
-  profile classes.
+  profile classes (and the whole-GPU class ``gpu.dynamig.io``, kept the same way).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import yaml
 
 from dynamig import DRIVER_NAME
 from dynamig.devcluster import ControlPlane
-from dynamig.kube.devices import profile_device_class
+from dynamig.kube.devices import profile_device_class, whole_device_class
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "manifests" / "helm" / "dynamig"
@@ -367,11 +367,13 @@ def test_the_operator_and_the_uninstall_hook_write_only_dynamigs_profile_classes
                 wrong.append(f"{what}: rc={got.returncode} {got.stderr.strip() or got.stdout.strip()}")
         # dynamig's own profile classes stay theirs to keep and remove.
         other_profile = profile_device_class("2g.20gb")
+        whole = whole_device_class()  # gpu.dynamig.io, nvidia.com/gpu: kept like a profile class
         own = ours["metadata"]["name"]
         current = json.loads(cp.kubectl("get", "deviceclass", ours["metadata"]["name"], "-o", "json").stdout)
         current["spec"]["selectors"].append({"cel": {"expression": "true"}})
         for what, who, args, body in [
             ("the operator creates a profile class", operator, ("create", "-f", "-"), other_profile),
+            ("the operator creates the whole-GPU class", operator, ("create", "-f", "-"), whole),
             ("the operator updates a profile class", operator, ("replace", "-f", "-"), current),
             ("the operator deletes a profile class", operator, ("delete", "deviceclass", own), None),
             ("the hook deletes a profile class", hook, ("delete", "deviceclass", own), None),

@@ -307,3 +307,108 @@ def test_each_first_available_alternative_keeps_its_own_count() -> None:
     # Only the whole-GPU alternative allowed: one device.
     (whole,) = snap.pending[0].planner_demands(frozenset({"7g.80gb"}))
     assert (whole.alternatives, whole.count, whole.alt_counts) == (("7g.80gb",), 1, ())
+
+
+# ------------------------------------------------------------------------------------------ whole GPUs
+# A GPU with MIG mode off is published whole (gpu<index>, profile "whole"); the selectors are evaluated on it
+# as on the MIG devices, with the real CEL library.
+
+WHOLE = f'{PROFILE} == "whole"'
+
+
+def test_an_alternative_only_the_whole_gpu_passes_is_whole_demand_not_mig() -> None:
+    c = claim("c1", [{"name": "gpu", "exactly": {"deviceClassName": "mig.dynamig.io", "count": 2,
+        "selectors": [{"cel": {"expression": WHOLE}}]}}])  # fmt: skip
+    (pc,) = demand([c], [pod("p1", "c1")]).pending
+    assert pc.requests == ()  # nothing for the MIG planner
+    assert pc.planner_demands() == ()
+    (req,) = pc.whole
+    assert req.alternatives() == () and req.whole_models() == ("A100-80GB",)
+    assert req.errors == ()  # not a claim "no profile matches"
+    assert pc.whole_gpus == 2
+    assert pc.whole_by_model() == {"A100-80GB": 2}
+
+
+def test_a_capacity_selector_only_a_whole_gpu_meets_is_whole_demand() -> None:
+    # 7g.80gb publishes 79 GiB on A100-80GB; the whole GPU its 80 GiB.
+    c = claim("c1", [{"name": "gpu", "exactly": {"deviceClassName": "mig.dynamig.io", "selectors": [
+        {"cel": {"expression": f'{MEMORY}.compareTo(quantity("80Gi")) >= 0'}}]}}])  # fmt: skip
+    (pc,) = demand([c], [pod("p1", "c1")]).pending
+    assert pc.requests == () and pc.whole_gpus == 1
+    # 79Gi: the 7g.80gb and the whole GPU both pass -> MIG demand, the whole GPU only noted.
+    c = claim("c2", [{"name": "gpu", "exactly": {"deviceClassName": "mig.dynamig.io", "selectors": [
+        {"cel": {"expression": f'{MEMORY}.compareTo(quantity("79Gi")) >= 0'}}]}}])  # fmt: skip
+    (pc,) = demand([c], [pod("p2", "c2")]).pending
+    (req,) = pc.requests
+    assert req.alternatives() == ("7g.80gb",) and req.whole_models() == ("A100-80GB",)
+    assert pc.whole == () and pc.whole_gpus == 0
+
+
+def test_whole_first_then_mig_keeps_the_mig_profiles_of_the_later_alternatives() -> None:
+    c = claim("c1", [{"name": "gpu", "firstAvailable": [
+        alt("whole", WHOLE, count=1),
+        alt("small", f'{PROFILE} == "1g.10gb"', count=2),
+        alt("medium", f'{PROFILE} == "3g.40gb"', count=1),
+    ]}])  # fmt: skip
+    (pc,) = demand([c], [pod("p1", "c1")]).pending
+    (req,) = pc.requests
+    assert req.alternatives() == ("1g.10gb", "3g.40gb") and req.alternative_counts() == (2, 1)
+    assert req.whole_models() == ("A100-80GB",) and req.whole_count() == 1
+    (d,) = pc.planner_demands()
+    assert (d.alternatives, d.count, d.alt_counts) == (("1g.10gb", "3g.40gb"), 2, (2, 1))
+    assert pc.whole == ()
+
+
+def test_the_driver_class_without_selectors_stays_mig_demand() -> None:
+    c = claim("c1", [{"name": "gpu", "exactly": {"deviceClassName": "mig.dynamig.io"}}])
+    (pc,) = demand([c], [pod("p1", "c1")]).pending
+    (req,) = pc.requests
+    assert req.alternatives()[0] == "1g.10gb"  # smallest first, as before
+    assert req.whole_models() == ("A100-80GB",) and pc.whole == ()
+
+
+def test_a_claim_of_the_whole_gpu_class_is_whole_demand_even_before_the_class_exists() -> None:
+    c = claim("c1", [{"name": "gpu", "exactly": {"deviceClassName": "gpu.dynamig.io"}}])
+    # DEVICE_CLASSES has no gpu.dynamig.io: the operator makes it only while a GPU has MIG mode off.
+    (pc,) = demand([c], [pod("p1", "c1")]).pending
+    assert pc.requests == () and pc.whole_gpus == 1
+    # A class of that name the operator did not make is evaluated as it is: here, another driver's.
+    theirs = parse_device_classes([{"metadata": {"name": "gpu.dynamig.io"}, "spec": {"selectors": [
+        {"cel": {"expression": 'device.driver == "gpu.nvidia.com"'}}]}}])  # fmt: skip
+    assert extract_demand([c], [pod("p1", "c1")], theirs, models(), {"n1": {}}).pending == ()
+
+
+def test_whole_and_mig_requests_of_one_claim_are_kept_apart() -> None:
+    c = claim("c1", [
+        {"name": "a", "exactly": {"deviceClassName": "mig.dynamig.io",
+                                  "selectors": [{"cel": {"expression": f'{PROFILE} == "1g.10gb"'}}]}},
+        {"name": "b", "exactly": {"deviceClassName": "mig.dynamig.io", "count": 3,
+                                  "selectors": [{"cel": {"expression": WHOLE}}]}},
+    ])  # fmt: skip
+    (pc,) = demand([c], [pod("p1", "c1")]).pending
+    assert [(d.name, d.alternatives) for d in pc.planner_demands()] == [("team/c1/a", ("1g.10gb",))]
+    assert [r.demand_name for r in pc.whole] == ["team/c1/b"] and pc.whole_gpus == 3
+
+
+def test_whole_gpu_demand_is_counted_per_model_its_selectors_accept() -> None:
+    catalog = load_catalog()
+    both = (catalog.model("A100-80GB"), catalog.model("H100-80GB"))
+    hopper = f'{WHOLE} && device.attributes["mig.dynamig.io"].productName == "NVIDIA H100 80GB HBM3"'
+    c = claim("c1", [{"name": "gpu", "exactly": {"deviceClassName": "mig.dynamig.io", "count": 2,
+        "selectors": [{"cel": {"expression": hopper}}]}}])  # fmt: skip
+    snap = extract_demand([c], [pod("p1", "c1")], DEVICE_CLASSES, both, {"n1": {}})
+    (pc,) = snap.pending
+    assert pc.whole_by_model() == {"H100-80GB": 2}
+    assert pc.whole_by_model(frozenset({"A100-80GB"})) == {}
+    any_whole = claim("c2", [{"name": "gpu", "exactly": {"deviceClassName": "mig.dynamig.io",
+        "selectors": [{"cel": {"expression": WHOLE}}]}}])  # fmt: skip
+    (pc,) = extract_demand([any_whole], [pod("p2", "c2")], DEVICE_CLASSES, both, {"n1": {}}).pending
+    assert pc.whole_by_model() == {"A100-80GB": 1, "H100-80GB": 1}
+
+
+def test_a_selector_nothing_of_this_driver_passes_is_still_no_matching_profile() -> None:
+    c = claim("c1", [{"name": "gpu", "exactly": {"deviceClassName": "mig.dynamig.io",
+        "selectors": [{"cel": {"expression": f'{PROFILE} == "9g.1tb"'}}]}}])  # fmt: skip
+    (pc,) = demand([c], [pod("p1", "c1")]).pending
+    (req,) = pc.requests
+    assert req.alternatives() == () and req.whole_models() == () and pc.whole == ()

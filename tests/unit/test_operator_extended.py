@@ -8,14 +8,22 @@ these classes are in e2e/test_extended_resources.py.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from typing import Any
 
 import pytest
 
 from dynamig.geometry.catalog import load_catalog
-from dynamig.kube.cel import device_view, evaluate_selector
-from dynamig.kube.devices import MigDevice, profile_device_class
-from dynamig.kube.names import extended_resource_name, profile_class_name
+from dynamig.kube.cel import device_view, device_view_from_api, evaluate_selector
+from dynamig.kube.devices import MigDevice, WholeGpuDevice, profile_device_class, whole_device_class
+from dynamig.kube.names import (
+    WHOLE_CLASS_NAME,
+    WHOLE_GPU_RESOURCE,
+    WHOLE_PROFILE,
+    extended_resource_name,
+    profile_class_name,
+)
 from dynamig.operator.demand import (
     extended_resource_demand,
     extract_demand,
@@ -23,7 +31,7 @@ from dynamig.operator.demand import (
     pod_extended_requests,
     resource_classes,
 )
-from dynamig.operator.extended import class_changes, offered_profiles
+from dynamig.operator.extended import class_changes, offered_profiles, whole_offered
 from dynamig.operator.kubeio import Snapshot
 from dynamig.operator.reconciler import parse_world
 
@@ -230,3 +238,111 @@ def test_the_operator_plans_for_device_plugin_pods_in_its_world(profile: str) ->
     assert pending.claim.key == "team/pod/burst"
     assert world.claim_owner["team/pod/burst"] == "ampere"  # the oldest policy with a GPU that has it
     assert pending.planner_demands(None, frozenset({"A100-80GB"}))[0].alternatives == (profile,)
+
+
+# ------------------------------------------------------------------------------------------ whole GPUs
+
+
+def test_the_whole_gpu_class_selects_exactly_whole_gpus_and_serves_nvidia_com_gpu() -> None:
+    cls = whole_device_class()
+    assert cls["metadata"]["name"] == WHOLE_CLASS_NAME == "gpu.dynamig.io"
+    assert cls["spec"]["extendedResourceName"] == WHOLE_GPU_RESOURCE == "nvidia.com/gpu"
+    # Recognised as dynamig's own as the profile classes are (the chart's admission policy reads the label).
+    assert cls["metadata"]["labels"] == {"dynamig.io/profile-class": "true"}
+    assert cls["metadata"]["annotations"] == {"dynamig.io/profile": "whole"}
+    (selector,) = [s["cel"]["expression"] for s in cls["spec"]["selectors"]]
+    whole = WholeGpuDevice(3, "NVIDIA H100 80GB HBM3", "GPU-3", 85899345920, "Hopper", "9.0")
+    assert evaluate_selector(selector, device_view_from_api("mig.dynamig.io", whole.to_api())).matched
+    p = H100.profile("7g.80gb")
+    mig = device_view(MigDevice(3, p, 0, "NVIDIA H100 80GB HBM3", "GPU-3"))
+    assert not evaluate_selector(selector, mig).matched
+    assert not evaluate_selector(selector, device_view_from_api("gpu.nvidia.com", whole.to_api())).matched
+
+
+def _mig_off(part: dict[str, Any]) -> dict[str, Any]:
+    part["status"]["migMode"] = "Disabled"
+    return part
+
+
+def test_the_whole_class_is_wanted_while_a_governed_gpu_has_mig_mode_off() -> None:
+    snap = _snapshot()
+    assert whole_offered(*_offer_args(snap)) == ()
+    on_h = dataclasses.replace(snap, partitions=(snap.partitions[0], _mig_off(_gpu("h", "H100-80GB"))))
+    assert whole_offered(*_offer_args(on_h)) == ("hopper",)
+    # A GPU no policy governs (the A30) does not count.
+    ungoverned = dataclasses.replace(snap, partitions=(_mig_off(_gpu("x", "A30-24GB")),))
+    assert whole_offered(*_offer_args(ungoverned)) == ()
+    world = parse_world(on_h, load_catalog())
+    h = next(g for g in world.gpus if g.node == "h")
+    assert h.whole and h.unusable == "MIG mode is Disabled"  # served whole, never planned for MIG
+
+
+def _offer_args(snap: Snapshot) -> tuple[Any, ...]:
+    world = parse_world(snap, load_catalog())
+    return world.policies, world.gpus, world.ownership.owner
+
+
+def test_class_changes_keep_the_whole_class_like_a_profile_class() -> None:
+    changes = class_changes(["1g.10gb", WHOLE_PROFILE], [_ours("1g.10gb")])
+    (made,) = changes.create
+    assert made == whole_device_class()
+    kept = {**whole_device_class(), "metadata": {**whole_device_class()["metadata"], "resourceVersion": "3"}}
+    assert class_changes([WHOLE_PROFILE], [kept]).writes == 0  # idempotent
+    drifted = copy.deepcopy(kept)
+    drifted["spec"]["extendedResourceName"] = "nvidia.com/gpu-old"
+    (replaced,) = class_changes([WHOLE_PROFILE], [drifted]).replace
+    assert replaced["spec"]["extendedResourceName"] == "nvidia.com/gpu"
+    assert replaced["metadata"]["resourceVersion"] == "3"
+    # No GPU with MIG mode off any more (or the operator uninstalled): removed.
+    assert class_changes(["1g.10gb"], [kept, _ours("1g.10gb")]).delete == ("gpu.dynamig.io",)
+    assert class_changes((), [kept]).delete == ("gpu.dynamig.io",)
+
+
+def test_the_whole_class_never_contests_another_owners_nvidia_com_gpu() -> None:
+    nvidia = {
+        "metadata": {"name": "gpu.nvidia.com"},
+        "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.nvidia.com"'}}],
+                 "extendedResourceName": "nvidia.com/gpu"},
+    }  # fmt: skip
+    ours = whole_device_class()
+    changes = class_changes([WHOLE_PROFILE, "1g.10gb"], [nvidia, ours])
+    assert changes.refused == {WHOLE_PROFILE: "gpu.nvidia.com"}
+    assert changes.delete == ("gpu.dynamig.io",)  # ours backs off
+    assert [c["metadata"]["name"] for c in changes.create] == ["mig-1g.10gb.dynamig.io"]
+    squatter = {"metadata": {"name": "gpu.dynamig.io"}, "spec": {"selectors": []}}  # a person's, unlabelled
+    changes = class_changes([WHOLE_PROFILE], [squatter])
+    assert changes.refused == {WHOLE_PROFILE: "gpu.dynamig.io"} and changes.writes == 0
+
+
+def test_a_pod_asking_nvidia_com_gpu_from_the_whole_class_is_whole_gpu_demand() -> None:
+    classes = parse_device_classes([whole_device_class(), profile_device_class("1g.10gb")])
+    pods = [
+        _pod("trainer", [{"nvidia.com/gpu": "2"}]),
+        _pod("both", [{"nvidia.com/gpu": "1", "nvidia.com/mig-1g.10gb": "1"}]),
+    ]
+    got = {p.claim.name: p for p in extended_resource_demand(pods, classes, (A100,), {"a": {}})}
+    trainer = got["trainer"]
+    assert trainer.claim.is_pod and trainer.requests == () and trainer.planner_demands() == ()
+    assert trainer.whole_gpus == 2 and trainer.whole_by_model() == {"A100-80GB": 2}
+    both = got["both"]
+    assert [r.request for r in both.requests] == ["nvidia.com/mig-1g.10gb"]
+    assert [r.request for r in both.whole] == ["nvidia.com/gpu"]
+    # nvidia.com/gpu served from the NVIDIA DRA driver's newer class: not this driver's demand.
+    nvidia = {
+        "metadata": {"name": "gpu.nvidia.com", "creationTimestamp": "2030-01-01T00:00:00Z"},
+        "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.nvidia.com"'}}],
+                 "extendedResourceName": "nvidia.com/gpu"},
+    }  # fmt: skip
+    theirs = parse_device_classes([whole_device_class(), nvidia])
+    assert extended_resource_demand(pods[:1], theirs, (A100,), {"a": {}}) == []
+
+
+def test_a_whole_gpu_pod_goes_to_the_policy_with_a_gpu_whose_mig_mode_is_off() -> None:
+    pod = _pod("trainer", [{"nvidia.com/gpu": "1"}])
+    snap = _snapshot((whole_device_class(),), (pod,))
+    # Both models' whole GPUs pass; only the H100 (policy hopper, the younger) has MIG mode off.
+    snap = dataclasses.replace(snap, partitions=(snap.partitions[0], _mig_off(_gpu("h", "H100-80GB"))))
+    world = parse_world(snap, load_catalog())
+    (pending,) = world.pending
+    assert pending.whole_gpus == 1 and pending.requests == ()
+    assert world.claim_owner["team/pod/trainer"] == "hopper"

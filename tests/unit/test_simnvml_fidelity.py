@@ -253,6 +253,33 @@ def processes_per_instance_on_mig_handle() -> None:
     assert [p.pid for p in nv.nvmlDeviceGetComputeRunningProcesses(w.parent)] == [4242]  # aggregate
 
 
+def architecture_of_the_device() -> None:
+    w = _world(mig_enabled=False)
+    assert nv.nvmlDeviceGetArchitecture(w.parent) == pynvml.NVML_DEVICE_ARCH_HOPPER  # H100
+    second = nv.nvmlDeviceGetHandleByIndex(1)
+    nv.configure(["A100-80GB"], mig_enabled=False)
+    nv.nvmlInit()
+    assert nv.nvmlDeviceGetArchitecture(nv.nvmlDeviceGetHandleByIndex(0)) == pynvml.NVML_DEVICE_ARCH_AMPERE
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nv.nvmlDeviceGetArchitecture(second)  # a GPU the machine no longer has: an invalid device
+
+
+def compute_capability_of_the_device() -> None:
+    w = _world(mig_enabled=False)
+    assert tuple(nv.nvmlDeviceGetCudaComputeCapability(w.parent)) == (9, 0)  # Hopper: sm_90
+    nv.configure(["A100-80GB"], mig_enabled=False)
+    nv.nvmlInit()
+    assert tuple(nv.nvmlDeviceGetCudaComputeCapability(nv.nvmlDeviceGetHandleByIndex(0))) == (8, 0)
+
+
+def processes_on_a_gpu_with_mig_off() -> None:
+    w = _world(mig_enabled=False)
+    nv.attach_process(nv.nvmlDeviceGetUUID(w.parent), 77)
+    assert [p.pid for p in nv.nvmlDeviceGetComputeRunningProcesses(w.parent)] == [77]
+    other = nv.nvmlDeviceGetHandleByIndex(1)
+    assert nv.nvmlDeviceGetComputeRunningProcesses(other) == []
+
+
 def destroy_ci_in_use() -> None:
     w = _world()
     nv.attach_process(nv.nvmlDeviceGetUUID(_mig_of(w, w.gi_big, w.ci_big)), 7)
@@ -602,6 +629,14 @@ CASES = [
     Case("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v3",
          "Per-instance information can be queried by using specific MIG device handles.",
          processes_per_instance_on_mig_handle),
+    Case("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v3",
+         "This function returns information only about compute running processes (e.g. CUDA application "
+         "which have active context).", processes_on_a_gpu_with_mig_off),
+    Case("nvmlDeviceGetArchitecture", "nvmlDeviceGetArchitecture",
+         "Reference where architecture is returned, if call successful.", architecture_of_the_device),
+    Case("nvmlDeviceGetCudaComputeCapability", "nvmlDeviceGetCudaComputeCapability",
+         "Returns the major and minor compute capability version numbers of the device.",
+         compute_capability_of_the_device),
     Case("nvmlComputeInstanceDestroy", "nvmlComputeInstanceDestroy",
          "NVML_ERROR_IN_USE If the compute instance is in use. This error would be returned if processes "
          "(e.g. CUDA application) are active on the compute instance.", destroy_ci_in_use),

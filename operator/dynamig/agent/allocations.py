@@ -42,6 +42,7 @@ from dynamig.kube.answers import Pending, data_entry, still_waits, unanswered, u
 from dynamig.kube.events import AGENT_COMPONENT, claim_ref, event_body
 from dynamig.kube.gpupartition import Hold
 from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
+from dynamig.kube.names import WHOLE_PROFILE, whole_device_index
 from dynamig.kube.times import now_rfc3339
 
 log = logging.getLogger(__name__)
@@ -139,6 +140,12 @@ class AllocationAnswerer:
         gpus, states = await self._observe(claims)
         written = 0
         for p in todo:
+            whole = gpus.get(index) if (index := whole_device_index(p.device)) is not None else None
+            if whole is not None and not whole.mig_enabled:  # a whole GPU: its UUID is what the pod got
+                facts = {"uuid": whole.uuid, "profile": WHOLE_PROFILE}
+                entry = data_entry(self.driver, self.node, p.device, facts)
+                written += 1 if await self.api.put_device_status(p.namespace, p.name, entry) else 0
+                continue
             found = locate(p.device, states)
             uuid = found[0].mig_uuids.get(found[1], "") if found is not None else ""
             if found is not None and not uuid and _slices_free(*found):

@@ -71,6 +71,7 @@ from dynamig.agent.reporting import NodeReporter
 from dynamig.agent.reshape import Reshaper
 from dynamig.agent.uuidwatch import AllocatedUuids, UuidChange
 from dynamig.agent.watch import NodeCopies, node_copies
+from dynamig.agent.whole import whole_outcome
 from dynamig.agent.xid import APPLICATION_XIDS
 from dynamig.geometry.model import PlacedInstance, device_name
 from dynamig.kube.apicalls import is_transient, status_of
@@ -561,6 +562,9 @@ class NodeAgent:
         uninstalling nothing is offered, so free instances beyond spec.layout are not kept for bookings."""
         node, inventory = self.settings.node, self.support.inventory if self.support else None
         problem = refusal(gpu, part, owner)
+        if problem is not None and problem[0] == Reason.MIG_DISABLED:
+            whole = await asyncio.to_thread(self.devices.whole, gpu)
+            return whole_outcome(node, inventory, gpu, part, whole, claims, self.prepared, now_rfc3339())
         if problem is not None or gpu.model is None:
             problem = problem or (Reason.UNKNOWN_MODEL, "unknown model")
             status = gpu_status(
@@ -642,11 +646,13 @@ class NodeAgent:
             for o in outcomes:
                 o.published = set()
             return
+        whole = [o.whole for o in outcomes if o.whole is not None]
         if self.partitionable:
             inventory = [o.inventory for o in outcomes if o.inventory is not None]
-            changed = await self.publisher.sync_inventory(inventory, view.slices, view.raw_claims)
+            changed = await self.publisher.sync_inventory(inventory, view.slices, view.raw_claims, whole)
         else:
-            changed = await self.publisher.sync([d for o in outcomes for d in o.devices], view.slices)
+            devices = [d for o in outcomes for d in o.devices] + whole
+            changed = await self.publisher.sync(devices, view.slices)
         if changed:
             self.metrics.slice_publishes.labels(node).inc()
 

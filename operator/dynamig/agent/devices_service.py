@@ -13,6 +13,8 @@ It implements ``dynamig.agent.plugin.instances.MigInstances`` on top of the node
   (:class:`dynamig.agent.prepared.PreparedDevices`: an admin-access claim may still use it) and the
   GpuPartition status is refreshed (``free`` once no claim uses or allocates it). Never destroys.
 - ``await lookup(device_name)``: the instance if it exists, else None; creates nothing.
+- a whole GPU (``gpu<index>``, MIG mode off) needs no NVML work: ``ensure`` counts it prepared and hands it
+  on (``PreparedInstance`` with GI and CI ids -1), and refuses it while the GPU's MIG mode is on or changing.
 - ``mark_prepared(names)``: after a plugin restart, re-assert the devices its checkpoint holds.
 
 Calls are serialised with the agent's reconcile rounds through the agent's lock.
@@ -30,6 +32,7 @@ from dynamig.agent.lifecycle import bound_may_clear
 from dynamig.agent.nvml_device import GpuInfo, MigInstance
 from dynamig.agent.plugin.instances import InstanceError, PlacementTaken, PreparedInstance, UnknownDevice
 from dynamig.geometry.model import PlacedInstance, device_name, placement_of
+from dynamig.kube.names import WHOLE_PROFILE, whole_device_index
 
 log = logging.getLogger(__name__)
 
@@ -51,28 +54,57 @@ def prepared_instance(name: str, gpu: GpuInfo, inst: MigInstance) -> PreparedIns
     )
 
 
+def whole_prepared(name: str, gpu: GpuInfo) -> PreparedInstance:
+    """What the plugin hands on of a whole GPU (device ``name``, MIG mode off). Pure."""
+    return PreparedInstance(
+        device_name=name,
+        mig_uuid="",
+        parent_uuid=gpu.uuid,
+        gpu_index=gpu.index,
+        gpu_minor=gpu.minor if gpu.minor is not None else gpu.index,
+        gi_id=-1,
+        ci_id=-1,
+        profile=WHOLE_PROFILE,
+    )
+
+
+def whole_refusal(name: str, gpu: GpuInfo) -> str | None:
+    """Why the whole GPU ``name`` cannot be handed out now (its MIG mode is on or changing), or None. Pure."""
+    if gpu.mig_enabled or gpu.mig_current != gpu.mig_pending:
+        return f"{name}: MIG mode is on or changing on GPU {gpu.index}; the whole GPU is not a device now"
+    return None
+
+
 class AgentMigInstances:
     """The agent side of the plugin's ``MigInstances`` protocol. Side effects: NVML, agent state."""
 
     def __init__(self, agent: NodeAgent) -> None:
         self.agent = agent
 
-    async def _resolve(self, name: str) -> tuple[GpuInfo, PlacedInstance]:
+    async def _resolve(self, name: str) -> tuple[GpuInfo, PlacedInstance | None]:
+        """The GPU and placement device ``name`` stands for; placement None for a whole GPU."""
         devices = self.agent.devices
         try:
             gpus, _ = await asyncio.to_thread(devices.discover)
         except devices.error_type as exc:
             raise InstanceError(f"{name}: NVML cannot list GPUs: {exc}") from exc
+        whole = whole_device_index(name)
         for gpu in gpus:
+            if whole is not None and gpu.index == whole:
+                return gpu, None
             placed = placement_of(name, gpu.index, gpu.model) if gpu.model is not None else None
             if placed is not None:
                 return gpu, placed
-        raise UnknownDevice(f"{name} is not a MIG placement of any GPU on node {self.agent.settings.node}")
+        raise UnknownDevice(
+            f"{name} is not a MIG placement or a whole GPU of any GPU on node {self.agent.settings.node}"
+        )
 
     async def lookup(self, name: str) -> PreparedInstance | None:
         """The existing instance named ``name``, or None. Reads only."""
         async with self.agent.lock:
             gpu, placed = await self._resolve(name)
+            if placed is None:
+                return None if whole_refusal(name, gpu) else whole_prepared(name, gpu)
             for inst in await asyncio.to_thread(self.agent.devices.instances, gpu):
                 if inst.placed == placed and inst.whole is not None:
                     return prepared_instance(name, gpu, inst)
@@ -85,6 +117,13 @@ class AgentMigInstances:
         devices = agent.devices
         async with agent.lock:
             gpu, placed = await self._resolve(name)
+            if placed is None:
+                refused = whole_refusal(name, gpu)
+                if refused is not None:
+                    raise InstanceError(refused)
+                agent.prepared.add(name)
+                agent.wake()
+                return whole_prepared(name, gpu)
             if not gpu.mig_enabled:
                 raise InstanceError(f"{name}: MIG mode is not enabled on GPU {gpu.index}")
             assert gpu.model is not None

@@ -41,6 +41,7 @@ class GpuOutcome:
     busy: bool = False  # still reshaping: poll again soon
     instances: list[MigInstance] = field(default_factory=list)
     inventory: GpuInventory | None = None  # partitionable inventory: what to publish for this GPU
+    whole: dict[str, Any] | None = None  # MIG mode off: the whole GPU's device, in either inventory
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
 
 
@@ -118,6 +119,7 @@ def gpu_status(
             "model": gpu.model.key if gpu.model is not None else "",
             "mig_mode": mig_mode(gpu),
             "instances": items,
+            "whole_gpu": None,
             "layout_summary": layout_summary([i.placed for i in instances]),
             "free_slices": free,
             "total_slices": len(items),

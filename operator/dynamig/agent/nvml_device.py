@@ -27,6 +27,7 @@ from typing import Any
 
 from dynamig.geometry.catalog import Catalog
 from dynamig.geometry.model import GpuModel, PlacedInstance, Profile
+from dynamig.kube.devices import WholeGpuDevice
 
 log = logging.getLogger(__name__)
 
@@ -565,6 +566,53 @@ class NvmlDevices:
             return self._describe(
                 gpu.index, gpu.model.profile(placed.profile), gi, self._mig_devices(h)
             ).processes
+
+    def whole(self, gpu: GpuInfo) -> WholeGpu:
+        """A GPU with MIG mode off as one device: its memory, architecture, CUDA compute capability and the
+        compute processes running on it. Reads only; a fact NVML does not give (NOT_SUPPORTED on an older
+        driver) is left out rather than failing the GPU."""
+        nv = self.nvml
+        with self._lock:
+            h = self._handle(gpu)
+            try:
+                memory: int | None = int(nv.nvmlDeviceGetMemoryInfo(h).total)
+            except nv.NVMLError:
+                memory = None
+            try:
+                arch = ARCHITECTURES.get(int(nv.nvmlDeviceGetArchitecture(h)), "")
+            except nv.NVMLError:
+                arch = ""
+            try:
+                major, minor = nv.nvmlDeviceGetCudaComputeCapability(h)
+                capability = f"{int(major)}.{int(minor)}"
+            except nv.NVMLError:
+                capability = ""
+            processes = len(nv.nvmlDeviceGetComputeRunningProcesses(h))
+        device = WholeGpuDevice(gpu.index, gpu.product, gpu.uuid, memory, arch, capability)
+        return WholeGpu(device, processes)
+
+
+# nvml.h nvmlDeviceArchitecture_t: NVML_DEVICE_ARCH_<NAME>, by value.
+ARCHITECTURES = {
+    2: "Kepler",
+    3: "Maxwell",
+    4: "Pascal",
+    5: "Volta",
+    6: "Turing",
+    7: "Ampere",
+    8: "Ada",
+    9: "Hopper",
+    10: "Blackwell",
+    13: "Rubin",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class WholeGpu:
+    """A GPU with MIG mode off as NVML reports it: the device it is published as, and its processes."""
+
+    device: WholeGpuDevice
+    processes: int
 
 
 def _ctype(nv: ModuleType, name: str) -> Any:

@@ -6,7 +6,8 @@ Another owner is recognised by
   ``nvidia.com/mig-<profile>`` under its "mixed" MIG strategy, as NVIDIA/k8s-device-plugin's README names
   them): it hands the same GPUs to pods outside DRA, or
 - a ResourceSlice of another driver (e.g. the NVIDIA DRA driver ``gpu.nvidia.com``) on the same node that
-  publishes MIG devices whose parent is the GPU: an attribute named ``parentUUID`` equal to the GPU UUID.
+  publishes MIG devices whose parent is the GPU (an attribute named ``parentUUID`` equal to the GPU UUID),
+  or the GPU itself (an attribute named ``uuid`` equal to it: that driver hands the whole GPU out).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def _attr_value(attr: Any) -> str | None:
 def foreign_mig_owners(
     slices: Iterable[dict[str, Any]], gpu_uuids: Iterable[str], own_driver: str = DRIVER_NAME
 ) -> dict[str, str]:
-    """GPU UUID -> driver name, for GPUs another driver publishes MIG devices of. Pure."""
+    """GPU UUID -> driver name, for GPUs another driver publishes (MIG devices of, or the whole GPU). Pure."""
     wanted = set(gpu_uuids)
     out: dict[str, str] = {}
     for s in slices:
@@ -70,7 +71,7 @@ def foreign_mig_owners(
             continue
         for device in spec.get("devices") or []:
             for key, attr in (device.get("attributes") or {}).items():
-                if key.rsplit("/", 1)[-1] != "parentUUID":
+                if key.rsplit("/", 1)[-1] not in ("parentUUID", "uuid"):
                     continue
                 parent = _attr_value(attr)
                 if parent in wanted:

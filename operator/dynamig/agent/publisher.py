@@ -78,15 +78,17 @@ class SlicePublisher:
         gpus: Sequence[GpuInventory],
         existing: list[dict[str, Any]] | None = None,
         claims: list[dict[str, Any]] | None = None,
+        whole: Sequence[dict[str, Any]] = (),
     ) -> bool:
         """Make the pool publish the partitionable inventory of ``gpus`` (counter sets, ranked devices), with
         every device ``claims`` book and the agent has not answered yet (``claims``: the round's copy; read
-        afresh before a write that would drop a device). Returns True when it wrote anything. Raises
-        ``InventoryError`` before writing when it cannot be published."""
+        afresh before a write that would drop a device), and the ``whole`` GPUs' devices (MIG mode off).
+        Returns True when it wrote anything. Raises ``InventoryError`` before writing when it cannot be
+        published."""
         booked = self._booked(claims or [])
 
         def build(gen: int) -> list[dict[str, Any]]:
-            return build_inventory_slices(self.node, gen, gpus, self.driver, booked)
+            return build_inventory_slices(self.node, gen, gpus, self.driver, booked, whole)
 
         async def before_dropping() -> None:
             fresh = self._booked(await self.api.list_claims())  # newer than the round's copy: it wins

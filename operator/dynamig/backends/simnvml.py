@@ -25,11 +25,15 @@ that documents it.
 
 Event sets and XID critical-error events (``nvmlEventSetCreate``, ``nvmlDeviceRegisterEvents``,
 ``nvmlEventSetWait``, ``nvmlEventSetFree``) follow nvml.h's "Event Handling Methods";
-:mod:`dynamig.backends.simevents` holds that machinery and says what it models.
+:mod:`dynamig.backends.simevents` holds that machinery and says what it models. MIG mode
+(``nvmlDeviceSetMigMode``, ``nvmlDeviceGetMigMode``: pending until the switch, per GPU generation; a GPU
+reset a VM does not expose; an idle GPU required) and GPUs with no MIG (e.g. ``L4-24GB``) are
+:mod:`dynamig.backends.simmode`'s, re-exported here.
 
 Not in ``pynvml`` (simulation control): :func:`configure`, :func:`attach_process`, :func:`detach_process`,
 :func:`set_gpu_lost`, :func:`reload_driver`, :func:`set_mig_enumeration_delay`, :func:`inject_xid`,
-:func:`fail_next`, :func:`clear_failures`, :func:`history`, :func:`snapshot`, :func:`reset`.
+:func:`reset_gpu`, :func:`set_minor_renumbering`, :func:`fail_next`, :func:`clear_failures`, :func:`history`,
+:func:`snapshot`, :func:`reset`.
 
 State (GPUs, MIG mode, instances, processes, the event history) lives in memory or, with ``state_file``, in a
 JSON file shared by every process that configures the same path: each call re-reads the file when it has
@@ -37,8 +41,10 @@ changed, and each change runs under an ``fcntl`` lock as read-modify-write, writ
 rename. So a node agent and a test see the same GPUs. Being a drop-in for a module, the configuration is
 module state (one simulated machine per process).
 
-Simplifications, stated: MIG mode changes take effect at once (``activationStatus`` 0, no pending reset even
-on Ampere); GI ids are the lowest free id from 1; a CI is placed at the first free aligned compute slice.
+Simplifications, stated: a MIG mode change is pending until the GPU has switched, ``switch_latency_s`` after
+the call (by default 2 s on Ampere, whose switch is a GPU reset the driver performs, at once on Hopper and
+later), while the call itself returns at once; GI ids are the lowest free id from 1; a CI is placed at the
+first free aligned compute slice.
 """
 
 from __future__ import annotations
@@ -60,10 +66,6 @@ import pynvml
 from pynvml import (
     NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
     NVML_COMPUTE_INSTANCE_PROFILE_COUNT,
-    NVML_DEVICE_ARCH_AMPERE,
-    NVML_DEVICE_ARCH_BLACKWELL,
-    NVML_DEVICE_ARCH_HOPPER,
-    NVML_DEVICE_MIG_DISABLE,
     NVML_DEVICE_MIG_ENABLE,
     NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_IN_USE,
@@ -95,9 +97,16 @@ from pynvml import (
     nvmlStructToFriendlyObject,
 )
 
+from dynamig.backends import simmode
 from dynamig.backends.simevents import SUPPORTED_EVENT_TYPES, EventSets, XidRecord
+from dynamig.backends.simmode import DEFAULT_SWITCH_LATENCY_S as DEFAULT_SWITCH_LATENCY_S  # re-exported
+from dynamig.backends.simmode import NON_MIG_PRODUCTS as NON_MIG_PRODUCTS
+from dynamig.backends.simmode import nvmlDeviceGetMigMode as nvmlDeviceGetMigMode
+from dynamig.backends.simmode import nvmlDeviceSetMigMode as nvmlDeviceSetMigMode
+from dynamig.backends.simmode import require_mig as _require_mig
+from dynamig.backends.simmode import reset_gpu as reset_gpu
+from dynamig.backends.simmode import set_minor_renumbering as set_minor_renumbering
 from dynamig.fileio import write_atomic
-from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.layout import (
     RULE_DISALLOWED_START,
     RULE_OUT_OF_RANGE,
@@ -138,18 +147,6 @@ _CI_ENUMS_BY_GI_SLICES = {
 # Handle addresses: never dereferenced, they only encode what they name.
 _HANDLE_BASE = 0x5EED << 40
 _KIND_GPU, _KIND_MIG, _KIND_GI, _KIND_CI = 1, 2, 3, 4
-
-
-def _arch(model: GpuModel) -> tuple[int, tuple[int, int]]:
-    """(NVML architecture, CUDA compute capability) of a catalog model."""
-    key = model.key
-    if key.startswith(("A100", "A30")):
-        return NVML_DEVICE_ARCH_AMPERE, (8, 0)
-    if key.startswith(("H100", "H200", "H20")):
-        return NVML_DEVICE_ARCH_HOPPER, (9, 0)
-    if key.startswith("RTXPRO"):
-        return NVML_DEVICE_ARCH_BLACKWELL, (12, 0)
-    return NVML_DEVICE_ARCH_BLACKWELL, (10, 0)
 
 
 # pynvml asks the C library for the text of codes it has no string for; without the library the text would
@@ -197,14 +194,13 @@ class _GpuInstance:
 
 
 @dataclass
-class _Gpu:
+class _Gpu(simmode.MigModeState):  # MIG mode fields: simmode's
     index: int
     model: str
     uuid: str
-    mig_current: int
-    mig_pending: int
     lost: bool = False
     gpu_instances: list[_GpuInstance] = field(default_factory=list)
+    processes: list[_Process] = field(default_factory=list)  # on the whole GPU (MIG off)
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +209,8 @@ class SimEvent:
 
     seq: int
     timestamp: float
-    # create-gi destroy-gi create-ci destroy-ci attach-process detach-process set-mig-mode gpu-lost xid
+    # create-gi destroy-gi create-ci destroy-ci attach-process detach-process set-mig-mode gpu-reset gpu-lost
+    # xid
     kind: str
     gpu_index: int
     gpu_uuid: str
@@ -257,7 +254,8 @@ class _State:
                     procs = [_Process(**p) for p in ci.pop("processes")]
                     cis.append(_ComputeInstance(**ci, processes=procs))
                 gis.append(_GpuInstance(**gi, compute_instances=cis))
-            gpus.append(_Gpu(**g, gpu_instances=gis))
+            procs = [_Process(**p) for p in g.pop("processes", [])]
+            gpus.append(_Gpu(**g, gpu_instances=gis, processes=procs))
         history = [SimEvent(**e) for e in doc["history"]]
         return _State(gpus, history, int(doc["serial"]), int(doc.get("driver_epoch", 0)))
 
@@ -271,25 +269,22 @@ class _Simulator:
         state_file: Path | None,
         create_latency_s: float,
         destroy_latency_s: float,
-        mig_enabled: bool,
+        gpu_fields: list[dict[str, Any]],
         seed: str,
     ) -> None:
-        catalog = load_catalog()
-        for key in gpus:
-            catalog.model(key)  # KeyError naming the known keys
         self.state_file = state_file
         self.create_latency_s = create_latency_s
         self.mig_enumeration_delay_s = 0.0  # a new compute instance's MIG device is listed this much later
         self.failures: list[_Failure] = []  # injected errors (fail_next), in this process only
         self.events = EventSets()  # event sets are handles of this process, as NVML's
         self.destroy_latency_s = destroy_latency_s
+        self.renumber_minor = False  # set_minor_renumbering(), in this process only
         self._lock = threading.RLock()
         self._stamp: tuple[int, int, int] | None = None
-        mode = NVML_DEVICE_MIG_ENABLE if mig_enabled else NVML_DEVICE_MIG_DISABLE
         fresh = _State(
             [
-                _Gpu(i, key, "GPU-" + str(uuid.uuid5(_NAMESPACE, f"{seed}/gpu{i}/{key}")), mode, mode)
-                for i, key in enumerate(gpus)
+                _Gpu(i, key, "GPU-" + str(uuid.uuid5(_NAMESPACE, f"{seed}/gpu{i}/{key}")), **fields)
+                for i, (key, fields) in enumerate(zip(gpus, gpu_fields, strict=True))
             ]
         )
         if state_file is None:
@@ -351,6 +346,7 @@ class _Simulator:
                     raise FileNotFoundError(f"simulated NVML state file {self.state_file} disappeared")
                 if stamp != self._stamp:
                     self._state = self._load()
+            simmode.settle(self._state.gpus)  # MIG mode switches that have completed since
             return self._state
 
     @contextlib.contextmanager
@@ -358,10 +354,12 @@ class _Simulator:
         """Read-modify-write under the thread and file locks; saved only when the body does not raise."""
         with self._lock:
             if self.state_file is None:
+                simmode.settle(self._state.gpus)
                 yield self._state
                 return
             with self._file_lock():
                 self._state = self._load()
+                simmode.settle(self._state.gpus)
                 try:
                     yield self._state
                 except BaseException:
@@ -402,16 +400,22 @@ def configure(
     state_file: Path | str | None = None,
     create_latency_s: float = 0.0,
     destroy_latency_s: float = 0.0,
-    mig_enabled: bool = True,
+    mig_enabled: bool | Sequence[bool] = True,
+    vm: bool | Sequence[bool] = False,
+    switch_latency_s: float | Sequence[float | None] | None = None,
     seed: str | None = None,
     reset: bool = False,
 ) -> None:
-    """Set up the simulated machine: one GPU per catalog key in ``gpus``, index order. Side effects.
+    """Set up the simulated machine: one GPU per key in ``gpus`` (a catalog key, or a GPU without MIG from
+    ``NON_MIG_PRODUCTS``), index order. Side effects.
 
     With ``state_file``, state is shared through that JSON file: an existing file is adopted (its GPUs must
     match ``gpus``, or ``gpus`` may be empty to attach to whatever it describes); ``reset=True`` starts over.
     ``seed`` makes GPU UUIDs differ between simulated nodes (default: the state file's absolute path, so
     each node's file gives its own UUIDs). The latencies are slept in GI create and GI destroy calls.
+    Per GPU (one value, or one per GPU; kept in the state, so an adopted file keeps its own), as
+    :mod:`dynamig.backends.simmode` models them: ``mig_enabled`` (MIG mode at start), ``vm`` (GPU reset not
+    exposed: a pass-through VM), ``switch_latency_s`` (a MIG mode switch's duration; None: by generation).
     Leaves NVML uninitialised: call ``nvmlInit()`` as with the real library.
     """
     global _SIM, _INIT_COUNT
@@ -423,8 +427,9 @@ def configure(
         raise ValueError(f"no GPUs given and no state file at {path} to attach to")
     if seed is None:
         seed = str(path.resolve()) if path is not None else ""
+    fields = simmode.gpu_fields(gpus, mig_enabled, vm, switch_latency_s)  # KeyError, ValueError
     with _MODULE_LOCK:
-        _SIM = _Simulator(gpus, path, create_latency_s, destroy_latency_s, mig_enabled, seed)
+        _SIM = _Simulator(gpus, path, create_latency_s, destroy_latency_s, fields, seed)
         _INIT_COUNT = 0
 
 
@@ -445,26 +450,39 @@ def _find_mig(state: _State, mig_uuid: str) -> tuple[_Gpu, _GpuInstance, _Comput
     raise KeyError(f"no simulated MIG device {mig_uuid}")
 
 
-def attach_process(mig_uuid: str, pid: int, used_memory_mib: int = 256) -> None:
-    """Pretend process ``pid`` runs on MIG device ``mig_uuid`` (KeyError if none). Side effect: state."""
+def _process_owner(state: _State, uuid_: str) -> tuple[_Gpu, Any, dict[str, Any]]:
+    """(GPU, the record holding the processes, its history fields) of a MIG device or a whole GPU. KeyError
+    if no such device."""
+    gpu = next((g for g in state.gpus if g.uuid == uuid_), None)
+    if gpu is None:
+        gpu, gi, ci = _find_mig(state, uuid_)
+        return gpu, ci, {"gi_id": gi.id, "ci_id": ci.id, "mig_uuid": uuid_}
+    return gpu, gpu, {}
+
+
+def attach_process(uuid_: str, pid: int, used_memory_mib: int = 256) -> None:
+    """Pretend process ``pid`` runs on MIG device ``uuid_``, or on GPU ``uuid_`` with MIG off and no switch
+    under way (else ValueError; KeyError if no such device). Side effect: state."""
     sim = _sim()
     with sim.mutate() as state:
-        gpu, gi, ci = _find_mig(state, mig_uuid)
-        if any(p.pid == pid for p in ci.processes):
+        gpu, owner, ids = _process_owner(state, uuid_)
+        if owner is gpu and (gpu.mig_current == NVML_DEVICE_MIG_ENABLE or gpu.switch_at):
+            raise ValueError(f"GPU {uuid_}: MIG mode is on or switching; processes run on MIG devices")
+        if any(p.pid == pid for p in owner.processes):
             return
-        ci.processes.append(_Process(pid, used_memory_mib * MIB))
-        sim.record(state, "attach-process", gpu, gi_id=gi.id, ci_id=ci.id, mig_uuid=mig_uuid, pid=pid)
+        owner.processes.append(_Process(pid, used_memory_mib * MIB))
+        sim.record(state, "attach-process", gpu, pid=pid, **ids)
 
 
-def detach_process(mig_uuid: str, pid: int) -> None:
-    """Pretend process ``pid`` on ``mig_uuid`` exited (no-op if it was not there). Side effect: state."""
+def detach_process(uuid_: str, pid: int) -> None:
+    """Pretend process ``pid`` on ``uuid_`` exited (no-op if it was not there). Side effect: state."""
     sim = _sim()
     with sim.mutate() as state:
-        gpu, gi, ci = _find_mig(state, mig_uuid)
-        before = len(ci.processes)
-        ci.processes = [p for p in ci.processes if p.pid != pid]
-        if len(ci.processes) != before:
-            sim.record(state, "detach-process", gpu, gi_id=gi.id, ci_id=ci.id, mig_uuid=mig_uuid, pid=pid)
+        gpu, owner, ids = _process_owner(state, uuid_)
+        before = len(owner.processes)
+        owner.processes = [p for p in owner.processes if p.pid != pid]
+        if len(owner.processes) != before:
+            sim.record(state, "detach-process", gpu, pid=pid, **ids)
 
 
 def set_gpu_lost(index: int, lost: bool = True) -> None:
@@ -646,7 +664,7 @@ def _resolve(state: _State, handle: Any, *kinds: int) -> _Resolved:
     if kind not in kinds:
         raise _error(NVML_ERROR_INVALID_ARGUMENT)
     gpu = _gpu_of(state, index)
-    model = load_catalog().model(gpu.model)
+    model = simmode.gpu_model(gpu.model)
     if kind == _KIND_GPU:
         return _Resolved(state, gpu, model)
     gi = _find_gi(gpu, gi_id)
@@ -662,11 +680,6 @@ def _resolve(state: _State, handle: Any, *kinds: int) -> _Resolved:
 
 def _read(handle: Any, *kinds: int) -> _Resolved:
     return _resolve(_initialized().state(), handle, *kinds)
-
-
-def _require_mig(gpu: _Gpu) -> None:
-    if gpu.mig_current != NVML_DEVICE_MIG_ENABLE:
-        raise _error(NVML_ERROR_NOT_SUPPORTED)
 
 
 def _profile_by_id(model: GpuModel, profile_id: int) -> Profile:
@@ -766,7 +779,8 @@ def nvmlDeviceGetIndex(handle: Any) -> int:
 
 
 def nvmlDeviceGetMinorNumber(handle: Any) -> int:
-    return _read(handle, _KIND_GPU).gpu.index
+    gpu = _read(handle, _KIND_GPU).gpu
+    return gpu.index if gpu.minor is None else gpu.minor
 
 
 def nvmlDeviceGetName(handle: Any) -> str:
@@ -807,16 +821,17 @@ nvmlDeviceGetPciInfo_v3 = nvmlDeviceGetPciInfo
 
 
 def nvmlDeviceGetArchitecture(handle: Any) -> int:
-    return _arch(_read(handle, _KIND_GPU).model)[0]
+    return simmode.architecture(_read(handle, _KIND_GPU).model)[0]
 
 
 def nvmlDeviceGetCudaComputeCapability(handle: Any) -> tuple[int, int]:
-    return _arch(_read(handle, _KIND_GPU, _KIND_MIG).model)[1]
+    return simmode.architecture(_read(handle, _KIND_GPU, _KIND_MIG).model)[1]
 
 
 def _used_bytes(gpu: _Gpu, gi: _GpuInstance | None = None) -> int:
     gis = [gi] if gi is not None else gpu.gpu_instances
-    return sum(p.used_bytes for g in gis for c in g.compute_instances for p in c.processes)
+    whole = sum(p.used_bytes for p in gpu.processes) if gi is None else 0
+    return whole + sum(p.used_bytes for g in gis for c in g.compute_instances for p in c.processes)
 
 
 def nvmlDeviceGetMemoryInfo(handle: Any, version: int | None = None) -> Any:
@@ -854,27 +869,6 @@ def nvmlDeviceGetAttributes(handle: Any) -> Any:
 
 
 nvmlDeviceGetAttributes_v2 = nvmlDeviceGetAttributes
-
-
-def nvmlDeviceGetMigMode(device: Any) -> list[int]:
-    r = _read(device, _KIND_GPU, _KIND_MIG)
-    if r.gi is not None:
-        raise _error(NVML_ERROR_NOT_SUPPORTED)
-    return [r.gpu.mig_current, r.gpu.mig_pending]
-
-
-def nvmlDeviceSetMigMode(device: Any, mode: int) -> int:
-    sim = _initialized()
-    if mode not in (NVML_DEVICE_MIG_DISABLE, NVML_DEVICE_MIG_ENABLE):
-        raise _error(NVML_ERROR_INVALID_ARGUMENT)
-    with sim.mutate() as state:
-        r = _resolve(state, device, _KIND_GPU)
-        if mode == NVML_DEVICE_MIG_DISABLE and r.gpu.gpu_instances:
-            raise _error(NVML_ERROR_IN_USE)
-        if r.gpu.mig_current != mode or r.gpu.mig_pending != mode:
-            r.gpu.mig_current = r.gpu.mig_pending = mode
-            sim.record(state, "set-mig-mode", r.gpu, value=mode)
-    return _SUCCESS  # activationStatus: takes effect without a reset here
 
 
 def nvmlDeviceIsMigDeviceHandle(device: Any) -> Any:
@@ -936,12 +930,12 @@ def nvmlDeviceGetComputeRunningProcesses(handle: Any) -> list[Any]:
     else:
         owners = _mig_devices(r.gpu)
     out = []
-    for gi, ci in owners:
-        for p in ci.processes:
-            info = c_nvmlProcessInfo_v3_t()
-            info.pid, info.usedGpuMemory = p.pid, p.used_bytes
-            info.gpuInstanceId, info.computeInstanceId = gi.id, ci.id
-            out.append(nvmlStructToFriendlyObject(info))
+    whole = [(p, 0xFFFFFFFF, 0xFFFFFFFF) for p in (r.gpu.processes if r.ci is None else [])]
+    for p, gi_id, ci_id in whole + [(p, gi.id, ci.id) for gi, ci in owners for p in ci.processes]:
+        info = c_nvmlProcessInfo_v3_t()
+        info.pid, info.usedGpuMemory = p.pid, p.used_bytes
+        info.gpuInstanceId, info.computeInstanceId = gi_id, ci_id  # nvml.h: 0xFFFFFFFF without MIG
+        out.append(nvmlStructToFriendlyObject(info))
     return out
 
 
@@ -1009,6 +1003,8 @@ def nvmlDeviceGetGpuInstancePossiblePlacements(
     """All placements of the profile, whether or not MIG is enabled or they are free (nvml.h ``_v2``)."""
     _injected("nvmlDeviceGetGpuInstancePossiblePlacements", profileId=profileId)
     r = _read(device, _KIND_GPU)
+    if not simmode.mig_capable(r.model):
+        raise _error(NVML_ERROR_NOT_SUPPORTED)  # nvml.h: "If device doesn't support MIG"
     p = _profile_by_id(r.model, profileId)
     count = _deref(countRef)
     if placementsRef is None:

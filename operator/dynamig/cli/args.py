@@ -76,8 +76,8 @@ def simulated_gpus(text: str) -> str:
 
 
 def gpu_node(text: str) -> str:
-    """``--gpu-node NAME=MODEL:COUNT[,MODEL:COUNT]``, checked as the dev cluster reads it; the text itself is
-    returned."""
+    """``--gpu-node NAME=MODEL:COUNT[:mig-off][:vm][,...]``, checked as the dev cluster reads it; the text
+    itself is returned."""
     from dynamig.devcluster.sandbox import parse_gpu_node
 
     try:

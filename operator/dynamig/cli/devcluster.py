@@ -46,9 +46,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=gpu_node,
         action="append",
         default=[],
-        metavar="NAME=MODEL:COUNT[,MODEL:COUNT]",
+        metavar="NAME=MODEL:COUNT[:mig-off][:vm][,MODEL:COUNT...]",
         help="a simulated GPU node (repeatable): registers it and runs its agent over simulated NVML; the "
-        "operator, the CRDs and the DeviceClass come with it. e.g. --gpu-node n1=A100-80GB:2",
+        "operator, the CRDs and the DeviceClass come with it. :mig-off starts those GPUs with MIG mode off, "
+        ":vm puts them in a VM without GPU reset (an A100/A30 MIG mode switch then waits for a reboot). "
+        "e.g. --gpu-node n1=A100-80GB:2,A30-24GB:1:mig-off:vm",
     )
     up.add_argument(
         "--keep-gpu-state",

@@ -116,10 +116,11 @@ def up(
 ) -> ClusterState:
     """Start the dev cluster in the background unless it runs already; returns its state. Side effects.
 
-    ``gpu_nodes`` (``NAME=MODEL:COUNT[,MODEL:COUNT]``): simulated GPU nodes, each with its agent, plus the
-    operator, the CRDs and the DeviceClass. Their GPUs start without MIG instances unless ``keep_gpu_state``
-    keeps those the last run left (a cluster rebuilt over GPUs still cut). Raises ``RuntimeError`` with the
-    supervisor's log tail when the cluster does not come up, or when it runs already with other GPU nodes.
+    ``gpu_nodes`` (``NAME=MODEL:COUNT[:mig-off][:vm][,...]``): simulated GPU nodes, each with its agent,
+    plus the operator, the CRDs and the DeviceClass. Their GPUs start without MIG instances unless
+    ``keep_gpu_state`` keeps those the last run left (a cluster rebuilt over GPUs still cut). Raises
+    ``RuntimeError`` with the supervisor's log tail when the cluster does not come up, or when it runs already
+    with other GPU nodes.
     """
     for text in gpu_nodes:
         parse_gpu_node(text)  # bad input fails here, before anything starts

@@ -4,6 +4,11 @@ The supervisor applies the CRDs and the DeviceClass, registers each GPU node (Re
 ``dynamig.io/managed=true``) and runs one node agent per node over simulated NVML plus the operator, each a
 child process with its own log beside the control plane's (``agent-<node>.log``, ``operator.log``), tied to
 the supervisor as the control plane's components are. There is no kubelet: pods bind, they do not run.
+
+``MODEL:COUNT:mig-off`` starts those GPUs with MIG mode off, ``MODEL:COUNT:vm`` puts them in a pass-through
+VM that exposes no GPU reset (a MIG mode switch then waits for a reboot: :mod:`dynamig.backends.simmode`).
+The supervisor writes those options into the node's simulated NVML state file before its agent starts; the
+agent adopts the file as it finds it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from dynamig.backends import simmode, simnvml
 from dynamig.devcluster.binaries import find_repo_root
 from dynamig.devcluster.controlplane import ControlPlane
 from dynamig.devcluster.helmrelease import RELEASE_NAME_ANNOTATION, RELEASE_NAMESPACE_ANNOTATION
@@ -31,32 +37,85 @@ CHART_NAMESPACE = "dynamig-system"
 _NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
+GPU_OPTIONS = ("mig-off", "vm")
+
+
 @dataclass(frozen=True)
 class GpuNode:
-    """A simulated GPU node: its name and its GPUs as the agent's ``--simulate-gpus`` takes them."""
+    """A simulated GPU node: its name, its GPUs as the agent's ``--simulate-gpus`` takes them, and which of
+    them (by GPU index) start with MIG off or sit in a VM that exposes no GPU reset."""
 
     name: str
     gpus: str  # e.g. "A100-80GB:2,H100-80GB:1"
+    mig_off: tuple[int, ...] = ()
+    vm: tuple[int, ...] = ()
+
+    def keys(self) -> list[str]:
+        """One catalog key per GPU, index order. Pure."""
+        out: list[str] = []
+        for part in self.gpus.split(","):
+            model, count = part.split(":")
+            out += [model] * int(count)
+        return out
 
 
 def parse_gpu_node(text: str) -> GpuNode:
-    """``n1=A100-80GB:2,H100-80GB:1`` -> GpuNode. Raises ValueError naming what is wrong. Pure."""
+    """``n1=A100-80GB:2:mig-off:vm,H100-80GB:1`` -> GpuNode. Raises ValueError naming what is wrong. Pure."""
     name, sep, spec = text.partition("=")
     if not sep or not name or not spec:
-        raise ValueError(f"--gpu-node {text!r}: expected NAME=MODEL:COUNT[,MODEL:COUNT]")
+        raise ValueError(f"--gpu-node {text!r}: expected NAME=MODEL:COUNT[:mig-off][:vm][,MODEL:COUNT...]")
     if not _NODE_NAME.match(name):
         raise ValueError(f"--gpu-node {text!r}: {name!r} is not a valid node name (a DNS label)")
     catalog = load_catalog()
-    parts = []
+    parts: list[str] = []
+    flagged: dict[str, list[int]] = {option: [] for option in GPU_OPTIONS}
+    first = 0
     for part in spec.split(","):
-        model, _, count = part.partition(":")
+        model, _, rest = part.partition(":")
+        count, *options = rest.split(":")
         if model not in catalog:
             known = ", ".join(sorted(catalog.keys()))
             raise ValueError(f"--gpu-node {text!r}: unknown GPU model {model!r} (known: {known})")
         if not count.isdigit() or not 1 <= int(count) <= 8:
             raise ValueError(f"--gpu-node {text!r}: {part!r} needs a GPU count from 1 to 8")
+        for option in options:
+            if option not in GPU_OPTIONS:
+                known = ", ".join(GPU_OPTIONS)
+                raise ValueError(
+                    f"--gpu-node {text!r}: unknown option {option!r} in {part!r} (known: {known})"
+                )
+            if options.count(option) > 1:
+                raise ValueError(f"--gpu-node {text!r}: {option!r} given twice in {part!r}")
+        if "vm" in options and not simmode.switch_needs_reset(catalog.model(model)):
+            raise ValueError(
+                f"--gpu-node {text!r}: {part!r}: vm (no GPU reset) changes nothing on {model}, whose MIG "
+                "mode switches without a reset; it matters on A100 and A30"
+            )
+        for option in options:
+            flagged[option].extend(range(first, first + int(count)))
+        first += int(count)
         parts.append(f"{model}:{count}")
-    return GpuNode(name, ",".join(parts))
+    return GpuNode(name, ",".join(parts), tuple(flagged["mig-off"]), tuple(flagged["vm"]))
+
+
+def seed_gpu_state(node: GpuNode, path: Path) -> bool:
+    """Write ``node``'s simulated NVML state file with its GPUs' options (MIG off, in a VM) for its agent to
+    adopt, unless it has none or the file exists (kept from the last run: left as it is). True when written.
+    Side effect: the file."""
+    if not (node.mig_off or node.vm) or path.exists():
+        return False
+    keys = node.keys()
+    try:
+        simnvml.configure(
+            keys,
+            state_file=path,
+            seed=node.name,  # as the agent seeds it: the same GPU UUIDs as without options
+            mig_enabled=[i not in node.mig_off for i in range(len(keys))],
+            vm=[i in node.vm for i in range(len(keys))],
+        )
+    finally:
+        simnvml.reset()
+    return True
 
 
 def owned_by_chart_release(obj: dict[str, Any]) -> dict[str, Any]:
@@ -113,10 +172,11 @@ def start(cp: ControlPlane, nodes: Sequence[GpuNode], state_dir: Path) -> Runnin
     for node in nodes:
         cp.register_node(node.name, labels={MANAGED_NODE_LABEL: "true"})
         port = free_port()
+        nvml_state = state_dir / f"nvml-{node.name}.json"
+        seed_gpu_state(node, nvml_state)
         argv = [
             *python, "agent", f"--node={node.name}", "--nvml=simulated", f"--simulate-gpus={node.gpus}",
-            f"--state={state_dir / f'nvml-{node.name}.json'}", kubeconfig, f"--metrics-port={port}",
-            "--inventory=auto",
+            f"--state={nvml_state}", kubeconfig, f"--metrics-port={port}", "--inventory=auto",
         ]  # fmt: skip
         components.append(_spawn(f"agent-{node.name}", argv, cp, state_dir))
         metrics[f"agent-{node.name}"] = f"http://127.0.0.1:{port}/metrics"

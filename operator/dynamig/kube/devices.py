@@ -1,5 +1,6 @@
-"""The DRA device a MIG instance is published as (resource.k8s.io/v1 ``Device``), the DeviceClass that
-selects this driver's devices, and the per-profile DeviceClasses serving device-plugin resource names. Pure.
+"""The DRA device a MIG instance is published as (resource.k8s.io/v1 ``Device``), the device a GPU with MIG
+mode off is published as (:class:`WholeGpuDevice`), the DeviceClass that selects this driver's devices, and
+the per-profile DeviceClasses and the whole-GPU DeviceClass serving device-plugin resource names. Pure.
 
 The agent publishes these in ResourceSlices; the operator builds the same device for a profile that does not
 exist yet and evaluates claim CEL selectors against it, so both sides must use this one builder.
@@ -17,8 +18,12 @@ from dynamig.kube.names import (
     DEVICE_CLASS_NAME,
     PROFILE_ANNOTATION,
     PROFILE_CLASS_LABEL,
+    WHOLE_CLASS_NAME,
+    WHOLE_GPU_RESOURCE,
+    WHOLE_PROFILE,
     extended_resource_name,
     profile_class_name,
+    whole_device_name,
 )
 
 MIB = 1024 * 1024
@@ -65,12 +70,63 @@ class MigDevice:
 
     def to_api(self) -> dict[str, Any]:
         """The ``Device`` object as the resource.k8s.io/v1 API takes it."""
-        attrs: dict[str, Any] = {}
-        for key, value in self.attributes().items():
-            typed = {"int": value} if isinstance(value, int) else {"string": value}
-            attrs[f"{ATTRIBUTE_DOMAIN}/{key}"] = typed
-        capacity = {f"{ATTRIBUTE_DOMAIN}/{k}": {"value": str(v)} for k, v in self.capacity().items()}
-        return {"name": self.name, "attributes": attrs, "capacity": capacity}
+        return _api_device(self.name, self.attributes(), self.capacity())
+
+
+@dataclass(frozen=True, slots=True)
+class WholeGpuDevice:
+    """What is published about a GPU whose MIG mode is off: the whole GPU as one device, ``gpu<index>``.
+
+    ``profile`` is ``whole`` so a claim tells it from every MIG profile with the same selector it already
+    writes; the facts come from NVML (memory, architecture, CUDA compute capability). A GPU whose MIG mode
+    is on publishes no such device (its memory slices are the MIG devices')."""
+
+    gpu_index: int
+    product_name: str
+    uuid: str
+    memory_bytes: int | None = None
+    architecture: str = ""  # "Hopper", from nvmlDeviceGetArchitecture; empty when NVML does not say
+    cuda_compute_capability: str = ""  # "9.0"; empty when NVML does not say
+    multiprocessors: int | None = None  # the catalog's count for the model; None when unknown
+
+    @property
+    def name(self) -> str:
+        return whole_device_name(self.gpu_index)
+
+    def attributes(self) -> dict[str, str | int]:
+        out: dict[str, str | int] = {
+            "profile": WHOLE_PROFILE,
+            "productName": self.product_name,
+            "gpuIndex": self.gpu_index,
+            "uuid": self.uuid,
+        }
+        if self.architecture:
+            out["architecture"] = self.architecture
+        if self.cuda_compute_capability:
+            out["cudaComputeCapability"] = self.cuda_compute_capability
+        return out
+
+    def capacity(self) -> dict[str, int]:
+        out = {}
+        if self.memory_bytes is not None:
+            out["memory"] = self.memory_bytes
+        if self.multiprocessors is not None:
+            out["multiprocessors"] = self.multiprocessors
+        return out
+
+    def to_api(self) -> dict[str, Any]:
+        """The ``Device`` object as the resource.k8s.io/v1 API takes it (no counters: nothing else is carved
+        from a GPU whose MIG mode is off)."""
+        return _api_device(self.name, self.attributes(), self.capacity())
+
+
+def _api_device(name: str, attributes: dict[str, str | int], capacity: dict[str, int]) -> dict[str, Any]:
+    attrs: dict[str, Any] = {}
+    for key, value in attributes.items():
+        typed = {"int": value} if isinstance(value, int) else {"string": value}
+        attrs[f"{ATTRIBUTE_DOMAIN}/{key}"] = typed
+    caps = {f"{ATTRIBUTE_DOMAIN}/{k}": {"value": str(v)} for k, v in capacity.items()}
+    return {"name": name, "attributes": attrs, "capacity": caps}
 
 
 def device_class() -> dict[str, Any]:
@@ -103,5 +159,30 @@ def profile_device_class(profile: str) -> dict[str, Any]:
         "spec": {
             "selectors": [{"cel": {"expression": selector}}],
             "extendedResourceName": extended_resource_name(profile),
+        },
+    }
+
+
+def whole_device_class() -> dict[str, Any]:
+    """The DeviceClass ``gpu.dynamig.io``: this driver's whole GPUs (the device a GPU with MIG mode off is
+    published as, ``profile`` ``whole``), serving pods that ask for the device plugin's ``nvidia.com/gpu``
+    (``extendedResourceName``, DRAExtendedResource). Labelled and annotated like the profile classes
+    (:func:`profile_device_class`), with ``whole`` as its profile, so the operator keeps and removes it the
+    same way. Pure."""
+    selector = (
+        f'device.driver == "{DRIVER_NAME}" && device.attributes["{ATTRIBUTE_DOMAIN}"].profile == '
+        f'"{WHOLE_PROFILE}"'
+    )
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {
+            "name": WHOLE_CLASS_NAME,
+            "labels": {PROFILE_CLASS_LABEL: "true"},
+            "annotations": {PROFILE_ANNOTATION: WHOLE_PROFILE},
+        },
+        "spec": {
+            "selectors": [{"cel": {"expression": selector}}],
+            "extendedResourceName": WHOLE_GPU_RESOURCE,
         },
     }

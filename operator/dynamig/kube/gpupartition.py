@@ -87,6 +87,7 @@ class Reason(StrEnum):
     UNKNOWN_MODEL = "UnknownModel"
     GPU_LOST = "GpuLost"
     GPU_REPLACED = "GpuReplaced"
+    WHOLE_GPU = "WholeGpu"  # MIG mode is off: the GPU is published whole
     GPU_PRESENT = "GpuPresent"
     NVML_ERROR = "NvmlError"
     RECONCILE_ERROR = "ReconcileError"
@@ -190,6 +191,16 @@ class InstanceStatus(_Model):
         return PlacedInstance(self.start, self.profile)
 
 
+class WholeGpuStatus(_Model):
+    """A GPU with MIG mode off, published whole as one device (``gpu<index>``)."""
+
+    device_name: str
+    state: InstanceState = InstanceState.FREE
+    published: bool = True
+    processes: int = 0  # compute processes NVML lists on the GPU
+    claims: list[str] = Field(default_factory=list)
+
+
 class Condition(_Model):
     type: str
     status: str  # "True" | "False" | "Unknown"
@@ -211,6 +222,7 @@ class GpuPartitionStatus(_Model):
     model: str = ""
     mig_mode: MigMode = MigMode.UNKNOWN
     instances: list[InstanceStatus] = Field(default_factory=list)
+    whole_gpu: WholeGpuStatus | None = None  # MIG mode off: the GPU as one device
     layout_summary: str = ""
     free_slices: int = 0
     total_slices: int = 0
@@ -238,8 +250,11 @@ class GpuPartitionStatus(_Model):
         return normalize_layout([i.placed() for i in self.instances])
 
     def to_api(self) -> dict[str, Any]:
-        """The status as the API takes it (camelCase, unset optionals dropped)."""
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        """The status as a merge patch takes it (camelCase, unset optionals dropped; ``wholeGpu`` null when
+        unset, so the patch removes one written while MIG mode was off)."""
+        out = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        out.setdefault("wholeGpu", None)
+        return out
 
 
 class ObjectMeta(_Model):

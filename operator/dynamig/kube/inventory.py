@@ -406,14 +406,15 @@ def build_inventory_slices(
     gpus: Sequence[GpuInventory],
     driver: str = DRIVER_NAME,
     booked: Collection[str] = (),
+    whole: Sequence[dict[str, Any]] = (),
 ) -> list[dict[str, Any]]:
     """The ResourceSlices (resource.k8s.io/v1) that publish the node's inventory as pool ``node`` at
     ``generation``, every ``booked`` device kept: counter-set slices first, then device slices in rank order
-    (see the module docstring). Always at least one device slice, so the pool and its generation stay
-    visible. Pure."""
+    (see the module docstring), then the ``whole`` GPUs' devices (MIG mode off: no counters, nothing to cut).
+    Always at least one device slice, so the pool and its generation stay visible. Pure."""
     devices = published_devices_of(gpus, booked)
     sets = counter_sets(gpus, devices)
-    api_devices = [d.to_api() for d in devices]
+    api_devices = [d.to_api() for d in devices] + sorted(whole, key=lambda d: str(d["name"]))
     for d in api_devices:
         if len(d["name"]) > DNS_LABEL_MAX:
             raise InventoryError(f"device name {d['name']!r} is longer than {DNS_LABEL_MAX} characters")

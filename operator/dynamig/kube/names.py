@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from dynamig import API_GROUP, API_VERSION, DRIVER_NAME
 
 GROUP = API_GROUP
@@ -22,6 +24,13 @@ PROFILE_ANNOTATION = f"{API_GROUP}/profile"
 # The prefix of the NVIDIA device plugin's "mixed" MIG strategy resource names (nvidia.com/mig-1g.10gb).
 DEVICE_PLUGIN_MIG_PREFIX = "nvidia.com/mig-"
 
+# A GPU with MIG mode off is published as one device, ``gpu<index>``, whose ``profile`` attribute is
+# WHOLE_PROFILE; the DeviceClass WHOLE_CLASS_NAME selects exactly those and serves the device plugin's
+# ``nvidia.com/gpu`` (DRAExtendedResource) where no other class names it.
+WHOLE_PROFILE = "whole"
+WHOLE_CLASS_NAME = f"gpu.{API_GROUP}"
+WHOLE_GPU_RESOURCE = "nvidia.com/gpu"
+
 # A node opts in to being managed by the agent with this label set to "true".
 MANAGED_NODE_LABEL = f"{API_GROUP}/managed"
 # Labels put on every GpuPartition so selectors and kubectl can filter by node / GPU.
@@ -36,6 +45,17 @@ UNINSTALL_ANNOTATION = f"{API_GROUP}/uninstall"
 def gpu_partition_name(node: str, gpu_index: int) -> str:
     """``<node>-gpu<index>``, the GpuPartition (one per physical GPU) name."""
     return f"{node}-gpu{gpu_index}"
+
+
+def whole_device_name(gpu_index: int) -> str:
+    """``gpu<index>``: the device a GPU with MIG mode off is published as."""
+    return f"gpu{gpu_index}"
+
+
+def whole_device_index(name: str) -> int | None:
+    """The GPU index a whole-GPU device name stands for (``gpu3`` -> 3); None for any other name."""
+    m = re.fullmatch(r"gpu(0|[1-9][0-9]*)", name)
+    return int(m.group(1)) if m else None
 
 
 def profile_resource_suffix(profile: str) -> str:

@@ -21,9 +21,11 @@ Modules, from the edge inwards:
   GPUs with the partitionable inventory (booked by the scheduler, never re-cut ahead); the "why pending?"
   verdict of every claim (Event reasons ``ReshapeScheduled``, ``ReshapeInProgress``, ``WaitingForScheduler``,
   ``WaitingForCooldown``, ``WaitingForDisruptionBudget``, ``NoCapacity``, ``ProfileNotAllowed``,
-  ``NoMatchingProfile``, ``NoEligibleNode``, ``ReshapeDisabled``, ``WouldReshape``, ``PolicyInvalid``).
+  ``NoMatchingProfile``, ``NoEligibleNode``, ``ReshapeDisabled``, ``WouldReshape``, ``PolicyInvalid``,
+  ``WaitingForWholeGpu``).
 - ``demand`` (pure) — pending claims and the profiles each request accepts, by real CEL evaluation
-  (``dynamig.kube.cel``) of the request's and its DeviceClass's selectors against ``MigDevice``.
+  (``dynamig.kube.cel``) of the request's and its DeviceClass's selectors against ``MigDevice`` (and
+  ``WholeGpuDevice``: whole-GPU demand, kept out of the MIG planner).
 - ``inventory`` (pure) — GpuPartitions as planner input (busy, in-flight, unusable GPUs).
 - ``settings``, ``metrics`` — one settings dataclass; Prometheus metrics in their own registry.
 

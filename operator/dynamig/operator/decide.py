@@ -21,6 +21,12 @@ the baseline and warm pool only. A claim only they can serve is ``WaitingForSche
 placement fits beside the busy instances of a GPU on an eligible node, and every device of its pod (its
 requests and the pod's other claims) fits one node together; ``NoCapacity`` otherwise. Claims an
 ``Instances`` GPU can serve are planned ahead on those GPUs as before.
+
+A claim with requests only a whole GPU serves (``PendingClaim.whole``: MIG mode off, ``gpu.dynamig.io``) is
+never planned for MIG: it is ``WaitingForWholeGpu``, a Normal Event while a GPU of the policy with MIG mode
+off can serve it on an eligible node (the scheduler allocates it), a Warning while none can (dynamig does not
+switch MIG mode under a ``Fixed`` policy). A claim that also has MIG requests is planned for them only while
+such a GPU exists.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from dynamig.geometry.catalog import Catalog
 from dynamig.geometry.layout import free_starts, remaining_capacity
 from dynamig.geometry.model import Layout, PlacedInstance
 from dynamig.kube.gpupartition import layout_summary
+from dynamig.kube.names import WHOLE_PROFILE
 from dynamig.kube.policy import GpuPartitionPolicy, Mode, SpecProblem
 from dynamig.operator.demand import PendingClaim, RequestDemand
 from dynamig.operator.inventory import GpuView
@@ -67,6 +74,7 @@ class Reason(StrEnum):
     WOULD_RESHAPE = "WouldReshape"
     POLICY_INVALID = "PolicyInvalid"
     SCHEDULER_ERROR = "SchedulerError"
+    WAITING_FOR_WHOLE_GPU = "WaitingForWholeGpu"
 
 
 WARNING_REASONS = frozenset(
@@ -87,10 +95,19 @@ class ClaimVerdict:
     message: str
     profile: str  # the profile the claim is counted under (first acceptable one, "" if none)
     gpu: str = ""  # GPU the plan puts it on, if any
+    warn: bool = False  # a Warning whatever the reason (WaitingForWholeGpu with no GPU to serve it)
 
     @property
     def warning(self) -> bool:
-        return self.reason in WARNING_REASONS
+        return self.warn or self.reason in WARNING_REASONS
+
+    @property
+    def devices(self) -> int:
+        """The devices the claim is counted for under :attr:`profile`: whole GPUs when it waits for them,
+        its MIG requests' devices otherwise."""
+        if self.profile == WHOLE_PROFILE:
+            return self.claim.whole_gpus
+        return sum(r.count for r in self.claim.requests)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +158,7 @@ class RoundDecision:
             if v.reason is Reason.SCHEDULER_ERROR:
                 continue
             key = v.profile or "none"
-            devices = sum(r.count for r in v.claim.requests)
+            devices = v.devices
             out[key] = out.get(key, 0) + devices
         return dict(sorted(out.items()))
 
@@ -177,7 +194,7 @@ def _first_profile(claim: PendingClaim) -> str:
         alts = r.alternatives()
         if alts:
             return alts[0]
-    return ""
+    return WHOLE_PROFILE if claim.whole and not claim.requests else ""
 
 
 def _static_verdict(claim: PendingClaim, policy: GpuPartitionPolicy, gpus: Sequence[GpuView]) -> ClaimVerdict:
@@ -241,6 +258,68 @@ def _profile_verdict(
             accepted[0],
         )
     return None
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def _whole_verdict(
+    claim: PendingClaim, policy: GpuPartitionPolicy, gpus: Sequence[GpuView]
+) -> ClaimVerdict | None:
+    """WaitingForWholeGpu for a claim that needs whole GPUs (MIG mode off), or None when it needs none, or
+    when it has MIG requests too and a GPU with MIG mode off can serve the rest (then it is planned for its
+    MIG requests). ``gpus``: every GPU the policy governs, unusable ones included. Pure."""
+    if not claim.whole:
+        return None
+    wanted = claim.whole_by_model(_models(gpus))
+    eligible = [g for g in gpus if claim.nodes is None or g.node in claim.nodes]
+    serving = [g for g in eligible if g.whole and g.model is not None and g.model.key in wanted]
+    if claim.requests and serving:
+        return None
+    n = claim.whole_gpus
+    what = "a whole GPU" if n == 1 else f"{n} whole GPUs"
+    accepted = list(wanted) or list(dict.fromkeys(m for r in claim.whole for m in r.whole_models()))
+    of = f" of {' or '.join(accepted)}" if accepted else ""
+    mig = (
+        f" besides its {_plural(len(claim.requests), 'MIG request', 'MIG requests')}"
+        if claim.requests
+        else ""
+    )
+    head = f"the claim asks for {what}{of} (a GPU with MIG mode off){mig}, which no MIG slice serves"
+    if serving:
+        names = ", ".join(g.name for g in serving[:4]) + (
+            f" (+{len(serving) - 4} more)" if len(serving) > 4 else ""
+        )
+        return ClaimVerdict(
+            claim,
+            Reason.WAITING_FOR_WHOLE_GPU,
+            f"{head}; {_plural(len(serving), 'GPU', 'GPUs')} of policy {policy.name} with MIG mode off can "
+            f"serve it ({names}): waiting for kube-scheduler to allocate {'one' if n == 1 else n}",
+            WHOLE_PROFILE,
+            serving[0].name,
+        )
+    where = (
+        f" on the {_plural(len({g.node for g in eligible}), 'node', 'nodes')} the pod may use"
+        if claim.nodes is not None
+        else ""
+    )
+    whole_elsewhere = sum(1 for g in gpus if g.whole) - sum(1 for g in eligible if g.whole)
+    elsewhere = (
+        f" ({_plural(whole_elsewhere, 'GPU', 'GPUs')} with MIG mode off elsewhere, not on them)"
+        if claim.nodes is not None and whole_elsewhere
+        else ""
+    )
+    planned = "; its MIG requests are not planned until one has" if claim.requests else ""
+    return ClaimVerdict(
+        claim,
+        Reason.WAITING_FOR_WHOLE_GPU,
+        f"{head}; no GPU{of} of policy {policy.name}{where} has MIG mode off{elsewhere}, and dynamig does "
+        f"not switch a GPU's MIG mode under a Fixed policy (policy {policy.name}'s MIG mode is Fixed: an "
+        f"administrator turns MIG mode off){planned}",
+        WHOLE_PROFILE,
+        warn=True,
+    )
 
 
 def _scheduler_error_verdict(claim: PendingClaim) -> ClaimVerdict | None:
@@ -394,7 +473,11 @@ def decide_round(inp: RoundInput) -> RoundDecision:
 
     plannable: list[PendingClaim] = []
     for c in inp.claims:
-        early = _scheduler_error_verdict(c) or _profile_verdict(c, policy, usable)
+        early = (
+            _scheduler_error_verdict(c)
+            or _whole_verdict(c, policy, inp.gpus)
+            or _profile_verdict(c, policy, usable)
+        )
         if early is not None:
             verdicts.append(early)
         else:

@@ -23,6 +23,15 @@ A pod that asks for an extended resource a DeviceClass serves (``nvidia.com/mig-
 plugin's name, mapped by the class's ``extendedResourceName``; DRAExtendedResource) has no claim until the
 scheduler allocates one, so while it is unschedulable its request is demand of its own: one
 :class:`PendingClaim` whose :class:`ClaimRef` is the pod (``kind`` ``Pod``), with one request per resource.
+
+Whole GPUs. A GPU with MIG mode off is published whole (``gpu<index>``, profile ``whole``,
+:class:`WholeGpuDevice`) under the same driver, so each alternative's selectors are also evaluated against a
+representative whole GPU of each model (:attr:`ProfileMatch.whole`). A request that no alternative can serve
+with a MIG profile but some alternative can serve with a whole GPU (``profile == "whole"``, the class
+``gpu.dynamig.io``, a pod asking ``nvidia.com/gpu`` served by that class) is *whole-GPU demand*: it is kept
+in :attr:`PendingClaim.whole`, out of :attr:`PendingClaim.requests`, so the MIG planner never cuts for it, and
+the claim is still reported (it waits for a GPU with MIG mode off). A request whose alternatives accept both
+keeps the MIG profiles of its MIG alternatives, in ``firstAvailable`` order, and is MIG demand.
 """
 
 from __future__ import annotations
@@ -33,9 +42,9 @@ from functools import lru_cache
 from typing import Any
 
 from dynamig.geometry.model import GpuModel, Profile
-from dynamig.kube.cel import DeviceView, device_view, evaluate_selector
-from dynamig.kube.devices import MigDevice
-from dynamig.kube.names import ATTRIBUTE_DOMAIN
+from dynamig.kube.cel import DeviceView, device_view, device_view_from_api, evaluate_selector
+from dynamig.kube.devices import MIB, MigDevice, WholeGpuDevice, whole_device_class
+from dynamig.kube.names import ATTRIBUTE_DOMAIN, WHOLE_CLASS_NAME
 from dynamig.planner.model import ClaimDemand
 
 DRIVER = ATTRIBUTE_DOMAIN
@@ -271,11 +280,13 @@ def pod_fits_node(pod: PodRef, node_name: str, labels: Mapping[str, str]) -> boo
 
 @dataclass(frozen=True, slots=True)
 class ProfileMatch:
-    """Which profiles one sub-request accepts on each model, and selector errors met on the way."""
+    """Which profiles one sub-request accepts on each model, the models whose whole GPU (MIG mode off) it
+    accepts, and selector errors met on the MIG devices on the way."""
 
     sub_request: SubRequest
     accepts: Mapping[str, tuple[str, ...]]  # model key -> profiles, smallest first
     errors: tuple[str, ...] = ()
+    whole: tuple[str, ...] = ()  # model keys whose whole GPU passes the selectors
 
     @property
     def any(self) -> bool:
@@ -293,6 +304,18 @@ def _candidate_device(model: GpuModel, profile: Profile, product_name: str | Non
     return device_view(device, DRIVER)
 
 
+def _candidate_whole(model: GpuModel, product_name: str | None) -> DeviceView:
+    """The whole GPU of ``model`` as the agent publishes it with MIG mode off (GPU 0, the catalog's memory),
+    as the scheduler sees it. Pure."""
+    device = WholeGpuDevice(
+        gpu_index=0,
+        product_name=product_name or model.product_name,
+        uuid="",
+        memory_bytes=model.memory_mib * MIB,
+    )
+    return device_view_from_api(DRIVER, device.to_api())
+
+
 def _size_key(p: Profile) -> tuple[int, int, int, str]:
     return (p.placement_size, p.compute_slices, p.memory_mib, p.name)
 
@@ -308,20 +331,29 @@ def match_sub_request(
     if dclass is None:
         return ProfileMatch(sub, {}, (f"DeviceClass {sub.device_class!r} does not exist",))
     products = tuple(sorted((product_names or {}).items()))
-    accepts, errors = _accepting_profiles(dclass.selectors + sub.selectors, tuple(models), products)
-    return ProfileMatch(sub, dict(accepts), errors)
+    accepts, errors, whole = _accepting_profiles(dclass.selectors + sub.selectors, tuple(models), products)
+    return ProfileMatch(sub, dict(accepts), errors, whole)
+
+
+def _passes(selectors: tuple[str, ...], view: DeviceView) -> bool:
+    return all(evaluate_selector(e, view).matched for e in selectors)
 
 
 @lru_cache(maxsize=4096)
 def _accepting_profiles(
     selectors: tuple[str, ...], models: tuple[GpuModel, ...], products: tuple[tuple[str, str], ...]
-) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], tuple[str, ...]]:
-    """(model key -> accepted profiles, errors) for a list of selectors. Pure; cached because claims made
-    from one template share their selectors and celpy evaluation is not cheap."""
+) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], tuple[str, ...], tuple[str, ...]]:
+    """(model key -> accepted profiles, errors, models whose whole GPU is accepted) for a list of
+    selectors. Errors are those met on MIG devices (a selector written for MIG attributes fails on a whole
+    GPU, which lacks them, and says nothing about MIG). Pure; cached because claims made from one template
+    share their selectors and celpy evaluation is not cheap."""
     product_of = dict(products)
     accepts: list[tuple[str, tuple[str, ...]]] = []
     errors: list[str] = []
+    whole: list[str] = []
     for model in models:
+        if _passes(selectors, _candidate_whole(model, product_of.get(model.key))):
+            whole.append(model.key)
         ok: list[str] = []
         for profile in sorted(model.profiles, key=_size_key):
             view = _candidate_device(model, profile, product_of.get(model.key))
@@ -336,11 +368,12 @@ def _accepting_profiles(
             if matched:
                 ok.append(profile.name)
         accepts.append((model.key, tuple(ok)))
-    return tuple(accepts), tuple(errors)
+    return tuple(accepts), tuple(errors), tuple(whole)
 
 
 def class_targets_driver(dclass: DeviceClass | None, models: Sequence[GpuModel]) -> bool:
-    """Whether a DeviceClass's selectors select devices of driver ``mig.dynamig.io`` at all. Pure."""
+    """Whether a DeviceClass's selectors select devices of driver ``mig.dynamig.io`` at all: a MIG device or
+    a whole GPU of some model. Pure."""
     if dclass is None:
         return False
     return _targets_driver(dclass.selectors, tuple(models))
@@ -349,9 +382,10 @@ def class_targets_driver(dclass: DeviceClass | None, models: Sequence[GpuModel])
 @lru_cache(maxsize=256)
 def _targets_driver(selectors: tuple[str, ...], models: tuple[GpuModel, ...]) -> bool:
     for model in models:
+        if _passes(selectors, _candidate_whole(model, None)):
+            return True
         for profile in model.profiles:
-            view = _candidate_device(model, profile, None)
-            if all(evaluate_selector(e, view).matched for e in selectors):
+            if _passes(selectors, _candidate_device(model, profile, None)):
                 return True
     return False
 
@@ -429,6 +463,27 @@ class RequestDemand:
     def errors(self) -> tuple[str, ...]:
         return tuple(e for m in self.matches for e in m.errors)
 
+    def whole_models(self, models: frozenset[str] | None = None) -> tuple[str, ...]:
+        """Models (of ``models``; None: all) whose whole GPU some alternative accepts, in the order the
+        alternatives name them. Pure."""
+        out: list[str] = []
+        for m in self.matches:
+            out.extend(k for k in m.whole if k not in out and (models is None or k in models))
+        return tuple(out)
+
+    def whole_count(self, model: str | None = None) -> int:
+        """Whole GPUs the request needs when served whole (on ``model``; None: any): the count of the first
+        alternative that accepts the whole GPU; 0 when none does. Pure."""
+        for m in self.matches:
+            if m.whole and (model is None or model in m.whole):
+                return m.sub_request.count
+        return 0
+
+    @property
+    def whole_only(self) -> bool:
+        """Only a whole GPU serves it: some alternative accepts the whole GPU, none a MIG profile."""
+        return bool(self.whole_models()) and not any(m.any for m in self.matches)
+
 
 @dataclass(frozen=True, slots=True)
 class PendingClaim:
@@ -437,6 +492,23 @@ class PendingClaim:
     requests: tuple[RequestDemand, ...]
     nodes: frozenset[str] | None  # nodes every pod of the claim may run on; None: no constraint
     created: str = ""  # claim creationTimestamp
+    # Requests only a whole GPU (MIG mode off) serves: never planned for MIG (see the module's docstring).
+    whole: tuple[RequestDemand, ...] = ()
+
+    @property
+    def whole_gpus(self) -> int:
+        """Whole GPUs the claim waits for (its whole-GPU requests' counts); 0 when it is MIG demand only."""
+        return sum(r.whole_count() for r in self.whole)
+
+    def whole_by_model(self, models: frozenset[str] | None = None) -> dict[str, int]:
+        """Model -> whole GPUs of that model the claim waits for, for the models (of ``models``; None: all)
+        whose whole GPU serves every whole-GPU request. Empty when it has none. Pure."""
+        if not self.whole:
+            return {}
+        keys = [
+            k for k in self.whole[0].whole_models(models) if all(k in r.whole_models() for r in self.whole)
+        ]
+        return {k: sum(r.whole_count(k) for r in self.whole) for k in keys}
 
     @property
     def scheduler_error(self) -> str:
@@ -478,6 +550,26 @@ def claim_is_allocated(claim: Mapping[str, Any]) -> bool:
     return bool((claim.get("status") or {}).get("allocation"))
 
 
+def _split_whole(
+    requests: Sequence[RequestDemand],
+) -> tuple[tuple[RequestDemand, ...], tuple[RequestDemand, ...]]:
+    """(MIG requests, whole-GPU requests): a request only a whole GPU serves is kept out of the MIG ones;
+    one that matches nothing stays with them (and is reported as such). Pure."""
+    return tuple(r for r in requests if not r.whole_only), tuple(r for r in requests if r.whole_only)
+
+
+_WHOLE_CLASS = parse_device_classes([whole_device_class()])[WHOLE_CLASS_NAME]
+
+
+def with_whole_class(device_classes: Mapping[str, DeviceClass]) -> Mapping[str, DeviceClass]:
+    """``device_classes``, with the class ``gpu.dynamig.io`` as the operator would make it when it does not
+    exist: the operator makes it only while some governed GPU has MIG mode off, and a claim naming it before
+    then is whole-GPU demand all the same (it waits for a GPU with MIG mode off). Pure."""
+    if WHOLE_CLASS_NAME in device_classes:
+        return device_classes
+    return {**device_classes, WHOLE_CLASS_NAME: _WHOLE_CLASS}
+
+
 def extract_demand(
     claims: Iterable[Mapping[str, Any]],
     pods: Iterable[Mapping[str, Any]],
@@ -497,6 +589,7 @@ def extract_demand(
     targets: dict[str, bool] = {}
     pending: list[PendingClaim] = []
     allocated: set[str] = set()
+    claim_classes = with_whole_class(device_classes)
     for claim in claims:
         meta = claim["metadata"]
         cref = ClaimRef(str(meta.get("namespace", "")), str(meta["name"]), str(meta.get("uid", "")))
@@ -512,16 +605,17 @@ def extract_demand(
             subs = req.alternatives
             if not any(
                 targets.setdefault(
-                    s.device_class, class_targets_driver(device_classes.get(s.device_class), models)
+                    s.device_class, class_targets_driver(claim_classes.get(s.device_class), models)
                 )
                 for s in subs
             ):
                 continue
-            matches = tuple(match_sub_request(s, device_classes, models, product_names) for s in subs)
+            matches = tuple(match_sub_request(s, claim_classes, models, product_names) for s in subs)
             name = cref.key if len(requests) == 1 else f"{cref.key}/{req.name}"
             req_demands.append(RequestDemand(demand_name=name, request=req.name, matches=matches))
         if not req_demands:
             continue
+        mig, whole = _split_whole(req_demands)
         allowed_nodes = frozenset(
             n for n, labels in nodes.items() if all(pod_fits_node(p, n, labels) for p in claim_pods)
         )
@@ -530,9 +624,10 @@ def extract_demand(
             PendingClaim(
                 claim=cref,
                 pods=claim_pods,
-                requests=tuple(req_demands),
+                requests=mig,
                 nodes=allowed_nodes if constrained else None,
                 created=str(meta.get("creationTimestamp", "")),
+                whole=whole,
             )
         )
     pending += extended_resource_demand(pods, device_classes, models, nodes, product_names, targets)
@@ -573,12 +668,14 @@ def extended_resource_demand(
             req_demands.append(RequestDemand(demand_name=name, request=resource, matches=(match,)))
         if not req_demands:
             continue
+        mig, whole = _split_whole(req_demands)
         constrained = bool(ref.node_selector or ref.required_terms)
         out.append(
             PendingClaim(
                 claim=ClaimRef(ref.namespace, ref.name, ref.uid, kind="Pod"),
                 pods=(ref,),
-                requests=tuple(req_demands),
+                requests=mig,
+                whole=whole,
                 nodes=frozenset(n for n, labels in nodes.items() if pod_fits_node(ref, n, labels))
                 if constrained
                 else None,

@@ -8,6 +8,11 @@ operator sees, and it is the one that can see a class of another owner. kube-sch
 from the newest class that names it (k8s.io/dynamic-resource-allocation v0.37.2, extendedresourcecache), so a
 class dynamig did not make that already names the resource (the NVIDIA DRA driver's, a person's) is never
 contested: dynamig makes none for that profile, removes its own if it has one, and says so.
+
+Whole GPUs are kept the same way: while some GPU a policy governs has MIG mode off (and is published whole,
+``gpu<index>``, profile ``whole``), the operator keeps the class ``gpu.dynamig.io`` serving ``nvidia.com/gpu``
+(:func:`dynamig.kube.devices.whole_device_class`); :func:`class_changes` takes it as the pseudo-profile
+``whole`` (``WHOLE_PROFILE``), under the same label, the same never-contest rule and the same removal.
 """
 
 from __future__ import annotations
@@ -16,8 +21,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dynamig.kube.devices import profile_device_class
-from dynamig.kube.names import PROFILE_ANNOTATION, PROFILE_CLASS_LABEL, extended_resource_name
+from dynamig.kube.devices import profile_device_class, whole_device_class
+from dynamig.kube.names import (
+    PROFILE_ANNOTATION,
+    PROFILE_CLASS_LABEL,
+    WHOLE_GPU_RESOURCE,
+    WHOLE_PROFILE,
+    extended_resource_name,
+)
 from dynamig.kube.policy import GpuPartitionPolicy
 from dynamig.operator.inventory import GpuView
 
@@ -40,6 +51,25 @@ def offered_profiles(
     return {profile: tuple(sorted(names)) for profile, names in sorted(out.items())}
 
 
+def whole_offered(
+    policies: Sequence[GpuPartitionPolicy], gpus: Iterable[GpuView], owner: Mapping[str, str]
+) -> tuple[str, ...]:
+    """The policies governing some GPU with MIG mode off (served whole, ``gpu.dynamig.io``), by name. Pure."""
+    names = {p.name for p in policies}
+    return tuple(sorted({owner[g.name] for g in gpus if g.whole and owner.get(g.name) in names}))
+
+
+def served_resource(profile: str) -> str:
+    """The extended resource the class of ``profile`` serves: ``nvidia.com/gpu`` for ``whole``, the device
+    plugin's MIG name otherwise. Pure."""
+    return WHOLE_GPU_RESOURCE if profile == WHOLE_PROFILE else extended_resource_name(profile)
+
+
+def desired_class(profile: str) -> dict[str, Any]:
+    """dynamig's DeviceClass for ``profile`` (``whole``: the whole-GPU class). Pure."""
+    return whole_device_class() if profile == WHOLE_PROFILE else profile_device_class(profile)
+
+
 @dataclass(frozen=True)
 class ClassChanges:
     """What to write so the profile classes match the offered profiles."""
@@ -56,7 +86,8 @@ class ClassChanges:
 
 def class_changes(profiles: Iterable[str], existing: Iterable[Mapping[str, Any]]) -> ClassChanges:
     """The writes that make the cluster's DeviceClasses (``existing``, every class) hold one of dynamig's
-    profile classes per profile in ``profiles`` and none other, contesting no class of another owner. Pure."""
+    profile classes per profile in ``profiles`` (``whole``: the whole-GPU class) and none other, contesting
+    no class of another owner. Pure."""
     ours: dict[str, Mapping[str, Any]] = {}
     others_by_resource: dict[str, str] = {}
     others_by_name: set[str] = set()
@@ -74,8 +105,8 @@ def class_changes(profiles: Iterable[str], existing: Iterable[Mapping[str, Any]]
     refused: dict[str, str] = {}
     wanted = set(profiles)
     for profile in sorted(wanted):
-        desired = profile_device_class(profile)
-        other = others_by_resource.get(extended_resource_name(profile))
+        desired = desired_class(profile)
+        other = others_by_resource.get(served_resource(profile))
         if other is None and desired["metadata"]["name"] in others_by_name:
             other = desired["metadata"]["name"]  # the name is taken by a class that is not ours
         if other is not None:

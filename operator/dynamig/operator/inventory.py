@@ -66,6 +66,9 @@ class GpuView:
     floor_held: str = ""
     # Placements kept for waiting claims (spec.holds): planned as busy, with nothing else over their slices.
     holds: tuple[PlacedInstance, ...] = ()
+    # MIG mode Disabled: the agent publishes the GPU whole (``gpu<index>``, profile ``whole``); it is still
+    # unusable for MIG layouts (``unusable`` says so), but serves whole-GPU claims (gpu.dynamig.io).
+    whole: bool = False
 
     @property
     def partitionable(self) -> bool:
@@ -201,6 +204,7 @@ def _gpu_view(
         offered=tuple(gp.spec.offered_profiles) if gp.spec.offered_profiles is not None else None,
         floor_held=floor_held,
         holds=tuple(h.placed() for h in gp.spec.holds if model is not None and h.fits(model)),
+        whole=st.mig_mode is MigMode.DISABLED,
     )
 
 

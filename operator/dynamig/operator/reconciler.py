@@ -30,7 +30,7 @@ from dynamig.kube.apicalls import is_transient, status_of
 from dynamig.kube.events import gpu_partition_ref
 from dynamig.kube.gpupartition import AutoPlacementsSpec, Condition, layout_summary, set_condition
 from dynamig.kube.heartbeat import Sighting, agent_leases, next_silence, sightings, silent_agents
-from dynamig.kube.names import GROUP_VERSION, POLICY_KIND, extended_resource_name
+from dynamig.kube.names import GROUP_VERSION, POLICY_KIND, WHOLE_PROFILE
 from dynamig.kube.policy import (
     GpuPartitionPolicy,
     Mode,
@@ -51,7 +51,7 @@ from dynamig.operator.decide import (
     decide_round,
 )
 from dynamig.operator.demand import PendingClaim, extract_demand, parse_device_classes
-from dynamig.operator.extended import class_changes, offered_profiles
+from dynamig.operator.extended import class_changes, offered_profiles, served_resource, whole_offered
 from dynamig.operator.inventory import LAYOUT_WRITTEN_ANNOTATION, GpuView, allocated_devices, parse_inventory
 from dynamig.operator.kubeio import KubeIO, Snapshot
 from dynamig.operator.metrics import OperatorMetrics
@@ -105,14 +105,29 @@ def assign_claims(
     pending: tuple[PendingClaim, ...],
 ) -> dict[str, str]:
     """Each pending claim goes to the first policy (oldest, then by name) with a GPU on an allowed node whose
-    model has a profile the claim accepts; a claim none can serve goes to the oldest policy, which reports
-    why. Pure."""
+    model has a profile the claim accepts (for a claim of whole GPUs: a GPU with MIG mode off of a model
+    whose whole GPU it accepts, else any GPU of such a model); a claim none can serve goes to the oldest
+    policy, which reports why. Pure."""
     ordered = sorted(policies, key=lambda p: p.precedence)
     out: dict[str, str] = {}
     if not ordered:
         return out
     for claim in pending:
         chosen = ordered[0].name
+        if claim.whole and not claim.requests:
+            wanted = claim.whole_by_model()
+            candidates = [
+                (pol.name, g)
+                for pol in ordered
+                for g in gpus
+                if ownership.owner.get(g.name) == pol.name
+                and g.model is not None
+                and g.model.key in wanted
+                and (claim.nodes is None or g.node in claim.nodes)
+            ]
+            fallback = candidates[0][0] if candidates else chosen
+            out[claim.claim.key] = next((p for p, g in candidates if g.whole), fallback)
+            continue
         for pol in ordered:
             mine = [g for g in gpus if ownership.owner.get(g.name) == pol.name and g.model is not None]
             if any(
@@ -390,13 +405,17 @@ class Reconciler:
         return world
 
     async def _keep_profile_classes(self, world: World, snap: Snapshot) -> None:
-        """One DeviceClass per offered profile for pods asking the device plugin's resource names
-        (operator/extended.py); a Warning Event on the policies offering a profile whose name another
-        owner's class already serves. A refusal to write (RBAC) is logged and the round goes on."""
+        """One DeviceClass per offered profile for pods asking the device plugin's resource names, and the
+        whole-GPU class ``gpu.dynamig.io`` (``nvidia.com/gpu``) while a governed GPU has MIG mode off
+        (operator/extended.py); a Warning Event on the policies offering a profile (or whole GPUs) whose name
+        another owner's class already serves. A refusal to write (RBAC) is logged and the round goes on."""
         if not self.settings.device_plugin_classes:
             offered: dict[str, tuple[str, ...]] = {}  # and any made before are removed
         else:
             offered = offered_profiles(world.policies, world.gpus, world.ownership.owner)
+            whole = whole_offered(world.policies, world.gpus, world.ownership.owner)
+            if whole:
+                offered[WHOLE_PROFILE] = whole
         changes = class_changes(offered, snap.device_classes)
         if changes.writes:
             try:
@@ -414,9 +433,10 @@ class Reconciler:
             if self._memory.taken.get(profile) == other:
                 continue
             self._memory.taken[profile] = other
+            what = "whole GPU (MIG mode off)" if profile == WHOLE_PROFILE else profile
             text = (
-                f"{extended_resource_name(profile)} is already served by DeviceClass {other}, which dynamig "
-                f"did not make: pods asking for it get that class's devices, not a {profile} of this policy; "
+                f"{served_resource(profile)} is already served by DeviceClass {other}, which dynamig "
+                f"did not make: pods asking for it get that class's devices, not a {what} of this policy; "
                 f"delete {other} to let dynamig serve it"
             )
             log.warning("%s", text)
@@ -741,7 +761,7 @@ class Reconciler:
         counts: dict[tuple[str, str], int] = {}
         for v in decision.verdicts:
             key = (v.profile or "none", v.reason.value)
-            counts[key] = counts.get(key, 0) + sum(r.count for r in v.claim.requests)
+            counts[key] = counts.get(key, 0) + v.devices
         self.metrics.set_pending(name, counts)
         created = [parse_time(v.claim.created) for v in decision.verdicts]
         oldest = max((now - t for t in created if t is not None), default=0.0)

@@ -18,7 +18,8 @@ What a claim's spec holds:
 - per device: the three device nodes of that MIG instance, and ``DYNAMIG_MIG_UUIDS=<uuid>[,<uuid>...]``:
   the MIG UUIDs of every device of the same request (CDI env entries of one name do not merge, so each
   device carries the whole list). It tells the workload which slice it got without being a variable any
-  NVIDIA component acts on.
+  NVIDIA component acts on. A whole GPU (MIG mode off) is its one node ``/dev/nvidia<minor>`` (as the
+  toolkit's ``newFullGPUDiscoverer`` gives it) and ``DYNAMIG_GPU_UUIDS``, the GPU UUIDs of its request.
 - ``cdiVersion``: the lowest version the content requires (``cdi_validation.required_version``), as
   ``nvidia-ctk`` does.
 
@@ -52,6 +53,7 @@ CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
 SPEC_PREFIX = f"{CDI_VENDOR}-{CDI_CLASS}_"
 # Per-device variable with the MIG UUIDs of the device's request; NVIDIA_VISIBLE_DEVICES stays "void".
 MIG_UUIDS_ENV = "DYNAMIG_MIG_UUIDS"
+GPU_UUIDS_ENV = "DYNAMIG_GPU_UUIDS"  # the same for whole GPUs
 # Control nodes every MIG device needs; in the base spec's common edits, else added by ``build_spec``.
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm")
 
@@ -76,7 +78,7 @@ class CdiDevice:
     """One MIG instance of a claim, as it goes into the claim's CDI spec."""
 
     instance: PreparedInstance
-    minors: CapabilityMinors
+    minors: CapabilityMinors | None  # None for a whole GPU: no capability nodes
     # MIG UUIDs of every device of the same request (NVIDIA_VISIBLE_DEVICES takes a list; a container that
     # references the request must see all of them, and CDI env entries do not merge).
     request_uuids: tuple[str, ...] = ()
@@ -116,16 +118,21 @@ def _read_minor(path: Path) -> int:
         raise CapabilityError(f"capability file {path} has no 'DeviceFileMinor: N' line") from None
 
 
-def read_capability_minors(proc_root: Path, instance: PreparedInstance) -> CapabilityMinors:
-    """Reads the GI and CI capability minors of ``instance``. Side effect: reads procfs."""
+def read_capability_minors(proc_root: Path, instance: PreparedInstance) -> CapabilityMinors | None:
+    """Reads the GI and CI capability minors of ``instance`` (None for a whole GPU, which has none). Side
+    effect: reads procfs."""
+    if instance.whole_gpu:
+        return None
     gi = _read_minor(gi_access_path(proc_root, instance.gpu_minor, instance.gi_id))
     ci = _read_minor(ci_access_path(proc_root, instance.gpu_minor, instance.gi_id, instance.ci_id))
     return CapabilityMinors(gi_access=gi, ci_access=ci)
 
 
-def device_nodes(instance: PreparedInstance, minors: CapabilityMinors) -> tuple[str, ...]:
-    """Device node paths under ``/dev`` of the instance itself (not the control nodes), parent GPU first.
-    Pure."""
+def device_nodes(instance: PreparedInstance, minors: CapabilityMinors | None) -> tuple[str, ...]:
+    """Device node paths under ``/dev`` of the instance itself (not the control nodes), parent GPU first;
+    a whole GPU's one node. Pure."""
+    if minors is None:
+        return (f"nvidia{instance.gpu_minor}",)
     return (
         f"nvidia{instance.gpu_minor}",
         f"nvidia-caps/nvidia-cap{minors.gi_access}",
@@ -151,13 +158,15 @@ def parse_char_major(proc_devices: str, name: str) -> int | None:
     return None
 
 
-def create_capability_nodes(dev_root: Path, proc_root: Path, minors: CapabilityMinors) -> list[Path]:
+def create_capability_nodes(dev_root: Path, proc_root: Path, minors: CapabilityMinors | None) -> list[Path]:
     """Creates missing ``nvidia-caps/nvidia-cap<N>`` nodes (mode 0444, as ``nvidia-modprobe`` makes them)
     for the driver's ``nvidia-caps`` character device major. Returns the nodes created. Side effect: mknod.
 
     The driver creates a capability's procfs entry when the instance appears, but its ``/dev`` node only when
     something asks for it; on a node where nothing did, the container would get a dangling device.
     """
+    if minors is None:
+        return []
     wanted = [dev_root / "nvidia-caps" / f"nvidia-cap{m}" for m in (minors.gi_access, minors.ci_access)]
     missing = [p for p in wanted if not p.exists()]
     if not missing:
@@ -215,12 +224,14 @@ def build_spec(
     cdi_devices: list[dict[str, Any]] = []
     for dev in devices:
         inst = dev.instance
-        uuids = ",".join(dev.request_uuids or (inst.mig_uuid,))
+        own = inst.parent_uuid if inst.whole_gpu else inst.mig_uuid
+        uuids = ",".join(dev.request_uuids or (own,))
+        env = GPU_UUIDS_ENV if inst.whole_gpu else MIG_UUIDS_ENV
         cdi_devices.append(
             {
                 "name": cdi_device_name(claim_uid, inst.device_name),
                 "containerEdits": {
-                    "env": [f"{MIG_UUIDS_ENV}={uuids}"],
+                    "env": [f"{env}={uuids}"],
                     "deviceNodes": _node_edits(device_nodes(inst, dev.minors), dev_root),
                 },
             }

@@ -226,8 +226,9 @@ class MigDriver:
     ) -> tuple[tuple[PreparedDevice, ...], dict[str, Any]]:
         pairs = list(zip(allocated, instances, strict=True))
         uuids_by_request: dict[str, list[str]] = {}
-        for d, i in pairs:
-            uuids_by_request.setdefault(d.base_request, []).append(i.mig_uuid)
+        for d, i in pairs:  # per request and kind: MIG UUIDs and whole GPUs' UUIDs go in separate variables
+            key = f"{d.base_request}/{i.whole_gpu}"
+            uuids_by_request.setdefault(key, []).append(i.parent_uuid if i.whole_gpu else i.mig_uuid)
         cdi_devices: list[cdi.CdiDevice] = []
         prepared: list[PreparedDevice] = []
         s = self._settings
@@ -246,10 +247,11 @@ class MigDriver:
             missing = cdi.missing_device_nodes(s.dev_root, nodes)
             if missing:
                 raise InstanceError(
-                    f"device {d.device} ({inst.mig_uuid}): device node(s) missing on the node: "
-                    + ", ".join(str(p) for p in missing)
+                    f"device {d.device} ({inst.mig_uuid or inst.parent_uuid}): device node(s) missing on the "
+                    "node: " + ", ".join(str(p) for p in missing)
                 )
-            cdi_devices.append(cdi.CdiDevice(inst, minors, tuple(uuids_by_request[d.base_request])))
+            request_uuids = tuple(uuids_by_request[f"{d.base_request}/{inst.whole_gpu}"])
+            cdi_devices.append(cdi.CdiDevice(inst, minors, request_uuids))
             prepared.append(
                 PreparedDevice(
                     request_names=(d.base_request,),

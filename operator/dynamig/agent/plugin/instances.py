@@ -16,14 +16,19 @@ class PreparedInstance:
     """A MIG instance that exists, with what the CDI spec needs to hand it to a container."""
 
     device_name: str  # DRA device name, e.g. "gpu0-1g10gb-s6"
-    mig_uuid: str  # "MIG-..." as NVML reports it; becomes NVIDIA_VISIBLE_DEVICES
+    mig_uuid: str  # "MIG-..." as NVML reports it; empty for a whole GPU
     parent_uuid: str  # "GPU-..." of the physical GPU
     gpu_index: int  # NVML index of the parent GPU
     gpu_minor: int  # minor number of the parent GPU: /dev/nvidia<minor>, capabilities/gpu<minor>
     gi_id: int  # GPU instance id on the parent
     ci_id: int  # compute instance id inside the GI
-    profile: str = ""  # "1g.10gb"
+    profile: str = ""  # "1g.10gb"; "whole" for a GPU whose MIG mode is off (no GI, no CI: ids are -1)
     placement_start: int = -1
+
+    @property
+    def whole_gpu(self) -> bool:
+        """The whole GPU (MIG mode off): reached through ``/dev/nvidia<minor>`` alone."""
+        return self.gi_id < 0
 
 
 class InstanceError(Exception):

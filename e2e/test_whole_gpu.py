@@ -1,0 +1,139 @@
+"""Whole GPUs on the real scheduler: a GPU whose MIG mode is off is one device, booked and bound at once.
+
+Real: etcd, kube-apiserver, kube-scheduler (DRA allocation from the node's ResourceSlices), the
+kube-controller-manager (claims made from templates, removed with their pods), the node agent's whole loop
+over the NVML code path. Simulated: the GPUs (simnvml: two H100-80GB with MIG mode off) and the node (no
+kubelet: pods bind, never run). Both inventories: the whole GPU is published without counters or binding
+conditions in either, so nothing is cut and nothing waits on an answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from dynamig.agent.nvml_device import NvmlDevices
+from dynamig.demo.cluster import ScenarioApi, device_plugin_pod
+from dynamig.demo.inprocess import agent_running, quick_agent_settings
+from dynamig.devcluster import ControlPlane, eventually
+from dynamig.geometry.catalog import load_catalog
+from dynamig.kube.devices import whole_device_class
+from dynamig.kube.gpupartition import Inventory
+
+pytestmark = pytest.mark.controlplane
+
+
+async def _whole_published(k: ScenarioApi, node: str) -> dict[str, dict[str, Any]] | None:
+    res = await k.custom.list_cluster_custom_object(
+        "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node}"
+    )
+    devices = {d["name"]: d for s in res["items"] for d in s["spec"].get("devices") or []}
+    return devices if {"gpu0", "gpu1"} <= set(devices) else None
+
+
+async def _bound(k: ScenarioApi, pod: str) -> str | None:
+    """The node ``pod`` is bound to, or None while pending."""
+    got = await k.core.read_namespaced_pod(pod, k.ns)
+    return got.spec.node_name or None
+
+
+@pytest.mark.parametrize("inventory", [Inventory.PARTITIONABLE, Inventory.INSTANCES])
+async def test_whole_gpu_pods_bind_at_once_on_mig_off_gpus_and_nothing_is_cut(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+    inventory: Inventory,
+) -> None:
+    k = ScenarioApi(kube_api, namespace)
+    await k.ensure_device_class()
+    sim.configure(gpus=["H100-80GB", "H100-80GB"], state_file=None, mig_enabled=False)
+    node = make_node("whole", labels={"dynamig.io/managed": "true"})
+    where = {"kubernetes.io/hostname": node}
+    settings = dataclasses.replace(quick_agent_settings(node), inventory=inventory)
+    async with agent_running(kube_api, node, sim, settings):
+        devices = await eventually(functools.partial(_whole_published, k, node), "both whole GPUs published")
+        for d in devices.values():
+            assert "bindingConditions" not in d and "consumesCounters" not in d
+        await k.claim_template("whole", ["whole"])
+        await k.claim_template("slice", ["1g.10gb"])
+        created = time.monotonic()
+        await k.pod("train-a", "whole", where)
+        bound = functools.partial(_bound, k, "train-a")
+        assert await eventually(bound, "the first whole-GPU pod bound", every_s=0.02) == node
+        print(f"\n{inventory.value}: whole-GPU pod created -> bound in {time.monotonic() - created:.2f}s")
+        await k.pod("train-b", "whole", where)
+        await eventually(functools.partial(_bound, k, "train-b"), "the second whole-GPU pod bound")
+        got = {}
+        for pod in ("train-a", "train-b"):
+            claim = await k.claim_of(pod)
+            assert claim is not None
+            (result,) = claim["status"]["allocation"]["devices"]["results"]
+            assert result["pool"] == node and "bindingConditions" not in result
+            got[pod] = result["device"]
+        assert sorted(got.values()) == ["gpu0", "gpu1"]  # one GPU each, never the same one twice
+
+        # Every whole GPU is taken: a third waits, and so does a MIG slice (MIG mode is off, nothing is
+        # cut and the mode is never changed).
+        await k.pod("train-c", "whole", where)
+        await k.pod("small", "slice", where)
+        await eventually(functools.partial(k.unschedulable, "train-c"), "the third whole-GPU pod waits")
+        await eventually(functools.partial(k.unschedulable, "small"), "the MIG pod waits")
+
+        async def both_allocated() -> list[dict[str, Any]] | None:
+            parts = [await k.partition(f"{node}-gpu{i}") for i in (0, 1)]
+            whole = [(p.get("status") or {}).get("wholeGpu") or {} for p in parts]
+            return parts if all(w.get("state") == "allocated" for w in whole) else None
+
+        parts = await eventually(both_allocated, "both GPUs reported allocated on their GpuPartitions")
+        for p in parts:
+            st = p["status"]
+            assert st["migMode"] == "Disabled" and st["layoutSummary"] == "whole", st
+            assert st["wholeGpu"]["claims"], st["wholeGpu"]
+        if inventory is Inventory.PARTITIONABLE:  # bound without an answer: reported after the fact
+
+            async def reported() -> dict[str, Any] | None:
+                claim = await k.claim_of("train-a")
+                return next(iter(((claim or {}).get("status") or {}).get("devices") or []), None)
+
+            entry = await eventually(reported, "the GPU UUID reported in the claim")
+            index = int(got["train-a"].removeprefix("gpu"))
+            assert entry["data"] == {"uuid": parts[index]["status"]["uuid"], "profile": "whole"}
+
+        # One ends: its GPU goes to the pod that waited.
+        await k.delete_pods(["train-a"])
+        await eventually(functools.partial(_bound, k, "train-c"), "the waiting pod bound on the freed GPU")
+        claim = await k.claim_of("train-c")
+        assert claim is not None
+        assert claim["status"]["allocation"]["devices"]["results"][0]["device"] == got["train-a"]
+        assert await k.unschedulable("small")
+
+        # A pod written for the device plugin (nvidia.com/gpu: 1, no claim) is served a whole GPU through the
+        # class gpu.dynamig.io (DRAExtendedResource: the scheduler makes its claim from the class).
+        with contextlib.suppress(ApiException):  # 409: made by another test
+            await k.resource.create_device_class(whole_device_class())
+        await k.delete_pods(["train-b"])
+        pod = device_plugin_pod("legacy", where, resource="nvidia.com/gpu")
+        await k.core.create_namespaced_pod(namespace, pod)
+        await eventually(functools.partial(_bound, k, "legacy"), "the nvidia.com/gpu pod bound", within_s=60)
+        claim = await k.claim_of("legacy")
+        assert claim is not None
+        assert claim["status"]["allocation"]["devices"]["results"][0]["device"] == got["train-b"]
+
+    assert [e.kind for e in sim.history() if e.kind.startswith(("create", "destroy"))] == []
+    devices_now = NvmlDevices(sim, load_catalog())
+    devices_now.init()
+    try:
+        assert [g.mig_current for g in devices_now.gpus()] == [0, 0]
+    finally:
+        devices_now.shutdown()
