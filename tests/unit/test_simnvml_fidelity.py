@@ -280,6 +280,13 @@ def processes_on_a_gpu_with_mig_off() -> None:
     assert nv.nvmlDeviceGetComputeRunningProcesses(other) == []
 
 
+def set_mig_mode_activates_on_an_idle_hopper() -> None:
+    """The agent's switch; every other activation status is checked in test_simnvml_migmode.py."""
+    w = _world(mig_enabled=False)
+    assert nv.nvmlDeviceSetMigMode(w.parent, pynvml.NVML_DEVICE_MIG_ENABLE) == pynvml.NVML_SUCCESS
+    assert list(nv.nvmlDeviceGetMigMode(w.parent)) == [1, 1]
+
+
 def destroy_ci_in_use() -> None:
     w = _world()
     nv.attach_process(nv.nvmlDeviceGetUUID(_mig_of(w, w.gi_big, w.ci_big)), 7)
@@ -632,6 +639,9 @@ CASES = [
     Case("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v3",
          "This function returns information only about compute running processes (e.g. CUDA application "
          "which have active context).", processes_on_a_gpu_with_mig_off),
+    Case("nvmlDeviceSetMigMode", "nvmlDeviceSetMigMode",
+         "This API may unbind or reset the device to activate the requested mode.",
+         set_mig_mode_activates_on_an_idle_hopper),
     Case("nvmlDeviceGetArchitecture", "nvmlDeviceGetArchitecture",
          "Reference where architecture is returned, if call successful.", architecture_of_the_device),
     Case("nvmlDeviceGetCudaComputeCapability", "nvmlDeviceGetCudaComputeCapability",

@@ -18,9 +18,10 @@ from typing import Any
 
 from dynamig.agent.gpu_status import Problem, refusal
 from dynamig.agent.kubeapi import claim_ref, claim_results
+from dynamig.agent.modeswitch import wants_switch
 from dynamig.agent.nvml_device import GpuInfo
 from dynamig.kube.answers import unanswered
-from dynamig.kube.gpupartition import GpuPartition
+from dynamig.kube.gpupartition import GpuPartition, Reason
 from dynamig.kube.names import gpu_partition_name
 
 Claims = Sequence[Mapping[str, Any]]
@@ -67,6 +68,11 @@ def refusals(
         if owner is None and gpu.uuid in foreign:
             owner = f"driver {foreign[gpu.uuid]} publishes MIG devices of this GPU"
         part = parts.get(gpu_partition_name(node, gpu.index), no_partition)
-        return refusal(gpu, part, owner)
+        problem = refusal(gpu, part, owner)
+        if problem is None and wants_switch(gpu, part.spec.mig_mode):
+            # withdrawn for a MIG mode switch (agent/modeswitch.py): a booking from an older slice fails
+            wanted = part.spec.mig_mode.value if part.spec.mig_mode else ""
+            return Reason.MIG_MODE_DRAINING, f"GPU {gpu.index} is being switched to MIG mode {wanted}"
+        return problem
 
     return refuse

@@ -62,6 +62,7 @@ from dynamig.agent.kubeapi import (
     node_facts,
 )
 from dynamig.agent.metrics import AgentMetrics
+from dynamig.agent.modeswitch import ModeSwitcher, Step, switch_status, wants_switch
 from dynamig.agent.nvml_device import GpuInfo, MigInstance, NvmlDevices
 from dynamig.agent.ownership import foreign_mig_owners, node_is_managed, node_mig_owner
 from dynamig.agent.prepared import PreparedDevices
@@ -80,6 +81,7 @@ from dynamig.kube.gpupartition import (
     GpuPartition,
     Hold,
     Inventory,
+    MigModeRequest,
     Phase,
     Reason,
     parse_gpu_partition,
@@ -215,6 +217,7 @@ class NodeAgent:
         )  # fmt: skip
         self.answerer.progress = self.progressed
         self.reporter = NodeReporter(api, metrics, settings.node, settings.events_namespace)
+        self.modes = ModeSwitcher(devices, api, settings.node, settings.driver, clock)
         self.health = DeviceHealth(
             settings.node, settings.xid_effect, settings.xid_clear_after_seconds
         )  # faults from XID events: the publisher taints or withdraws their devices
@@ -562,9 +565,27 @@ class NodeAgent:
         uninstalling nothing is offered, so free instances beyond spec.layout are not kept for bookings."""
         node, inventory = self.settings.node, self.support.inventory if self.support else None
         problem = refusal(gpu, part, owner)
-        if problem is not None and problem[0] == Reason.MIG_DISABLED:
+        request = None if leaving else part.spec.mig_mode
+        switchable = problem is None or problem[0] in (Reason.MIG_DISABLED, Reason.MIG_MODE_PENDING)
+        # A switch starts from the mode NVML reports current: whole -> MIG from the whole GPU, MIG -> whole by
+        # retiring the instances (never for a pending disable someone else asked while MIG is on).
+        switching = (
+            switchable
+            and gpu.model is not None
+            and wants_switch(gpu, request)
+            and (not gpu.mig_current or request is MigModeRequest.DISABLED)
+        )
+        if not switching:
+            self.modes.forget(gpu)
+        if (switching and not gpu.mig_current) or (problem is not None and problem[0] == Reason.MIG_DISABLED):
             whole = await asyncio.to_thread(self.devices.whole, gpu)
-            return whole_outcome(node, inventory, gpu, part, whole, claims, self.prepared, now_rfc3339())
+            outcome = whole_outcome(node, inventory, gpu, part, whole, claims, self.prepared, now_rfc3339())
+            if switching and request is not None:  # to MIG: withdrawn, switched once nothing uses it
+                to_mig = await self.modes.step(
+                    gpu, request, claims, self.prepared, whole.processes, self.settings.settle_seconds
+                )
+                return self._switched(outcome, part, to_mig)
+            return self._switched(outcome, part, (Step.DONE, "")) if request is not None else outcome
         if problem is not None or gpu.model is None:
             problem = problem or (Reason.UNKNOWN_MODEL, "unknown model")
             status = gpu_status(
@@ -572,9 +593,10 @@ class NodeAgent:
             )
             return GpuOutcome(part.name, status=refused_status(status, part, problem, now_rfc3339()))
 
-        model, keep = gpu.model, self.partitionable and not leaving
-        holds = () if leaving else valid_holds(model, part.spec.active_holds(time.time()))
-        desired = held_desired(model, part.spec.desired(), holds, self.partitionable)
+        model, keep = gpu.model, self.partitionable and not leaving and not switching
+        holds = () if leaving or switching else valid_holds(model, part.spec.active_holds(time.time()))
+        # Going whole: nothing desired, so the free instances are retired (withdrawn, settled, destroyed).
+        desired = () if switching else held_desired(model, part.spec.desired(), holds, self.partitionable)
         settle, now = self.settings.settle_seconds, self.clock()
         observed = self.reshaper.observe(instances, claims)
         for o in observed:
@@ -600,7 +622,7 @@ class NodeAgent:
         if started is not None:
             self.metrics.reshape_duration.labels(node).observe(max(0.0, self.clock() - started))
 
-        published, offer = set(plan.publish), None
+        published, offer = (set() if switching else set(plan.publish)), None
         auto = part.spec.auto_placements_per_profile
         limit = in_force(self.settings.placements_per_profile, auto.choice() if auto else None)
         if keep:
@@ -624,7 +646,7 @@ class NodeAgent:
             placements_per_profile=limit if offer else None,
         )  # fmt: skip
         status = status.model_copy(update={"holds": list(holds)})
-        return GpuOutcome(
+        outcome = GpuOutcome(
             name=part.name,
             status=status,
             busy=reshaping,
@@ -634,6 +656,28 @@ class NodeAgent:
             events=done.events,
             devices=[mig_device(gpu, i) for i in instances if i.placed in published],
         )
+        if request is None:
+            return outcome
+        step: tuple[Step, str] = (Step.DONE, "")
+        if switching:  # to whole: nothing published; the switch once the last instance is gone
+            outcome.published, outcome.inventory, outcome.devices = set(), None, []
+            if instances:  # retired as any free instance is; allocated and busy ones end first
+                self.modes.withdrawn(gpu, request)
+                step = (Step.WAIT, f"switching MIG off once its {len(instances)} MIG instance(s) are gone")
+            else:
+                step = await self.modes.step(
+                    gpu, request, claims, self.prepared, 0, self.settings.settle_seconds
+                )
+        return self._switched(outcome, part, step)
+
+    def _switched(self, outcome: GpuOutcome, part: GpuPartition, step: tuple[Step, str]) -> GpuOutcome:
+        """``outcome`` with the MigMode condition of ``spec.migMode``; while a switch is under way nothing
+        of the GPU is published and Ready says why."""
+        if outcome.status is not None:
+            outcome.status = switch_status(outcome.status, part, step[0], step[1], now_rfc3339())
+        if step[0] is not Step.DONE:
+            outcome.whole, outcome.busy = None, True
+        return outcome
 
     # --- act -----------------------------------------------------------------------------------------
 

@@ -567,6 +567,23 @@ class NvmlDevices:
                 gpu.index, gpu.model.profile(placed.profile), gi, self._mig_devices(h)
             ).processes
 
+    def set_mig_mode(self, gpu: GpuInfo, enable: bool) -> str:
+        """Asks NVML to switch ``gpu``'s MIG mode; the activation status's name: ``Success``, ``InUse`` or
+        ``ResetRequired``. Raises for the call's own errors (NOT_SUPPORTED, NO_PERMISSION, ...).
+
+        nvml.h ``nvmlDeviceSetMigMode``: "This API may unbind or reset the device to activate the requested
+        mode. Thus, the attributes associated with the device, such as minor number, might change. The caller
+        of this API is expected to query such attributes again." (the agent reads every GPU afresh each
+        round); "if device unbind fails because the device isn't idle, NVML_ERROR_IN_USE would be returned.
+        The caller of this API is expected to idle the device and retry setting the mode."; "activationStatus
+        would return NVML_ERROR_RESET_REQUIRED" where a reset is not exposed (pass-through VMs: a VM reboot
+        is required). Side effect: NVML."""
+        nv = self.nvml
+        mode = nv.NVML_DEVICE_MIG_ENABLE if enable else nv.NVML_DEVICE_MIG_DISABLE
+        with self._lock:
+            status = int(nv.nvmlDeviceSetMigMode(self._handle(gpu), mode))
+        return ACTIVATION.get(status, f"error {status}")
+
     def whole(self, gpu: GpuInfo) -> WholeGpu:
         """A GPU with MIG mode off as one device: its memory, architecture, CUDA compute capability and the
         compute processes running on it. Reads only; a fact NVML does not give (NOT_SUPPORTED on an older
@@ -591,6 +608,9 @@ class NvmlDevices:
         device = WholeGpuDevice(gpu.index, gpu.product, gpu.uuid, memory, arch, capability)
         return WholeGpu(device, processes)
 
+
+# nvml.h nvmlReturn_t values nvmlDeviceSetMigMode's activationStatus takes, by name.
+ACTIVATION = {0: "Success", 19: "InUse", 16: "ResetRequired"}
 
 # nvml.h nvmlDeviceArchitecture_t: NVML_DEVICE_ARCH_<NAME>, by value.
 ARCHITECTURES = {

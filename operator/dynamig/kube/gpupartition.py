@@ -63,6 +63,9 @@ class ConditionType(StrEnum):
     # devices are tainted in the node's slices (dynamig.agent.devicehealth)
     DEVICES_HEALTHY = "DevicesHealthy"
     UNINSTALLED = "Uninstalled"  # the agent withdrew this GPU and removed its files from the node
+    # spec.migMode is what NVML reports (True), or why not yet (False: draining for the switch, waiting
+    # for the GPU to go idle, a reset the platform does not expose); absent while spec.migMode is unset
+    MIG_MODE = "MigMode"
 
 
 class Reason(StrEnum):
@@ -88,6 +91,10 @@ class Reason(StrEnum):
     GPU_LOST = "GpuLost"
     GPU_REPLACED = "GpuReplaced"
     WHOLE_GPU = "WholeGpu"  # MIG mode is off: the GPU is published whole
+    MIG_MODE_SWITCHED = "MigModeSwitched"  # NVML reports spec.migMode
+    MIG_MODE_DRAINING = "MigModeDraining"  # devices withdrawn; waiting for them to end, then the switch
+    MIG_MODE_GPU_BUSY = "GpuNotIdle"  # NVML_ERROR_IN_USE: the switch is tried again once the GPU is idle
+    RESET_REQUIRED = "ResetRequired"  # NVML_ERROR_RESET_REQUIRED: a VM reboot is needed; never retried
     GPU_PRESENT = "GpuPresent"
     NVML_ERROR = "NvmlError"
     RECONCILE_ERROR = "ReconcileError"
@@ -154,8 +161,17 @@ class Hold(_Model):
         return f"{self.profile}@{self.start} for {self.claim}"
 
 
+class MigModeRequest(StrEnum):
+    """The MIG mode the operator (or a person) asks the agent to switch a GPU to (``spec.migMode``)."""
+
+    ENABLED = "Enabled"
+    DISABLED = "Disabled"
+
+
 class GpuPartitionSpec(_Model):
     layout: list[LayoutEntry] = Field(default_factory=list)
+    # The MIG mode wanted (agent/modeswitch.py switches once the GPU is idle); None: leave it as it is.
+    mig_mode: MigModeRequest | None = None
     # Partitionable inventory only: profiles whose free placements are offered to the scheduler as devices
     # to be cut on allocation. None or empty: only the instances that exist are offered.
     offered_profiles: list[str] | None = None
