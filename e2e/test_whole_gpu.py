@@ -137,3 +137,64 @@ async def test_whole_gpu_pods_bind_at_once_on_mig_off_gpus_and_nothing_is_cut(
         assert [g.mig_current for g in devices_now.gpus()] == [0, 0]
     finally:
         devices_now.shutdown()
+
+
+async def test_a_gpu_without_mig_is_served_whole_only_when_its_gpu_partition_asks(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+) -> None:
+    """An L4 (no MIG): left alone (UnknownModel, nothing published) until its GpuPartition asks
+    ``spec.migMode: Disabled`` (what a policy serving such GPUs writes); then one whole device, and a pod on
+    it; never offered as MIG. Withdrawn again when the request goes."""
+    k = ScenarioApi(kube_api, namespace)
+    await k.ensure_device_class()
+    sim.configure(gpus=["L4-24GB"], state_file=None)
+    node = make_node("l4", labels={"dynamig.io/managed": "true"})
+    gpu = f"{node}-gpu0"
+    async with agent_running(kube_api, node, sim, quick_agent_settings(node)):
+
+        async def refused() -> dict[str, Any] | None:
+            try:
+                part = await k.partition(gpu)
+            except ApiException:
+                return None
+            managed = next((c for c in part["status"].get("conditions") or [] if c["type"] == "Managed"), {})
+            return part if managed.get("reason") == "UnknownModel" else None
+
+        part = await eventually(refused, "the L4 left alone")
+        assert part["status"]["migMode"] == "Disabled" and "wholeGpu" not in part["status"]
+        assert await _devices(k, node) == {}
+        await k.custom.patch_cluster_custom_object(
+            "dynamig.io", "v1alpha1", "gpupartitions", gpu, {"spec": {"migMode": "Disabled"}},
+            _content_type="application/merge-patch+json",
+        )  # fmt: skip
+        served = functools.partial(_devices_named, k, node, {"gpu0"})
+        devices = await eventually(served, "the L4 served whole")
+        attrs = devices["gpu0"]["attributes"]
+        assert attrs["mig.dynamig.io/profile"] == {"string": "whole"}
+        assert attrs["mig.dynamig.io/productName"] == {"string": "NVIDIA L4"}
+        assert attrs["mig.dynamig.io/architecture"] == {"string": "Ada"}
+        await k.claim_template("whole", ["whole"])
+        await k.pod("infer", "whole", {"kubernetes.io/hostname": node})
+        assert await eventually(functools.partial(_bound, k, "infer"), "the pod bound on the L4") == node
+        await k.delete_pods(["infer"])
+        await k.custom.patch_cluster_custom_object(
+            "dynamig.io", "v1alpha1", "gpupartitions", gpu, {"spec": {"migMode": None}},
+            _content_type="application/merge-patch+json",
+        )  # fmt: skip
+        await eventually(functools.partial(_devices_named, k, node, set()), "withdrawn when no longer asked")
+
+
+async def _devices(k: ScenarioApi, node: str) -> dict[str, dict[str, Any]]:
+    res = await k.custom.list_cluster_custom_object(
+        "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node}"
+    )
+    return {d["name"]: d for s in res["items"] for d in s["spec"].get("devices") or []}
+
+
+async def _devices_named(k: ScenarioApi, node: str, names: set[str]) -> dict[str, dict[str, Any]] | None:
+    devices = await _devices(k, node)
+    return devices if set(devices) == names else None

@@ -62,7 +62,7 @@ from dynamig.agent.kubeapi import (
     node_facts,
 )
 from dynamig.agent.metrics import AgentMetrics
-from dynamig.agent.modeswitch import ModeSwitcher, Step, switch_status, wants_switch
+from dynamig.agent.modeswitch import ModeSwitcher, Step, switch_status, switch_step, wants_switch
 from dynamig.agent.nvml_device import GpuInfo, MigInstance, NvmlDevices
 from dynamig.agent.ownership import foreign_mig_owners, node_is_managed, node_mig_owner
 from dynamig.agent.prepared import PreparedDevices
@@ -577,7 +577,15 @@ class NodeAgent:
         )
         if not switching:
             self.modes.forget(gpu)
-        if (switching and not gpu.mig_current) or (problem is not None and problem[0] == Reason.MIG_DISABLED):
+        # A GPU without MIG (an L4, a T4: no catalog model, MIG mode NotSupported) is left alone unless its
+        # policy asks it served whole (spec.migMode Disabled); a MIG GPU with MIG off is served whole.
+        no_mig = problem is not None and problem[0] == Reason.UNKNOWN_MODEL and not gpu.mig_current
+        whole_by_policy = no_mig and request is MigModeRequest.DISABLED
+        if (
+            (switching and not gpu.mig_current)
+            or (problem is not None and problem[0] == Reason.MIG_DISABLED)
+            or whole_by_policy
+        ):
             whole = await asyncio.to_thread(self.devices.whole, gpu)
             outcome = whole_outcome(node, inventory, gpu, part, whole, claims, self.prepared, now_rfc3339())
             if switching and request is not None:  # to MIG: withdrawn, switched once nothing uses it
@@ -585,7 +593,9 @@ class NodeAgent:
                     gpu, request, claims, self.prepared, whole.processes, self.settings.settle_seconds
                 )
                 return self._switched(outcome, part, to_mig)
-            return self._switched(outcome, part, (Step.DONE, "")) if request is not None else outcome
+            if request is None:
+                return outcome
+            return self._switched(outcome, part, switch_step(gpu, request, (), None, 0.0, None))
         if problem is not None or gpu.model is None:
             problem = problem or (Reason.UNKNOWN_MODEL, "unknown model")
             status = gpu_status(
@@ -658,7 +668,7 @@ class NodeAgent:
         )
         if request is None:
             return outcome
-        step: tuple[Step, str] = (Step.DONE, "")
+        step = switch_step(gpu, request, (), None, 0.0, None)
         if switching:  # to whole: nothing published; the switch once the last instance is gone
             outcome.published, outcome.inventory, outcome.devices = set(), None, []
             if instances:  # retired as any free instance is; allocated and busy ones end first

@@ -65,7 +65,10 @@ def refusal(gpu: GpuInfo, part: GpuPartition, owner: str | None) -> Problem | No
     if owner is not None:
         return Reason.FOREIGN_MIG_OWNER, f"not managing this GPU: {owner}"
     if gpu.model is None:
-        return Reason.UNKNOWN_MODEL, f"GPU product {gpu.product!r} is not in the MIG catalog"
+        return Reason.UNKNOWN_MODEL, (
+            f"GPU product {gpu.product!r} is not in the MIG catalog (served whole only where its "
+            "GpuPartition asks spec.migMode Disabled)"
+        )
     if gpu.mig_current != gpu.mig_pending:
         return Reason.MIG_MODE_PENDING, "MIG mode change pending; the GPU needs a reset"
     if not gpu.mig_enabled:

@@ -30,7 +30,7 @@ import tarfile
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -575,6 +575,29 @@ class RealNode:
     def nvml_state(self) -> Path:
         """The simulated NVML's state file: the GPUs' MIG instances, kept across agent restarts."""
         return self.work_dir / "nvml-state.json"
+
+    def seed_nvml_state(self, gpus: str, *, mig_enabled: bool | Sequence[bool]) -> bool:
+        """Writes the simulated NVML's state file with ``gpus`` (``MODEL:COUNT``, as :meth:`agent_argv` takes
+        them) starting with MIG mode ``mig_enabled`` (one value, or one per GPU), for the agent to adopt, as
+        :func:`dynamig.devcluster.sandbox.seed_gpu_state` does for a sandbox node; call it before the first
+        :meth:`start_agent`. Seeded with the node's name, as the agent seeds it (the same GPU UUIDs). Leaves
+        an existing file as it is; True when written. Side effects: the file; the simulated NVML module of
+        this process is configured and reset."""
+        from dynamig.agent.main import parse_simulated_gpus
+        from dynamig.backends import simnvml
+
+        if self.nvml_state.exists():
+            return False
+        try:
+            simnvml.configure(
+                list(parse_simulated_gpus(gpus)),
+                state_file=self.nvml_state,
+                seed=self.name,
+                mig_enabled=mig_enabled,
+            )
+        finally:
+            simnvml.reset()
+        return True
 
     def agent_argv(self, gpus: str, kubeconfig: Path, *extra: str) -> list[str]:
         """``dynamig agent`` for this node as its DaemonSet would run it, over simulated NVML (``gpus`` as

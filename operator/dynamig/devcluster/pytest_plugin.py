@@ -21,6 +21,8 @@ Registered once from the repository's root ``conftest.py`` (``pytest_plugins = [
 - ``real_node`` (module): a :class:`~dynamig.devcluster.node.RealNode` (kubelet + containerd) registered in
   the session's control plane, with the CRDs and DeviceClass installed and its dynamig agent running over one
   simulated A100-80GB; its Node is deleted on teardown. It fails, never skips, when this host cannot run it.
+  :func:`running_real_node` starts the same over other simulated GPUs (MIG mode off, say), for a module's
+  own node fixture.
 
 A test using ``control_plane`` (directly or through these fixtures) is marked ``controlplane`` automatically,
 so ``pytest -m "not controlplane"`` runs everything that needs no Kubernetes.
@@ -33,7 +35,7 @@ import os
 import re
 import signal
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -226,22 +228,33 @@ def lagging_cluster(_lagging_cluster_session: LaggingCluster) -> Iterator[Laggin
         _lagging_cluster_session.proxy.reset()
 
 
-@pytest.fixture(scope="module")
-def real_node(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[RealNode]:
-    """A kubelet + containerd node with dynamig's agent (simulated GPUs, real device nodes); see above."""
+@contextlib.contextmanager
+def running_real_node(
+    control_plane: ControlPlane,
+    request: pytest.FixtureRequest,
+    gpus: str = REAL_NODE_GPUS,
+    *,
+    mig_enabled: bool | Sequence[bool] = True,
+    prefix: str = "real",
+) -> Iterator[RealNode]:
+    """What ``real_node`` yields, over other simulated GPUs: ``gpus`` (``MODEL:COUNT``) starting with MIG mode
+    ``mig_enabled`` (one value, or one per GPU: the node's simulated NVML state is seeded with it before its
+    agent first starts). For a module's own node fixture; the node is stopped and its Node deleted after."""
     from dynamig.devcluster.node import RealNode
     from dynamig.devcluster.sandbox import install
     from dynamig.kube.names import MANAGED_NODE_LABEL
 
     install(control_plane)
-    node = RealNode(control_plane, unique_name("real"))
+    node = RealNode(control_plane, unique_name(prefix))
     node.start()
     if node.start_seconds is not None:
         request.config.stash.setdefault(_NODE_STARTS_KEY, []).append(node.start_seconds)
     try:
         control_plane.kubectl("label", "node", node.name, f"{MANAGED_NODE_LABEL}=true")
+        if mig_enabled is not True:
+            node.seed_nvml_state(gpus, mig_enabled=mig_enabled)
         node.start_agent(
-            REAL_NODE_GPUS,
+            gpus,
             control_plane.kubeconfig_path,
             "--interval=0.5",
             "--settle-seconds=0.3",
@@ -252,3 +265,10 @@ def real_node(control_plane: ControlPlane, request: pytest.FixtureRequest) -> It
         node.stop()
         with contextlib.suppress(ApiError, OSError):
             control_plane.delete_node(node.name)
+
+
+@pytest.fixture(scope="module")
+def real_node(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[RealNode]:
+    """A kubelet + containerd node with dynamig's agent (simulated GPUs, real device nodes); see above."""
+    with running_real_node(control_plane, request) as node:
+        yield node
