@@ -174,9 +174,10 @@ class Offers:
             gpus: Sequence[GpuInventory],
             existing: list[dict[str, Any]] | None = None,
             claims: list[dict[str, Any]] | None = None,
+            whole: Sequence[dict[str, Any]] = (),
         ) -> bool:
             self.seen.append((time.time(), frozenset(d.name for d in published_devices_of(gpus))))
-            return await sync(gpus, existing, claims)
+            return await sync(gpus, existing, claims, whole)
 
         agent.publisher.sync_inventory = recorded  # type: ignore[method-assign]
 

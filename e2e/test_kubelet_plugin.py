@@ -459,6 +459,7 @@ async def test_a_whole_gpu_is_prepared_as_its_one_device_node(
     assert "gpu0" in node.agent.prepared
     await node.agent.reconcile_once()
     part = await node.agent.api.get_partition(f"{node.name}-gpu0")
+    assert part is not None
     assert part["status"]["wholeGpu"]["state"] == "in-use", part["status"]
     with pytest.raises(InstanceError, match="MIG mode is not enabled"):
         await node.instances.ensure("gpu0-1g10gb-s0")

@@ -123,8 +123,8 @@ async def test_whole_gpu_pods_bind_at_once_on_mig_off_gpus_and_nothing_is_cut(
         with contextlib.suppress(ApiException):  # 409: made by another test
             await k.resource.create_device_class(whole_device_class())
         await k.delete_pods(["train-b"])
-        pod = device_plugin_pod("legacy", where, resource="nvidia.com/gpu")
-        await k.core.create_namespaced_pod(namespace, pod)
+        legacy = device_plugin_pod("legacy", where, resource="nvidia.com/gpu")
+        await k.core.create_namespaced_pod(namespace, legacy)
         await eventually(functools.partial(_bound, k, "legacy"), "the nvidia.com/gpu pod bound", within_s=60)
         claim = await k.claim_of("legacy")
         assert claim is not None
@@ -161,7 +161,8 @@ async def test_a_gpu_without_mig_is_served_whole_only_when_its_gpu_partition_ask
                 part = await k.partition(gpu)
             except ApiException:
                 return None
-            managed = next((c for c in part["status"].get("conditions") or [] if c["type"] == "Managed"), {})
+            conditions = part["status"].get("conditions") or []
+            managed: dict[str, Any] = next((c for c in conditions if c["type"] == "Managed"), {})
             return part if managed.get("reason") == "UnknownModel" else None
 
         part = await eventually(refused, "the L4 left alone")

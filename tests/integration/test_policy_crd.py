@@ -86,6 +86,10 @@ def test_valid_spec_is_accepted_and_defaults_are_filled(policy_crd: ControlPlane
             "maxEvictionsPerHour": 60, "gpuCooldownSeconds": 300, "holdSeconds": 600,
             "spareAfterEvictions": 2,
         }  # fmt: skip
+        assert defaults["migMode"] == {
+            "policy": "Fixed", "allowReset": False, "minMigGpus": 0, "minWholeGpus": 0,
+            "cooldownSeconds": 600,
+        }  # fmt: skip
         table = policy_crd.kubectl("get", "gpupartitionpolicies", name).stdout
         header = table.splitlines()[0].split()
         assert header[:3] == ["NAME", "MODE", "GPUS"], table
@@ -163,6 +167,21 @@ def test_valid_spec_is_accepted_and_defaults_are_filled(policy_crd: ControlPlane
             "spec.preemption.spareAfterEvictions",
             "greater than or equal to 1",
         ),
+        # MIG mode: Fixed or Dynamic; floors and cooldown are counts; Dynamic cannot go with Static.
+        ({"migMode": {"policy": "Sometimes"}}, "spec.migMode.policy", "Unsupported value"),
+        ({"migMode": {"allowReset": "yes"}}, "spec.migMode.allowReset", "boolean"),
+        ({"migMode": {"minMigGpus": -1}}, "spec.migMode.minMigGpus", "greater than or equal to 0"),
+        ({"migMode": {"minWholeGpus": -1}}, "spec.migMode.minWholeGpus", "greater than or equal to 0"),
+        (
+            {"migMode": {"cooldownSeconds": 10_000_000}},
+            "spec.migMode.cooldownSeconds",
+            "less than or equal to 604800",
+        ),
+        (
+            {"mode": "Static", "warmPool": {}, "migMode": {"policy": "Dynamic"}},
+            "spec.migMode.policy",
+            "cannot be used with spec.mode Static",
+        ),
     ],
 )
 def test_invalid_spec_is_refused_naming_the_field(
@@ -175,3 +194,16 @@ def test_invalid_spec_is_refused_naming_the_field(
     assert proc.returncode != 0, f"accepted: {spec}"
     assert field in proc.stderr, proc.stderr
     assert words in proc.stderr, proc.stderr
+
+
+def test_a_dynamic_mig_mode_is_accepted_as_written(policy_crd: ControlPlane) -> None:
+    mig_mode = {
+        "policy": "Dynamic", "allowReset": True, "minMigGpus": 1, "minWholeGpus": 2, "cooldownSeconds": 0,
+    }  # fmt: skip
+    name, proc = _create(policy_crd, {**VALID, "migMode": mig_mode})
+    assert proc.returncode == 0, proc.stderr
+    try:
+        obj = json.loads(policy_crd.kubectl("get", "gpp", name, "-o", "json").stdout)
+        assert obj["spec"]["migMode"] == mig_mode
+    finally:
+        policy_crd.kubectl("delete", "gpp", name, check=False)

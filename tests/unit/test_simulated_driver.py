@@ -182,6 +182,7 @@ def test_char_devices_carry_the_numbers_the_driver_documents(devices: NvmlDevice
     assert numbers(dev / "nvidia-modeset") == (195, 254)
     prepared = prepared_instance("x", gpu, inst)
     minors = cdi.read_capability_minors(proc, prepared)
+    assert minors is not None
     for minor in (minors.gi_access, minors.ci_access):
         node = dev / "nvidia-caps" / f"nvidia-cap{minor}"
         assert numbers(node) == (caps_major, minor)

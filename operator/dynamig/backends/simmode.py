@@ -14,12 +14,13 @@ behaviour below against the sentence it rests on. What it models (nvml.h is ``te
   per-GPU setting; :data:`DEFAULT_SWITCH_LATENCY_S` by generation). Meanwhile ``nvmlDeviceGetMigMode``
   answers ``[current, pending]``.
 
+  Which models switch through a GPU reset is one fact, kept in :mod:`dynamig.geometry.generation` (with its
+  sources) and shared with the operator's policy:
+
   * Ampere (A100, A30) switches through a GPU reset the driver performs: "Setting MIG mode on the A100/A30
     requires a GPU reset" (NVIDIA MIG user guide, Deployment Considerations). Default 2 s: an order of
     magnitude for a reset and re-initialisation of the GPU, not a measurement; long enough to be seen.
-  * Hopper and later switch without a reset, at once by default: on H100 "the MIG enablement is controlled
-    by driver" (an NVIDIA engineer, NVIDIA/gpu-admin-tools#2), and kubernetes-sigs/dra-driver-nvidia-gpu
-    toggles MIG mode without a reset only on architectures from Hopper on (``supportsMIGModeToggle``).
+  * Hopper and later switch without a reset, at once by default.
 - nvml.h: "On certain platforms like pass-through virtualization, where reset functionality may not be
   exposed directly, VM reboot is required. activationStatus would return NVML_ERROR_RESET_REQUIRED for such
   cases." A GPU configured ``vm=True`` whose switch needs a reset (Ampere) keeps its current mode, the
@@ -70,6 +71,7 @@ from pynvml import (
 )
 
 from dynamig.geometry.catalog import load_catalog
+from dynamig.geometry.generation import RESET_SWITCHED, Generation, generation
 from dynamig.geometry.model import GpuModel
 
 if TYPE_CHECKING:
@@ -81,7 +83,6 @@ DEFAULT_SWITCH_LATENCY_S: dict[int, float] = {
     NVML_DEVICE_ARCH_HOPPER: 0.0,
     NVML_DEVICE_ARCH_BLACKWELL: 0.0,
 }
-_RESET_SWITCHED = frozenset({NVML_DEVICE_ARCH_AMPERE})  # generations whose switch needs a GPU reset
 
 # GPUs without MIG, as catalog-like models with no profile: product name, PCI device id, memory (what
 # nvidia-smi reports for an L4: "NVIDIA L4", 10de:27b8, 23034 MiB). Catalog keys and these are disjoint.
@@ -139,19 +140,20 @@ def mig_capable(model: GpuModel) -> bool:
 
 def switch_needs_reset(model: GpuModel) -> bool:
     """Whether a MIG mode switch of this model goes through a GPU reset (Ampere), so ``vm`` matters. Pure."""
-    return mig_capable(model) and architecture(model)[0] in _RESET_SWITCHED
+    return mig_capable(model) and generation(model.key) in RESET_SWITCHED
 
 
 def architecture(model: GpuModel) -> tuple[int, tuple[int, int]]:
-    """(NVML architecture, CUDA compute capability) of a simulated GPU's model. Pure."""
-    key = model.key
-    if key.startswith(("A100", "A30")):
+    """(NVML architecture, CUDA compute capability) of a simulated GPU's model (generation by catalog key,
+    :func:`dynamig.geometry.generation.generation`; an unknown one is taken as Blackwell). Pure."""
+    gen = generation(model.key)
+    if gen is Generation.AMPERE:
         return NVML_DEVICE_ARCH_AMPERE, (8, 0)
-    if key.startswith(("H100", "H200", "H20")):
+    if gen is Generation.HOPPER:
         return NVML_DEVICE_ARCH_HOPPER, (9, 0)
-    if key.startswith("L4"):
+    if gen is Generation.ADA:
         return NVML_DEVICE_ARCH_ADA, (8, 9)
-    if key.startswith("RTXPRO"):
+    if model.key.startswith("RTXPRO"):
         return NVML_DEVICE_ARCH_BLACKWELL, (12, 0)
     return NVML_DEVICE_ARCH_BLACKWELL, (10, 0)
 

@@ -37,6 +37,11 @@ class PreemptionMode(StrEnum):
     EVICT = "Evict"  # evict them through the Eviction API and hold the freed placement for the claim
 
 
+class MigModeKind(StrEnum):
+    FIXED = "Fixed"  # the operator never changes a GPU's MIG mode
+    DYNAMIC = "Dynamic"  # it switches idle GPUs between MIG and whole as pending claims need
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
 
@@ -111,6 +116,25 @@ class Drain(_Model):
     max_gpus: int = Field(default=1, ge=1, le=10_000)  # GPUs of the policy draining at once
 
 
+class MigModeSpec(_Model):
+    """``spec.migMode``: whether the operator may switch a governed GPU's MIG mode (``GpuPartition``
+    ``spec.migMode``) for pending claims: an idle MIG GPU off for a claim of whole GPUs, a free whole GPU on
+    for MIG claims nothing else can place (``dynamig.operator.modes``)."""
+
+    policy: MigModeKind = MigModeKind.FIXED
+    # Models whose switch resets the GPU (Ampere: dynamig.geometry.generation) are switched only when true.
+    allow_reset: bool = False
+    # Floors: governed GPUs kept in each mode (no switch takes the count below them; none is made by them).
+    min_mig_gpus: int = Field(default=0, ge=0, le=100_000)
+    min_whole_gpus: int = Field(default=0, ge=0, le=100_000)
+    # A GPU switched is not switched again for this long (no ping-pong).
+    cooldown_seconds: int = Field(default=600, ge=0, le=604_800)
+
+    @property
+    def dynamic(self) -> bool:
+        return self.policy is MigModeKind.DYNAMIC
+
+
 class PolicySpec(_Model):
     node_selector: LabelSelector = Field(default_factory=LabelSelector)
     gpu_products: list[str] = Field(default_factory=list)
@@ -124,6 +148,7 @@ class PolicySpec(_Model):
     disruption_budget: DisruptionBudget = Field(default_factory=DisruptionBudget)
     preemption: Preemption = Field(default_factory=Preemption)
     drain: Drain = Field(default_factory=Drain)
+    mig_mode: MigModeSpec = Field(default_factory=MigModeSpec)
 
     def baseline_layout(self, model_key: str) -> Layout | None:
         entries = self.baseline.get(model_key)

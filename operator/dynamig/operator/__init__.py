@@ -14,15 +14,19 @@ Modules, from the edge inwards:
       task = asyncio.create_task(run_operator(settings, stop, ready))
       await ready.wait()   # watching; set ``stop`` to shut down
 
-- ``reconciler`` — per policy: read a snapshot, decide a round, write layouts and offered profiles, policy
-  status, Events, metrics.
+- ``reconciler`` — per policy: read a snapshot, decide a round, write layouts, offered profiles and MIG mode
+  switches, policy status, Events, metrics.
 - ``kubeio`` — the API calls (kubernetes-asyncio, retried with tenacity).
 - ``decide`` (pure) — mode, cooldown and disruption budget over the planner's answer; the profiles offered on
   GPUs with the partitionable inventory (booked by the scheduler, never re-cut ahead); the "why pending?"
   verdict of every claim (Event reasons ``ReshapeScheduled``, ``ReshapeInProgress``, ``WaitingForScheduler``,
   ``WaitingForCooldown``, ``WaitingForDisruptionBudget``, ``NoCapacity``, ``ProfileNotAllowed``,
   ``NoMatchingProfile``, ``NoEligibleNode``, ``ReshapeDisabled``, ``WouldReshape``, ``PolicyInvalid``,
-  ``WaitingForWholeGpu``).
+  ``WaitingForWholeGpu``, ``WaitingForMigModeSwitch``).
+- ``modes`` (pure) — MIG mode on demand under ``spec.migMode.policy: Dynamic``: which GPU's ``spec.migMode``
+  to write for the round's claims (an idle MIG GPU off for a claim of whole GPUs, a free whole GPU on for MIG
+  claims with no room), within floors, cooldown, ``allowReset``, one switch per round and the disruption
+  budget; the verdicts it changes; GPUs whose agent answered ``ResetRequired``.
 - ``demand`` (pure) — pending claims and the profiles each request accepts, by real CEL evaluation
   (``dynamig.kube.cel``) of the request's and its DeviceClass's selectors against ``MigDevice`` (and
   ``WholeGpuDevice``: whole-GPU demand, kept out of the MIG planner).

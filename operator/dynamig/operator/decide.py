@@ -25,8 +25,9 @@ requests and the pod's other claims) fits one node together; ``NoCapacity`` othe
 A claim with requests only a whole GPU serves (``PendingClaim.whole``: MIG mode off, ``gpu.dynamig.io``) is
 never planned for MIG: it is ``WaitingForWholeGpu``, a Normal Event while a GPU of the policy with MIG mode
 off can serve it on an eligible node (the scheduler allocates it), a Warning while none can (dynamig does not
-switch MIG mode under a ``Fixed`` policy). A claim that also has MIG requests is planned for them only while
-such a GPU exists.
+switch MIG mode under a ``Fixed`` policy; under a ``Dynamic`` one, ``operator/modes.py`` adds what it switches
+for the claim, or why it cannot). A claim that also has MIG requests is planned for them only while such a GPU
+exists. A GPU switching its MIG mode counts against the disruption budget.
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ class Reason(StrEnum):
     POLICY_INVALID = "PolicyInvalid"
     SCHEDULER_ERROR = "SchedulerError"
     WAITING_FOR_WHOLE_GPU = "WaitingForWholeGpu"
+    # MIG claims no GPU can serve now while a whole GPU is switched to MIG for them (operator/modes.py)
+    WAITING_FOR_MIG_MODE_SWITCH = "WaitingForMigModeSwitch"
 
 
 WARNING_REASONS = frozenset(
@@ -311,12 +314,16 @@ def _whole_verdict(
         else ""
     )
     planned = "; its MIG requests are not planned until one has" if claim.requests else ""
+    fixed = (
+        ""
+        if policy.spec.mig_mode.dynamic  # operator/modes.py says what is switched for it, or why nothing
+        else f", and dynamig does not switch a GPU's MIG mode under a Fixed policy (policy {policy.name}'s "
+        "MIG mode is Fixed: an administrator turns MIG mode off, or sets spec.migMode.policy Dynamic)"
+    )
     return ClaimVerdict(
         claim,
         Reason.WAITING_FOR_WHOLE_GPU,
-        f"{head}; no GPU{of} of policy {policy.name}{where} has MIG mode off{elsewhere}, and dynamig does "
-        f"not switch a GPU's MIG mode under a Fixed policy (policy {policy.name}'s MIG mode is Fixed: an "
-        f"administrator turns MIG mode off){planned}",
+        f"{head}; no GPU{of} of policy {policy.name}{where} has MIG mode off{elsewhere}{fixed}{planned}",
         WHOLE_PROFILE,
         warn=True,
     )
@@ -552,7 +559,8 @@ def decide_round(inp: RoundInput) -> RoundDecision:
     # Frozen GPUs were planned as they are; say why each may not change this round.
     held: dict[str, str] = {g.name: _why_frozen(g, inp.now, spec.cooldown_seconds) for g in frozen_gpus}
     budget = spec.disruption_budget.max_gpus_reshaping
-    in_flight = sum(1 for g in usable if g.reshaping)
+    # A GPU switching its MIG mode (unusable meanwhile) counts against the budget as a reshaping one does.
+    in_flight = sum(1 for g in usable if g.reshaping) + sum(1 for g in inp.gpus if g.switching is not None)
     cooldown = spec.cooldown_seconds
     # Claim-serving changes first, then baseline / warm-pool drift.
     for w in sorted(planned, key=lambda w: (not w.claims, w.gpu)):

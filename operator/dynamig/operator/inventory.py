@@ -9,7 +9,12 @@ nothing to it until the agent has caught up, and plans it as the layout it is be
 rest), so it is in flight only while some desired instance is still missing. GPUs that are
 ``Degraded``, have MIG off, are owned by another MIG manager, carry an uncleared critical XID
 (``DevicesHealthy`` False: their devices are tainted) or are of a model the catalog lacks are not planned
-at all.
+at all; nor is a GPU whose ``spec.migMode`` asks for MIG mode off (the agent withdraws its devices, destroys
+its free instances and switches once nothing uses it).
+
+MIG mode: a GpuView carries the mode NVML reports (``status.migMode``), the one asked (``spec.migMode``), the
+agent's ``MigMode`` condition, the whole GPU's state, and what the operator wrote about switches in
+annotations (when, for which claim, and the modes a GPU needs a reset for: ``dynamig.operator.modes``).
 """
 
 from __future__ import annotations
@@ -22,13 +27,16 @@ from dynamig import API_GROUP
 from dynamig.geometry.catalog import Catalog
 from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, device_name, normalize_layout
 from dynamig.kube.gpupartition import (
+    Condition,
     ConditionType,
     GpuPartition,
     InstanceState,
     Inventory,
     MigMode,
+    MigModeRequest,
     Phase,
     Reason,
+    WholeGpuStatus,
     parse_gpu_partition,
 )
 from dynamig.kube.names import GPU_INDEX_LABEL, NODE_LABEL
@@ -38,6 +46,14 @@ from dynamig.planner.model import CurrentInstance, GpuState
 
 # Written by the operator on a GpuPartition whenever it writes spec.layout (RFC 3339): cooldown starts here.
 LAYOUT_WRITTEN_ANNOTATION = f"{API_GROUP}/layout-written-at"
+# Written by the operator whenever it writes spec.migMode: when (RFC 3339: the switch cooldown starts here),
+# the mode it wrote, and the claim (namespace/name) it switched the GPU for.
+MIG_MODE_WRITTEN_ANNOTATION = f"{API_GROUP}/mig-mode-written-at"
+MIG_MODE_REQUESTED_ANNOTATION = f"{API_GROUP}/mig-mode-requested"
+MIG_MODE_FOR_ANNOTATION = f"{API_GROUP}/mig-mode-for"
+# The MIG modes (comma-separated) the agent answered ResetRequired for on this GPU: never asked again. An
+# administrator removes it once the platform exposes the reset (e.g. the node left its pass-through VM).
+MIG_MODE_RESET_ANNOTATION = f"{API_GROUP}/mig-mode-reset-required"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +85,56 @@ class GpuView:
     # MIG mode Disabled: the agent publishes the GPU whole (``gpu<index>``, profile ``whole``); it is still
     # unusable for MIG layouts (``unusable`` says so), but serves whole-GPU claims (gpu.dynamig.io).
     whole: bool = False
+    # MIG mode: what NVML reports, what spec.migMode asks (None: leave it), the agent's MigMode condition (at
+    # the current generation; None otherwise), and the whole GPU's status while MIG mode is off.
+    mig_mode: MigMode = MigMode.UNKNOWN
+    mode_wanted: MigModeRequest | None = None
+    mode_condition: Condition | None = None
+    whole_gpu: WholeGpuStatus | None = None
+    # The operator's annotations: when it last wrote spec.migMode (epoch seconds), whether spec.migMode is
+    # what it wrote, the claim it switched for, and the modes the agent answered ResetRequired for.
+    mode_written: float | None = None
+    mode_by_operator: bool = False
+    mode_for: str = ""
+    reset_required: frozenset[MigModeRequest] = frozenset()
+    trouble: str = ""  # why the GPU is unfit whatever its MIG mode (Degraded, unmanaged, XID, silent agent)
+
+    @property
+    def mode_reset_stuck(self) -> bool:
+        """The agent answered ResetRequired for the switch spec.migMode asks: it is not tried again (a VM
+        reboot would apply it)."""
+        c = self.mode_condition
+        return (
+            self.mode_wanted is not None
+            and not self._mode_reached
+            and c is not None
+            and not c.is_true
+            and c.reason == Reason.RESET_REQUIRED
+        )
+
+    @property
+    def _mode_reached(self) -> bool:
+        want = self.mode_wanted
+        return want is not None and self.mig_mode.value == want.value
+
+    @property
+    def switching(self) -> MigModeRequest | None:
+        """The MIG mode spec.migMode asks and NVML does not report yet (None: no switch under way; a switch
+        the agent answered ResetRequired for is none either)."""
+        if self.mode_wanted is None or self._mode_reached or self.mode_reset_stuck:
+            return None
+        return self.mode_wanted
+
+    @property
+    def mode_target(self) -> MigModeRequest | None:
+        """The MIG mode the GPU has or is switching to (None: unknown)."""
+        if (to := self.switching) is not None:
+            return to
+        if self.mig_mode in (MigMode.ENABLED, MigMode.DISABLE_PENDING):  # pending: current is still on
+            return MigModeRequest.ENABLED
+        if self.mig_mode in (MigMode.DISABLED, MigMode.ENABLE_PENDING):
+            return MigModeRequest.DISABLED
+        return None
 
     @property
     def partitionable(self) -> bool:
@@ -152,20 +218,29 @@ def _gpu_view(
         in_flight = False
     unusable = ""
     managed = st.condition(ConditionType.MANAGED)
+    health = st.condition(ConditionType.DEVICES_HEALTHY)
+    # Why the GPU is unfit whatever its MIG mode ("" when it is fit): what a MIG mode switch looks at.
+    trouble = ""
     if model is None:
-        unusable = f"GPU model of {st.product or 'unknown product'} is not in the catalog"
+        trouble = f"GPU model of {st.product or 'unknown product'} is not in the catalog"
     elif st.phase == Phase.DEGRADED:
-        unusable = f"phase Degraded: {st.message}".rstrip(": ")
+        trouble = f"phase Degraded: {st.message}".rstrip(": ")
+    elif managed is not None and not managed.is_true:
+        trouble = f"not managed: {managed.message or managed.reason}"
+    elif health is not None and not health.is_true:
+        # a critical XID: its devices are tainted until the administrator clears it; nothing is cut there
+        trouble = f"critical XID, devices tainted: {health.message or health.reason}"
+    if model is None or st.phase == Phase.DEGRADED:
+        unusable = trouble
     elif st.mig_mode not in (MigMode.ENABLED,):
         unusable = f"MIG mode is {st.mig_mode.value}"
-    elif managed is not None and not managed.is_true:
-        unusable = f"not managed: {managed.message or managed.reason}"
-    elif (health := st.condition(ConditionType.DEVICES_HEALTHY)) is not None and not health.is_true:
-        # a critical XID: its devices are tainted until the administrator clears it; nothing is cut there
-        unusable = f"critical XID, devices tainted: {health.message or health.reason}"
+    elif trouble:
+        unusable = trouble
+    elif gp.spec.mig_mode is MigModeRequest.DISABLED:
+        unusable = "spec.migMode asks for MIG mode off: the agent withdraws its devices and switches"
     if node in silent:
         # Nothing planned on it and nothing awaited from it: a layout it never applies holds no budget.
-        unusable, in_flight = silent[node], False
+        unusable, in_flight, trouble = silent[node], False, silent[node]
     ready = st.condition(ConditionType.READY)
     failure = ""
     if (
@@ -184,6 +259,15 @@ def _gpu_view(
     ):
         floor_held = ready.message
     annotations = (raw.get("metadata") or {}).get("annotations") or {}
+    mode_cond = st.condition(ConditionType.MIG_MODE)
+    if mode_cond is not None and mode_cond.observed_generation not in (None, gp.metadata.generation):
+        mode_cond = None  # about an older spec.migMode
+    requested = annotations.get(MIG_MODE_REQUESTED_ANNOTATION, "")
+    reset = frozenset(
+        MigModeRequest(m.strip())
+        for m in str(annotations.get(MIG_MODE_RESET_ANNOTATION, "")).split(",")
+        if m.strip() in {r.value for r in MigModeRequest}
+    )
     return GpuView(
         name=gp.name,
         node=node,
@@ -204,7 +288,16 @@ def _gpu_view(
         offered=tuple(gp.spec.offered_profiles) if gp.spec.offered_profiles is not None else None,
         floor_held=floor_held,
         holds=tuple(h.placed() for h in gp.spec.holds if model is not None and h.fits(model)),
-        whole=st.mig_mode is MigMode.DISABLED,
+        whole=st.mig_mode is MigMode.DISABLED and gp.spec.mig_mode is not MigModeRequest.ENABLED,
+        mig_mode=st.mig_mode,
+        mode_wanted=gp.spec.mig_mode,
+        mode_condition=mode_cond,
+        whole_gpu=st.whole_gpu,
+        mode_written=parse_time(annotations.get(MIG_MODE_WRITTEN_ANNOTATION)),
+        mode_by_operator=gp.spec.mig_mode is not None and requested == gp.spec.mig_mode.value,
+        mode_for=str(annotations.get(MIG_MODE_FOR_ANNOTATION, "")),
+        reset_required=reset,
+        trouble=trouble,
     )
 
 

@@ -17,6 +17,7 @@ FENCE_ACTIONS = ("slice-withdrawn", "booking-failed", "pod-deleted", "pod-told")
 PREEMPTOR_RESULTS = ("would-preempt", "no-victims")
 EVICTION_RESULTS = ("evicted", "gone", "refused", "error")
 HOLD_ENDS = ("served", "gone", "expired", "refused", "off")
+MIG_MODES = ("Disabled", "Enabled")  # the `to` of a MIG mode switch (GpuPartition spec.migMode)
 
 
 @dataclass
@@ -125,6 +126,13 @@ class OperatorMetrics:
             ["policy"],
             registry=r,
         )
+        self.mig_mode_switches = Counter(
+            "dynamig_operator_mig_mode_switches_total",
+            "GPU MIG mode switches a policy asked for (GpuPartition spec.migMode written under spec.migMode "
+            f"Dynamic), by the mode asked (to={'|'.join(MIG_MODES)})",
+            ["policy", "to"],
+            registry=r,
+        )
         self.holds_released = Counter(
             "dynamig_operator_preemption_holds_released_total",
             f"Holds a policy released, by why (why={'|'.join(HOLD_ENDS)})",
@@ -176,11 +184,18 @@ class OperatorMetrics:
             self._pending_series.add((policy, profile, reason))
 
     def policy_seen(self, policy: str) -> None:
-        """Start the policy's reshape counters at zero for every result, so that an alert on their increase
-        sees the first failure (a series born at 1 has no increase). Counters outlive a deleted policy, as
-        counters do; idempotent."""
+        """Start the policy's reshape and MIG mode switch counters at zero for every label value, so that an
+        alert on their increase sees the first one (a series born at 1 has no increase). Counters outlive a
+        deleted policy, as counters do; idempotent."""
         for result in RESHAPE_RESULTS:
             self.reshapes.labels(policy=policy, result=result)
+        for mode in MIG_MODES:
+            self.mig_mode_switches.labels(policy=policy, to=mode)
+
+    def mig_mode_switched(self, policy: str, to: str) -> None:
+        """A switch of one GPU's MIG mode to ``to`` asked by ``policy``."""
+        self.policy_seen(policy)
+        self.mig_mode_switches.labels(policy=policy, to=to).inc()
 
     def forget_policy(self, policy: str) -> None:
         """Drop the gauge series of a deleted policy (its counters stay, as counters do)."""

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -55,6 +55,7 @@ from dynamig.operator.extended import class_changes, offered_profiles, served_re
 from dynamig.operator.inventory import LAYOUT_WRITTEN_ANNOTATION, GpuView, allocated_devices, parse_inventory
 from dynamig.operator.kubeio import KubeIO, Snapshot
 from dynamig.operator.metrics import OperatorMetrics
+from dynamig.operator.modes import ModeDecision, ModeInput, decide_modes
 from dynamig.operator.preempting import Preempter
 from dynamig.operator.preemption import DryRunReport
 from dynamig.operator.settings import OperatorSettings
@@ -82,6 +83,8 @@ class _Memory:
     problems: dict[str, str] = field(default_factory=dict)  # policy -> last problems text
     taken: dict[str, str] = field(default_factory=dict)  # profile -> the other owner's class reported
     leases: dict[str, Sighting] = field(default_factory=dict)  # agent Lease -> when seen renewed
+    # GPU -> (policy, MIG mode asked, claim, when): switches written, for their completion Event
+    switching: dict[str, tuple[str, str, str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,6 +367,10 @@ class Reconciler:
             decision = decide_round(
                 RoundInput(policy, problems, mine, claims, now, dict(self._memory.idle_since), self.catalog)
             )
+            # MIG mode switches (operator/modes.py) and the verdicts they change, with the round's writes.
+            modes = decide_modes(ModeInput(policy, mine, decision, now))
+            decision = replace(decision, verdicts=modes.verdicts)
+            await self._report_switches(policy, mine)
             self.metrics.plan_duration.labels(policy=name).observe(decision.plan_seconds)
             partitions = {p["metadata"]["name"]: p for p in snap.partitions}
             limits = auto_limits(world.gpus, mine, partitions)
@@ -373,7 +380,7 @@ class Reconciler:
                     name, chosen.limit or "every placement", chosen.gpu_nodes, len(limits),
                 )  # fmt: skip
             written = await self._apply_writes(
-                policy, decision.writes, decision.offers, partitions, now, limits
+                policy, decision.writes, decision.offers, partitions, now, limits, modes
             )
             await self._tell_claims(decision.verdicts, now)
             preemption = await self.preempter.round(policy, mine, snap, decision, now, self.wall())
@@ -472,6 +479,26 @@ class Reconciler:
                 if g.last_written is not None and g.last_written > since:
                     idle[g.name] = g.last_written
 
+    async def _report_switches(self, policy: GpuPartitionPolicy, gpus: tuple[GpuView, ...]) -> None:
+        """A ``MigModeSwitched`` Event once NVML reports a MIG mode this process asked for (on the GPU and
+        the policy); a switch the agent answered ResetRequired for is told by the ResetRequired record."""
+        for g in gpus:
+            entry = self._memory.switching.get(g.name)
+            if entry is None or entry[0] != policy.name:
+                continue
+            _, to, claim, started = entry
+            if g.mode_wanted is None or g.mode_wanted.value != to or g.mode_reset_stuck:
+                self._memory.switching.pop(g.name)  # withdrawn, asked otherwise, or waiting for a reset
+                continue
+            if g.switching is not None or g.mig_mode.value != to:
+                continue
+            self._memory.switching.pop(g.name)
+            took = self.clock() - started
+            word = "on" if to == "Enabled" else "off"
+            msg = f"{g.name}: MIG mode is {word} ({took:.1f}s after it was asked, for claim {claim})"
+            await self._event_policy(policy, "Normal", "MigModeSwitched", msg)
+            await self._event_gpu(g.name, "Normal", "MigModeSwitched", msg)
+
     async def _report_completions(self, policy: GpuPartitionPolicy, gpus: tuple[GpuView, ...]) -> None:
         for g in gpus:
             entry = self._memory.awaiting.get(g.name)
@@ -521,16 +548,23 @@ class Reconciler:
         partitions: Mapping[str, Mapping[str, Any]],
         now: float,
         limits: Mapping[str, AutoChoice] | None = None,
+        modes: ModeDecision | None = None,
     ) -> tuple[LayoutWrite, ...]:
-        """Write each GPU's layout, offered profiles and automatic placements per profile in one patch (one
+        """Write each GPU's layout, offered profiles, automatic placements per profile and MIG mode (a switch
+        asked by operator/modes.py, or a request withdrawn after ResetRequired) in one patch (one
         resourceVersion, one generation). Returns the layout writes done."""
         done: list[LayoutWrite] = []
         stamp = now_rfc3339()
         layouts = {w.gpu: w for w in writes}
         offered = {o.gpu: o for o in offers}
         limits = limits or {}
-        for gpu in dict.fromkeys([*layouts, *offered, *limits]):
+        switches = {s.gpu: s for s in modes.switches} if modes is not None else {}
+        resets = {r.gpu: r for r in modes.resets} if modes is not None else {}
+        for gpu in dict.fromkeys([*layouts, *offered, *limits, *switches, *resets]):
             w, o, limit = layouts.get(gpu), offered.get(gpu), limits.get(gpu)
+            switch, reset = switches.get(gpu), resets.get(gpu)
+            if switch is not None and switch.spec().get("offeredProfiles") is not None:
+                o = None  # switching off: it offers nothing from now on
             raw = partitions.get(gpu) or {}
             rv = str((raw.get("metadata") or {}).get("resourceVersion", ""))
             spec: dict[str, Any] = {}
@@ -542,12 +576,25 @@ class Reconciler:
                 spec["offeredProfiles"] = list(o.profiles)
             if limit is not None:
                 spec["autoPlacementsPerProfile"] = {"limit": limit.limit, "gpuNodes": limit.gpu_nodes}
+            if reset is not None:
+                spec.update(reset.spec())
+                annotations.update(reset.annotations())
+            if switch is not None:  # never beside a layout write (modes.py skips GPUs written this round)
+                spec.update(switch.spec())
+                annotations.update(switch.annotations(stamp))
             try:
                 result = await self.kube.write_spec(gpu, spec, annotations, rv)
             except ApiException as exc:
                 if exc.status in (404, 409):  # changed or gone since the snapshot: the next round replans
                     log.info("spec write to %s skipped (%s)", gpu, exc.status)
                     continue
+                if switch is not None or reset is not None:
+                    await self._event_policy(
+                        policy,
+                        "Warning",
+                        "MigModeSwitchFailed",
+                        f"{gpu}: spec.migMode write failed: {exc.reason}",
+                    )
                 if w is not None:
                     self.metrics.reshapes.labels(policy=policy.name, result="failed").inc()
                     await self._event_policy(
@@ -560,9 +607,19 @@ class Reconciler:
                         "OffersFailed",
                         f"{gpu}: offeredProfiles write failed: {exc.reason}",
                     )
-                else:
+                elif switch is None and reset is None:
                     log.warning("%s: autoPlacementsPerProfile write failed: %s", gpu, exc.reason)
                 continue
+            if reset is not None:
+                log.warning("%s", reset.message)
+                await self._event_policy(policy, "Warning", "MigModeResetRequired", reset.message)
+                await self._event_gpu(gpu, "Warning", "MigModeResetRequired", reset.message)
+            if switch is not None:
+                self._memory.switching[gpu] = (policy.name, switch.to.value, switch.claim, now)
+                self.metrics.mig_mode_switched(policy.name, switch.to.value)
+                log.info("%s", switch.message)
+                await self._event_policy(policy, "Normal", "MigModeSwitchRequested", switch.message)
+                await self._event_gpu(gpu, "Normal", "MigModeSwitchRequested", switch.message)
             if o is not None:
                 before = ", ".join(o.before) if o.before else "none"
                 after = ", ".join(o.profiles) or "none (existing instances only)"

@@ -1,0 +1,164 @@
+"""MIG mode on demand end to end: the operator decides (``migMode.policy: Dynamic``), the agent switches.
+
+Real: etcd, kube-apiserver, kube-scheduler (DRA allocation, binding conditions), kube-controller-manager
+(claims from templates), the operator (demand by real CEL against whole-GPU and MIG devices, the mode
+decision, GpuPartition writes, Events) and the node agent's loop over the NVML code path. Simulated: the GPUs
+(simnvml with MIG mode switches as nvml.h documents them: Hopper switches at once, Ampere through a reset)
+and the node (no kubelet: pods bind, never run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+import uuid
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+
+from dynamig.agent.nvml_device import NvmlDevices
+from dynamig.demo.cluster import ScenarioApi
+from dynamig.demo.inprocess import agent_running, operator_running, quick_agent_settings
+from dynamig.devcluster import ControlPlane, eventually
+from dynamig.geometry.catalog import load_catalog
+from dynamig.kube.gpupartition import Inventory
+from dynamig.operator.metrics import OperatorMetrics
+
+pytestmark = pytest.mark.controlplane
+
+
+def _policy(pool: str, **mig_mode: Any) -> dict[str, Any]:
+    return {
+        "nodeSelector": {"matchLabels": {"test-pool": pool}},
+        "mode": "Dynamic",
+        "batchWindowSeconds": 1,
+        "disruptionBudget": {"maxGpusReshaping": 2},
+        "migMode": {"policy": "Dynamic", **mig_mode},
+    }
+
+
+def _modes(sim: ModuleType) -> list[int]:
+    devices = NvmlDevices(sim, load_catalog())
+    devices.init()
+    try:
+        return [g.mig_current for g in devices.gpus()]
+    finally:
+        devices.shutdown()
+
+
+async def _bound(k: ScenarioApi, pod: str) -> str | None:
+    got = await k.core.read_namespaced_pod(pod, k.ns)
+    return got.spec.node_name or None
+
+
+async def _all_bound(k: ScenarioApi, pods: list[str]) -> bool | None:
+    for p in pods:
+        if await _bound(k, p) is None:
+            return None
+    return True
+
+
+async def _event(k: ScenarioApi, pod: str, reason: str, text: str = "") -> dict[str, Any] | None:
+    for e in await k.events(pod):
+        if e["reason"] == reason and text in (e["message"] or ""):
+            return e
+    return None
+
+
+@pytest.mark.parametrize("inventory", [Inventory.PARTITIONABLE, Inventory.INSTANCES])
+async def test_a_whole_gpu_pod_gets_an_idle_mig_gpu_switched_off_and_slices_get_it_back(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+    inventory: Inventory,
+) -> None:
+    """Two H100s with MIG on. A pod asking a whole GPU: the operator switches one idle GPU off and the pod
+    binds on it. It ends, eight 1g.10gb pods come (one H100 holds seven): the whole GPU is switched back on
+    and all eight bind. Nothing allocated was ever destroyed; two switches in all."""
+    k = ScenarioApi(kube_api, namespace)
+    await k.ensure_device_class()
+    sim.configure(gpus=["H100-80GB", "H100-80GB"], state_file=None)
+    pool = uuid.uuid4().hex[:8]
+    node = make_node("modes", labels={"dynamig.io/managed": "true", "test-pool": pool})
+    where = {"test-pool": pool}
+    settings = dataclasses.replace(quick_agent_settings(node), inventory=inventory)
+    await k.claim_template("whole", ["whole"])
+    await k.claim_template("slice", ["1g.10gb"])
+    policy = f"modes-{pool}"
+    async with (
+        agent_running(kube_api, node, sim, settings),
+        operator_running(crds.kubeconfig_path, OperatorMetrics()) as metrics,
+    ):
+        for i in (0, 1):
+            await eventually(
+                functools.partial(k.stable, f"{node}-gpu{i}"), f"GpuPartition gpu{i}", within_s=60
+            )
+        await k.create_policy(policy, _policy(pool, cooldownSeconds=0))
+        created = time.monotonic()
+        await k.pod("train", "whole", where)
+        assert await eventually(functools.partial(_bound, k, "train"), "the whole-GPU pod bound", within_s=60)
+        print(f"\n{inventory.value}: whole-GPU pod created -> GPU switched off -> bound in "
+              f"{time.monotonic() - created:.1f}s (switch latency 0 s, H100)")  # fmt: skip
+        assert sorted(_modes(sim)) == [0, 1]
+        switched = next(i for i, m in enumerate(_modes(sim)) if m == 0)
+        claim = await k.claim_of("train")
+        assert claim is not None
+        assert claim["status"]["allocation"]["devices"]["results"][0]["device"] == f"gpu{switched}"
+        await eventually(
+            functools.partial(_event, k, "train", "WaitingForWholeGpu"),
+            "the pod told a GPU is switched for it",
+        )
+        part = await k.partition(f"{node}-gpu{switched}")
+        assert part["spec"]["migMode"] == "Disabled"
+
+        # The whole-GPU pod ends; eight slices come: one MIG GPU holds seven, so the whole one goes back on.
+        await k.delete_pods(["train"])
+        pods = [f"small-{i}" for i in range(8)]
+        created = time.monotonic()
+        for p in pods:
+            await k.pod(p, "slice", where)
+        await eventually(functools.partial(_all_bound, k, pods), "all eight slice pods bound", within_s=120)
+        print(f"{inventory.value}: 8 x 1g.10gb created -> GPU switched on -> all bound in "
+              f"{time.monotonic() - created:.1f}s")  # fmt: skip
+        assert _modes(sim) == [1, 1]
+        switches = [e for e in sim.history() if e.kind == "set-mig-mode"]
+        assert len(switches) == 2, switches
+        assert metrics is not None
+
+
+async def test_an_a100_whose_policy_forbids_resets_never_switches_and_the_claim_is_told_why(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+) -> None:
+    k = ScenarioApi(kube_api, namespace)
+    await k.ensure_device_class()
+    sim.configure(gpus=["A100-80GB"], state_file=None)
+    pool = uuid.uuid4().hex[:8]
+    node = make_node("ampere", labels={"dynamig.io/managed": "true", "test-pool": pool})
+    await k.claim_template("whole", ["whole"])
+    async with (
+        agent_running(kube_api, node, sim, quick_agent_settings(node)),
+        operator_running(crds.kubeconfig_path, OperatorMetrics()),
+    ):
+        await eventually(functools.partial(k.stable, f"{node}-gpu0"), "GpuPartition gpu0", within_s=60)
+        await k.create_policy(f"ampere-{pool}", _policy(pool, cooldownSeconds=0))  # allowReset: false
+        await k.pod("train", "whole", {"test-pool": pool})
+        event = await eventually(
+            functools.partial(_event, k, "train", "WaitingForWholeGpu", "reset"),
+            "the pod told the A100 needs a reset the policy does not allow",
+            within_s=60,
+        )
+        assert "allowReset" in event["message"], event
+        assert await _bound(k, "train") is None and _modes(sim) == [1]
+        assert [e for e in sim.history() if e.kind == "set-mig-mode"] == []
+        part = await k.partition(f"{node}-gpu0")
+        assert "migMode" not in part["spec"]

@@ -1,0 +1,620 @@
+"""MIG mode on demand: which GPU's MIG mode to switch for the pending claims of one policy, and what to tell
+them. Pure.
+
+A GPU with MIG mode off is published whole (``gpu<index>``, profile ``whole``); one with MIG mode on offers
+MIG slices. Under a policy whose ``spec.migMode.policy`` is ``Dynamic`` (in ``spec.mode`` Dynamic) the
+operator asks a node agent to switch a GPU (GpuPartition ``spec.migMode``; the agent withdraws the GPU's
+devices, waits until nothing uses them, and switches through NVML):
+
+- **off** (``Disabled``, with ``spec.layout: []`` and ``spec.offeredProfiles: []``) for a claim asking for
+  whole GPUs (``PendingClaim.whole``) that no free GPU with MIG mode off (and none already switching off) of a
+  model it accepts, on a node its pod may use, can take: one idle MIG GPU (MIG mode on, no allocated or busy
+  instance, no held placement, not reshaping, not Degraded or otherwise unfit) of such a model and node. The
+  GPU whose switch disturbs least goes first: the fewest free instances to destroy.
+- **on** (``Enabled``) for MIG claims the round left ``NoCapacity``: one free whole GPU (nothing allocated or
+  running, no claim) of a model with a profile every MIG request of the claim accepts, that no pending
+  whole-GPU claim could take.
+
+Limits, each told to the claim when it is what stops a switch: the policy's ``Fixed`` MIG mode (nothing is
+switched; ``decide`` says so); models whose switch resets the GPU (Ampere,
+:func:`dynamig.geometry.generation.mode_switch_needs_reset`) unless ``allowReset``; the floors
+``minMigGpus`` / ``minWholeGpus`` (governed GPUs kept in each mode, counted by the mode each GPU has or is
+switching to); the per-GPU ``cooldownSeconds`` since the operator last wrote ``spec.migMode`` (annotation
+``dynamig.io/mig-mode-written-at``); at most one switch per policy and round; and the disruption budget,
+which GPUs switching count against as reshaping ones do.
+
+A GPU whose agent answered ``ResetRequired`` (a platform that exposes no GPU reset: a pass-through VM) is
+never asked for that mode again: the operator records the mode in the annotation
+``dynamig.io/mig-mode-reset-required``, withdraws its own request (``spec.migMode`` back to the mode NVML
+reports, which gives the GPU back), and skips the GPUs of the same model on the same node for that mode too
+(the platform is the node's). An administrator removes the annotation once the platform exposes the reset.
+
+The caller writes :attr:`ModeDecision.switches` and :attr:`ModeDecision.resets`, and posts
+:attr:`ModeDecision.verdicts` (every verdict of the round; those of claims a switch concerns rewritten:
+``WaitingForWholeGpu`` says what is switched for the claim, or why nothing can be; a MIG claim a GPU is
+switched on for is ``WaitingForMigModeSwitch``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from dynamig.geometry.generation import mode_switch_needs_reset
+from dynamig.geometry.layout import remaining_capacity
+from dynamig.geometry.model import GpuModel, PlacedInstance
+from dynamig.kube.gpupartition import InstanceState, MigMode, MigModeRequest
+from dynamig.kube.gpupartition import layout_summary as _summary
+from dynamig.kube.policy import GpuPartitionPolicy, Mode
+from dynamig.operator.decide import ClaimVerdict, Reason, RoundDecision
+from dynamig.operator.demand import PendingClaim
+from dynamig.operator.inventory import (
+    MIG_MODE_FOR_ANNOTATION,
+    MIG_MODE_REQUESTED_ANNOTATION,
+    MIG_MODE_RESET_ANNOTATION,
+    MIG_MODE_WRITTEN_ANNOTATION,
+    GpuView,
+)
+
+OFF, ON = MigModeRequest.DISABLED, MigModeRequest.ENABLED
+
+
+def _word(mode: MigModeRequest) -> str:
+    return "off" if mode is OFF else "on"
+
+
+def _other(mode: MigModeRequest) -> MigModeRequest:
+    return ON if mode is OFF else OFF
+
+
+@dataclass(frozen=True, slots=True)
+class ModeSwitch:
+    """A GPU whose ``spec.migMode`` is to be written, and for which claim."""
+
+    gpu: str
+    node: str
+    model: str
+    to: MigModeRequest
+    claim: str  # key (namespace/name) of the claim it is switched for
+    destroys: tuple[PlacedInstance, ...]  # free MIG instances the agent destroys (switching off)
+    message: str  # for the Events on the GpuPartition and the policy
+
+    def spec(self) -> dict[str, Any]:
+        """The spec fields to merge-patch: ``migMode`` (and, switching off, no layout and no offers)."""
+        out: dict[str, Any] = {"migMode": self.to.value}
+        if self.to is OFF:
+            out["layout"] = []
+            out["offeredProfiles"] = []
+        return out
+
+    def annotations(self, stamp: str) -> dict[str, str]:
+        """The annotations written with it (``stamp``: now, RFC 3339): the cooldown starts here."""
+        return {
+            MIG_MODE_WRITTEN_ANNOTATION: stamp,
+            MIG_MODE_REQUESTED_ANNOTATION: self.to.value,
+            MIG_MODE_FOR_ANNOTATION: self.claim,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ResetRequired:
+    """A GPU whose agent answered ResetRequired for ``mode``: recorded so it is never asked again, and the
+    operator's own request withdrawn (``revert``: the spec.migMode written back; None: a person asked for it,
+    and it is left)."""
+
+    gpu: str
+    mode: MigModeRequest
+    modes: tuple[str, ...]  # the annotation's value, this mode included
+    revert: MigModeRequest | None
+    message: str
+
+    def spec(self) -> dict[str, Any]:
+        return {"migMode": self.revert.value} if self.revert is not None else {}
+
+    def annotations(self) -> dict[str, str]:
+        out = {MIG_MODE_RESET_ANNOTATION: ",".join(self.modes)}
+        if self.revert is not None:
+            out[MIG_MODE_REQUESTED_ANNOTATION] = self.revert.value
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ModeDecision:
+    switches: tuple[ModeSwitch, ...] = ()  # to write now (at most one)
+    planned: tuple[ModeSwitch, ...] = ()  # DryRun: what Dynamic would write
+    resets: tuple[ResetRequired, ...] = ()
+    verdicts: tuple[ClaimVerdict, ...] = ()  # the round's verdicts, those a switch concerns rewritten
+
+
+@dataclass(frozen=True, slots=True)
+class ModeInput:
+    policy: GpuPartitionPolicy
+    gpus: tuple[GpuView, ...]  # every GPU the policy governs, unusable ones included
+    decision: RoundDecision  # the round's layout writes and verdicts (decide_round)
+    now: float
+
+
+def _secs(s: float) -> str:
+    return f"{max(0, round(s))}s"
+
+
+def _names(gpus: Sequence[str], limit: int = 3) -> str:
+    more = len(gpus) - limit
+    return ", ".join(gpus[:limit]) + (f" (+{more} more)" if more > 0 else "")
+
+
+def _free_whole(g: GpuView) -> bool:
+    """A GPU with MIG mode off whose whole device is free: published, nothing allocated or running."""
+    w = g.whole_gpu
+    return (
+        g.whole
+        and not g.trouble
+        and w is not None
+        and w.state is InstanceState.FREE
+        and w.published
+        and not w.claims
+        and not w.processes
+    )
+
+
+# Verdicts of MIG claims no GPU with MIG mode on can serve: no room, or none of a model and node they accept
+# (where every GPU of the right model has MIG mode off, the claim is told NoMatchingProfile or
+# NoEligibleNode).
+_NO_MIG_GPU = frozenset({Reason.NO_CAPACITY, Reason.NO_MATCHING_PROFILE, Reason.NO_ELIGIBLE_NODE})
+
+
+def _fits_empty(model: GpuModel, claim: PendingClaim, allowed: frozenset[str] | None) -> bool:
+    """Every MIG request of ``claim`` has an allowed profile of ``model`` that an empty GPU of it holds as
+    many of as the request asks. Pure."""
+    if not claim.requests:
+        return False
+    for r in claim.requests:
+        alts = r.alternatives(allowed, frozenset({model.key}))
+        if not any(remaining_capacity(model, (), p) >= r.count_for(p) for p in alts):
+            return False
+    return True
+
+
+@dataclass
+class _Round:
+    """What one policy's MIG mode round has decided so far (mutable, local to :func:`decide_modes`)."""
+
+    inp: ModeInput
+    gpus: list[GpuView]
+    budget_left: int
+    mig: int  # governed GPUs with MIG mode on, or switching on
+    whole: int  # governed GPUs with MIG mode off, or switching off
+    reset_nodes: dict[tuple[str, str, MigModeRequest], str]  # (node, model, mode) -> GPU that answered it
+    taken: set[str] = field(default_factory=set)  # GPUs counted for a whole-GPU claim this round
+    switches: list[ModeSwitch] = field(default_factory=list)
+
+    @property
+    def policy(self) -> GpuPartitionPolicy:
+        return self.inp.policy
+
+    @property
+    def dry_run(self) -> bool:
+        return self.policy.spec.mode == Mode.DRY_RUN
+
+    def eligible(self, claim: PendingClaim, g: GpuView) -> bool:
+        return g.model is not None and (claim.nodes is None or g.node in claim.nodes)
+
+    def why_not(self, g: GpuView, to: MigModeRequest) -> tuple[str, bool] | None:
+        """Why ``g`` may not be switched ``to`` now, and whether only time stands in the way (a cooldown, a
+        reshape under way); None when it may."""
+        assert g.model is not None
+        mm = self.policy.spec.mig_mode
+        if g.trouble:
+            return g.trouble, False
+        if g.mode_reset_stuck:
+            return f"the agent answered ResetRequired switching MIG {_word(g.mode_wanted or to)}", False
+        if to is OFF:
+            if g.mig_mode is not MigMode.ENABLED:
+                return f"MIG mode is {g.mig_mode.value}", False
+            if g.busy or g.claims_on:
+                n = len(g.busy | set(g.claims_on))
+                return f"{n} MIG instance(s) allocated or in use", False
+            if g.holds:
+                return f"{len(g.holds)} placement(s) held for waiting claims", False
+        elif not _free_whole(g):
+            w = g.whole_gpu
+            state = "not published" if w is None or not w.published else w.state.value
+            return f"the whole GPU is {state}", False
+        if mode_switch_needs_reset(g.model.key) and not mm.allow_reset:
+            return (
+                f"{g.model.key} switches MIG mode only through a GPU reset, and policy {self.policy.name}'s "
+                "spec.migMode.allowReset is false",
+                False,
+            )
+        if to in g.reset_required:
+            return f"the agent answered ResetRequired for MIG mode {_word(to)} here: not asked again", False
+        other = self.reset_nodes.get((g.node, g.model.key, to))
+        if other is not None and other != g.name:
+            return (
+                f"{other} on the same node answered ResetRequired for MIG mode {_word(to)} (its platform "
+                "exposes no GPU reset)",
+                False,
+            )
+        if g.in_flight:
+            return "its layout is being applied", True
+        if any(w.gpu == g.name for w in self.inp.decision.writes):
+            return "its layout is written this round", True
+        if g.mode_written is not None and self.inp.now - g.mode_written < mm.cooldown_seconds:
+            since = self.inp.now - g.mode_written
+            left = _secs(mm.cooldown_seconds - since)
+            return f"switched {_secs(since)} ago, cooldown {mm.cooldown_seconds}s ({left} left)", True
+        return None
+
+    def blocked(self, to: MigModeRequest) -> tuple[str, bool] | None:
+        """What stops any switch ``to`` this round (policy-wide), and whether only time stands in the way."""
+        mm = self.policy.spec.mig_mode
+        if self.policy.spec.mode == Mode.STATIC:
+            return f"policy {self.policy.name} is Static and changes no GPU, its MIG mode included", False
+        if to is OFF and self.mig - 1 < mm.min_mig_gpus:
+            return (
+                f"policy {self.policy.name} keeps at least {mm.min_mig_gpus} GPU(s) with MIG mode on "
+                f"(spec.migMode.minMigGpus) and has {self.mig}",
+                False,
+            )
+        if to is ON and self.whole - 1 < mm.min_whole_gpus:
+            return (
+                f"policy {self.policy.name} keeps at least {mm.min_whole_gpus} GPU(s) with MIG mode off "
+                f"(spec.migMode.minWholeGpus) and has {self.whole}",
+                False,
+            )
+        if self.switches:
+            first = self.switches[0]
+            return (
+                f"one MIG mode switch per policy and round: {first.gpu} is switched for {first.claim} first; "
+                "planned again next round",
+                True,
+            )
+        if self.budget_left <= 0:
+            budget = self.policy.spec.disruption_budget.max_gpus_reshaping
+            return (
+                f"the disruption budget allows {budget} GPU(s) reshaping or switching at once, and that many "
+                "are",
+                True,
+            )
+        return None
+
+    def switch(self, g: GpuView, to: MigModeRequest, claim: PendingClaim, why: str) -> ModeSwitch:
+        assert g.model is not None
+        destroys = tuple(g.actual) if to is OFF else ()
+        if to is OFF:
+            what = (
+                f"the agent destroys its {len(destroys)} free MIG instance(s) ({_summary(destroys)}) and "
+                "switches once nothing uses it"
+                if destroys
+                else "it has no MIG instance; the agent switches once nothing uses it"
+            )
+        else:
+            what = "the agent switches once nothing uses it; its MIG layout is planned after"
+        message = (
+            f"policy {self.policy.name}: switching {g.name} ({g.model.key}) MIG mode {_word(to)} for claim "
+            f"{claim.claim.key} ({why}): {what}"
+        )
+        s = ModeSwitch(g.name, g.node, g.model.key, to, claim.claim.key, destroys, message)
+        self.switches.append(s)
+        self.budget_left -= 1
+        if to is OFF:
+            self.mig, self.whole = self.mig - 1, self.whole + 1
+        else:
+            self.mig, self.whole = self.mig + 1, self.whole - 1
+        return s
+
+
+def _reasons(rejected: Sequence[tuple[GpuView, str]], limit: int = 4) -> str:
+    shown = "; ".join(f"{g.name}: {why}" for g, why in rejected[:limit])
+    more = len(rejected) - limit
+    return shown + (f" (+{more} more GPU(s))" if more > 0 else "")
+
+
+def _reset_marks(gpus: Sequence[GpuView]) -> tuple[ResetRequired, ...]:
+    """A record for each GPU whose agent newly answered ResetRequired for spec.migMode. Pure."""
+    out: list[ResetRequired] = []
+    for g in gpus:
+        want = g.mode_wanted
+        if not g.mode_reset_stuck or want is None or want in g.reset_required:
+            continue
+        modes = tuple(sorted({m.value for m in g.reset_required} | {want.value}))
+        revert = _other(want) if g.mode_by_operator else None
+        model = g.model.key if g.model is not None else g.product
+        back = (
+            f"; its request is withdrawn (spec.migMode back to {revert.value}) and the GPU returns to service"
+            if revert is not None
+            else "; spec.migMode was not written by dynamig and is left as it is"
+        )
+        out.append(
+            ResetRequired(
+                g.name,
+                want,
+                modes,
+                revert,
+                f"{g.name} ({model}): the agent answered ResetRequired switching MIG mode {_word(want)}: "
+                "this platform exposes no GPU reset (a pass-through VM; a VM reboot would apply it). dynamig "
+                f"does not ask it (nor GPUs of its model on node {g.node}) for MIG mode {_word(want)} "
+                f"again{back}; remove annotation {MIG_MODE_RESET_ANNOTATION} once the platform exposes the "
+                "reset",
+            )
+        )
+    return tuple(out)
+
+
+def decide_modes(inp: ModeInput) -> ModeDecision:
+    """The MIG mode switches of one policy's round and the verdicts they change (module docstring). Pure."""
+    policy = inp.policy
+    resets = _reset_marks(inp.gpus)
+    verdicts = list(inp.decision.verdicts)
+    if not policy.spec.mig_mode.dynamic:
+        return ModeDecision(resets=resets, verdicts=tuple(verdicts))
+    gpus = [g for g in inp.gpus if g.model is not None]
+    in_flight = sum(1 for g in gpus if not g.unusable and g.reshaping)
+    in_flight += sum(1 for g in gpus if g.switching is not None)
+    reset_nodes: dict[tuple[str, str, MigModeRequest], str] = {}
+    for g in gpus:
+        assert g.model is not None
+        stuck = {g.mode_wanted} if g.mode_reset_stuck and g.mode_wanted is not None else set()
+        for mode in g.reset_required | stuck:
+            reset_nodes.setdefault((g.node, g.model.key, mode), g.name)
+    r = _Round(
+        inp=inp,
+        gpus=gpus,
+        budget_left=policy.spec.disruption_budget.max_gpus_reshaping - in_flight - len(inp.decision.writes),
+        mig=sum(1 for g in gpus if g.mode_target is ON),
+        whole=sum(1 for g in gpus if g.mode_target is OFF),
+        reset_nodes=reset_nodes,
+    )
+    models = frozenset(g.model.key for g in gpus if g.model is not None)
+    whole_claims = [
+        i for i, v in enumerate(verdicts) if v.claim.whole and v.reason is Reason.WAITING_FOR_WHOLE_GPU
+    ]
+    # Pass 1: GPUs switching off for a claim are counted for it first, then the free whole GPUs and the other
+    # GPUs switching off go to the waiting claims in order; what is left short is switched for in pass 2.
+    for i in whole_claims:
+        claim = verdicts[i].claim
+        for g in gpus:
+            if g.switching is OFF and g.mode_for == claim.claim.key and r.eligible(claim, g):
+                r.taken.add(g.name)
+    supply = {i: _count_supply(r, verdicts[i].claim, models) for i in whole_claims}
+    # Pass 2, claims in order (oldest first): switch for the first that needs it.
+    for i, v in enumerate(verdicts):
+        if i in supply:
+            verdicts[i] = _whole_claim(r, v, supply[i], models)
+        elif v.reason in _NO_MIG_GPU and v.claim.requests:
+            verdicts[i] = _mig_claim(r, v, verdicts, whole_claims, models)
+    switches = tuple(r.switches)
+    if r.dry_run:
+        return ModeDecision(planned=switches, resets=resets, verdicts=tuple(verdicts))
+    return ModeDecision(switches=switches, resets=resets, verdicts=tuple(verdicts))
+
+
+@dataclass(frozen=True, slots=True)
+class _Supply:
+    """Whole GPUs (free, or switching off) counted for a claim of whole GPUs, all on one node."""
+
+    enough: bool
+    node: str  # "" when there are none
+    gpus: tuple[GpuView, ...]
+    per_node: dict[str, int] = field(default_factory=dict)  # eligible node -> such GPUs there
+
+
+def _count_supply(r: _Round, claim: PendingClaim, models: frozenset[str]) -> _Supply:
+    """Take whole GPUs (free first, then switching off) for ``claim`` on one eligible node, as many as it
+    asks; when no node has enough, the node with the most (the claim is short there; they are kept for it)."""
+    wanted = claim.whole_by_model(models)
+    need = claim.whole_gpus
+    by_node: dict[str, list[GpuView]] = {}
+    for g in r.gpus:
+        assert g.model is not None
+        if g.model.key not in wanted or not r.eligible(claim, g):
+            continue
+        mine = g.name in r.taken and g.switching is OFF and g.mode_for == claim.claim.key
+        if mine or (g.name not in r.taken and (_free_whole(g) or g.switching is OFF)):
+            by_node.setdefault(g.node, []).append(g)
+    if not by_node:
+        return _Supply(False, "", ())
+    node = min(by_node, key=lambda n: (-len(by_node[n]), n))
+    have = sorted(by_node[node], key=lambda g: (g.switching is OFF, g.mode_for != claim.claim.key, g.name))
+    taken = tuple(have[:need])
+    r.taken.update(g.name for g in taken)
+    return _Supply(len(taken) >= need, node, taken, {n: len(gs) for n, gs in by_node.items()})
+
+
+def _switching_text(r: _Round, g: GpuView) -> str:
+    c = g.mode_condition
+    state = c.message if c is not None and c.message else "asked, the agent has not reported yet"
+    since = f"; asked {_secs(r.inp.now - g.mode_written)} ago" if g.mode_written is not None else ""
+    return f"{state}{since}"
+
+
+def _whole_claim(r: _Round, v: ClaimVerdict, supply: _Supply, models: frozenset[str]) -> ClaimVerdict:
+    """The verdict on a claim of whole GPUs under a Dynamic MIG mode: what is switched off for it, or why
+    nothing can be."""
+    claim = v.claim
+    pol = r.policy.name
+    coming = [g for g in supply.gpus if g.switching is OFF]
+    if supply.enough:
+        if not coming:
+            return v  # free whole GPUs serve it: decide's verdict stands
+        g = coming[0]
+        return replace(
+            v,
+            message=f"{v.message}; {g.name} is being switched to MIG mode off for it "
+            f"({_switching_text(r, g)})",
+            gpu=g.name,
+            warn=False,
+        )
+    node, have = supply.node, supply.gpus
+    need = claim.whole_gpus
+    wanted = claim.whole_by_model(models)
+    free = sum(1 for g in have if g.switching is None)
+    if v.warn:  # decide found no GPU with MIG mode off for it
+        head = v.message
+    elif need > 1 and free:
+        head = f"{v.message}; only {free} of them free on node {node}, and it needs {need} on one node"
+    else:
+        head = f"{v.message}; none of them is free now"
+    candidates = [
+        g
+        for g in r.gpus
+        if g.model is not None
+        and g.model.key in wanted
+        and r.eligible(claim, g)
+        and g.name not in r.taken
+        and g.mode_target is ON
+    ]
+    rejected: list[tuple[GpuView, str]] = []
+    fit: list[GpuView] = []
+    timed = False
+    for g in candidates:
+        why = r.why_not(g, OFF)
+        if why is None:
+            fit.append(g)
+        else:
+            rejected.append((g, why[0]))
+            timed = timed or why[1]
+    # The node whose switch completes the claim soonest, then the GPU whose switch destroys the fewest
+    # free instances.
+    by_node: dict[str, list[GpuView]] = {}
+    for g in fit:
+        by_node.setdefault(g.node, []).append(g)
+    have_on = {n: supply.per_node.get(n, 0) for n in by_node}
+    complete = [n for n in by_node if have_on[n] + len(by_node[n]) >= need]
+    best: GpuView | None = None
+    if complete:
+        n = min(complete, key=lambda n: (need - have_on[n], n))
+        best = min(by_node[n], key=lambda g: (len(g.actual), len(g.desired), g.name))
+    what = f"{'a whole GPU' if need == 1 else f'{need} whole GPUs'} of {' or '.join(wanted) or 'a model'}"
+    progress = (
+        f"; {_names([g.name for g in coming])} already switching off for it" if coming and need > 1 else ""
+    )
+    if best is not None:
+        blocked = r.blocked(OFF)
+        if blocked is None:
+            short = f"only {len(have)} GPU(s) with MIG mode off" if have else "no free GPU with MIG mode off"
+            because = f"it asks for {what} and {short} can take it"
+            s = r.switch(best, OFF, claim, because)
+            r.taken.add(best.name)
+            verb = f"policy {pol} is DryRun: it would switch" if r.dry_run else "switching"
+            return replace(
+                v,
+                message=f"{head}; {verb} {best.name} ({s.model}, node {best.node}, "
+                f"{_summary(best.actual)}) to MIG mode off for it (policy {pol}'s MIG mode is Dynamic)"
+                f"{progress}",
+                gpu=best.name,
+                warn=False,
+            )
+        text, wait = blocked
+        return replace(
+            v,
+            message=f"{head}; {best.name} could be switched to MIG mode off for it, but {text}{progress}",
+            warn=not wait,
+        )
+    if coming:
+        return replace(
+            v,
+            message=f"{head}{progress}; no other GPU can be switched off for it now"
+            + (f" ({_reasons(rejected)})" if rejected else ""),
+            gpu=coming[0].name,
+            warn=False,
+        )
+    if fit:  # switches possible, but no node gets enough of them
+        most = max(have_on[n] + len(by_node[n]) for n in by_node)
+        reason = f"it needs {need} on one node, and at most {most} could be on any node it may use"
+    elif rejected:
+        reason = _reasons(rejected)
+    else:
+        where = " on the nodes the pod may use" if claim.nodes is not None else ""
+        reason = f"no GPU of {' or '.join(wanted) or 'a model it accepts'}{where} has MIG mode on"
+    return replace(
+        v,
+        message=f"{head}; no GPU can be switched to MIG mode off for it (policy {pol}'s MIG mode is "
+        f"Dynamic): {reason}",
+        warn=bool(fit) or not timed,
+    )
+
+
+def _mig_claim(
+    r: _Round,
+    v: ClaimVerdict,
+    verdicts: Sequence[ClaimVerdict],
+    whole_claims: Sequence[int],
+    models: frozenset[str],
+) -> ClaimVerdict:
+    """The verdict on a MIG claim no GPU with MIG mode on can serve (NoCapacity, or none of a model and node
+    it accepts): a free whole GPU switched on for it, or one already switching on; otherwise the verdict as
+    it was, with why no whole GPU can be switched when one could serve it."""
+    claim = v.claim
+    now = (
+        f"Now: {v.message}"
+        if v.reason is Reason.NO_CAPACITY
+        else "No GPU with MIG mode on of a model and node it accepts serves it now."
+    )
+    allowed = frozenset(a) if (a := r.policy.spec.allowed_profiles) is not None else None
+
+    def serves(g: GpuView) -> bool:
+        return g.model is not None and r.eligible(claim, g) and _fits_empty(g.model, claim, allowed)
+
+    coming = [g for g in r.gpus if g.switching is ON and serves(g)]
+    if coming:
+        g = coming[0]
+        return replace(
+            v,
+            reason=Reason.WAITING_FOR_MIG_MODE_SWITCH,
+            message=f"{g.name} is being switched to MIG mode on ({_switching_text(r, g)}); the claim is "
+            f"planned there once it is. {now}",
+            gpu=g.name,
+        )
+    wanted_whole = [verdicts[i].claim for i in whole_claims]
+
+    def kept_whole(g: GpuView) -> bool:
+        assert g.model is not None
+        return g.name in r.taken or any(
+            g.model.key in c.whole_by_model(models) and r.eligible(c, g) for c in wanted_whole
+        )
+
+    candidates = [g for g in r.gpus if g.mode_target is OFF and g.switching is None and serves(g)]
+    rejected: list[tuple[GpuView, str]] = []
+    fit: list[GpuView] = []
+    for g in candidates:
+        if kept_whole(g):
+            rejected.append((g, "a pending claim of whole GPUs could take it"))
+            continue
+        why = r.why_not(g, ON)
+        if why is None:
+            fit.append(g)
+        else:
+            rejected.append((g, why[0]))
+    if not candidates:
+        return v  # no whole GPU could serve it: NoCapacity says why
+    if fit:
+        best = min(fit, key=lambda g: (g.node, g.index, g.name))
+        blocked = r.blocked(ON)
+        if blocked is None:
+            s = r.switch(best, ON, claim, "no GPU with MIG mode on has room for it")
+            if r.dry_run:
+                return replace(
+                    v,
+                    reason=Reason.WOULD_RESHAPE,
+                    message=f"policy {r.policy.name} is DryRun: it would switch {best.name} ({s.model}) to "
+                    f"MIG mode on for the claim. {now}",
+                    gpu=best.name,
+                )
+            return replace(
+                v,
+                reason=Reason.WAITING_FOR_MIG_MODE_SWITCH,
+                message=f"switching {best.name} ({s.model}, a free whole GPU) to MIG mode on for the claim "
+                f"(policy {r.policy.name}'s MIG mode is Dynamic); it is planned there once the agent reports "
+                f"MIG mode on. {now}",
+                gpu=best.name,
+            )
+        return replace(
+            v,
+            message=f"{v.message}; {best.name} (a free whole GPU) could be switched to MIG mode on for it, "
+            f"but {blocked[0]}",
+        )
+    return replace(
+        v, message=f"{v.message}; no whole GPU can be switched to MIG mode on for it: {_reasons(rejected)}"
+    )

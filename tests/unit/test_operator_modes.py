@@ -1,0 +1,741 @@
+"""MIG mode on demand (operator/modes.py): which GPU's ``spec.migMode`` a policy writes for its pending
+claims, and what each claim is told; the policy field that governs it; and a reconciler round that writes it.
+
+Real: the MIG geometry catalog, CEL evaluation (cel-python) of the claims' selectors, policy and GpuPartition
+parsing, the layout planner (``decide_round``) whose verdicts the switches start from, and the Prometheus
+client registry. No API server: the round talks to :class:`FakeKube`, which records what it is asked to write
+(tests/integration/test_policy_crd.py checks the CRD's schema on a real API server).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import pytest
+from pydantic import ValidationError
+
+from dynamig.geometry.catalog import load_catalog
+from dynamig.geometry.generation import Generation, generation, mode_switch_needs_reset
+from dynamig.kube.gpupartition import MigModeRequest
+from dynamig.kube.policy import MigModeKind, parse_policy
+from dynamig.operator.decide import Reason, RoundInput, decide_round
+from dynamig.operator.demand import PendingClaim, extract_demand, parse_device_classes
+from dynamig.operator.extended import ClassChanges
+from dynamig.operator.inventory import (
+    MIG_MODE_FOR_ANNOTATION,
+    MIG_MODE_REQUESTED_ANNOTATION,
+    MIG_MODE_RESET_ANNOTATION,
+    MIG_MODE_WRITTEN_ANNOTATION,
+    parse_inventory,
+)
+from dynamig.operator.kubeio import KubeIO, Snapshot
+from dynamig.operator.metrics import OperatorMetrics
+from dynamig.operator.modes import ModeDecision, ModeInput, decide_modes
+from dynamig.operator.reconciler import Reconciler
+from dynamig.operator.settings import OperatorSettings
+
+CATALOG = load_catalog()
+MODELS = (CATALOG.model("H100-80GB"), CATALOG.model("A100-80GB"))
+PRODUCTS = {"H100-80GB": "NVIDIA H100 80GB HBM3", "A100-80GB": "NVIDIA A100-SXM4-80GB"}
+NOW = 1_800_000_000.0
+PROFILE = 'device.attributes["mig.dynamig.io"].profile'
+DRIVER_CLASS = {
+    "metadata": {"name": "mig.dynamig.io"},
+    "spec": {"selectors": [{"cel": {"expression": 'device.driver == "mig.dynamig.io"'}}]},
+}
+CLASSES = parse_device_classes([DRIVER_CLASS])
+NODES = {n: {"kubernetes.io/hostname": n} for n in ("node-a", "node-b")}
+IDLE = (("3g.40gb", 0, "free"), ("3g.40gb", 4, "free"))
+FULL = (("3g.40gb", 0, "allocated"), ("3g.40gb", 4, "allocated"))
+
+
+def stamp(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def gpu(
+    name: str,
+    model: str = "H100-80GB",
+    *,
+    mig: str = "Enabled",
+    instances: Sequence[tuple[str, int, str]] = IDLE,
+    whole: str = "free",
+    ask: str | None = None,
+    annotations: Mapping[str, str] | None = None,
+    conditions: Sequence[dict[str, Any]] = (),
+    generation: int = 1,
+    observed: int = 1,
+    layout: Sequence[tuple[str, int]] | None = None,
+) -> dict[str, Any]:
+    """A GpuPartition as the agent reports it: ``mig`` the mode NVML reports, ``ask`` spec.migMode."""
+    node, index = name.rsplit("-gpu", 1)
+    on = mig in ("Enabled", "DisablePending")
+    insts = list(instances) if on else []
+    desired = [(p, s) for p, s, _ in insts] if layout is None else list(layout)
+    spec: dict[str, Any] = {"layout": [{"profile": p, "start": s} for p, s in desired]}
+    if ask is not None:
+        spec["migMode"] = ask
+    status: dict[str, Any] = {
+        "node": node, "gpuIndex": int(index), "product": PRODUCTS[model], "model": model, "migMode": mig,
+        "observedGeneration": observed, "phase": "Stable",
+        "instances": [{"profile": p, "start": s, "deviceName": f"gpu{index}-{p}-s{s}", "state": st}
+                      for p, s, st in insts],
+        "conditions": list(conditions),
+    }  # fmt: skip
+    if not on:
+        status["wholeGpu"] = {"deviceName": f"gpu{index}", "state": whole}
+    return {
+        "metadata": {"name": name, "generation": generation, "resourceVersion": "5", "uid": f"u-{name}",
+                     "annotations": dict(annotations or {})},
+        "spec": spec,
+        "status": status,
+    }  # fmt: skip
+
+
+def claim(
+    name: str, expr: str = f'{PROFILE} == "whole"', count: int = 1, node: str | None = None, minute: int = 0
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    obj = {
+        "metadata": {"name": name, "namespace": "ml", "uid": f"c-{name}",
+                     "creationTimestamp": f"2026-01-01T08:{minute:02d}:00Z"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "mig.dynamig.io", "count": count,
+            "selectors": [{"cel": {"expression": expr}}]}}]}},
+    }  # fmt: skip
+    spec: dict[str, Any] = {"resourceClaims": [{"name": "gpu", "resourceClaimName": name}]}
+    if node:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    pod = {
+        "metadata": {"name": name, "namespace": "ml", "uid": f"p-{name}"},
+        "spec": spec,
+        "status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]},
+    }
+    return obj, pod
+
+
+def slice_claim(
+    name: str, profile: str = "3g.40gb", minute: int = 0
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    return claim(name, f'{PROFILE} == "{profile}"', minute=minute)
+
+
+def policy(mig_mode: Mapping[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"mode": "Dynamic", "cooldownSeconds": 60, "batchWindowSeconds": 0, **spec}
+    if mig_mode is not None:
+        body["migMode"] = dict(mig_mode)
+    return {"metadata": {"name": "fleet", "generation": 1, "uid": "u-fleet",
+                         "creationTimestamp": "2026-01-01T00:00:00Z"}, "spec": body}  # fmt: skip
+
+
+DYNAMIC = {"policy": "Dynamic"}
+
+
+def pending(pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[PendingClaim, ...]:
+    return extract_demand([c for c, _ in pairs], [p for _, p in pairs], CLASSES, MODELS, NODES).pending
+
+
+def decide(
+    parts: Sequence[dict[str, Any]],
+    pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]],
+    pol: dict[str, Any],
+) -> ModeDecision:
+    p = parse_policy(pol)
+    gpus = parse_inventory(parts, CATALOG)
+    round_ = decide_round(RoundInput(p, (), gpus, pending(pairs), NOW, {}, CATALOG))
+    return decide_modes(ModeInput(p, gpus, round_, NOW))
+
+
+# ------------------------------------------------------------------------------------------ the table
+
+
+@dataclass(frozen=True)
+class Told:
+    reason: Reason
+    warn: bool
+    says: tuple[str, ...]  # substrings of the message
+    gpu: str | None = None
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    gpus: tuple[dict[str, Any], ...]
+    claims: tuple[tuple[dict[str, Any], dict[str, Any]], ...]
+    mig_mode: Mapping[str, Any] | None
+    switches: tuple[tuple[str, str, str], ...]  # (GPU, spec.migMode written, claim) in order
+    told: Mapping[str, Told]  # claim name -> what it is told
+    spec: Mapping[str, Any] = field(default_factory=dict)  # more policy spec
+    planned: tuple[tuple[str, str, str], ...] = ()  # DryRun
+
+
+WHOLE_TOLD_FIXED = Told(Reason.WAITING_FOR_WHOLE_GPU, True, ("under a Fixed policy",))
+
+CASES = [
+    Case(
+        "fixed-never-switches",
+        (gpu("node-a-gpu0"),),
+        (claim("train"),),
+        None,  # the default: Fixed
+        (),
+        {"train": WHOLE_TOLD_FIXED},
+    ),
+    Case(
+        "fixed-written-out-never-switches",
+        (gpu("node-a-gpu0"),),
+        (claim("train"),),
+        {"policy": "Fixed", "allowReset": True},
+        (),
+        {"train": WHOLE_TOLD_FIXED},
+    ),
+    Case(
+        "dynamic-switches-an-idle-h100-off-for-a-whole-gpu-claim",
+        (gpu("node-a-gpu0"),),
+        (claim("train"),),
+        DYNAMIC,
+        (("node-a-gpu0", "Disabled", "ml/train"),),
+        {"train": Told(Reason.WAITING_FOR_WHOLE_GPU, False, ("switching node-a-gpu0",), "node-a-gpu0")},
+    ),
+    Case(
+        "a-free-whole-gpu-serves-it-nothing-switched",
+        (gpu("node-a-gpu0"), gpu("node-a-gpu1", mig="Disabled")),
+        (claim("train"),),
+        DYNAMIC,
+        (),
+        {"train": Told(Reason.WAITING_FOR_WHOLE_GPU, False, ("kube-scheduler",), "node-a-gpu1")},
+    ),
+    Case(
+        "an-allocated-whole-gpu-does-not-serve-it-an-idle-one-is-switched",
+        (gpu("node-a-gpu0"), gpu("node-a-gpu1", mig="Disabled", whole="allocated")),
+        (claim("train"),),
+        DYNAMIC,
+        (("node-a-gpu0", "Disabled", "ml/train"),),
+        {"train": Told(Reason.WAITING_FOR_WHOLE_GPU, False, ("none of them is free now", "switching"))},
+    ),
+    Case(
+        "a100-without-allow-reset-never-switches-and-says-why",
+        (gpu("node-a-gpu0", "A100-80GB"),),
+        (claim("train"),),
+        DYNAMIC,
+        (),
+        {
+            "train": Told(
+                Reason.WAITING_FOR_WHOLE_GPU,
+                True,
+                ("A100-80GB switches MIG mode only through a GPU reset", "spec.migMode.allowReset is false"),
+            )
+        },
+    ),
+    Case(
+        "a100-with-allow-reset-switches",
+        (gpu("node-a-gpu0", "A100-80GB"),),
+        (claim("train"),),
+        {"policy": "Dynamic", "allowReset": True},
+        (("node-a-gpu0", "Disabled", "ml/train"),),
+        {"train": Told(Reason.WAITING_FOR_WHOLE_GPU, False, ("switching node-a-gpu0",))},
+    ),
+    Case(
+        "the-h100-goes-first-beside-an-a100-that-needs-a-reset",
+        (gpu("node-a-gpu0", "A100-80GB"), gpu("node-a-gpu1")),
+        (claim("train"),),
+        DYNAMIC,
+        (("node-a-gpu1", "Disabled", "ml/train"),),
+        {"train": Told(Reason.WAITING_FOR_WHOLE_GPU, False, ("switching node-a-gpu1",))},
+    ),
+    Case(
+        "min-mig-gpus-floor-holds",
+        (gpu("node-a-gpu0"), gpu("node-a-gpu1")),
+        (claim("train"),),
+        {"policy": "Dynamic", "minMigGpus": 2},
+        (),
+        {"train": Told(Reason.WAITING_FOR_WHOLE_GPU, True, ("spec.migMode.minMigGpus", "and has 2"))},
+    ),
+    Case(
+        "min-mig-gpus-floor-leaves-room-for-one",
+        (gpu("node-a-gpu0"), gpu("node-a-gpu1")),
+        (claim("train"),),
+        {"policy": "Dynamic", "minMigGpus": 1},
+        (("node-a-gpu0", "Disabled", "ml/train"),),
+        {"train": Told(Reason.WAITING_FOR_WHOLE_GPU, False, ("switching",))},
+    ),
+    Case(
+        "cooldown-holds-a-gpu-switched-lately",
+        (gpu("node-a-gpu0", annotations={MIG_MODE_WRITTEN_ANNOTATION: stamp(NOW - 100)}),),
+        (claim("train"),),
+        {"policy": "Dynamic", "cooldownSeconds": 600},
+        (),
+        {
+            "train": Told(
+                Reason.WAITING_FOR_WHOLE_GPU, False, ("switched 100s ago, cooldown 600s (500s left)",)
+            )
+        },
+    ),
+    Case(
+        "cooldown-over",
+        (gpu("node-a-gpu0", annotations={MIG_MODE_WRITTEN_ANNOTATION: stamp(NOW - 700)}),),
+        (claim("train"),),
+        {"policy": "Dynamic", "cooldownSeconds": 600},
+        (("node-a-gpu0", "Disabled", "ml/train"),),
+        {"train": Told(Reason.WAITING_FOR_WHOLE_GPU, False, ("switching",))},
+    ),
+    Case(
+        "busy-gpus-are-skipped",
+        (gpu("node-a-gpu0", instances=(("3g.40gb", 0, "allocated"),)), gpu("node-a-gpu1")),
+        (claim("train"),),
+        DYNAMIC,
+        (("node-a-gpu1", "Disabled", "ml/train"),),
+        {"train": Told(Reason.WAITING_FOR_WHOLE_GPU, False, ("switching node-a-gpu1",))},
+    ),
+    Case(
+        "only-busy-gpus-nothing-switched",
+        (gpu("node-a-gpu0", instances=(("3g.40gb", 0, "in-use"),)),),
+        (claim("train"),),
+        DYNAMIC,
+        (),
+        {
+            "train": Told(
+                Reason.WAITING_FOR_WHOLE_GPU, True, ("node-a-gpu0: 1 MIG instance(s) allocated or in use",)
+            )
+        },
+    ),
+    Case(
+        "the-gpu-with-the-fewest-instances-to-destroy-goes-first",
+        (gpu("node-a-gpu0"), gpu("node-a-gpu1", instances=(("7g.80gb", 0, "free"),)), gpu("node-b-gpu0")),
+        (claim("train"),),
+        DYNAMIC,
+        (("node-a-gpu1", "Disabled", "ml/train"),),
+        {"train": Told(Reason.WAITING_FOR_WHOLE_GPU, False, ("7g.80gb@0",))},
+    ),
+    Case(
+        "a-node-the-pod-may-not-use-is-no-help",
+        (gpu("node-a-gpu0"),),
+        (claim("train", node="node-b"),),
+        DYNAMIC,
+        (),
+        {
+            "train": Told(
+                Reason.WAITING_FOR_WHOLE_GPU, True, ("on the nodes the pod may use has MIG mode on",)
+            )
+        },
+    ),
+    Case(
+        "the-reverse-switch-for-mig-demand-with-no-room",
+        (gpu("node-a-gpu0", instances=FULL), gpu("node-a-gpu1", mig="Disabled")),
+        (slice_claim("infer"),),
+        DYNAMIC,
+        (("node-a-gpu1", "Enabled", "ml/infer"),),
+        {
+            "infer": Told(
+                Reason.WAITING_FOR_MIG_MODE_SWITCH,
+                False,
+                ("switching node-a-gpu1", "Now: no room"),
+                "node-a-gpu1",
+            )
+        },
+    ),
+    Case(
+        "the-reverse-switch-where-every-gpu-is-whole",
+        (gpu("node-a-gpu0", mig="Disabled"),),
+        (slice_claim("infer"),),
+        DYNAMIC,
+        (("node-a-gpu0", "Enabled", "ml/infer"),),
+        {"infer": Told(Reason.WAITING_FOR_MIG_MODE_SWITCH, False, ("switching node-a-gpu0",))},
+    ),
+    Case(
+        "fixed-no-reverse-switch",
+        (gpu("node-a-gpu0", instances=FULL), gpu("node-a-gpu1", mig="Disabled")),
+        (slice_claim("infer"),),
+        None,
+        (),
+        {"infer": Told(Reason.NO_CAPACITY, True, ("no room",))},
+    ),
+    Case(
+        "min-whole-gpus-floor-holds",
+        (gpu("node-a-gpu0", instances=FULL), gpu("node-a-gpu1", mig="Disabled")),
+        (slice_claim("infer"),),
+        {"policy": "Dynamic", "minWholeGpus": 1},
+        (),
+        {"infer": Told(Reason.NO_CAPACITY, True, ("spec.migMode.minWholeGpus",))},
+    ),
+    Case(
+        "an-allocated-whole-gpu-is-not-switched-on",
+        (gpu("node-a-gpu0", instances=FULL), gpu("node-a-gpu1", mig="Disabled", whole="in-use")),
+        (slice_claim("infer"),),
+        DYNAMIC,
+        (),
+        {"infer": Told(Reason.NO_CAPACITY, True, ("node-a-gpu1: the whole GPU is in-use",))},
+    ),
+    Case(
+        "a-free-whole-gpu-a-whole-claim-waits-for-is-not-switched-on",
+        (gpu("node-a-gpu0", instances=FULL), gpu("node-a-gpu1", mig="Disabled")),
+        (claim("train", minute=1), slice_claim("infer", minute=0)),
+        DYNAMIC,
+        (),
+        {
+            "train": Told(Reason.WAITING_FOR_WHOLE_GPU, False, ("kube-scheduler",)),
+            "infer": Told(Reason.NO_CAPACITY, True, ("a pending claim of whole GPUs could take it",)),
+        },
+    ),
+    Case(
+        "one-switch-per-policy-and-round-oldest-claim-first",
+        (gpu("node-a-gpu0"), gpu("node-a-gpu1"), gpu("node-b-gpu0")),
+        (claim("second", minute=5), claim("first", minute=1)),
+        DYNAMIC,
+        (("node-a-gpu0", "Disabled", "ml/first"),),
+        {
+            "first": Told(Reason.WAITING_FOR_WHOLE_GPU, False, ("switching node-a-gpu0",)),
+            "second": Told(
+                Reason.WAITING_FOR_WHOLE_GPU, False, ("one MIG mode switch per policy and round", "ml/first")
+            ),
+        },
+        spec={"disruptionBudget": {"maxGpusReshaping": 3}},
+    ),
+    Case(
+        "a-switch-counts-against-the-disruption-budget",
+        (gpu("node-a-gpu0", ask="Disabled"), gpu("node-a-gpu1")),
+        (claim("first", minute=1), claim("second", minute=5)),
+        DYNAMIC,
+        (),
+        {
+            "first": Told(
+                Reason.WAITING_FOR_WHOLE_GPU, False, ("node-a-gpu0 is being switched",), "node-a-gpu0"
+            ),
+            "second": Told(Reason.WAITING_FOR_WHOLE_GPU, False, ("the disruption budget allows 1",)),
+        },
+    ),
+    Case(
+        "a-switch-under-way-for-the-claim-is-told-not-repeated",
+        (
+            gpu(
+                "node-a-gpu0",
+                ask="Disabled",
+                annotations={
+                    MIG_MODE_FOR_ANNOTATION: "ml/late",
+                    MIG_MODE_REQUESTED_ANNOTATION: "Disabled",
+                    MIG_MODE_WRITTEN_ANNOTATION: stamp(NOW - 30),
+                },
+                conditions=[
+                    {
+                        "type": "MigMode",
+                        "status": "False",
+                        "reason": "MigModeDraining",
+                        "message": "switching MIG off once nothing uses the GPU",
+                        "observedGeneration": 1,
+                    }
+                ],
+            ),
+            gpu("node-a-gpu1"),
+        ),
+        (claim("early", minute=1), claim("late", minute=5)),
+        {"policy": "Dynamic", "cooldownSeconds": 0},
+        (("node-a-gpu1", "Disabled", "ml/early"),),
+        {
+            "late": Told(
+                Reason.WAITING_FOR_WHOLE_GPU,
+                False,
+                (
+                    "node-a-gpu0 is being switched to MIG mode off for it",
+                    "once nothing uses",
+                    "asked 30s ago",
+                ),
+                "node-a-gpu0",
+            ),
+            "early": Told(Reason.WAITING_FOR_WHOLE_GPU, False, ("switching node-a-gpu1",)),
+        },
+        spec={"disruptionBudget": {"maxGpusReshaping": 2}},
+    ),
+    Case(
+        "a-gpu-reshaping-is-not-switched",
+        (gpu("node-a-gpu0", generation=2, observed=1, layout=[("7g.80gb", 0)]),),
+        (claim("train"),),
+        DYNAMIC,
+        (),
+        {"train": Told(Reason.WAITING_FOR_WHOLE_GPU, False, ("its layout is being applied",))},
+    ),
+    Case(
+        "dry-run-says-what-it-would-switch",
+        (gpu("node-a-gpu0"),),
+        (claim("train"),),
+        DYNAMIC,
+        (),
+        {"train": Told(Reason.WAITING_FOR_WHOLE_GPU, False, ("is DryRun: it would switch node-a-gpu0",))},
+        spec={"mode": "DryRun"},
+        planned=(("node-a-gpu0", "Disabled", "ml/train"),),
+    ),
+    Case(
+        "static-switches-nothing",
+        (gpu("node-a-gpu0"),),
+        (claim("train"),),
+        DYNAMIC,
+        (),
+        {"train": Told(Reason.WAITING_FOR_WHOLE_GPU, True, ("Static and changes no GPU",))},
+        spec={"mode": "Static"},
+    ),
+    Case(
+        "a-mode-answered-reset-required-is-never-asked-again",
+        (gpu("node-a-gpu0", "A100-80GB", annotations={MIG_MODE_RESET_ANNOTATION: "Disabled"}),),
+        (claim("train"),),
+        {"policy": "Dynamic", "allowReset": True},
+        (),
+        {"train": Told(Reason.WAITING_FOR_WHOLE_GPU, True, ("answered ResetRequired", "not asked again"))},
+    ),
+    Case(
+        "two-whole-gpus-on-one-node-the-node-with-more-goes-first",
+        (gpu("node-a-gpu0"), gpu("node-b-gpu0"), gpu("node-b-gpu1", mig="Disabled")),
+        (claim("big", count=2),),
+        DYNAMIC,
+        (("node-b-gpu0", "Disabled", "ml/big"),),
+        {"big": Told(Reason.WAITING_FOR_WHOLE_GPU, False, ("switching node-b-gpu0",))},
+    ),
+]
+
+
+CASES.append(
+    Case(
+        "two-whole-gpus-on-one-node-another-node-can-get-both",
+        (gpu("node-a-gpu0"), gpu("node-a-gpu1", instances=()), gpu("node-b-gpu1", mig="Disabled")),
+        (claim("big", count=2),),
+        DYNAMIC,
+        (("node-a-gpu1", "Disabled", "ml/big"),),
+        {
+            "big": Told(
+                Reason.WAITING_FOR_WHOLE_GPU, False, ("only 1 of them free on node node-b", "switching")
+            )
+        },
+    )
+)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_mig_mode_decision(case: Case) -> None:
+    pol = policy(case.mig_mode, **case.spec)
+    decision = decide(case.gpus, case.claims, pol)
+    assert [(s.gpu, s.to.value, s.claim) for s in decision.switches] == list(case.switches)
+    assert [(s.gpu, s.to.value, s.claim) for s in decision.planned] == list(case.planned)
+    for s in decision.switches:  # what is written
+        want: dict[str, Any] = {"migMode": s.to.value}
+        if s.to is MigModeRequest.DISABLED:
+            want |= {"layout": [], "offeredProfiles": []}
+        assert s.spec() == want
+        assert s.annotations("2027-01-15T08:00:00Z") == {
+            MIG_MODE_WRITTEN_ANNOTATION: "2027-01-15T08:00:00Z",
+            MIG_MODE_REQUESTED_ANNOTATION: s.to.value,
+            MIG_MODE_FOR_ANNOTATION: s.claim,
+        }
+        assert s.claim in s.message and s.gpu in s.message
+    told = {v.claim.claim.name: v for v in decision.verdicts}
+    assert set(told) == set(case.told)
+    for name, want_told in case.told.items():
+        v = told[name]
+        assert v.reason is want_told.reason, (name, v.message)
+        assert v.warning is want_told.warn, (name, v.message)
+        for text in want_told.says:
+            assert text in v.message, (name, text, v.message)
+        if want_told.gpu is not None:
+            assert v.gpu == want_told.gpu, (name, v.gpu)
+
+
+# ------------------------------------------------------------------------------------------ ResetRequired
+
+RESET = {"type": "MigMode", "status": "False", "reason": "ResetRequired", "observedGeneration": 1,
+         "message": "NVML answered NVML_ERROR_RESET_REQUIRED switching MIG off"}  # fmt: skip
+
+
+def test_reset_required_is_recorded_the_request_withdrawn_and_the_node_skipped() -> None:
+    asked = {MIG_MODE_REQUESTED_ANNOTATION: "Disabled", MIG_MODE_FOR_ANNOTATION: "ml/train"}
+    parts = (
+        gpu(
+            "node-a-gpu0",
+            "A100-80GB",
+            mig="DisablePending",
+            ask="Disabled",
+            annotations=asked,
+            conditions=[RESET],
+        ),
+        gpu("node-a-gpu1", "A100-80GB"),  # same node, same model: same platform
+        gpu("node-b-gpu0", "A100-80GB"),
+    )
+    decision = decide(parts, (claim("train"),), policy({"policy": "Dynamic", "allowReset": True}))
+    (reset,) = decision.resets
+    assert (reset.gpu, reset.mode, reset.revert) == (
+        "node-a-gpu0",
+        MigModeRequest.DISABLED,
+        MigModeRequest.ENABLED,
+    )
+    assert reset.spec() == {"migMode": "Enabled"}
+    assert reset.annotations() == {
+        MIG_MODE_RESET_ANNOTATION: "Disabled",
+        MIG_MODE_REQUESTED_ANNOTATION: "Enabled",
+    }
+    assert "not ask it" in reset.message and "VM reboot" in reset.message
+    # The stuck GPU holds no budget; the other GPU of its node is skipped, the other node's is switched.
+    assert [(s.gpu, s.to.value) for s in decision.switches] == [("node-b-gpu0", "Disabled")]
+
+
+def test_reset_required_on_a_request_a_person_wrote_is_recorded_and_left() -> None:
+    parts = (gpu("node-a-gpu0", "A100-80GB", mig="DisablePending", ask="Disabled", conditions=[RESET]),)
+    decision = decide(parts, (), policy(None))  # Fixed: the record is kept all the same
+    (reset,) = decision.resets
+    assert reset.revert is None and reset.spec() == {}
+    assert reset.annotations() == {MIG_MODE_RESET_ANNOTATION: "Disabled"}
+    # Recorded once: with the annotation there, nothing more is written.
+    parts = (
+        gpu("node-a-gpu0", "A100-80GB", mig="DisablePending", ask="Disabled", conditions=[RESET],
+            annotations={MIG_MODE_RESET_ANNOTATION: "Disabled"}),
+    )  # fmt: skip
+    assert decide(parts, (), policy(None)).resets == ()
+
+
+# ------------------------------------------------------------------------------------------ the inventory
+
+
+def test_a_gpu_switching_off_is_not_planned_for_mig_and_holds_the_disruption_budget() -> None:
+    parts = (gpu("node-a-gpu0", ask="Disabled"), gpu("node-a-gpu1", instances=(), layout=[]))
+    gpus = {g.name: g for g in parse_inventory(parts, CATALOG)}
+    assert gpus["node-a-gpu0"].unusable.startswith("spec.migMode asks for MIG mode off")
+    assert gpus["node-a-gpu0"].switching is MigModeRequest.DISABLED and not gpus["node-a-gpu0"].whole
+    pol = parse_policy(policy(DYNAMIC))
+    claims = pending((slice_claim("infer"),))
+    decision = decide_round(RoundInput(pol, (), tuple(gpus.values()), claims, NOW, {}, CATALOG))
+    assert decision.writes == ()  # the budget (1) is the switch's
+    (v,) = decision.verdicts
+    assert v.reason is Reason.WAITING_FOR_BUDGET and "disruption budget" in v.message
+
+
+def test_a_whole_gpu_asked_to_switch_on_serves_no_whole_claim() -> None:
+    (g,) = parse_inventory([gpu("node-a-gpu0", mig="Disabled", ask="Enabled")], CATALOG)
+    assert not g.whole and g.switching is MigModeRequest.ENABLED
+    (g,) = parse_inventory([gpu("node-a-gpu0", mig="Enabled", ask="Enabled")], CATALOG)
+    assert g.switching is None and g.mode_target is MigModeRequest.ENABLED and not g.unusable
+
+
+# ------------------------------------------------------------------------------------------ the policy field
+
+
+def test_the_mig_mode_field_defaults_to_fixed_and_names_bad_input() -> None:
+    spec = parse_policy(policy(None)).spec.mig_mode
+    assert (spec.policy, spec.allow_reset, spec.min_mig_gpus, spec.min_whole_gpus, spec.cooldown_seconds) == (
+        MigModeKind.FIXED, False, 0, 0, 600,
+    )  # fmt: skip
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"policy": "Sometimes"}, "spec.migMode.policy"),
+        ({"minMigGpus": -1}, "spec.migMode.minMigGpus"),
+        ({"minWholeGpus": -1}, "spec.migMode.minWholeGpus"),
+        ({"cooldownSeconds": 10**7}, "spec.migMode.cooldownSeconds"),
+        ({"allowReset": "maybe"}, "spec.migMode.allowReset"),
+    ]
+    for bad, where in cases:
+        with pytest.raises(ValidationError) as err:
+            parse_policy(policy(bad))
+        assert where in str(err.value), (bad, str(err.value))
+
+
+def test_every_catalog_model_has_a_generation_and_only_ampere_needs_a_reset() -> None:
+    for model in CATALOG.models():
+        gen = generation(model.key)
+        assert gen is not None, model.key
+        assert mode_switch_needs_reset(model.key) is (gen is Generation.AMPERE), model.key
+    assert mode_switch_needs_reset("A30-24GB") and not mode_switch_needs_reset("H200-141GB")
+    assert mode_switch_needs_reset("Z9-1GB")  # unknown: taken as needing one
+
+
+# ------------------------------------------------------------------------------------------ a round
+
+
+class FakeKube:
+    """The KubeIO calls a round makes, answered from one snapshot; spec writes and Events are recorded."""
+
+    def __init__(self, snap: Snapshot) -> None:
+        self.snap = snap
+        self.events: list[
+            tuple[dict[str, Any], str, str, str]
+        ] = []  # (involvedObject, type, reason, message)
+        self.writes: list[tuple[str, dict[str, Any], dict[str, str]]] = []
+
+    async def snapshot(self, lease_namespace: str | None = None) -> Snapshot:
+        return self.snap
+
+    async def post_event(
+        self, involved: Mapping[str, Any], event_type: str, reason: str, message: str, namespace: str
+    ) -> None:
+        self.events.append((dict(involved), event_type, reason, message))
+
+    async def write_spec(self, name: str, spec: Any, annotations: Any, rv: str) -> dict[str, Any]:
+        self.writes.append((name, dict(spec), dict(annotations)))
+        return {"metadata": {"generation": 2}}
+
+    async def patch_policy_status(self, name: str, status: Mapping[str, Any]) -> None:
+        pass
+
+    async def write_device_classes(self, changes: ClassChanges) -> None:
+        pass
+
+    async def patch_partition_conditions(self, name: str, conditions: list[dict[str, Any]]) -> None:
+        pass
+
+    async def serves_taint_rules(self) -> bool:
+        return False
+
+
+def round_snapshot(part: dict[str, Any]) -> Snapshot:
+    c, p = claim("train")
+    return Snapshot(
+        policies=(policy(DYNAMIC),),
+        partitions=(part,),
+        nodes=({"metadata": {"name": "node-a", "labels": NODES["node-a"]}},),
+        pods=(p,),
+        claims=(c,),
+        device_classes=(DRIVER_CLASS,),
+    )
+
+
+SWITCHES = "dynamig_operator_mig_mode_switches_total"
+
+
+async def test_a_round_writes_the_switch_tells_the_gpu_and_the_pod_and_counts_it() -> None:
+    metrics = OperatorMetrics()
+    kube = FakeKube(round_snapshot(gpu("node-a-gpu0")))
+    rec = Reconciler(cast(KubeIO, kube), CATALOG, metrics, OperatorSettings())
+    await rec.round("fleet")
+    ((name, spec, annotations),) = kube.writes
+    spec.pop("autoPlacementsPerProfile", None)  # the operator's choice for agents on auto, in the same patch
+    assert (name, spec) == ("node-a-gpu0", {"migMode": "Disabled", "layout": [], "offeredProfiles": []})
+    assert annotations[MIG_MODE_REQUESTED_ANNOTATION] == "Disabled"
+    assert annotations[MIG_MODE_FOR_ANNOTATION] == "ml/train" and MIG_MODE_WRITTEN_ANNOTATION in annotations
+    by_kind = {(e[0]["kind"], e[2]): e for e in kube.events}
+    gpu_event = by_kind[("GpuPartition", "MigModeSwitchRequested")]
+    assert gpu_event[1] == "Normal" and "ml/train" in gpu_event[3] and gpu_event[0]["uid"] == "u-node-a-gpu0"
+    assert ("GpuPartitionPolicy", "MigModeSwitchRequested") in by_kind
+    pod_event = by_kind[("Pod", "WaitingForWholeGpu")]
+    assert pod_event[1] == "Normal" and "switching node-a-gpu0" in pod_event[3]
+    assert metrics.registry.get_sample_value(SWITCHES, {"policy": "fleet", "to": "Disabled"}) == 1
+    assert metrics.registry.get_sample_value(SWITCHES, {"policy": "fleet", "to": "Enabled"}) == 0
+
+    # The agent switched: the next round tells the GPU and writes nothing more.
+    done = gpu("node-a-gpu0", mig="Disabled", ask="Disabled", annotations=annotations)
+    kube.snap = round_snapshot(done)
+    kube.events.clear()
+    kube.writes.clear()
+    await rec.round("fleet")
+    assert [w for w in kube.writes if set(w[1]) - {"autoPlacementsPerProfile"}] == []
+    assert any(e[0]["kind"] == "GpuPartition" and e[2] == "MigModeSwitched" for e in kube.events)
+
+
+async def test_a_round_withdraws_a_request_the_agent_answered_reset_required_for() -> None:
+    asked = {MIG_MODE_REQUESTED_ANNOTATION: "Disabled", MIG_MODE_FOR_ANNOTATION: "ml/train",
+             MIG_MODE_WRITTEN_ANNOTATION: stamp(time.time() - 5)}  # fmt: skip
+    part = gpu("node-a-gpu0", "A100-80GB", mig="DisablePending", ask="Disabled", annotations=asked,
+               conditions=[RESET])  # fmt: skip
+    kube = FakeKube(round_snapshot(part))
+    rec = Reconciler(cast(KubeIO, kube), CATALOG, OperatorMetrics(), OperatorSettings())
+    await rec.round("fleet")
+    ((name, spec, annotations),) = kube.writes
+    spec.pop("autoPlacementsPerProfile", None)
+    assert (name, spec) == ("node-a-gpu0", {"migMode": "Enabled"})
+    assert annotations == {MIG_MODE_RESET_ANNOTATION: "Disabled", MIG_MODE_REQUESTED_ANNOTATION: "Enabled"}
+    warned = [e for e in kube.events if e[2] == "MigModeResetRequired"]
+    assert {e[0]["kind"] for e in warned} == {"GpuPartition", "GpuPartitionPolicy"}
+    assert all(e[1] == "Warning" for e in warned)
