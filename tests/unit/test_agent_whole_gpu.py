@@ -5,12 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry, generate_latest
+
 from dynamig.agent.devices_service import whole_prepared, whole_refusal
+from dynamig.agent.metrics import AgentMetrics, GpuSample
 from dynamig.agent.nvml_device import GpuInfo, WholeGpu
 from dynamig.agent.ownership import foreign_mig_owners
 from dynamig.agent.plugin import cdi
 from dynamig.agent.plugin.cdi_validation import check_spec
 from dynamig.agent.whole import whole_outcome
+from dynamig.agent.xid import Taint, with_health
 from dynamig.geometry.catalog import load_catalog
 from dynamig.kube.devices import WholeGpuDevice
 from dynamig.kube.gpupartition import (
@@ -165,3 +169,31 @@ def test_a_whole_gpus_cdi_spec_is_its_one_node_and_valid_cdi(tmp_path: Path) -> 
     assert dev["containerEdits"]["env"] == [f"DYNAMIG_GPU_UUIDS={UUID},GPU-9"]
     assert dev["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia0", "hostPath": "/dev/nvidia0"}]
     check_spec(spec, "whole-GPU spec")  # the CDI schema and the CDI library's own checks
+
+
+def test_metrics_show_each_gpus_mode_and_the_whole_gpus_state() -> None:
+    registry = CollectorRegistry()
+    metrics = AgentMetrics(registry, "n1")
+    metrics.snapshot(
+        (),
+        (GpuSample(0, UUID, "Stable", "Disabled", "allocated"), GpuSample(1, "GPU-1", "Stable", "Enabled")),
+    )
+    text = generate_latest(registry).decode()
+    assert 'dynamig_gpu_mig_mode{Hostname="n1",UUID="GPU-0a1b",gpu="0",mode="Disabled"} 1.0' in text
+    assert 'dynamig_gpu_mig_mode{Hostname="n1",UUID="GPU-1",gpu="1",mode="Enabled"} 1.0' in text
+    assert 'dynamig_whole_gpus{Hostname="n1",UUID="GPU-0a1b",gpu="0",state="allocated"} 1.0' in text
+    assert 'dynamig_whole_gpus{Hostname="n1",UUID="GPU-1"' not in text  # MIG on: no whole GPU
+
+
+def test_an_xid_on_a_gpu_with_mig_off_taints_its_whole_device() -> None:
+    body = build_resource_slices(
+        "n1", 1, [whole().device.to_api(), WholeGpuDevice(1, "H100", "GPU-1").to_api()]
+    )
+    (tainted,) = with_health(body, {}, {0: Taint(48, STAMP)}, taints=True)
+    devices = {d["name"]: d for d in tainted["spec"]["devices"]}
+    assert devices["gpu0"]["taints"] == [
+        {"key": "mig.dynamig.io/xid", "value": "48", "effect": "NoSchedule", "timeAdded": STAMP}
+    ]
+    assert "taints" not in devices["gpu1"]
+    (withdrawn,) = with_health(body, {}, {0: Taint(48, STAMP)}, taints=False)
+    assert [d["name"] for d in withdrawn["spec"]["devices"]] == ["gpu1"]

@@ -47,6 +47,8 @@ class GpuSample:
     gpu_index: int
     gpu_uuid: str
     phase: str
+    mig_mode: str = ""  # Enabled, Disabled, EnablePending, DisablePending
+    whole_state: str = ""  # MIG mode off: the whole GPU's state (free, allocated, in-use); "" otherwise
 
 
 class _SnapshotCollector(Collector):
@@ -97,9 +99,25 @@ class _SnapshotCollector(Collector):
             "1 for the current phase of each GPU's partition.",
             labels=["Hostname", "gpu", "UUID", "phase"],
         )
+        mode = GaugeMetricFamily(
+            "dynamig_gpu_mig_mode",
+            "1 for the MIG mode NVML reports for each GPU: Enabled, Disabled, EnablePending, DisablePending.",
+            labels=["Hostname", "gpu", "UUID", "mode"],
+        )
+        whole = GaugeMetricFamily(
+            "dynamig_whole_gpus",
+            "GPUs with MIG mode off, published whole, by GPU and state (free, allocated, in-use).",
+            labels=["Hostname", "gpu", "UUID", "state"],
+        )
         for g in self.gpus:
             phase.add_metric([self.hostname, str(g.gpu_index), g.gpu_uuid, g.phase], 1.0)
+            if g.mig_mode:
+                mode.add_metric([self.hostname, str(g.gpu_index), g.gpu_uuid, g.mig_mode], 1.0)
+            if g.whole_state:
+                whole.add_metric([self.hostname, str(g.gpu_index), g.gpu_uuid, g.whole_state], 1.0)
         yield phase
+        yield mode
+        yield whole
 
 
 class AgentMetrics:

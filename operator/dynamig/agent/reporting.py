@@ -149,7 +149,8 @@ class NodeReporter:
             st = o.status
             if st is None:
                 continue
-            gpus.append(GpuSample(st.gpu_index or 0, st.uuid, str(st.phase or "")))
+            whole = str(st.whole_gpu.state) if st.whole_gpu is not None else ""
+            gpus.append(GpuSample(st.gpu_index or 0, st.uuid, str(st.phase or ""), str(st.mig_mode), whole))
             for i in st.instances:
                 samples.append(
                     InstanceSample(
