@@ -34,6 +34,7 @@ def test_demo_tells_the_story_and_leaves_nothing_running(tmp_path: os.PathLike[s
     assert all(re.search(r"-(1g10gb|2g20gb)-", dev) for _, dev in pods), pods
     assert re.search(r"train-0 -> gpu\d-3g40gb-s[04]", out), out
     _made_room(out)
+    _whole_gpu(out)
     assert "(all of them free at the time)" in out, out
     assert "nothing is left running" in out
     assert _control_plane_pids_under(str(tmp_path)) == []
@@ -49,6 +50,13 @@ def _made_room(out: str) -> None:
     assert len(got.group(2).split(", ")) == 3, got.group(0)
     assert re.search(r"^\s+14 batch pods got a slice; 1 wait", out, re.M), out
     assert re.search(r"^\s+1 batch pod\(s\) still wait", out, re.M), out
+
+
+def _whole_gpu(out: str) -> None:
+    """The whole-GPU chapter: one GPU switched off (one call to NVML), the pod got it whole."""
+    got = re.search(r"train-whole -> (gpu(\d)); NVML asked to switch MIG mode 1 time\(s\)", out)
+    assert got, out
+    assert re.search(rf"^\s+gpu-node-a-{got.group(1)}\s+Disabled\s+whole\s*$", out, re.M), out
 
 
 def _real_node_pids() -> set[str]:
@@ -80,6 +88,9 @@ def test_demo_on_a_real_node_runs_every_pod_on_its_own_slice(tmp_path: os.PathLi
     assert len(set(caps)) == 16, "no capability node shared between two containers"
     _made_room(out)
     assert re.search(r"^\s+critical-0\s+\+\d+\.\ds\s+MIG-", out, re.M), "the critical pod's container ran"
+    _whole_gpu(out)
+    # the whole GPU's container: its GPU UUID, no capability node
+    assert re.search(r"^\s+train-whole\s+\+\d+\.\ds\s+GPU-[0-9a-f-]+\s*$", out, re.M), out
     assert "(all of them free at the time)" in out, out
     assert "nothing is left running" in out
     assert _real_node_pids() - before == set(), "the kubelet, containerd and shims are gone"

@@ -13,6 +13,9 @@ The story, as a platform engineer lives it:
 5. Best-effort batch pods (priority 0) take every slice; a latency-critical pod (priority 1000) asks for a
    ``3g.40gb``. kube-scheduler cannot preempt for a DRA device; the policy's ``preemption.mode: Evict`` holds
    a placement for it, evicts the fewest batch pods in its way, and the pod gets the cut.
+6. A training pod asks for a whole GPU (MIG mode off: NCCL across MIG instances has no peer-to-peer). No GPU
+   has MIG off; the policy's ``migMode.policy: Dynamic`` (with ``allowReset``: an A100's switch resets it)
+   switches an idle GPU off and the pod gets it whole.
 
 With ``real_node`` the node is real (:class:`~dynamig.devcluster.node.RealNode`: a kubelet and containerd,
 root needed) and its agent runs as its own process beside it, as the DaemonSet would: the pods run, and the
@@ -44,7 +47,7 @@ from dynamig.devcluster import eventually
 from dynamig.devcluster.node import ContainerReport, RealNode, parse_report, runnable
 from dynamig.devcluster.processes import Component
 from dynamig.geometry.catalog import load_catalog
-from dynamig.kube.names import MANAGED_NODE_LABEL, gpu_partition_name
+from dynamig.kube.names import MANAGED_NODE_LABEL, WHOLE_PROFILE, gpu_partition_name
 from dynamig.simulate.trace import percentile
 from dynamig.textable import align
 
@@ -156,12 +159,12 @@ async def _show_containers(
     seen = await eventually(reports, "every container running and reporting its devices", within, every_s=0.5)
     report.timed(label, max(t for t, _ in seen.values()) - since)
     report.table(
-        ("POD", "STARTED", "MIG UUID (as the container saw it)", "CAPABILITY NODES"),
+        ("POD", "STARTED", "MIG (or GPU) UUID as the container saw it", "CAPABILITY NODES"),
         [
             (
                 name,
                 f"+{started - since:.1f}s",
-                got.env.get("DYNAMIG_MIG_UUIDS", "-"),
+                got.env.get("DYNAMIG_MIG_UUIDS") or got.env.get("DYNAMIG_GPU_UUIDS", "-"),
                 " ".join(n.rsplit("/", 1)[1] for n in got.capability_nodes),
             )
             for name, (started, got) in sorted(seen.items())
@@ -277,6 +280,7 @@ async def _story(options: DemoOptions, report: Reporter, cp: Any, api_client: An
     await api.claim_template("inference", list(options.inference_profiles))
     await api.claim_template("training", [options.training_profile])
     await api.claim_template("batch", [BATCH_PROFILE])
+    await api.claim_template("whole", [WHOLE_PROFILE])
     await api.priority_classes({BEST_EFFORT: {"value": 0}, CRITICAL: {"value": 1000}})
     gpus = [gpu_partition_name(NODE, i) for i in range(len(options.gpus))]
     baseline = list(options.baseline)
@@ -308,6 +312,7 @@ async def _story(options: DemoOptions, report: Reporter, cp: Any, api_client: An
                 "cooldownSeconds": options.cooldown_s,
                 "disruptionBudget": {"maxGpusReshaping": len(gpus)},
                 "preemption": {"mode": "Evict", "minRunSeconds": 0, "gpuCooldownSeconds": 0},
+                "migMode": {"policy": "Dynamic", "allowReset": True, "cooldownSeconds": 0},
             })  # fmt: skip
 
             async def governs() -> bool | None:
@@ -319,6 +324,7 @@ async def _story(options: DemoOptions, report: Reporter, cp: Any, api_client: An
             try:
                 await _burst_training_release(options, report, api, agent, watch, gpus)
                 await _make_room(options, report, api, agent, watch)
+                await _whole_gpu(options, report, api, agent, watch, gpus)
             finally:
                 await watch.stop()
             ok = _summary(report, agent, watch, history_start)
@@ -472,6 +478,49 @@ async def _make_room(
             api, report, ["critical-0"], created, within, "critical pod created to container started"
         )
     await api.delete_pods([*batch, "critical-0"])
+
+
+async def _whole_gpu(
+    options: DemoOptions,
+    report: Reporter,
+    api: ScenarioApi,
+    agent: _NodeAgent,
+    watch: AllocationWatch,
+    gpus: list[str],
+) -> None:
+    """A pod asks for a whole GPU; the policy switches an idle MIG GPU off for it. Prints which GPU, how long
+    the pod waited, and (on a real node) the GPU its container saw."""
+    within = options.step_timeout_s
+
+    async def quiet() -> bool | None:
+        return None if (await api.core.list_namespaced_pod(api.ns)).items else True
+
+    await eventually(quiet, "the afternoon's pods gone", within)
+    report.step(
+        "4 PM: a training pod asks for a whole GPU (MIG mode off); every GPU is cut into MIG, so the "
+        "policy's migMode Dynamic switches an idle one off"
+    )
+    created = time.time()
+    await api.pod("train-whole", "whole", {POOL_LABEL: "morning"})
+
+    async def allocated() -> str | None:
+        return allocated_device(await api.claim_of("train-whole"))
+
+    device = await eventually(allocated, "the whole-GPU pod allocated", within)
+    waited = (await _bound_waits(watch, {"train-whole": created}, within))[0]
+    report.timed("whole-GPU pod created to bound (GPU switched off first)", waited)
+    switched = [e for e in agent.history() if e.kind == "set-mig-mode"]
+    modes: list[tuple[str, ...]] = []
+    for name in gpus:
+        st = (await api.partition(name)).get("status") or {}
+        modes.append((name, str(st.get("migMode", "?")), str(st.get("layoutSummary", "-"))))
+    report.info(f"train-whole -> {device}; NVML asked to switch MIG mode {len(switched)} time(s)")
+    report.table(("GPU", "MIG MODE", "LAYOUT"), modes)
+    if agent.node is not None:
+        await _show_containers(
+            api, report, ["train-whole"], created, within, "whole-GPU pod created to container started"
+        )
+    await api.delete_pods(["train-whole"])
 
 
 async def _finish_evictions(api: ScenarioApi, pods: list[str]) -> None:
