@@ -162,3 +162,31 @@ async def test_an_a100_whose_policy_forbids_resets_never_switches_and_the_claim_
         assert [e for e in sim.history() if e.kind == "set-mig-mode"] == []
         part = await k.partition(f"{node}-gpu0")
         assert "migMode" not in part["spec"]
+
+
+async def test_a_policy_serving_gpus_without_mig_has_an_l4_served_whole(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+) -> None:
+    """An L4 (no MIG) under a policy with ``migMode.gpusWithoutMig: Whole``: the operator asks it served
+    whole, the agent publishes it as gpu0, and a whole-GPU pod binds on it."""
+    k = ScenarioApi(kube_api, namespace)
+    await k.ensure_device_class()
+    sim.configure(gpus=["L4-24GB"], state_file=None)
+    pool = uuid.uuid4().hex[:8]
+    node = make_node("l4", labels={"dynamig.io/managed": "true", "test-pool": pool})
+    await k.claim_template("whole", ["whole"])
+    async with (
+        agent_running(kube_api, node, sim, quick_agent_settings(node)),
+        operator_running(crds.kubeconfig_path, OperatorMetrics()),
+    ):
+        spec = {"nodeSelector": {"matchLabels": {"test-pool": pool}}, "migMode": {"gpusWithoutMig": "Whole"}}
+        await k.create_policy(f"l4-{pool}", spec)
+        await k.pod("infer", "whole", {"test-pool": pool})
+        assert await eventually(functools.partial(_bound, k, "infer"), "the pod bound on the L4", within_s=60)
+        part = await k.partition(f"{node}-gpu0")
+        assert part["spec"]["migMode"] == "Disabled" and part["status"]["wholeGpu"]["deviceName"] == "gpu0"
+        assert [e for e in sim.history() if e.kind == "set-mig-mode"] == []  # nothing to switch on an L4

@@ -739,3 +739,71 @@ async def test_a_round_withdraws_a_request_the_agent_answered_reset_required_for
     warned = [e for e in kube.events if e[2] == "MigModeResetRequired"]
     assert {e[0]["kind"] for e in warned} == {"GpuPartition", "GpuPartitionPolicy"}
     assert all(e[1] == "Warning" for e in warned)
+
+
+def l4(name: str, *, ask: str | None = None, annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A GPU without MIG (no catalog model) as the agent reports it: mode Disabled, refused (UnknownModel)
+    until its GpuPartition asks spec.migMode Disabled."""
+    node, index = name.rsplit("-gpu", 1)
+    spec: dict[str, Any] = {"layout": []}
+    if ask is not None:
+        spec["migMode"] = ask
+    return {
+        "metadata": {"name": name, "generation": 1, "resourceVersion": "5", "uid": f"u-{name}",
+                     "annotations": dict(annotations or {})},
+        "spec": spec,
+        "status": {"node": node, "gpuIndex": int(index), "product": "NVIDIA L4", "model": "",
+                   "migMode": "Disabled", "observedGeneration": 1, "phase": "Degraded"},
+    }  # fmt: skip
+
+
+def l4_snapshot(part: dict[str, Any], without_mig: str | None) -> Snapshot:
+    mig_mode = {"gpusWithoutMig": without_mig} if without_mig else None
+    return Snapshot(
+        policies=(policy(mig_mode),),
+        partitions=(part,),
+        nodes=({"metadata": {"name": "node-a", "labels": NODES["node-a"]}},),
+        pods=(),
+        claims=(),
+        device_classes=(DRIVER_CLASS,),
+    )
+
+
+async def test_a_gpu_without_mig_is_served_whole_only_under_gpus_without_mig_whole() -> None:
+    kube = FakeKube(l4_snapshot(l4("node-a-gpu0"), None))  # default Ignore: left alone, not governed
+    rec = Reconciler(cast(KubeIO, kube), CATALOG, OperatorMetrics(), OperatorSettings())
+    await rec.round("fleet")
+    assert kube.writes == []
+    kube.snap = l4_snapshot(l4("node-a-gpu0"), "Whole")
+    await rec.round("fleet")
+    ((name, spec, annotations),) = [w for w in kube.writes if "migMode" in w[1]]
+    assert (name, spec["migMode"]) == ("node-a-gpu0", "Disabled")
+    assert annotations[MIG_MODE_REQUESTED_ANNOTATION] == "Disabled"
+    assert any(e[2] == "ServedWhole" and e[0]["kind"] == "GpuPartition" for e in kube.events)
+    # Asked already: nothing more written.
+    kube.writes.clear()
+    kube.snap = l4_snapshot(l4("node-a-gpu0", ask="Disabled", annotations=annotations), "Whole")
+    await rec.round("fleet")
+    assert [w for w in kube.writes if "migMode" in w[1]] == []
+    # The policy no longer serves them: the operator's own request is withdrawn, a person's is left.
+    kube.writes.clear()
+    kube.snap = l4_snapshot(l4("node-a-gpu0", ask="Disabled", annotations=annotations), "Ignore")
+    await rec.round("fleet")
+    assert [(w[0], w[1]) for w in kube.writes] == [("node-a-gpu0", {"migMode": None})]
+    kube.writes.clear()
+    kube.snap = l4_snapshot(l4("node-a-gpu0", ask="Disabled"), "Ignore")
+    await rec.round("fleet")
+    assert kube.writes == []
+
+
+def test_gpus_without_mig_match_by_product_name() -> None:
+    from dynamig.kube.policy import GpuIdentity, policy_matches
+
+    whole = parse_policy(policy({"gpusWithoutMig": "Whole"}))
+    named = parse_policy(policy({"gpusWithoutMig": "Whole"}, gpuProducts=["NVIDIA L4"]))
+    other = parse_policy(policy({"gpusWithoutMig": "Whole"}, gpuProducts=["H100-80GB"]))
+    ignore = parse_policy(policy({"gpusWithoutMig": "Ignore"}))
+    gpu_l4 = GpuIdentity("node-a-gpu0", "node-a", NODES["node-a"], None, "NVIDIA L4")
+    assert policy_matches(whole, gpu_l4) and policy_matches(named, gpu_l4)
+    assert not policy_matches(other, gpu_l4) and not policy_matches(ignore, gpu_l4)
+    assert not policy_matches(whole, GpuIdentity("node-a-gpu0", "node-a", NODES["node-a"], None, ""))

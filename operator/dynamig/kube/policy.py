@@ -116,6 +116,11 @@ class Drain(_Model):
     max_gpus: int = Field(default=1, ge=1, le=10_000)  # GPUs of the policy draining at once
 
 
+class WithoutMig(StrEnum):
+    IGNORE = "Ignore"  # GPUs whose model has no MIG (an L4, a T4) are left alone
+    WHOLE = "Whole"  # they are governed and served whole (GpuPartition spec.migMode: Disabled)
+
+
 class MigModeSpec(_Model):
     """``spec.migMode``: whether the operator may switch a governed GPU's MIG mode (``GpuPartition``
     ``spec.migMode``) for pending claims: an idle MIG GPU off for a claim of whole GPUs, a free whole GPU on
@@ -129,6 +134,8 @@ class MigModeSpec(_Model):
     min_whole_gpus: int = Field(default=0, ge=0, le=100_000)
     # A GPU switched is not switched again for this long (no ping-pong).
     cooldown_seconds: int = Field(default=600, ge=0, le=604_800)
+    # GPUs whose model has no MIG: left alone, or governed and served whole (never as MIG).
+    gpus_without_mig: WithoutMig = WithoutMig.IGNORE
 
     @property
     def dynamic(self) -> bool:
@@ -329,6 +336,7 @@ class GpuIdentity:
     node: str
     node_labels: Mapping[str, str]
     model: GpuModel | None
+    product: str = ""  # NVML's product name (what matches a GPU without a catalog model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,10 +351,16 @@ class Ownership:
 
 
 def policy_matches(policy: GpuPartitionPolicy, gpu: GpuIdentity) -> bool:
-    """Whether ``policy`` selects ``gpu`` (node labels and product). Pure."""
-    if gpu.model is None:
+    """Whether ``policy`` selects ``gpu`` (node labels and product). A GPU without a catalog model (no MIG: an
+    L4) only under ``migMode.gpusWithoutMig: Whole``, by product name where ``gpuProducts`` is set. Pure."""
+    if not policy.spec.node_selector.matches(gpu.node_labels):
         return False
-    return policy.spec.node_selector.matches(gpu.node_labels) and policy.spec.governs_model(gpu.model)
+    if gpu.model is None:
+        spec = policy.spec
+        if spec.mig_mode.gpus_without_mig is not WithoutMig.WHOLE or not gpu.product:
+            return False
+        return not spec.gpu_products or _norm(gpu.product) in {_norm(p) for p in spec.gpu_products}
+    return policy.spec.governs_model(gpu.model)
 
 
 def resolve_ownership(policies: Sequence[GpuPartitionPolicy], gpus: Iterable[GpuIdentity]) -> Ownership:

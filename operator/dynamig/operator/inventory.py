@@ -178,7 +178,7 @@ class GpuView:
         return GpuState(node=self.node, index=self.index, model=self.model.key, instances=instances)
 
     def identity(self, node_labels: Mapping[str, str]) -> GpuIdentity:
-        return GpuIdentity(self.name, self.node, node_labels, self.model)
+        return GpuIdentity(self.name, self.node, node_labels, self.model, self.product)
 
 
 def _gpu_view(

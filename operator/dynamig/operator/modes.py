@@ -37,7 +37,7 @@ switched on for is ``WaitingForMigModeSwitch``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -617,4 +617,21 @@ def _mig_claim(
         )
     return replace(
         v, message=f"{v.message}; no whole GPU can be switched to MIG mode on for it: {_reasons(rejected)}"
+    )
+
+
+def served_without_mig(gpus: Sequence[GpuView]) -> tuple[str, ...]:
+    """The governed GPUs without a catalog model (no MIG: an L4, a T4) whose GpuPartition does not ask yet to
+    be served whole: ``spec.migMode: Disabled`` to write (a policy governs them only under
+    ``gpusWithoutMig: Whole``, kube/policy.py). Pure."""
+    return tuple(g.name for g in gpus if g.model is None and g.product and g.mode_wanted is not OFF)
+
+
+def released_without_mig(gpus: Sequence[GpuView], owner: Mapping[str, str]) -> tuple[str, ...]:
+    """GPUs without a catalog model that no policy governs any more and whose ``spec.migMode: Disabled`` the
+    operator wrote: the request to withdraw (the agent then leaves them alone again). Pure."""
+    return tuple(
+        g.name
+        for g in gpus
+        if g.model is None and g.name not in owner and g.mode_wanted is OFF and g.mode_by_operator
     )

@@ -28,7 +28,13 @@ from dynamig import DRIVER_NAME
 from dynamig.geometry.catalog import Catalog
 from dynamig.kube.apicalls import is_transient, status_of
 from dynamig.kube.events import gpu_partition_ref
-from dynamig.kube.gpupartition import AutoPlacementsSpec, Condition, layout_summary, set_condition
+from dynamig.kube.gpupartition import (
+    AutoPlacementsSpec,
+    Condition,
+    MigModeRequest,
+    layout_summary,
+    set_condition,
+)
 from dynamig.kube.heartbeat import Sighting, agent_leases, next_silence, sightings, silent_agents
 from dynamig.kube.names import GROUP_VERSION, POLICY_KIND, WHOLE_PROFILE
 from dynamig.kube.policy import (
@@ -52,10 +58,23 @@ from dynamig.operator.decide import (
 )
 from dynamig.operator.demand import PendingClaim, extract_demand, parse_device_classes
 from dynamig.operator.extended import class_changes, offered_profiles, served_resource, whole_offered
-from dynamig.operator.inventory import LAYOUT_WRITTEN_ANNOTATION, GpuView, allocated_devices, parse_inventory
+from dynamig.operator.inventory import (
+    LAYOUT_WRITTEN_ANNOTATION,
+    MIG_MODE_REQUESTED_ANNOTATION,
+    MIG_MODE_WRITTEN_ANNOTATION,
+    GpuView,
+    allocated_devices,
+    parse_inventory,
+)
 from dynamig.operator.kubeio import KubeIO, Snapshot
 from dynamig.operator.metrics import OperatorMetrics
-from dynamig.operator.modes import ModeDecision, ModeInput, decide_modes
+from dynamig.operator.modes import (
+    ModeDecision,
+    ModeInput,
+    decide_modes,
+    released_without_mig,
+    served_without_mig,
+)
 from dynamig.operator.preempting import Preempter
 from dynamig.operator.preemption import DryRunReport
 from dynamig.operator.settings import OperatorSettings
@@ -196,6 +215,8 @@ def auto_limits(
     chosen = choose(len({g.node for g in gpus if g.node}))
     out: dict[str, AutoChoice] = {}
     for g in mine:
+        if g.model is None:
+            continue  # a GPU without MIG (served whole) has no placements to offer
         raw = ((partitions.get(g.name) or {}).get("spec") or {}).get("autoPlacementsPerProfile")
         try:
             written = AutoPlacementsSpec.model_validate(raw).choice() if raw else None
@@ -352,6 +373,7 @@ class Reconciler:
             now = self.clock()
             world = await self._check_agents(snap)
             await self._keep_profile_classes(world, snap)
+            await self._without_mig(world, snap)
             self._gpu_uids = {p["metadata"]["name"]: p["metadata"].get("uid", "") for p in snap.partitions}
             raw = next((p for p in snap.policies if p["metadata"]["name"] == name), None)
             policy = next((p for p in world.policies if p.name == name), None)
@@ -478,6 +500,36 @@ class Reconciler:
                 since = idle.setdefault(g.name, now)
                 if g.last_written is not None and g.last_written > since:
                     idle[g.name] = g.last_written
+
+    async def _without_mig(self, world: World, snap: Snapshot) -> None:
+        """GPUs without MIG (an L4): each one a policy governs (``migMode.gpusWithoutMig: Whole``) is asked to
+        be served whole (GpuPartition ``spec.migMode: Disabled``; not under DryRun); one no policy governs any
+        more has the operator's request withdrawn. A refused write is logged; the next round tries again."""
+        by_name = {p.name: p for p in world.policies}
+        partitions = {p["metadata"]["name"]: p for p in snap.partitions}
+        writes: list[tuple[str, MigModeRequest | None, GpuPartitionPolicy | None]] = []
+        for gpu in served_without_mig(world.gpus):
+            policy = by_name.get(world.ownership.owner.get(gpu, ""))
+            if policy is not None and policy.spec.mode is not Mode.DRY_RUN:
+                writes.append((gpu, MigModeRequest.DISABLED, policy))
+        writes += [(gpu, None, None) for gpu in released_without_mig(world.gpus, world.ownership.owner)]
+        for gpu, mode, policy in writes:
+            rv = str(((partitions.get(gpu) or {}).get("metadata") or {}).get("resourceVersion", ""))
+            annotations = {
+                MIG_MODE_REQUESTED_ANNOTATION: mode.value if mode else "",
+                MIG_MODE_WRITTEN_ANNOTATION: now_rfc3339(),
+            }
+            try:
+                await self.kube.write_spec(gpu, {"migMode": mode.value if mode else None}, annotations, rv)
+            except ApiException as exc:
+                log.warning("%s: spec.migMode write failed: %s", gpu, exc.reason)
+                continue
+            if policy is not None:
+                msg = f"policy {policy.name}: a GPU without MIG, served whole (gpusWithoutMig: Whole)"
+            else:
+                msg = "no policy serves this GPU without MIG whole any more: left alone"
+            log.info("%s: %s", gpu, msg)
+            await self._event_gpu(gpu, "Normal", "ServedWhole" if policy is not None else "LeftAlone", msg)
 
     async def _report_switches(self, policy: GpuPartitionPolicy, gpus: tuple[GpuView, ...]) -> None:
         """A ``MigModeSwitched`` Event once NVML reports a MIG mode this process asked for (on the GPU and
