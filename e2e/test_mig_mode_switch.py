@@ -19,11 +19,9 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from dynamig.agent.nvml_device import NvmlDevices
 from dynamig.demo.cluster import ScenarioApi
-from dynamig.demo.inprocess import agent_running, quick_agent_settings
+from dynamig.demo.inprocess import agent_running, mig_modes, quick_agent_settings
 from dynamig.devcluster import ControlPlane, eventually
-from dynamig.geometry.catalog import load_catalog
 from dynamig.kube.gpupartition import Inventory
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, VERSION
 
@@ -44,27 +42,6 @@ def _condition(part: dict[str, Any], ctype: str) -> dict[str, Any]:
 async def _mig_mode(k: ScenarioApi, gpu: str, reason: str) -> dict[str, Any] | None:
     part = await k.partition(gpu)
     return part if _condition(part, "MigMode").get("reason") == reason else None
-
-
-async def _published(k: ScenarioApi, node: str) -> set[str]:
-    res = await k.custom.list_cluster_custom_object(
-        "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node}"
-    )
-    return {d["name"] for s in res["items"] for d in s["spec"].get("devices") or []}
-
-
-async def _bound(k: ScenarioApi, pod: str) -> str | None:
-    got = await k.core.read_namespaced_pod(pod, k.ns)
-    return got.spec.node_name or None
-
-
-def _mig_current(sim: ModuleType) -> list[int]:
-    devices = NvmlDevices(sim, load_catalog())
-    devices.init()
-    try:
-        return [g.mig_current for g in devices.gpus()]
-    finally:
-        devices.shutdown()
 
 
 def _set_calls(sim: ModuleType) -> list[Any]:
@@ -91,7 +68,7 @@ async def test_a_gpu_switches_to_mig_once_its_whole_gpu_pod_ends_and_back_once_i
         await k.claim_template("whole", ["whole"])
         await k.claim_template("slice", ["1g.10gb"])
         await k.pod("train", "whole", where)
-        assert await eventually(functools.partial(_bound, k, "train"), "the whole-GPU pod bound") == node
+        assert await eventually(functools.partial(k.node_of, "train"), "the whole-GPU pod bound") == node
 
         # Asked to switch to MIG while the whole GPU is allocated: withdrawn, told why, not switched.
         floor = [{"profile": "1g.10gb", "start": 0}]  # what the operator writes for the waiting slice claim
@@ -100,7 +77,7 @@ async def test_a_gpu_switches_to_mig_once_its_whole_gpu_pod_ends_and_back_once_i
         assert "allocated to" in _condition(part, "MigMode")["message"], _condition(part, "MigMode")
         assert part["status"]["phase"] == "Reshaping" and part["status"]["wholeGpu"]["published"] is False
         await eventually(lambda: _published_lacks(k, node, "gpu0"), "the whole GPU withdrawn")
-        assert _mig_current(sim) == [0] and _set_calls(sim) == []
+        assert mig_modes(sim) == [0] and _set_calls(sim) == []
 
         # The pod ends: the GPU switches to MIG, and a slice pod binds on it.
         ended = time.monotonic()
@@ -109,13 +86,13 @@ async def test_a_gpu_switches_to_mig_once_its_whole_gpu_pod_ends_and_back_once_i
             functools.partial(_mig_mode, k, gpu, "MigModeSwitched"), "switched to MIG", within_s=60
         )
         switched_s = time.monotonic() - ended
-        assert _mig_current(sim) == [1] and len(_set_calls(sim)) == 1
+        assert mig_modes(sim) == [1] and len(_set_calls(sim)) == 1
         await k.pod("small", "slice", where)
-        await eventually(functools.partial(_bound, k, "small"), "the MIG pod bound on the switched GPU")
+        await eventually(functools.partial(k.node_of, "small"), "the MIG pod bound on the switched GPU")
         cut_s = time.monotonic() - ended
         print(f"\n{inventory.value}: whole-GPU pod deleted -> MIG on {switched_s:.1f}s -> 1g.10gb pod bound "
               f"{cut_s:.1f}s")  # fmt: skip
-        assert "gpu0" not in await _published(k, node)
+        assert "gpu0" not in set(await k.published(node))
         claim = await k.claim_of("small")
         assert claim is not None
         device = claim["status"]["allocation"]["devices"]["results"][0]["device"]
@@ -125,23 +102,23 @@ async def test_a_gpu_switches_to_mig_once_its_whole_gpu_pod_ends_and_back_once_i
         await _spec(k, gpu, {"migMode": "Disabled"})
         await eventually(functools.partial(_mig_mode, k, gpu, "MigModeDraining"), "the switch back waiting")
         destroyed_before = [e for e in sim.history() if e.kind.startswith("destroy")]
-        assert _mig_current(sim) == [1]
+        assert mig_modes(sim) == [1]
         await k.delete_pods(["small"])
         await eventually(
             functools.partial(_mig_mode, k, gpu, "MigModeSwitched"), "switched back", within_s=60
         )
-        assert _mig_current(sim) == [0] and len(_set_calls(sim)) == 2
+        assert mig_modes(sim) == [0] and len(_set_calls(sim)) == 2
         await eventually(lambda: _published_has(k, node, "gpu0"), "the whole GPU published again")
         # the held instance went only after its pod ended (the destroys came after the deletion)
         assert all(e.kind != "destroy-ci" for e in destroyed_before)
 
 
 async def _published_has(k: ScenarioApi, node: str, name: str) -> bool | None:
-    return True if name in await _published(k, node) else None
+    return True if name in set(await k.published(node)) else None
 
 
 async def _published_lacks(k: ScenarioApi, node: str, name: str) -> bool | None:
-    return True if name not in await _published(k, node) else None
+    return True if name not in set(await k.published(node)) else None
 
 
 async def test_a_vm_gpu_whose_reset_is_not_exposed_is_asked_once_and_told_why(
@@ -171,8 +148,8 @@ async def test_a_vm_gpu_whose_reset_is_not_exposed_is_asked_once_and_told_why(
 
         await eventually(rounds_later, "five more agent rounds")
         assert len(_set_calls(sim)) == 1, "RESET_REQUIRED is never retried"
-        assert "gpu0" not in await _published(k, node)
+        assert "gpu0" not in set(await k.published(node))
         # The VM reboots (a reset): the pending mode becomes current and the switch is done.
         sim.reset_gpu(0)
         await eventually(functools.partial(_mig_mode, k, gpu, "MigModeSwitched"), "switched after the reboot")
-        assert _mig_current(sim) == [1] and len(_set_calls(sim)) == 1
+        assert mig_modes(sim) == [1] and len(_set_calls(sim)) == 1

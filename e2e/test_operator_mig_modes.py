@@ -20,11 +20,9 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from dynamig.agent.nvml_device import NvmlDevices
 from dynamig.demo.cluster import ScenarioApi
-from dynamig.demo.inprocess import agent_running, operator_running, quick_agent_settings
+from dynamig.demo.inprocess import agent_running, mig_modes, operator_running, quick_agent_settings
 from dynamig.devcluster import ControlPlane, eventually
-from dynamig.geometry.catalog import load_catalog
 from dynamig.kube.gpupartition import Inventory
 from dynamig.operator.metrics import OperatorMetrics
 
@@ -39,27 +37,6 @@ def _policy(pool: str, **mig_mode: Any) -> dict[str, Any]:
         "disruptionBudget": {"maxGpusReshaping": 2},
         "migMode": {"policy": "Dynamic", **mig_mode},
     }
-
-
-def _modes(sim: ModuleType) -> list[int]:
-    devices = NvmlDevices(sim, load_catalog())
-    devices.init()
-    try:
-        return [g.mig_current for g in devices.gpus()]
-    finally:
-        devices.shutdown()
-
-
-async def _bound(k: ScenarioApi, pod: str) -> str | None:
-    got = await k.core.read_namespaced_pod(pod, k.ns)
-    return got.spec.node_name or None
-
-
-async def _all_bound(k: ScenarioApi, pods: list[str]) -> bool | None:
-    for p in pods:
-        if await _bound(k, p) is None:
-            return None
-    return True
 
 
 async def _event(k: ScenarioApi, pod: str, reason: str, text: str = "") -> dict[str, Any] | None:
@@ -102,11 +79,11 @@ async def test_a_whole_gpu_pod_gets_an_idle_mig_gpu_switched_off_and_slices_get_
         await k.create_policy(policy, _policy(pool, cooldownSeconds=0))
         created = time.monotonic()
         await k.pod("train", "whole", where)
-        assert await eventually(functools.partial(_bound, k, "train"), "the whole-GPU pod bound", within_s=60)
+        assert await eventually(functools.partial(k.node_of, "train"), "the whole-GPU pod bound", within_s=60)
         print(f"\n{inventory.value}: whole-GPU pod created -> GPU switched off -> bound in "
               f"{time.monotonic() - created:.1f}s (switch latency 0 s, H100)")  # fmt: skip
-        assert sorted(_modes(sim)) == [0, 1]
-        switched = next(i for i, m in enumerate(_modes(sim)) if m == 0)
+        assert sorted(mig_modes(sim)) == [0, 1]
+        switched = next(i for i, m in enumerate(mig_modes(sim)) if m == 0)
         claim = await k.claim_of("train")
         assert claim is not None
         assert claim["status"]["allocation"]["devices"]["results"][0]["device"] == f"gpu{switched}"
@@ -123,10 +100,10 @@ async def test_a_whole_gpu_pod_gets_an_idle_mig_gpu_switched_off_and_slices_get_
         created = time.monotonic()
         for p in pods:
             await k.pod(p, "slice", where)
-        await eventually(functools.partial(_all_bound, k, pods), "all eight slice pods bound", within_s=120)
+        await eventually(functools.partial(k.all_bound, pods), "all eight slice pods bound", within_s=120)
         print(f"{inventory.value}: 8 x 1g.10gb created -> GPU switched on -> all bound in "
               f"{time.monotonic() - created:.1f}s")  # fmt: skip
-        assert _modes(sim) == [1, 1]
+        assert mig_modes(sim) == [1, 1]
         switches = [e for e in sim.history() if e.kind == "set-mig-mode"]
         assert len(switches) == 2, switches
         assert metrics is not None
@@ -158,7 +135,7 @@ async def test_an_a100_whose_policy_forbids_resets_never_switches_and_the_claim_
             within_s=60,
         )
         assert "allowReset" in event["message"], event
-        assert await _bound(k, "train") is None and _modes(sim) == [1]
+        assert await k.node_of("train") is None and mig_modes(sim) == [1]
         assert [e for e in sim.history() if e.kind == "set-mig-mode"] == []
         part = await k.partition(f"{node}-gpu0")
         assert "migMode" not in part["spec"]
@@ -186,7 +163,7 @@ async def test_a_policy_serving_gpus_without_mig_has_an_l4_served_whole(
         spec = {"nodeSelector": {"matchLabels": {"test-pool": pool}}, "migMode": {"gpusWithoutMig": "Whole"}}
         await k.create_policy(f"l4-{pool}", spec)
         await k.pod("infer", "whole", {"test-pool": pool})
-        assert await eventually(functools.partial(_bound, k, "infer"), "the pod bound on the L4", within_s=60)
+        assert await eventually(functools.partial(k.node_of, "infer"), "the pod bound on the L4", within_s=60)
         part = await k.partition(f"{node}-gpu0")
         assert part["spec"]["migMode"] == "Disabled" and part["status"]["wholeGpu"]["deviceName"] == "gpu0"
         assert [e for e in sim.history() if e.kind == "set-mig-mode"] == []  # nothing to switch on an L4

@@ -21,11 +21,9 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from dynamig.agent.nvml_device import NvmlDevices
 from dynamig.demo.cluster import ScenarioApi, device_plugin_pod
-from dynamig.demo.inprocess import agent_running, quick_agent_settings
+from dynamig.demo.inprocess import agent_running, mig_modes, quick_agent_settings
 from dynamig.devcluster import ControlPlane, eventually
-from dynamig.geometry.catalog import load_catalog
 from dynamig.kube.devices import whole_device_class
 from dynamig.kube.gpupartition import Inventory
 
@@ -33,17 +31,8 @@ pytestmark = pytest.mark.controlplane
 
 
 async def _whole_published(k: ScenarioApi, node: str) -> dict[str, dict[str, Any]] | None:
-    res = await k.custom.list_cluster_custom_object(
-        "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node}"
-    )
-    devices = {d["name"]: d for s in res["items"] for d in s["spec"].get("devices") or []}
+    devices = await k.published(node)
     return devices if {"gpu0", "gpu1"} <= set(devices) else None
-
-
-async def _bound(k: ScenarioApi, pod: str) -> str | None:
-    """The node ``pod`` is bound to, or None while pending."""
-    got = await k.core.read_namespaced_pod(pod, k.ns)
-    return got.spec.node_name or None
 
 
 @pytest.mark.parametrize("inventory", [Inventory.PARTITIONABLE, Inventory.INSTANCES])
@@ -69,11 +58,11 @@ async def test_whole_gpu_pods_bind_at_once_on_mig_off_gpus_and_nothing_is_cut(
         await k.claim_template("slice", ["1g.10gb"])
         created = time.monotonic()
         await k.pod("train-a", "whole", where)
-        bound = functools.partial(_bound, k, "train-a")
+        bound = functools.partial(k.node_of, "train-a")
         assert await eventually(bound, "the first whole-GPU pod bound", every_s=0.02) == node
         print(f"\n{inventory.value}: whole-GPU pod created -> bound in {time.monotonic() - created:.2f}s")
         await k.pod("train-b", "whole", where)
-        await eventually(functools.partial(_bound, k, "train-b"), "the second whole-GPU pod bound")
+        await eventually(functools.partial(k.node_of, "train-b"), "the second whole-GPU pod bound")
         got = {}
         for pod in ("train-a", "train-b"):
             claim = await k.claim_of(pod)
@@ -112,7 +101,7 @@ async def test_whole_gpu_pods_bind_at_once_on_mig_off_gpus_and_nothing_is_cut(
 
         # One ends: its GPU goes to the pod that waited.
         await k.delete_pods(["train-a"])
-        await eventually(functools.partial(_bound, k, "train-c"), "the waiting pod bound on the freed GPU")
+        await eventually(functools.partial(k.node_of, "train-c"), "the waiting pod bound on the freed GPU")
         claim = await k.claim_of("train-c")
         assert claim is not None
         assert claim["status"]["allocation"]["devices"]["results"][0]["device"] == got["train-a"]
@@ -125,18 +114,13 @@ async def test_whole_gpu_pods_bind_at_once_on_mig_off_gpus_and_nothing_is_cut(
         await k.delete_pods(["train-b"])
         legacy = device_plugin_pod("legacy", where, resource="nvidia.com/gpu")
         await k.core.create_namespaced_pod(namespace, legacy)
-        await eventually(functools.partial(_bound, k, "legacy"), "the nvidia.com/gpu pod bound", within_s=60)
+        await eventually(functools.partial(k.node_of, "legacy"), "the nvidia.com/gpu pod bound", within_s=60)
         claim = await k.claim_of("legacy")
         assert claim is not None
         assert claim["status"]["allocation"]["devices"]["results"][0]["device"] == got["train-b"]
 
     assert [e.kind for e in sim.history() if e.kind.startswith(("create", "destroy"))] == []
-    devices_now = NvmlDevices(sim, load_catalog())
-    devices_now.init()
-    try:
-        assert [g.mig_current for g in devices_now.gpus()] == [0, 0]
-    finally:
-        devices_now.shutdown()
+    assert mig_modes(sim) == [0, 0]
 
 
 async def test_a_gpu_without_mig_is_served_whole_only_when_its_gpu_partition_asks(
@@ -167,7 +151,7 @@ async def test_a_gpu_without_mig_is_served_whole_only_when_its_gpu_partition_ask
 
         part = await eventually(refused, "the L4 left alone")
         assert part["status"]["migMode"] == "Disabled" and "wholeGpu" not in part["status"]
-        assert await _devices(k, node) == {}
+        assert await k.published(node) == {}
         await k.custom.patch_cluster_custom_object(
             "dynamig.io", "v1alpha1", "gpupartitions", gpu, {"spec": {"migMode": "Disabled"}},
             _content_type="application/merge-patch+json",
@@ -180,7 +164,7 @@ async def test_a_gpu_without_mig_is_served_whole_only_when_its_gpu_partition_ask
         assert attrs["mig.dynamig.io/architecture"] == {"string": "Ada"}
         await k.claim_template("whole", ["whole"])
         await k.pod("infer", "whole", {"kubernetes.io/hostname": node})
-        assert await eventually(functools.partial(_bound, k, "infer"), "the pod bound on the L4") == node
+        assert await eventually(functools.partial(k.node_of, "infer"), "the pod bound on the L4") == node
         await k.delete_pods(["infer"])
         await k.custom.patch_cluster_custom_object(
             "dynamig.io", "v1alpha1", "gpupartitions", gpu, {"spec": {"migMode": None}},
@@ -189,13 +173,6 @@ async def test_a_gpu_without_mig_is_served_whole_only_when_its_gpu_partition_ask
         await eventually(functools.partial(_devices_named, k, node, set()), "withdrawn when no longer asked")
 
 
-async def _devices(k: ScenarioApi, node: str) -> dict[str, dict[str, Any]]:
-    res = await k.custom.list_cluster_custom_object(
-        "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node}"
-    )
-    return {d["name"]: d for s in res["items"] for d in s["spec"].get("devices") or []}
-
-
 async def _devices_named(k: ScenarioApi, node: str, names: set[str]) -> dict[str, dict[str, Any]] | None:
-    devices = await _devices(k, node)
+    devices = await k.published(node)
     return devices if set(devices) == names else None

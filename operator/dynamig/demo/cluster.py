@@ -272,6 +272,25 @@ class ScenarioApi:
             with contextlib.suppress(ApiException):
                 await self.core.delete_namespaced_pod(n, self.ns, grace_period_seconds=grace)
 
+    async def node_of(self, pod: str) -> str | None:
+        """The node ``pod`` is bound to, or None while it is not (for ``eventually``)."""
+        got = await self.core.read_namespaced_pod(pod, self.ns)
+        return got.spec.node_name or None
+
+    async def all_bound(self, pods: Iterable[str]) -> bool | None:
+        """True once every pod of ``pods`` is bound, else None (for ``eventually``)."""
+        for p in pods:
+            if await self.node_of(p) is None:
+                return None
+        return True
+
+    async def published(self, node: str) -> dict[str, dict[str, Any]]:
+        """Device name -> device of every ResourceSlice of ``node`` (any driver)."""
+        res = await self.custom.list_cluster_custom_object(
+            "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node}"
+        )
+        return {d["name"]: d for s in res["items"] for d in s["spec"].get("devices") or []}
+
     async def unschedulable(self, pod: str) -> bool | None:
         """True once the scheduler has marked ``pod`` Unschedulable, else None (for ``eventually``)."""
         got = await self.core.read_namespaced_pod(pod, self.ns)

@@ -69,6 +69,17 @@ async def operator_running(
         await asyncio.wait_for(task, timeout=30)
 
 
+def mig_modes(nvml: ModuleType) -> list[int]:
+    """The current MIG mode (1 on, 0 off) of every GPU ``nvml`` holds, read through the agent's NVML code
+    path."""
+    devices = NvmlDevices(nvml, load_catalog())
+    devices.init()
+    try:
+        return [g.mig_current for g in devices.gpus()]
+    finally:
+        devices.shutdown()
+
+
 def whole_instances(nvml: ModuleType) -> dict[str, str]:
     """Device name -> MIG UUID of every whole instance (GPU instance with its compute instance) ``nvml``
     holds now, read through the agent's own NVML code path."""
