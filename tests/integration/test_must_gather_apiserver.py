@@ -231,14 +231,30 @@ async def _scenario_and_checks(
     def items(name: str) -> list[dict[str, Any]]:
         return list(yaml.safe_load(io.BytesIO(files[name]))["items"])
 
-    # Every file support needs is there (the list is docs/operations.md's).
+    # Every file support needs is there: the list is docs/operations.md's, and it keeps at least these
+    # (issue 41: Leases, workload status, the admission policies, Helm values, the server version).
     needed = _support_files(namespace, release, namespace, "dynamig-operator-x")
     assert {
         "version.json",
-        "leases.yaml",
+        "gpupartitionpolicies.yaml",
+        "gpupartitions.yaml",
+        "verify.txt",
+        "resourceslices.yaml",
+        "deviceclasses.yaml",
+        "resourceclaims.yaml",
+        "workloads/resourceclaims.yaml",
         "workloads/pods.yaml",
-        "helm/" + namespace + "/" + release + ".values.yaml",
-    } <= set(needed)
+        "events.yaml",
+        "nodes.yaml",
+        "leases.yaml",
+        "validatingadmissionpolicies.yaml",
+        "validatingadmissionpolicybindings.yaml",
+        f"helm/{namespace}/{release}.values.yaml",
+        "pods.yaml",
+        f"pods/{namespace}/dynamig-operator-x/main.log",
+        f"pods/{namespace}/dynamig-operator-x/metrics.txt",
+        "summary.txt",
+    } <= set(needed), needed
     missing = [
         n for n in needed if n not in files and n != f"pods/{namespace}/dynamig-operator-x/metrics.txt"
     ]

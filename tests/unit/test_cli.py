@@ -5,6 +5,7 @@ Runs the installed entry point; API servers are local fakes or closed ports."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -22,6 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+import yaml
 
 from dynamig import __version__
 from dynamig.cli import build_parser, plain, render
@@ -340,35 +342,83 @@ def test_every_command_reports_through_the_same_path(
 # ---------------------------------------------------------------------------------------------- -o
 
 
-def output_choices(argv: list[str], prog: str = "dynamig") -> tuple[str, ...]:
-    """The -o choices a command accepts, read from its parser."""
-    if prog == "dynamig":
-        parser = build_parser()
+def output_flags(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> dict[str, argparse.Action]:
+    """Every command's -o/--output action, by command path ("plan", "geometry profiles"), read from the
+    parsers, sub-commands at any depth."""
+    found: dict[str, argparse.Action] = {}
+    for action in parser._actions:
+        if "-o" in action.option_strings and path:
+            found[" ".join(path)] = action
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found |= output_flags(sub, (*path, name))
+    return found
+
+
+# The commands that print a table, each with the one -o of dynamig.cli.add_output_argument.
+TABLES = {
+    "dynamig": {"plan", "doctor", "geometry models", "geometry profiles"},
+    "kubectl dynamig": {"plan", "verify"},
+}
+
+
+def test_every_command_that_prints_a_table_has_the_same_output_flag() -> None:
+    from dynamig.cli.kubectl_plugin import build_parser as plugin_parser
+
+    flags = {"dynamig": output_flags(build_parser()), "kubectl dynamig": output_flags(plugin_parser())}
+    for prog, tables in TABLES.items():
+        assert tables <= set(flags[prog]), f"{prog}: no -o on {sorted(tables - set(flags[prog]))}"
+        for command in tables:
+            action = flags[prog][command]
+            assert action.option_strings == ["-o", "--output"] and action.default == "table", (prog, command)
+            assert tuple(action.choices or ()) == ("table", "json", "yaml"), (prog, command)
+    # The others: export takes the same names (yaml by default; a table refused when it runs), must-gather's
+    # -o is the archive's path; nothing else has an -o.
+    export = flags["kubectl dynamig"]["export"]
+    assert tuple(export.choices or ()) == ("table", "json", "yaml") and export.default == "yaml"
+    assert flags["kubectl dynamig"]["must-gather"].choices is None
+    assert set(flags["dynamig"]) == TABLES["dynamig"]
+    assert set(flags["kubectl dynamig"]) == TABLES["kubectl dynamig"] | {"export", "must-gather"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["plan", "-f", str(EXAMPLES / "issue-example.yaml")], "gpus"),
+        (["plan", "-f", str(EXAMPLES / "issue-example.yaml"), "--offers"], "offers"),
+        (["geometry", "models"], None),
+        (["geometry", "profiles", "--model", "A100-40GB"], "profiles"),
+        (["doctor", "--nvml", "simulated", "--simulate-gpus", "A100-40GB:1"], None),
+    ],
+)
+def test_json_and_yaml_print_the_same_data(
+    argv: list[str], expected: str | None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dynamig import cli
+
+    if argv[0] == "doctor":
+        argv = [*argv, "--state", str(tmp_path / "state.json")]
+    printed = {}
+    for output in ("json", "yaml"):
+        assert cli.main([*argv, "-o", output]) == 0, capsys.readouterr().err
+        text = capsys.readouterr().out
+        printed[output] = json.loads(text) if output == "json" else yaml.safe_load(text)
+    assert printed["json"] == printed["yaml"]
+    if expected is not None:
+        assert expected in printed["json"], printed["json"]
     else:
-        from dynamig.cli.kubectl_plugin import build_parser as plugin_parser
-
-        parser = plugin_parser()
-    for name in argv:
-        sub = next(a for a in parser._actions if a.dest == "command")
-        parser = sub.choices[name]  # type: ignore[index]
-    (action,) = [a for a in parser._actions if a.dest == "output"]
-    assert action.option_strings == ["-o", "--output"] and action.default == "table"
-    return tuple(action.choices or ())
+        assert isinstance(printed["json"], list) and printed["json"]
 
 
-def test_every_report_has_the_same_output_flag() -> None:
-    assert output_choices(["plan"]) == output_choices(["doctor"]) == ("table", "json")
-    # kubectl dynamig: one set on every command that prints a report (export refuses a table, at run time)
+def test_wide_and_unknown_formats_are_one_line_naming_the_flag() -> None:
+    wide = offline("geometry", "models", "-o", "wide")
+    assert wide.returncode == 2 and wide.stderr.count("\n") == 1, wide.stderr
+    assert "argument -o/--output: wide: the table already shows every column" in wide.stderr
+    xml = offline("plan", "-f", str(EXAMPLES / "issue-example.yaml"), "-o", "xml")
+    assert xml.returncode == 2 and xml.stderr.count("\n") == 1
     assert (
-        output_choices(["verify"], "kubectl")
-        == output_choices(["plan"], "kubectl")
-        == ("table", "json", "yaml")
-    )
-    bad = offline("plan", "-f", str(EXAMPLES / "issue-example.yaml"), "-o", "yaml")
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
-    assert (
-        "argument -o/--output: invalid choice: 'yaml'" in bad.stderr
-        and "see dynamig plan --help" in bad.stderr
+        "argument -o/--output: invalid choice: 'xml'" in xml.stderr
+        and "see dynamig plan --help" in xml.stderr
     )
 
 

@@ -5,8 +5,9 @@ traceback.
 
 Real: the entry points ``dynamig.cli.main`` and ``dynamig.cli.kubectl_plugin.main`` with these arguments,
 files written here, the catalog and the Alibaba sample the package carries. No cluster is contacted: every
-case is refused before a command connects (a cluster command is given no kubeconfig it could use), and no
-command that would start something (agent, operator, demo, dev-cluster) gets valid arguments.
+case is refused before a command connects (a cluster command is given no kubeconfig it could use, or one
+whose server is a closed port or whose exec credential plugin cannot run or fails), and no command that
+would start something (agent, operator, demo, dev-cluster) gets valid arguments.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
+import yaml
 
 from dynamig import cli
 from dynamig.cli import kubectl_plugin
@@ -34,6 +36,14 @@ contexts: [{name: a, context: {cluster: c, user: u}}]
 """
 
 
+def kubeconfig_with_exec(command: str, args: list[str]) -> str:
+    """A kubeconfig whose user gets its credentials from an exec plugin, the server a closed port."""
+    exec_ = {"apiVersion": "client.authentication.k8s.io/v1", "command": command, "args": args}
+    doc = yaml.safe_load(KUBECONFIG_WITHOUT_CURRENT) | {"current-context": "a"}
+    doc["users"] = [{"name": "u", "user": {"exec": exec_}}]
+    return str(yaml.safe_dump(doc))
+
+
 def files(tmp: Path) -> dict[str, str]:
     """The files the cases name, written into ``tmp``: {placeholder: path}."""
     written = {
@@ -43,6 +53,9 @@ def files(tmp: Path) -> dict[str, str]:
         "BAD_POLICY": SCENARIO + "policy: {maxGpusReshaped: many}\n",
         "BAD_PROFILE": SCENARIO.replace("[1g.10gb]", "[9g.99gb]"),
         "NO_CURRENT": KUBECONFIG_WITHOUT_CURRENT,
+        "CLOSED_PORT": KUBECONFIG_WITHOUT_CURRENT + "current-context: a\n",
+        "EXEC_MISSING": kubeconfig_with_exec("no-such-credential-plugin", []),
+        "EXEC_FAILS": kubeconfig_with_exec("sh", ["-c", "echo token expired >&2; exit 3"]),
         "TRACE_LIST": "name: x\n- y\n",
         "PODS": "name,num_gpu,gpu_milli\np0,1,1000\n",
     }
@@ -54,6 +67,7 @@ def files(tmp: Path) -> dict[str, str]:
     out["MISSING"] = str(tmp / "no-such-file.yaml")
     out["MISSING_DIR"] = str(tmp / "no-such-dir")
     out["NO_PARENT"] = str(tmp / "no-such-dir" / "gather.tar.gz")
+    out["NEW_ARCHIVE"] = str(tmp / "gather.tar.gz")
     out["TMP"] = str(tmp)
     return out
 
@@ -79,7 +93,9 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
     (D, ["geometry", "shapes"], "COMMAND", {}),
     # dynamig doctor
     (D, ["doctor", "--nvml", "fake"], "--nvml", {}),
-    (D, ["doctor", "-o", "yaml"], "-o/--output", {}),
+    (D, ["doctor", "-o", "wide"], "-o/--output: wide", {}),
+    (D, ["geometry", "models", "-o", "xml"], "-o/--output", {}),
+    (D, ["geometry", "profiles", "--model", "A100-80GB", "-o", "wide"], "-o/--output: wide", {}),
     (D, ["doctor", "--nvml", "simulated", "--simulate-gpus", "B300-1TB:1"], "--simulate-gpus", {}),
     (D, ["doctor", "--nvml", "simulated", "--simulate-gpus", "A100-80GB:x"], "--simulate-gpus", {}),
     (D, ["doctor", "--simulate-gpus", "A100-80GB:1"], "--nvml simulated", {}),
@@ -140,7 +156,10 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
     (K, ["plan", "-n", "a", "-A"], "-A/--all-namespaces", {}),
     (K, ["export", "--as", "chart"], "--as", {}),
     (K, ["export", "--as", "scenario", "-o", "table"], "-o table", {}),
+    (K, ["export", "--as", "scenario", "-o", "wide"], "-o/--output: wide: export prints a manifest", {}),
+    (K, ["plan", "-o", "wide"], "-o/--output: wide", {}),
     (K, ["must-gather", "-o", "json"], "-o json", {}),
+    (K, ["must-gather", "-o", "wide"], "-o wide", {}),
     (K, ["must-gather", "-o", "TMP"], "-o", {}),
     (K, ["must-gather", "-o", "NO_PARENT"], "-o", {}),
     (K, ["must-gather", "--log-lines", "0"], "--log-lines", {}),
@@ -155,6 +174,15 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
     (K, ["verify"], "--kubeconfig", {"KUBECONFIG": "BAD_YAML"}),
     (K, ["plan"], "--kubeconfig", {}),  # no kubeconfig anywhere, not in a pod
     (K, ["--context", "prod", "plan"], "--context", {}),
+    # an exec credential plugin that cannot run or fails: the kubeconfig's user, in one line
+    (K, ["--kubeconfig", "EXEC_MISSING", "verify"], "exec credential plugin no-such-credential-plugin", {}),
+    (K, ["--kubeconfig", "EXEC_FAILS", "must-gather"], "plugin failed: process returned 3", {}),
+    (D, ["uninstall", "--kubeconfig", "EXEC_MISSING", "--dry-run"], "plugin no-such-credential-plugin", {}),
+    # an API server that cannot be reached (a closed port): every command, must-gather too, says so and
+    # writes nothing
+    (K, ["--kubeconfig", "CLOSED_PORT", "must-gather", "-o", "NEW_ARCHIVE"], "cannot reach the API", {}),
+    (K, ["--kubeconfig", "CLOSED_PORT", "verify"], "cannot reach the API server", {}),
+    (D, ["uninstall", "--kubeconfig", "CLOSED_PORT", "--dry-run", "--wait-for-api", "0"], "cannot reach", {}),
 ]
 
 
@@ -198,3 +226,4 @@ def test_bad_input_is_one_line_naming_the_flag(
     assert names in err, err
     prog = "kubectl dynamig" if entry == K else "dynamig"
     assert err.startswith(prog), err
+    assert not Path(paths["NEW_ARCHIVE"]).exists()  # nothing written for a refused must-gather

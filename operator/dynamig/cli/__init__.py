@@ -12,7 +12,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 # module name under dynamig.cli -> exposes register(subparsers: argparse._SubParsersAction) -> None
@@ -28,23 +28,47 @@ def plain(text: str | None) -> str | None:
     return re.sub(r":[a-z]+:`([^`]*)`", r"\1", text).replace("``", "")
 
 
-# -o/--output of every command that prints a report (`kubectl dynamig` too): the same name, choices and
-# default everywhere; yaml only where a command has it.
-OUTPUT_FORMATS = ("table", "json")
+# -o/--output of every command that prints a table (`dynamig plan`, `doctor`, `geometry models|profiles`,
+# `kubectl dynamig plan|verify`; `kubectl dynamig export` takes the same names, defaults to yaml and refuses a
+# table): the same name, choices and default everywhere. No `wide`: every table already shows every column.
+OUTPUT_FORMATS = ("table", "json", "yaml")
 # What a text table shows for "nothing"; JSON and YAML show null instead.
 EMPTY_MARKS = ("", "-")
 
 
-def add_output_argument(parser: argparse.ArgumentParser, *, yaml: bool = False) -> None:
-    """The shared ``-o/--output`` flag: table (the default), json, and yaml with ``yaml=True``."""
-    choices = (*OUTPUT_FORMATS, "yaml") if yaml else OUTPUT_FORMATS
+WIDE_HINT = "the table already shows every column; use -o table (the default), json or yaml"
+
+
+def output_format(wide_hint: str = WIDE_HINT) -> Callable[[str], str]:
+    """The type of ``-o``: kubectl's habit ``-o wide`` is refused with ``wide_hint`` (argparse puts the
+    flag's name before it); any other name is left to the flag's choices. Pure."""
+
+    def parse(text: str) -> str:
+        if text == "wide":
+            raise argparse.ArgumentTypeError(f"wide: {wide_hint}")
+        return text
+
+    parse.__name__ = "output format"  # argparse names the type in messages it writes itself
+    return parse
+
+
+def add_output_argument(
+    parser: argparse.ArgumentParser,
+    *,
+    default: str = "table",
+    help_text: str = "",
+    wide_hint: str = WIDE_HINT,
+) -> None:
+    """The shared ``-o/--output`` flag: :data:`OUTPUT_FORMATS`, ``table`` by default."""
     parser.add_argument(
         "-o",
         "--output",
-        choices=choices,
-        default="table",
-        help=f"output format: {', '.join(choices)} (default table); machine formats show an empty value "
-        "as null",
+        type=output_format(wide_hint),
+        choices=OUTPUT_FORMATS,
+        default=default,
+        help=help_text
+        or f"output format: {', '.join(OUTPUT_FORMATS)} (default {default}); machine formats show an empty "
+        "value as null",
     )
 
 

@@ -381,13 +381,13 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     finally:
         devices.shutdown()
     ok = bool(gpus) and not lost and all(c.ok for c in checks) and all(m.ok for m in made)
-    if args.output == "json":
+    if args.output != "table":
         records = [r for c in checks for r in gpu_records(c)]
         records += [
             {"check": "discover", "gpu": index, "ok": False, "error": error} for index, error in lost.items()
         ]
         records += [m.record() for m in made]
-        out.write(render(records, "json") + "\n")
+        out.write(render(records, args.output) + "\n")
     else:
         if checks:
             _print_catalog_table(checks, out)

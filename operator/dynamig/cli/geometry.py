@@ -3,7 +3,7 @@
 Examples::
 
     dynamig geometry models                                        # every catalog key
-    dynamig geometry profiles --model A100-40GB                    # profile table
+    dynamig geometry profiles --model A100-40GB                    # profile table (-o json|yaml: data)
     dynamig geometry layouts --model A100-40GB --profiles 1g.5gb,2g.10gb,3g.20gb,4g.20gb,7g.40gb --maximal
     dynamig geometry layouts --model H100-80GB --maximal --count
     dynamig geometry check --model A100-40GB 3g.20gb@0,1g.10gb@3   # exit 1 and the reason when refused
@@ -15,8 +15,9 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
+from dynamig.cli import add_output_argument, render
 from dynamig.geometry.model import GpuModel
 from dynamig.textable import align
 
@@ -26,10 +27,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     gsub = p.add_subparsers(dest="geometry_command", required=True, metavar="COMMAND")
 
     models = gsub.add_parser("models", help="list the GPU models in the catalog")
+    add_output_argument(models)
     models.set_defaults(func=run_models)
 
     profiles = gsub.add_parser("profiles", help="table of a model's GPU-instance profiles")
     profiles.add_argument("--model", required=True, help="catalog key, e.g. A100-40GB")
+    add_output_argument(profiles)
     profiles.set_defaults(func=run_profiles)
 
     layouts = gsub.add_parser("layouts", help="enumerate the valid placed layouts of a model")
@@ -66,16 +69,71 @@ def _model_or_none(key: str) -> GpuModel | None:
         return None
 
 
+def _confirmed(model: GpuModel) -> str:
+    return "yes" if model.confirmed else "partly" if any(p.confirmed for p in model.profiles) else "no"
+
+
+def models_data(models: Sequence[GpuModel]) -> list[dict[str, Any]]:
+    """The ``geometry models -o json|yaml`` shape: one record per model, the table's columns. Pure."""
+    return [
+        {
+            "model": m.key,
+            "memorySlices": m.memory_slices,
+            "computeSlices": m.compute_slices,
+            "profiles": len(m.profiles),
+            "confirmed": _confirmed(m),
+            "productNames": list(m.product_names),
+        }
+        for m in models
+    ]
+
+
+def profiles_data(model: GpuModel) -> dict[str, Any]:
+    """The ``geometry profiles -o json|yaml`` shape: the model, its profiles (the table's columns) and its
+    notes. Pure."""
+    return {
+        "model": model.key,
+        "memorySlices": model.memory_slices,
+        "computeSlices": model.compute_slices,
+        "productNames": list(model.product_names),
+        "profiles": [
+            {
+                "name": p.name,
+                "id": p.profile_id,
+                "nvmlEnum": p.nvml_enum,
+                "computeSlices": p.compute_slices,
+                "placementStarts": list(p.placement_starts),
+                "placementSize": p.placement_size,
+                "maxInstances": p.max_instances,
+                "memoryMiB": p.memory_mib,
+                "multiprocessors": p.multiprocessors,
+                "copyEngines": p.copy_engines,
+                "decoders": p.decoders,
+                "encoders": p.encoders,
+                "jpegs": p.jpegs,
+                "ofas": p.ofas,
+                "confirmed": p.confirmed,
+                "source": p.source,
+                "inferred": list(p.inferred),
+            }
+            for p in model.profiles
+        ],
+        "notes": list(model.notes),
+    }
+
+
 def run_models(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Print one line per catalog model. Side effect: writes to ``out`` (default stdout)."""
     out = out or sys.stdout
     from dynamig.geometry.catalog import load_catalog
 
+    if args.output != "table":
+        out.write(render(models_data(load_catalog().models()), args.output) + "\n")
+        return 0
     rows = [["MODEL", "SLOTS", "COMPUTE", "PROFILES", "CONFIRMED", "PRODUCT NAMES"]]
     for m in load_catalog().models():
         rows.append([
-            m.key, str(m.memory_slices), str(m.compute_slices), str(len(m.profiles)),
-            "yes" if m.confirmed else "partly" if any(p.confirmed for p in m.profiles) else "no",
+            m.key, str(m.memory_slices), str(m.compute_slices), str(len(m.profiles)), _confirmed(m),
             "; ".join(m.product_names),
         ])  # fmt: skip
     _table(rows, out)
@@ -88,6 +146,9 @@ def run_profiles(args: argparse.Namespace, out: TextIO | None = None) -> int:
     model = _model_or_none(args.model)
     if model is None:
         return 2
+    if args.output != "table":
+        out.write(render(profiles_data(model), args.output) + "\n")
+        return 0
     out.write(
         f"{model.key}: {model.memory_slices} memory slices, {model.compute_slices} compute slices; "
         f"{', '.join(model.product_names)}\n"

@@ -1,4 +1,4 @@
-"""``dynamig plan -f scenario.yaml [-o table|json] [--offers]``: what dynamig would do, offline.
+"""``dynamig plan -f scenario.yaml [-o table|json|yaml] [--offers]``: what dynamig would do, offline.
 
 Reads a scenario (GPUs with their current instances, pending claims, policy; format in
 ``dynamig.planner.scenario``), runs the planner and prints the target layouts, the assignments and the
@@ -196,11 +196,10 @@ def run(args: argparse.Namespace) -> int:
         return _invalid(args.file, str(exc))
     if args.offers:
         offers = scenario_offers(scenario, catalog)
-        print(render(offers_to_json(offers), "json") if args.output == "json" else offers_to_table(offers))
+        print(
+            offers_to_table(offers) if args.output == "table" else render(offers_to_json(offers), args.output)
+        )
         return 0
     result = plan(scenario.gpus, scenario.claims, scenario.policy, catalog)
-    if args.output == "json":
-        print(render(result_to_json(result), "json"))
-    else:
-        print(result_to_table(result))
+    print(result_to_table(result) if args.output == "table" else render(result_to_json(result), args.output))
     return 0

@@ -19,7 +19,7 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -146,14 +146,58 @@ async def client_configuration(settings: OperatorSettings) -> client.Configurati
     embedded data and exec credential plugins (EKS, GKE, AKS); else in-cluster. Runs an exec plugin if any."""
     conf = client.Configuration()
     if kubeconfig_available(settings):
-        await config.load_kube_config(
-            config_file=str(settings.kubeconfig) if settings.kubeconfig is not None else None,
-            context=settings.context,
-            client_configuration=conf,
-        )
+        with _logged_only_if_loaded():
+            try:
+                await config.load_kube_config(
+                    config_file=str(settings.kubeconfig) if settings.kubeconfig is not None else None,
+                    context=settings.context,
+                    client_configuration=conf,
+                )
+            except OSError as exc:  # an exec credential plugin that cannot be started
+                raise config.ConfigException(_os_error_line(exc)) from exc
+            except config.ConfigException as exc:  # "exec: process returned 1. <its stderr>"
+                text = str(exc)
+                if not text.startswith("exec: "):
+                    raise
+                raise config.ConfigException(
+                    f"its user's exec credential plugin failed: {text.removeprefix('exec: ')}"
+                ) from exc
     else:
         config.load_incluster_config(client_configuration=conf)
     return conf
+
+
+KUBECONFIG_LOGGER = "kubernetes_asyncio.config.kube_config"
+
+
+@contextlib.contextmanager
+def _logged_only_if_loaded() -> Iterator[None]:
+    """kubernetes-asyncio logs an exec credential plugin's failure at ERROR and also raises it; the raised
+    error is what dynamig reports (one line on a command's stderr), so the records of a load that fails are
+    dropped. Those of a load that succeeds (a plugin whose output holds no token) are passed on."""
+    logger = logging.getLogger(KUBECONFIG_LOGGER)
+    held: list[logging.LogRecord] = []
+
+    def hold(record: logging.LogRecord) -> bool:
+        held.append(record)
+        return False
+
+    logger.addFilter(hold)
+    try:
+        yield
+    finally:
+        logger.removeFilter(hold)
+    for record in held:
+        logger.handle(record)
+
+
+def _os_error_line(exc: OSError) -> str:
+    """What an OSError while loading the kubeconfig means, in words: the only program it starts is the
+    user's exec credential plugin. Pure."""
+    why = (exc.strerror or str(exc)).lower()
+    if exc.filename:
+        return f"its user's exec credential plugin {exc.filename} cannot be run ({why})"
+    return f"loading it failed ({why})"
 
 
 def connection_info(conf: client.Configuration) -> kopf.ConnectionInfo:

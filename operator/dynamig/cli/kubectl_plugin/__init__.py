@@ -17,15 +17,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from dynamig.cli import add_output_argument
 from dynamig.cli.args import Parser, positive_int
 
 PROG = "kubectl dynamig"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-
-# -o/--output: the same formats on every command that prints a report. A command refuses a format that makes
-# no sense for it (one line, before it connects): export prints manifests, never a table; must-gather's -o
-# names the archive it writes, as it always has, and refuses a format name.
-OUTPUT_FORMATS = ("table", "json", "yaml")
+# -o/--output is dynamig's own (dynamig.cli.add_output_argument): the same formats as every dynamig command
+# that prints a table. A command refuses a format that makes no sense for it (one line, before it connects):
+# export prints manifests, never a table; must-gather's -o names the archive it writes and refuses a format
+# name.
 
 DESCRIPTION = (
     "Inspect dynamig in a live cluster: what the operator would do for the pending claims, which GPUs are "
@@ -66,17 +66,6 @@ def _add_connection_arguments(parser: argparse.ArgumentParser, *, top: bool) -> 
     )
 
 
-def _add_output_argument(parser: argparse.ArgumentParser, default: str) -> None:
-    parser.add_argument(
-        "-o",
-        "--output",
-        choices=OUTPUT_FORMATS,
-        default=default,
-        help=f"output format: {', '.join(OUTPUT_FORMATS)} (default {default}); machine formats show an empty "
-        "value as null",
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
     from dynamig import __version__
 
@@ -98,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         "it would offer, and whether each change would be written now or held, and why. A return to the "
         "baseline is shown as a freshly started operator sees it (idle time counted from now).",
     )
-    _add_output_argument(plan, "table")
+    add_output_argument(plan)
     plan.add_argument("--policy", default=None, help="only this GpuPartitionPolicy")
     plan.add_argument(
         "--agent-namespace",
@@ -113,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Compares each GpuPartition's spec.layout with the instances its agent reports, the generation the "
         "agent has seen and its Ready condition. Exit status 1 when any GPU is off its spec.",
     )
-    _add_output_argument(verify, "table")
+    add_output_argument(verify)
 
     export = command(
         "export",
@@ -127,29 +116,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy", default=None, help="only GPUs (and claims) of this policy; a scenario takes its settings"
     )
     export.add_argument("--name", default="dynamig-baseline", help="name of the exported policy")
-    export.add_argument(
-        "-o",
-        "--output",
-        choices=OUTPUT_FORMATS,
+    add_output_argument(
+        export,
         default="yaml",
-        help="yaml (the default) or json; a table is refused: the output is a manifest",
+        help_text="yaml (the default) or json; a table is refused: the output is a manifest",
+        wide_hint="export prints a manifest, not a table; use -o yaml (the default) or json",
     )
 
     gather = command(
         "must-gather",
         "CRs, slices, claims, Events, agent/operator logs and metrics in one archive",
-        "Writes a .tar.gz with the GpuPartitionPolicies, GpuPartitions, the driver's ResourceSlices, "
-        "ResourceClaims, Events, DeviceClasses, the Nodes dynamig labels, and the logs and /metrics of the "
-        "agent and operator pods (found by the chart's labels in every namespace). What could not be "
-        "gathered is listed in summary.txt inside the archive; it is not an error.",
+        "Writes a .tar.gz with what support needs (docs/operations.md lists it): the server version, the "
+        "GpuPartitionPolicies, GpuPartitions, the driver's ResourceSlices, ResourceClaims (dynamig's with "
+        "the pods using them), Events, DeviceClasses, the Nodes dynamig labels, the agents' heartbeat "
+        "Leases, dynamig's admission policies and bindings, the Helm release's values, and the logs and "
+        "/metrics of the agent and operator pods (found by the chart's labels in every namespace). An item "
+        "that could not be gathered is listed in summary.txt inside the archive and is not an error; an "
+        "API server that cannot be reached is, and no archive is written.",
     )
     gather.add_argument(
         "-o",
         "--output",
         type=Path,
         default=None,
-        help="archive path (default: dynamig-must-gather-TIME.tar.gz); a report format name (table, json, "
-        "yaml) is refused",
+        help="archive path (default: dynamig-must-gather-TIME.tar.gz); a report format name (table, "
+        "wide, json, yaml) is refused",
     )
     gather.add_argument(
         "--selector",

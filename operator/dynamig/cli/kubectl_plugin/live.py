@@ -18,9 +18,9 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config import ConfigException
 
-from dynamig.cli import render
-from dynamig.cli.errors import EXIT_USAGE, CommandError, check_kubeconfig, describe, exit_code
-from dynamig.cli.kubectl_plugin import EXIT_FAILED, EXIT_OK, OUTPUT_FORMATS, PROG
+from dynamig.cli import OUTPUT_FORMATS, render
+from dynamig.cli.errors import EXIT_USAGE, CommandError, check_kubeconfig, describe, exit_code, reach_api
+from dynamig.cli.kubectl_plugin import EXIT_FAILED, EXIT_OK, PROG
 from dynamig.cli.kubectl_plugin.report import (
     PreemptionReads,
     ReportError,
@@ -40,11 +40,16 @@ AGENT_POD_SELECTOR = "app.kubernetes.io/name=dynamig,app.kubernetes.io/component
 
 @contextlib.asynccontextmanager
 async def connected(args: argparse.Namespace) -> AsyncIterator[client.ApiClient]:
-    """An ApiClient logged in the way the operator logs in (kubectl's kubeconfig rules, exec plugins)."""
+    """An ApiClient logged in the way the operator logs in (kubectl's kubeconfig rules, exec plugins), once
+    the API server has answered ``GET /version`` with these credentials: a server that cannot be reached, or
+    that refuses them, is the same one line as from ``dynamig operator`` and ``uninstall``
+    (:func:`dynamig.cli.errors.reach_api`, tried once), before a command reads anything (must-gather would
+    otherwise write an archive of nothing but failures)."""
     from dynamig.operator.handlers import api_client
     from dynamig.operator.settings import OperatorSettings
 
     async with api_client(OperatorSettings(kubeconfig=args.kubeconfig, context=args.context)) as api:
+        await reach_api(api, 0.0)
         yield api
 
 
@@ -140,7 +145,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         )
     if args.command == "must-gather" and args.output is not None:
         path: Path = args.output
-        if str(path) in OUTPUT_FORMATS:
+        if str(path) in (*OUTPUT_FORMATS, "wide"):
             raise CommandError(
                 f"-o {path}: must-gather writes an archive, not a report; -o names the archive file "
                 "(e.g. -o gather.tar.gz)",
