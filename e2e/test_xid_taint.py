@@ -20,6 +20,8 @@ fail.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import time
 import uuid
 from collections.abc import Callable
@@ -32,7 +34,7 @@ from kubernetes_asyncio import client
 from dynamig.agent.devicehealth import CONDITION
 from dynamig.agent.xid import TAINT_KEY
 from dynamig.demo.cluster import ScenarioApi, allocated_device, claim_pod, exactly, resource_claim
-from dynamig.demo.inprocess import agent_running
+from dynamig.demo.inprocess import agent_running, quick_agent_settings
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.devcluster.versions import KubeTarget
 from dynamig.devcluster.waiting import event_posted
@@ -141,3 +143,71 @@ async def test_a_critical_xid_on_one_instance_keeps_new_claims_off_just_that_dev
         )
         assert "Contained ECC error" in event["message"], event
         await k.delete_pods(["first", "second"])
+
+
+async def test_a_no_execute_xid_taint_moves_the_pod_off_its_device_and_spares_the_gpus_other_instance(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    kube_target: KubeTarget,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+) -> None:
+    """The agent run with ``--xid-effect=NoExecute``: an XID 94 on the instance a pod holds taints that device
+    NoExecute, and kube-controller-manager's device-taint eviction controller evicts the pod (DRADeviceTaints:
+    on from 1.36); the pod on the GPU's other instance stays."""
+    if kube_target.minor < 36 and "DRADeviceTaints" not in kube_target.feature_gates:
+        pytest.skip(f"{kube_target.name} serves no device taints: the sick device is withdrawn instead")
+    k = ScenarioApi(kube_api, namespace)
+    await k.ensure_device_class()
+    sim.configure(gpus=["H100-80GB"], state_file=None)
+    node = make_node("xidexec", labels={"dynamig.io/managed": "true"})
+    gpu = f"{node}-gpu0"
+    where = {"kubernetes.io/hostname": node}
+    settings = dataclasses.replace(quick_agent_settings(node), xid_effect="NoExecute")
+    async with agent_running(kube_api, node, sim, settings):
+        await eventually(lambda: _created(k, gpu), f"{gpu} created", within_s=60)
+        await k.set_layout(gpu, [("1g.10gb", 0), ("1g.10gb", 1)])
+
+        async def both_published() -> bool | None:
+            return True if {SICK, WELL} <= set(await node_devices(k, node)) else None
+
+        await eventually(both_published, f"{SICK} and {WELL} published", within_s=60)
+        for name, device in (("sick", SICK), ("well", WELL)):
+            start = int(device.rsplit("-s", 1)[1])
+            selector = (
+                f'{PROFILE} == "1g.10gb" && device.attributes["mig.dynamig.io"].placementStart == {start}'
+            )
+            body = resource_claim(name, exactly(selector))
+            await k.custom.create_namespaced_custom_object(
+                "resource.k8s.io", "v1", namespace, "resourceclaims", body
+            )
+            await k.core.create_namespaced_pod(namespace, claim_pod(name, where, claim=name))
+            await eventually(functools.partial(k.node_of, name), f"pod {name} bound", within_s=60)
+        gi = next(
+            g["id"] for g in sim.snapshot()["gpus"][0]["gpu_instances"] if g["start"] == 0 and g["size"] == 1
+        )
+        sim.inject_xid(0, 94, gi_id=gi, ci_id=0)
+
+        async def evicted() -> bool | None:
+            try:
+                pod = await k.core.read_namespaced_pod("sick", namespace)
+            except client.ApiException as exc:
+                return True if exc.status == 404 else None
+            return True if pod.metadata.deletion_timestamp is not None else None
+
+        await eventually(evicted, "the pod on the tainted device evicted", within_s=60)
+        devices = await node_devices(k, node)
+        assert devices[SICK]["taints"][0]["effect"] == "NoExecute", devices[SICK]
+        well = await k.core.read_namespaced_pod("well", namespace)
+        assert well.metadata.deletion_timestamp is None, "the GPU's other instance keeps its pod"
+        assert not devices[WELL].get("taints"), devices[WELL]
+
+
+async def _created(k: ScenarioApi, gpu: str) -> dict[str, Any] | None:
+    try:
+        return await k.partition(gpu)
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise

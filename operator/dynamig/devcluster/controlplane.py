@@ -57,6 +57,9 @@ KUBE_CONTROLLERS = (
     "job-controller",
     # PodDisruptionBudget status (disruptionsAllowed), which preemption reads.
     "disruption-controller",
+    # Evicts pods from devices tainted NoExecute (DRADeviceTaints; skipped where the gate is off): what moves
+    # a pod off a device the agent taints for a critical XID.
+    "device-taint-eviction-controller",
 )
 SERVICE_CIDR = "10.0.0.0/24"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
