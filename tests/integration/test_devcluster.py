@@ -351,7 +351,10 @@ def test_dev_cluster_with_gpu_nodes_runs_dynamig_you_can_kubectl(
     assert bad.returncode == 2 and "unknown GPU model 'B200-999GB'" in bad.stderr, bad.stderr
     assert not (state_dir / "state.json").exists()  # nothing started
 
-    up = cli("up", "--gpu-node", "gpu-a=A100-80GB:2", "--gpu-node", "gpu-b=H100-80GB:1")
+    up = cli(
+        "up", "--gpu-node", "gpu-a=A100-80GB:2", "--gpu-node", "gpu-b=H100-80GB:1",
+        "--gpu-node", "gpu-c=H100-80GB:1:mig-off",
+    )  # fmt: skip
     try:
         assert up.returncode == 0, up.stderr
         kubeconfig = up.stdout.strip()
@@ -362,8 +365,8 @@ def test_dev_cluster_with_gpu_nodes_runs_dynamig_you_can_kubectl(
 
         assert kubectl("get", "deviceclass", "mig.dynamig.io", "-o", "name").stdout.strip()
         nodes = kubectl("get", "nodes", "-l", "dynamig.io/managed=true", "-o", "name").stdout.split()
-        assert sorted(nodes) == ["node/gpu-a", "node/gpu-b"]
-        want = {"gpu-a-gpu0", "gpu-a-gpu1", "gpu-b-gpu0"}
+        assert sorted(nodes) == ["node/gpu-a", "node/gpu-b", "node/gpu-c"]
+        want = {"gpu-a-gpu0", "gpu-a-gpu1", "gpu-b-gpu0", "gpu-c-gpu0"}
         assert wait_for(
             lambda: (
                 want
@@ -375,8 +378,29 @@ def test_dev_cluster_with_gpu_nodes_runs_dynamig_you_can_kubectl(
             ),
             60,
         ), kubectl("get", "gpart").stdout
+
+        # :mig-off: gpu-c's H100 starts with MIG mode off and is published whole.
+        def whole_state() -> str:
+            return kubectl("get", "gpart", "gpu-c-gpu0", "-o", "jsonpath={.status.wholeGpu.state}").stdout
+
+        assert wait_for(lambda: whole_state() == "free", 60), kubectl(
+            "get", "gpart", "gpu-c-gpu0", "-o", "yaml"
+        ).stdout
+        # inject xid: a double-bit ECC error on that GPU reaches its agent (NVML event set) and taints it.
+        injected = cli("inject", "xid", "gpu-c", "0", "48")
+        assert injected.returncode == 0 and "XID 48 on GPU 0 of gpu-c" in injected.stderr, injected.stderr
+
+        def devices_healthy() -> str:
+            path = '{.status.conditions[?(@.type=="DevicesHealthy")].message}'
+            return kubectl("get", "gpart", "gpu-c-gpu0", "-o", f"jsonpath={path}").stdout
+
+        assert wait_for(lambda: "XID 48" in devices_healthy(), 30), devices_healthy()
+        no_node = cli("inject", "xid", "gpu-z", "0", "48")
+        assert no_node.returncode == 1 and "NODE 'gpu-z'" in no_node.stderr, no_node.stderr
+        no_instance = cli("inject", "xid", "gpu-b", "0", "gpu0-1g10gb-s5", "94")
+        assert no_instance.returncode == 1 and "INSTANCE 'gpu0-1g10gb-s5'" in no_instance.stderr
         status = cli("status").stdout
-        for name in ("agent-gpu-a", "agent-gpu-b", "operator"):
+        for name in ("agent-gpu-a", "agent-gpu-b", "agent-gpu-c", "operator"):
             assert f"{name}: pid" in status and "running" in status, status
         assert "operator" in cli("logs").stdout.split()
         assert "inventory for node gpu-a" in cli("logs", "agent-gpu-a").stdout
@@ -407,7 +431,7 @@ def test_dev_cluster_with_gpu_nodes_runs_dynamig_you_can_kubectl(
 
         state = json.loads((state_dir / "state.json").read_text())
         pids = [state["supervisor_pid"], *state["component_pids"].values(), *state["dynamig_pids"].values()]
-        assert sorted(state["metrics"]) == ["agent-gpu-a", "agent-gpu-b", "operator"]
+        assert sorted(state["metrics"]) == ["agent-gpu-a", "agent-gpu-b", "agent-gpu-c", "operator"]
         for name, url in state["metrics"].items():
             assert f"{name}: pid" in status and url in status, status
             with urllib.request.urlopen(url, timeout=10) as resp:
@@ -447,7 +471,7 @@ def test_dev_cluster_with_gpu_nodes_runs_dynamig_you_can_kubectl(
         assert owner == sandbox.CHART_NAMESPACE
         assert "running" in cli("status").stdout  # the processes serve on beside the chart's objects
         gpu_state = sorted(p.name for p in state_dir.glob("nvml-*.json"))
-        assert gpu_state == ["nvml-gpu-a.json", "nvml-gpu-b.json"]
+        assert gpu_state == ["nvml-gpu-a.json", "nvml-gpu-b.json", "nvml-gpu-c.json"]
     finally:
         down = cli("down")
     assert down.returncode == 0, down.stderr
@@ -457,8 +481,7 @@ def test_dev_cluster_with_gpu_nodes_runs_dynamig_you_can_kubectl(
     again = cli("up", "--gpu-node", "gpu-a=A100-80GB:2", "--gpu-node", "gpu-b=H100-80GB:1")
     try:
         assert again.returncode == 0, again.stderr
-        assert "simulated GPUs start clean: removed the last run's nvml-gpu-a.json, nvml-gpu-b.json" in (
-            again.stderr
-        ), again.stderr
+        removed = "nvml-gpu-a.json, nvml-gpu-b.json, nvml-gpu-c.json"
+        assert f"simulated GPUs start clean: removed the last run's {removed}" in again.stderr, again.stderr
     finally:
         assert cli("down").returncode == 0

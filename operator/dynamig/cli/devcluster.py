@@ -62,6 +62,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     actions.add_parser(
         "status", help="print whether the cluster runs, its server URL, log directory, agents and operator"
     )
+    inject = actions.add_parser(
+        "inject",
+        help="make a simulated GPU report a fault: inject xid NODE GPU [INSTANCE] CODE (INSTANCE: a MIG "
+        "device name such as gpu0-1g10gb-s0, or a GPU instance id; without it, the whole GPU)",
+    )
+    inject.add_argument("fault", choices=["xid"], help="what to inject")
+    inject.add_argument("node", metavar="NODE", help="a --gpu-node name")
+    inject.add_argument("gpu", metavar="GPU", type=int, help="the GPU's index on the node")
+    inject.add_argument("rest", metavar="[INSTANCE] CODE", nargs="+", help="the MIG instance, then the XID")
     logs = actions.add_parser("logs", help="print a component's log (without COMPONENT: list them)")
     logs.add_argument("component", nargs="?", help="e.g. operator, agent-n1, kube-apiserver")
     parser.set_defaults(func=run)
@@ -96,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
         if state is None:
             _say("no dev cluster is running; start one with: dynamig dev-cluster up")
             return 1
+        if args.action == "inject":
+            return _inject(state_dir, args)
         if args.action == "env":
             print(f"export KUBECONFIG={shlex.quote(state.kubeconfig)}")
             print(f'export PATH={":".join(shlex.quote(d) for d in _path_dirs(state.bin_dir))}:"$PATH"')
@@ -112,6 +123,20 @@ def run(args: argparse.Namespace) -> int:
     except (BinariesNotFoundError, RuntimeError, ValueError) as exc:
         _say(f"error: {exc}")
         return 1
+
+
+def _inject(state_dir: Path, args: argparse.Namespace) -> int:
+    from dynamig.devcluster.sandbox import inject_xid
+
+    if len(args.rest) > 2:
+        _say(f"error: [INSTANCE] CODE: at most two values, got {' '.join(args.rest)}")
+        return 2
+    instance, code = (None, args.rest[0]) if len(args.rest) == 1 else args.rest
+    if not code.isdigit():
+        _say(f"error: CODE {code!r}: an XID is a number (e.g. 48, 79, 94)")
+        return 2
+    _say(f"injected {inject_xid(state_dir, args.node, args.gpu, instance, int(code))}")
+    return 0
 
 
 def _path_dirs(bin_dir: str) -> list[str]:

@@ -118,6 +118,51 @@ def seed_gpu_state(node: GpuNode, path: Path) -> bool:
     return True
 
 
+def inject_xid(state_dir: Path, node: str, gpu: int, instance: str | None, xid: int) -> str:
+    """Make simulated GPU ``gpu`` of dev-cluster node ``node`` report XID ``xid``: on the whole GPU, or on the
+    MIG instance ``instance`` (its DRA device name, e.g. ``gpu0-1g10gb-s0``, or its GPU instance id), as the
+    driver reports an XID it can attribute. The node's agent, waiting on its NVML event set, sees it. Returns
+    what was injected, for the user. ValueError naming the argument when the node, GPU or instance is not
+    there. Side effect: the node's simulated NVML state file."""
+    path = state_dir / f"nvml-{node}.json"
+    if not path.exists():
+        known = sorted(
+            p.name.removeprefix("nvml-").removesuffix(".json") for p in state_dir.glob("nvml-*.json")
+        )
+        raise ValueError(
+            f"NODE {node!r}: no simulated GPU node of that name (nodes: {', '.join(known) or 'none'})"
+        )
+    if not 0 < xid < 1000:
+        raise ValueError(f"CODE {xid}: an XID is a number from 1 to 999")
+    try:
+        simnvml.configure(state_file=path)
+        gpus = simnvml.snapshot()["gpus"]
+        if not 0 <= gpu < len(gpus):
+            raise ValueError(f"GPU {gpu}: node {node} has GPUs 0-{len(gpus) - 1}")
+        target, gi_id, ci_id = f"GPU {gpu} of {node}", None, None
+        if instance is not None:
+            found = _gpu_instance(gpus[gpu], gpu, instance)
+            if found is None:
+                raise ValueError(f"INSTANCE {instance!r}: no such MIG instance on GPU {gpu} of {node}")
+            gi_id = int(found["id"])
+            ci_id = next((int(c["id"]) for c in found.get("compute_instances") or []), None)
+            target = f"MIG instance GI {gi_id} ({instance}) of GPU {gpu} of {node}"
+        simnvml.inject_xid(gpu, xid, gi_id=gi_id, ci_id=ci_id)
+    finally:
+        simnvml.reset()
+    return f"XID {xid} on {target}"
+
+
+def _gpu_instance(gpu: dict[str, Any], index: int, instance: str) -> dict[str, Any] | None:
+    """The GPU instance ``instance`` names (a GI id, or a DRA device name: its placement start). Pure."""
+    for gi in gpu.get("gpu_instances") or []:
+        if instance.isdigit() and int(gi["id"]) == int(instance):
+            return dict(gi)
+        if instance.startswith(f"gpu{index}-") and instance.endswith(f"-s{gi['start']}"):
+            return dict(gi)
+    return None
+
+
 def owned_by_chart_release(obj: dict[str, Any]) -> dict[str, Any]:
     """``obj`` marked as the documented Helm release's, so ``helm install`` adopts it, not refuses. Pure."""
     meta = dict(obj.get("metadata") or {})
