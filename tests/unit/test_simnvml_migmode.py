@@ -406,3 +406,23 @@ def test_mode_and_per_gpu_options_persist_in_the_state_file(tmp_path: Path) -> N
     nv.nvmlInit()
     assert [nv.nvmlDeviceGetMigMode(nv.nvmlDeviceGetHandleByIndex(i)) for i in range(3)] == [[1, 1]] * 3
     assert [e.kind for e in nv.history()] == ["set-mig-mode", "set-mig-mode", "gpu-reset"]
+
+
+def test_a_separate_copy_of_the_simulator_switches_its_own_gpus() -> None:
+    """Several simulated nodes in one process (``fresh_simulated_nvml``): a MIG mode switch on one copy's GPU
+    changes that copy alone."""
+    from dynamig.backends.nvml import fresh_simulated_nvml
+
+    one, two = fresh_simulated_nvml(), fresh_simulated_nvml()
+    for copy in (one, two):
+        copy.configure(["H100-80GB"], mig_enabled=False)
+        copy.nvmlInit()
+    try:
+        assert one.nvmlDeviceSetMigMode(one.nvmlDeviceGetHandleByIndex(0), one.NVML_DEVICE_MIG_ENABLE) == 0
+        assert list(one.nvmlDeviceGetMigMode(one.nvmlDeviceGetHandleByIndex(0))) == [1, 1]
+        assert list(two.nvmlDeviceGetMigMode(two.nvmlDeviceGetHandleByIndex(0))) == [0, 0]
+        two.reset_gpu(0)
+        assert list(one.nvmlDeviceGetMigMode(one.nvmlDeviceGetHandleByIndex(0))) == [1, 1]
+    finally:
+        one.reset()
+        two.reset()

@@ -99,11 +99,10 @@ NON_MIG_PRODUCTS: dict[str, GpuModel] = {
 }
 
 
-def _nv() -> types.ModuleType:
-    """The simulator module (imported here, late: it imports this one)."""
-    from dynamig.backends import simnvml
-
-    return simnvml
+# Every function here that reads or changes the simulated machine takes the simulator module ``nv`` that
+# calls it: simnvml wraps each one with itself, so a separate copy of simnvml
+# (``dynamig.backends.nvml.fresh_simulated_nvml``, several simulated nodes in one process) switches its own
+# GPUs, never the first copy's.
 
 
 def _error(code: int) -> Exception:
@@ -226,18 +225,18 @@ def settle(gpus: Sequence[_Gpu], now: float | None = None) -> None:
             _activate(gpu)
 
 
-def nvmlDeviceGetMigMode(device: Any) -> list[int]:
-    nv = _nv()
+def get_mig_mode(nv: types.ModuleType, device: Any) -> list[int]:
+    """``nvmlDeviceGetMigMode`` of simulator ``nv``: ``[current, pending]``."""
     r = nv._read(device, nv._KIND_GPU, nv._KIND_MIG)
     if r.gi is not None or not mig_capable(r.model):
         raise _error(NVML_ERROR_NOT_SUPPORTED)
     return [r.gpu.mig_current, r.gpu.mig_pending]
 
 
-def nvmlDeviceSetMigMode(device: Any, mode: int) -> int:
-    """Returns ``activationStatus``: ``NVML_SUCCESS``, ``NVML_ERROR_IN_USE`` or ``NVML_ERROR_RESET_REQUIRED``;
-    raises for the call's own errors. See the module docstring."""
-    nv = _nv()
+def set_mig_mode(nv: types.ModuleType, device: Any, mode: int) -> int:
+    """``nvmlDeviceSetMigMode`` of simulator ``nv``. Returns ``activationStatus``: ``NVML_SUCCESS``,
+    ``NVML_ERROR_IN_USE`` or ``NVML_ERROR_RESET_REQUIRED``; raises for the call's own errors. See the module
+    docstring."""
     sim = nv._initialized()
     if mode not in (NVML_DEVICE_MIG_DISABLE, NVML_DEVICE_MIG_ENABLE):
         raise _error(NVML_ERROR_INVALID_ARGUMENT)
@@ -270,10 +269,10 @@ def nvmlDeviceSetMigMode(device: Any, mode: int) -> int:
 # --- simulation controls (not in pynvml) -----------------------------------------------------------------
 
 
-def reset_gpu(index: int) -> None:
-    """Reset GPU ``index``, as a pass-through VM's reboot does: its pending MIG mode becomes current, and its
-    processes and GPU and compute instances are gone. Side effect: state."""
-    sim = _nv()._sim()
+def reset_gpu(nv: types.ModuleType, index: int) -> None:
+    """Reset GPU ``index`` of simulator ``nv``, as a pass-through VM's reboot does: its pending MIG mode
+    becomes current, and its processes and GPU and compute instances are gone. Side effect: state."""
+    sim = nv._sim()
     with sim.mutate() as state:
         gpu = state.gpus[index]
         if sim.renumber_minor and gpu.mig_pending != gpu.mig_current:
@@ -283,8 +282,8 @@ def reset_gpu(index: int) -> None:
         sim.record(state, "gpu-reset", gpu, value=gpu.mig_current)
 
 
-def set_minor_renumbering(enabled: bool = True) -> None:
+def set_minor_renumbering(nv: types.ModuleType, enabled: bool = True) -> None:
     """MIG mode switches requested from now on give the GPU a new minor number (the lowest above every minor
     in use) when they take effect, as nvml.h allows ("the attributes associated with the device, such as minor
     number, might change"). This process's setting; off by default. Side effect: module state."""
-    _nv()._sim().renumber_minor = bool(enabled)
+    nv._sim().renumber_minor = bool(enabled)

@@ -53,6 +53,7 @@ import contextlib
 import ctypes
 import fcntl
 import json
+import sys
 import threading
 import time
 import types
@@ -101,11 +102,7 @@ from dynamig.backends import simmode
 from dynamig.backends.simevents import SUPPORTED_EVENT_TYPES, EventSets, XidRecord
 from dynamig.backends.simmode import DEFAULT_SWITCH_LATENCY_S as DEFAULT_SWITCH_LATENCY_S  # re-exported
 from dynamig.backends.simmode import NON_MIG_PRODUCTS as NON_MIG_PRODUCTS
-from dynamig.backends.simmode import nvmlDeviceGetMigMode as nvmlDeviceGetMigMode
-from dynamig.backends.simmode import nvmlDeviceSetMigMode as nvmlDeviceSetMigMode
 from dynamig.backends.simmode import require_mig as _require_mig
-from dynamig.backends.simmode import reset_gpu as reset_gpu
-from dynamig.backends.simmode import set_minor_renumbering as set_minor_renumbering
 from dynamig.fileio import write_atomic
 from dynamig.geometry.layout import (
     RULE_DISALLOWED_START,
@@ -116,6 +113,9 @@ from dynamig.geometry.layout import (
     remaining_capacity,
 )
 from dynamig.geometry.model import GpuModel, PlacedInstance, Profile
+
+# This very module (or copy of it: backends/nvml.py fresh_simulated_nvml): what simmode acts on.
+_THIS = sys.modules[__name__]
 
 # Re-export pynvml's constants, structures and exception classes (not its functions: those would call the
 # real library).
@@ -869,6 +869,24 @@ def nvmlDeviceGetAttributes(handle: Any) -> Any:
 
 
 nvmlDeviceGetAttributes_v2 = nvmlDeviceGetAttributes
+
+
+def nvmlDeviceGetMigMode(device: Any) -> list[int]:
+    return simmode.get_mig_mode(_THIS, device)
+
+
+def nvmlDeviceSetMigMode(device: Any, mode: int) -> int:
+    return simmode.set_mig_mode(_THIS, device, mode)
+
+
+def reset_gpu(index: int) -> None:
+    """Reset GPU ``index`` as a pass-through VM's reboot does (:func:`dynamig.backends.simmode.reset_gpu`)."""
+    simmode.reset_gpu(_THIS, index)
+
+
+def set_minor_renumbering(enabled: bool = True) -> None:
+    """MIG mode switches give the GPU a new minor (:func:`dynamig.backends.simmode.set_minor_renumbering`)."""
+    simmode.set_minor_renumbering(_THIS, enabled)
 
 
 def nvmlDeviceIsMigDeviceHandle(device: Any) -> Any:
