@@ -20,7 +20,7 @@ from dynamig.simulate.allocators import Allocator, StaticAllocator
 from dynamig.simulate.cluster import Cluster
 from dynamig.simulate.engine import SimConfig, simulate
 from dynamig.simulate.runner import (
-    POLICIES,
+    BASE_POLICIES,
     DynamigSettings,
     allocator_factories,
     cluster_models,
@@ -238,7 +238,7 @@ def test_every_policy_runs_and_places_only_its_models_profiles() -> None:
 def test_served_stays_under_the_bound_on_a_mixed_cluster() -> None:
     trace = synthetic.build_trace(mixed_doc(), "mixed-small", MIX)
     rep = run_trace(trace, CFG, DynamigSettings())
-    assert len(rep.results) == len(POLICIES) + 3  # four static layouts
+    assert len(rep.results) == len(BASE_POLICIES) + 3  # four static layouts
     capacity = rep.results[0].capacity_slice_h
     assert capacity == pytest.approx(6 * 7 * trace.horizon / 3600)
     assert rep.upper_bound_slice_h <= capacity + 1e-6
@@ -282,7 +282,7 @@ def test_a_profile_name_of_another_model_does_not_match() -> None:
     trace = Trace("collide", spec, jobs, horizon=100.0)
     # dynamig-warm left out: its planner pools "1g.10gb" by name, and the A100-40GB's double-memory 1g.10gb
     # is a profile that GPU really has (the simulator's jobs never prefer it on a mixed cluster)
-    policies = tuple(p for p in POLICIES if p != "dynamig-warm")
+    policies = tuple(p for p in BASE_POLICIES if p != "dynamig-warm")
     for label, make in allocator_factories(
         spec, {key: {"1g.10gb": 1.0} for key in spec.models()}, CFG, DynamigSettings(), policies, log=True
     )[0]:

@@ -96,6 +96,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="Alibaba: restrict this share of the GPU tasks (seeded) to one GPU type of the node list, "
         "drawn in proportion to each type's GPUs (a GPU-type-limited variant; default 0: none)",
     )
+    p.add_argument(
+        "--whole-gpu-demand",
+        action="store_true",
+        help="Alibaba replay: multi-GPU tasks ask for whole GPUs (MIG mode off) on one node, and full-GPU "
+        "tasks for a whole GPU first, the model's largest profile next (compare with --policies dynamig,"
+        "dynamig-modes,whole-split-nodes:0.5,nvidia-toggle; docs/benchmarks.md)",
+    )
     p.add_argument("--seeds", type=positive_int, default=10, help="seeds for the paper protocol (default 10)")
     p.add_argument("--model", default="A100-80GB", help="simulated GPU model for the Alibaba trace")
     p.add_argument(
@@ -544,8 +551,9 @@ def run(args: argparse.Namespace) -> int:
                             say(f"{label}-replay-{small.gpu_count}gpus: {describe_cluster(small)}")
                     for cluster, name in clusters:
                         trace = alibaba.replay_trace(
-                            tasks, cluster, sim, fallbacks=args.fallbacks, name=name, source=source
-                        )
+                            tasks, cluster, sim, fallbacks=args.fallbacks, name=name, source=source,
+                            whole_gpu_demand=args.whole_gpu_demand,
+                        )  # fmt: skip
                         t0 = time.perf_counter()
                         reports.append(run_trace(trace, ocfg, dyn, policies, progress=say))
                         timings[f"{trace.name} [{order}]"] = time.perf_counter() - t0
@@ -565,6 +573,7 @@ def run(args: argparse.Namespace) -> int:
                                 compress=compress,
                                 source=source,
                                 until_last_arrival=True,
+                                whole_gpu_demand=args.whole_gpu_demand,
                             )
                             slices = compute_slices_by_name(alibaba.as_models(sim))
                             reached = alibaba.peak_demand(trace.jobs, slices) / capacity

@@ -19,6 +19,11 @@ Mapping to MIG (stated in ``docs/benchmarks.md``):
 - ``creation_time``/``deletion_time`` are only needed by the online replay; the paper's protocol samples
   tasks without them;
 - a task's priority comes from its ``qos`` (``dynamig.simulate.priority``: LS > Burstable > BE);
+- with whole-GPU demand (``replay_trace(..., whole_gpu_demand=True)``, off by default) a task with
+  ``num_gpu >= 2`` asks for that many whole GPUs (MIG mode off) on one node (``trace.WHOLE_ONLY``), and a
+  task asking a full GPU (``num_gpu == 1``, ``gpu_milli == 1000``) for one whole GPU, then the largest MIG
+  profile (``trace.WHOLE_FIRST``, as DRA ``firstAvailable``; ``single_fallback=False``: the whole GPU
+  only). Its MIG alternatives stay as above, so a policy without GPUs in MIG mode off serves it as before;
 - on a mixed-model cluster (``dynamig simulate --mixed``) the nodes get the models by weight
   (``trace.assign_models``) and a task lists, as DRA alternatives, every model's profile for its share,
   smallest memory first (share 0.1: 1g.5gb on an A100-40GB, 1g.10gb on an H100-80GB, 1g.18gb on an
@@ -43,6 +48,8 @@ from typing import IO
 from dynamig.geometry.model import GpuModel
 from dynamig.simulate.priority import qos_priority
 from dynamig.simulate.trace import (
+    WHOLE_FIRST,
+    WHOLE_ONLY,
     ClusterSpec,
     Job,
     NodeSpec,
@@ -171,10 +178,32 @@ def every_kth_node(cluster: ClusterSpec, k: int) -> ClusterSpec:
     return ClusterSpec(cluster.nodes[:: max(1, k)])
 
 
-def task_job(task: Task, model: Models, fallbacks: int, *, arrival: float, duration: float | None) -> Job:
+def whole_demand(task: Task, single_fallback: bool = True) -> str:
+    """The whole-GPU demand of ``task`` in a replay with ``whole_gpu_demand`` (``Job.whole``):
+    ``WHOLE_ONLY`` for several GPUs, for one full GPU ``WHOLE_FIRST`` (``WHOLE_ONLY`` without
+    ``single_fallback``), "" for a fraction of a GPU. Pure."""
+    if task.num_gpu > 1:
+        return WHOLE_ONLY
+    if task.num_gpu == 1 and task.gpu_milli >= 1000:
+        return WHOLE_FIRST if single_fallback else WHOLE_ONLY
+    return ""
+
+
+def task_job(
+    task: Task,
+    model: Models,
+    fallbacks: int,
+    *,
+    arrival: float,
+    duration: float | None,
+    whole_gpu_demand: bool = False,
+    single_fallback: bool = True,
+) -> Job:
     """The simulator job for a trace task under the stated mapping; with several models (a mixed
     cluster) the alternatives list each model's profile for the share, smallest memory first, then each
-    model's fallbacks (``trace.mixed_alternatives``); a multi-GPU task lists each model's whole GPU. Pure."""
+    model's fallbacks (``trace.mixed_alternatives``); a multi-GPU task lists each model's whole GPU.
+    ``whole_gpu_demand``: multi-GPU and full-GPU tasks also ask for GPUs with MIG mode off
+    (``whole_demand``). Pure."""
     models = as_models(model)
     if task.num_gpu == 1 and task.gpu_milli < 1000:
         share = task.gpu_milli / 1000.0
@@ -192,6 +221,7 @@ def task_job(task: Task, model: Models, fallbacks: int, *, arrival: float, durat
         share=share,
         gpu_types=tuple(sorted(x.strip() for x in task.gpu_spec.split("|") if x.strip())),
         priority=qos_priority(task.qos),
+        whole=whole_demand(task, single_fallback) if whole_gpu_demand else "",
     )
 
 
@@ -205,18 +235,31 @@ def replay_trace(
     compress: float = 1.0,
     source: str = "pod list",
     until_last_arrival: bool = False,
+    whole_gpu_demand: bool = False,
+    single_fallback: bool = True,
 ) -> Trace:
     """Online replay: each task arrives at its creation time divided by ``compress`` (1: as recorded; 2:
     arrivals twice as dense) and runs as long as it lived in the trace (deletion - creation, at least one
-    second); the horizon is the last departure (``until_last_arrival``: the last arrival). TraceFormatError
-    when the tasks carry no times. Pure."""
+    second); the horizon is the last departure (``until_last_arrival``: the last arrival).
+    ``whole_gpu_demand``: multi-GPU and full-GPU tasks ask for whole GPUs (``whole_demand``; the same
+    jobs, arrivals and profiles otherwise). TraceFormatError when the tasks carry no times. Pure."""
     require_times(tasks, source)
     end = max(max(t.deletion or 0.0, t.creation or 0.0) for t in tasks) if tasks else 0.0
     jobs = []
     for t in tasks:
         created = t.creation or 0.0
         duration = max(1.0, (t.deletion if t.deletion is not None else end) - created)
-        jobs.append(task_job(t, model, fallbacks, arrival=created / compress, duration=duration))
+        jobs.append(
+            task_job(
+                t,
+                model,
+                fallbacks,
+                arrival=created / compress,
+                duration=duration,
+                whole_gpu_demand=whole_gpu_demand,
+                single_fallback=single_fallback,
+            )
+        )
     horizon = max((j.arrival + (j.duration or 0.0) for j in jobs), default=0.0)
     if until_last_arrival:
         # a load level is measured while demand arrives: otherwise the tasks that live for months set a

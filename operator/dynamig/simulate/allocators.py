@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dynamig.geometry.model import Layout
-from dynamig.simulate.cluster import Cluster, Instance
+from dynamig.simulate.cluster import Cluster, Gpu, Instance
 from dynamig.simulate.trace import Job, full_profile, preferred_on
 
 # The scheduler's node order, applied alike to every policy of a run:
@@ -63,6 +63,7 @@ class Allocation:
     instances: tuple[Instance, ...]
     node: int
     delay: float = 0.0  # seconds from allocation until the job can run (instance creation)
+    gpus: tuple[Gpu, ...] = ()  # whole GPUs (MIG mode off) the job holds (``dynamig.simulate.modes``)
 
 
 @dataclass(frozen=True, slots=True)

@@ -239,6 +239,11 @@ class OfferAllocator(Allocator):
         create is done (the pod was bound at once, the container waits for its device). Pure."""
         return now if created is None else max(now, created)
 
+    def before_create(self, gpu: Gpu, now: float) -> float:
+        """Seconds a create on ``gpu`` waits beyond the create latency (NVIDIA's MIG mode toggle,
+        ``dynamig.simulate.modes``); 0 by default. May change state (the GPU's MIG mode)."""
+        return 0.0
+
     def book(self, job: Job, picked: Sequence[Offer], now: float) -> Allocation:
         """Take ``picked`` for ``job``: assign free instances, create the placements. Side effect: state."""
         insts: list[Instance] = []
@@ -252,11 +257,12 @@ class OfferAllocator(Allocator):
                 if offer.destroys:
                     self.reshapes += 1  # a re-cut: free instances made way for the booked placement
                 node = offer.gpu.node_pos
+                latency = self.latency + self.before_create(offer.gpu, now)
                 begin = now + self.bind
                 if self.serialize_creates:
                     begin = max(begin, self._node_free_at[node])
-                    self._node_free_at[node] = begin + self.latency
-                done = begin + self.latency
+                    self._node_free_at[node] = begin + latency
+                done = begin + latency
                 inst = self.cluster.create(offer.gpu, offer.profile, offer.start, now, done)
                 created = done if created is None else max(created, done)
             self.cluster.assign(inst, job.name, now)

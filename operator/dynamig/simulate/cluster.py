@@ -1,12 +1,18 @@
 """Simulated cluster state: GPUs, their MIG instances, which job holds each, and an event log.
 
 The state is mutable and owned by one allocator during one run. Every change goes through ``Cluster``
-methods so that the event log (create, destroy, assign, release) is complete: tests replay it to prove,
-for example, that no instance was destroyed while a job held it.
+methods so that the event log (create, destroy, assign, release, and for whole GPUs mig-on, mig-off) is
+complete: tests replay it to prove, for example, that no instance was destroyed while a job held it.
+
+MIG mode (``dynamig.simulate.modes``): a GPU has MIG mode on (``Gpu.mig``, the default) or off. A GPU with
+MIG mode off has no instances and holds one whole-GPU job or nothing (``assign_whole``); a switch
+(``set_mode``) needs the GPU idle (no instance, no whole job: ``switched_busy`` counts the violations and
+must stay 0) and takes until ``Gpu.mode_until``, during which the GPU serves nothing (``Gpu.switching``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from dynamig.geometry.catalog import load_catalog
@@ -14,11 +20,13 @@ from dynamig.geometry.layout import free_starts
 from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, normalize_layout
 from dynamig.simulate.trace import ClusterSpec, Job, plain_profiles
 
+WHOLE = "whole"  # the profile name a whole GPU's assignment is logged with (the operator's, too)
+
 
 @dataclass(frozen=True, slots=True)
 class LogEntry:
     time: float
-    op: str  # "create" | "destroy" | "assign" | "release"
+    op: str  # "create" | "destroy" | "assign" | "release" | "mig-on" | "mig-off"
     gpu: int  # position of the GPU in the cluster
     profile: str
     start: int
@@ -45,7 +53,23 @@ class Instance:
 
 
 class Gpu:
-    __slots__ = ("busy_slices", "cooldown_until", "index", "instances", "model", "node", "node_pos", "pos")
+    __slots__ = (
+        "busy_slices",
+        "cooldown_until",
+        "index",
+        "instances",
+        "mig",
+        "mode_at",
+        "mode_for",
+        "mode_until",
+        "model",
+        "node",
+        "node_pos",
+        "pos",
+        "switches",
+        "switching",
+        "whole_job",
+    )
 
     def __init__(self, pos: int, node: str, node_pos: int, index: int, model: GpuModel) -> None:
         self.pos = pos
@@ -56,6 +80,13 @@ class Gpu:
         self.instances: list[Instance] = []
         self.cooldown_until = 0.0
         self.busy_slices = 0
+        self.mig = True  # MIG mode on (or being switched on)
+        self.switching = False  # a MIG mode switch is under way (until ``mode_until``): it serves nothing
+        self.mode_until = 0.0
+        self.mode_at = -math.inf  # when its MIG mode was last switched (a cooldown counts from there)
+        self.mode_for = ""  # the job it was last switched for
+        self.switches = 0
+        self.whole_job = ""  # the job holding it whole (MIG mode off); "" when none
 
     def layout(self) -> Layout:
         return normalize_layout([i.placed for i in self.instances])
@@ -97,6 +128,8 @@ class Cluster:
         self.created = 0
         self.destroyed = 0
         self.destroyed_busy = 0  # must stay 0: destroying a held instance loses a workload
+        self.switches = 0  # MIG mode switches
+        self.switched_busy = 0  # must stay 0: a GPU switched while an instance or a whole job was on it
         self.log: list[LogEntry] | None = [] if log else None
         self._free_starts: dict[tuple[str, Layout, str], tuple[int, ...]] = {}
 
@@ -140,6 +173,41 @@ class Cluster:
         inst.job = ""
         inst.gpu.busy_slices -= inst.slices
         self.busy_slices -= inst.slices
+
+    # -- MIG mode and whole GPUs ----------------------------------------------------------------------------
+    def set_mode(self, gpu: Gpu, mig: bool, now: float, until: float, job: str = "") -> None:
+        """Switch ``gpu``'s MIG mode to ``mig`` at ``now``, done at ``until`` (``switching`` until the
+        allocator calls ``mode_done``). The caller destroyed its instances first. Side effect: state, log."""
+        if gpu.instances or gpu.whole_job:
+            self.switched_busy += 1
+        gpu.mig = mig
+        gpu.mode_at = now
+        gpu.mode_until = until
+        gpu.mode_for = job
+        gpu.switching = until > now
+        gpu.switches += 1
+        self.switches += 1
+        if self.log is not None:
+            self.log.append(LogEntry(now, "mig-on" if mig else "mig-off", gpu.pos, "", 0, job))
+
+    def mode_done(self, gpu: Gpu) -> None:
+        """``gpu``'s switch finished: it serves in its new mode."""
+        gpu.switching = False
+
+    def assign_whole(self, gpu: Gpu, job: str, now: float) -> None:
+        """``job`` takes ``gpu`` whole (MIG mode off, idle, not switching: the caller checked)."""
+        gpu.whole_job = job
+        gpu.busy_slices += gpu.model.compute_slices
+        self.busy_slices += gpu.model.compute_slices
+        if self.log is not None:
+            self.log.append(LogEntry(now, "assign", gpu.pos, WHOLE, 0, job))
+
+    def release_whole(self, gpu: Gpu, now: float) -> None:
+        if self.log is not None:
+            self.log.append(LogEntry(now, "release", gpu.pos, WHOLE, 0, gpu.whole_job))
+        gpu.whole_job = ""
+        gpu.busy_slices -= gpu.model.compute_slices
+        self.busy_slices -= gpu.model.compute_slices
 
     def free_starts(self, gpu: Gpu, profile: str) -> tuple[int, ...]:
         """Starts where ``profile`` fits next to ``gpu``'s instances (geometry rules), memoised per layout."""

@@ -16,12 +16,12 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from dynamig.simulate.allocators import Allocation, Allocator
 from dynamig.simulate.preemption import PingPong, PriorityTally
-from dynamig.simulate.trace import Job, Trace, compute_slices_by_name, percentile
+from dynamig.simulate.trace import JOB_KINDS, Job, Trace, compute_slices_by_name, job_kind, percentile
 
 DEPART, READY, ARRIVE, ABANDON, PLAN, PREEMPT = 0, 1, 2, 3, 4, 5
 
@@ -90,6 +90,13 @@ class RunResult:
     evicted_jobs: int = 0  # distinct jobs evicted at least once
     evicted_work_gpu_s: float = 0.0  # GPU-seconds the victims had run, lost (no MIG checkpointing)
     thrash: int = 0  # ping-pong: a job evicted that then evicted its evictor
+    # per job kind (``trace.job_kind``: whole-multi, whole-single, mig), only when the trace has whole-GPU
+    # demand: jobs, started, p50_s / p95_s to running (every job that arrived, as wait_mean_s),
+    # served_slice_h, served_whole_slice_h (of it, on GPUs with MIG mode off), offered_slice_h
+    by_kind: dict[str, dict[str, float]] = field(default_factory=dict)
+    mode_switches: int = 0  # MIG mode switches (``dynamig.simulate.modes``)
+    mode_switches_per_gpu_day: float = 0.0  # mode_switches / (GPUs x horizon in days)
+    switched_busy: int = 0  # GPUs switched while something was on them: must stay 0
 
     @property
     def utilization(self) -> float:
@@ -123,11 +130,42 @@ def _timeline(
     return [((b + 0.5) * width / 3600.0, acc[b] / (width * total)) for b in range(n)]
 
 
-Shape = tuple[tuple[str, ...], int, tuple[str, ...], int]  # alternatives, count, GPU types, priority
+# alternatives, count, GPU types, priority, whole-GPU demand
+Shape = tuple[tuple[str, ...], int, tuple[str, ...], int, str]
 
 
 def _shape(job: Job) -> Shape:
-    return (job.alternatives, job.count, job.gpu_types, job.priority)
+    return (job.alternatives, job.count, job.gpu_types, job.priority, job.whole)
+
+
+def _kind_table(
+    jobs: Sequence[Job],
+    horizon: float,
+    waits: dict[str, float],
+    served: dict[str, float],
+    whole: dict[str, float],
+    offered: dict[str, float],
+) -> dict[str, dict[str, float]]:
+    """Per job kind (``trace.JOB_KINDS`` that occur): jobs, started, p50_s / p95_s to running over every
+    job that arrived (one never started waits until the horizon), served_slice_h (and of it
+    served_whole_slice_h, on GPUs with MIG mode off), offered_slice_h. Pure."""
+    out: dict[str, dict[str, float]] = {}
+    for kind in JOB_KINDS:
+        mine = [j for j in jobs if job_kind(j) == kind]
+        if not mine:
+            continue
+        arrived = [j for j in mine if j.arrival <= horizon]
+        w = [waits.get(j.name, horizon - j.arrival) for j in arrived]
+        out[kind] = {
+            "jobs": float(len(mine)),
+            "started": float(sum(1 for j in arrived if j.name in waits)),
+            "p50_s": percentile(w, 50),
+            "p95_s": percentile(w, 95),
+            "served_slice_h": served.get(kind, 0.0) / 3600.0,
+            "served_whole_slice_h": whole.get(kind, 0.0) / 3600.0,
+            "offered_slice_h": offered.get(kind, 0.0) / 3600.0,
+        }
+    return out
 
 
 def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None) -> RunResult:
@@ -172,12 +210,20 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
     plan_at: float | None = None
     points: list[tuple[float, int]] = [(0.0, allocator.busy_slices())]
 
+    # per job kind, only when the trace has whole-GPU demand
+    kinds = any(job.whole for job in trace.jobs)
+    kind_wait: dict[str, float] = {}  # job -> time to its first start
+    kind_served: dict[str, float] = {}
+    kind_whole: dict[str, float] = {}  # of it, served on GPUs with MIG mode off
+    kind_offered: dict[str, float] = {}
     for job in trace.jobs:
         tally.arrived(job, waits=job.arrival <= horizon)
         run = horizon - job.arrival if job.duration is None else min(job.duration, horizon - job.arrival)
         asked = demand_slices(job, slices.__getitem__) * max(0.0, run)
         offered += asked
         offered_by[job.count] = offered_by.get(job.count, 0.0) + asked
+        if kinds:
+            kind_offered[job_kind(job)] = kind_offered.get(job_kind(job), 0.0) + asked
 
     def schedule_pass(now: float) -> None:
         """Jobs in arrival order; once one of a shape does not fit, later ones of that shape are skipped
@@ -209,10 +255,16 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
                 tally.started(job, begin - job.arrival)
                 if job.count == 1:
                     profile_waits.setdefault(job.preferred, []).append(begin - job.arrival)
+                if kinds:
+                    kind_wait[name] = begin - job.arrival
             run = max(0.0, horizon - begin if job.duration is None else min(job.duration, horizon - begin))
             got = demand_slices(job, slices.__getitem__) * run
             served += got
             served_by[job.count] = served_by.get(job.count, 0.0) + got
+            if kinds:
+                kind_served[job_kind(job)] = kind_served.get(job_kind(job), 0.0) + got
+                if alloc.gpus:
+                    kind_whole[job_kind(job)] = kind_whole.get(job_kind(job), 0.0) + got
             tally.served(job, got)
             kept = alloc.slices * (run + min(alloc.delay, horizon - now))
             held += kept
@@ -242,9 +294,13 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
         allocator.release(job, alloc, now)
         served -= got
         served_by[job.count] -= got
+        if kinds:
+            kind_served[job_kind(job)] -= got
+            if alloc.gpus:
+                kind_whole[job_kind(job)] -= got
         tally.served(job, -got)
         held += alloc.slices * (min(now, horizon) - at) - kept
-        gpus = sum(i.slices / i.gpu.model.compute_slices for i in alloc.instances)
+        gpus = sum(i.slices / i.gpu.model.compute_slices for i in alloc.instances) + len(alloc.gpus)
         lost_gpu_s += max(0.0, now - begin) * gpus
         evictions += 1
         evicted.add(name)
@@ -371,4 +427,14 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
         evicted_jobs=len(evicted),
         evicted_work_gpu_s=lost_gpu_s,
         thrash=pingpong.count,
+        by_kind=_kind_table(trace.jobs, horizon, kind_wait, kind_served, kind_whole, kind_offered)
+        if kinds
+        else {},
+        mode_switches=cluster.switches,
+        mode_switches_per_gpu_day=(
+            cluster.switches / (len(cluster.gpus) * horizon / 86400.0)
+            if cluster.gpus and horizon > 0
+            else 0.0
+        ),
+        switched_busy=cluster.switched_busy,
     )

@@ -320,7 +320,170 @@ def replay_row(rep: TraceReport, r: RunResult) -> dict[str, Any]:
         "evicted_jobs": r.evicted_jobs,
         "evicted_work_gpu_s": r.evicted_work_gpu_s,
         "thrash": r.thrash,
+        "by_kind": {k: dict(t) for k, t in r.by_kind.items()},
+        "mode_switches": r.mode_switches,
+        "mode_switches_per_gpu_day": r.mode_switches_per_gpu_day,
+        "switched_while_busy": r.switched_busy,
     }
+
+
+KIND_HEADER = [
+    "order",
+    "load",
+    "policy",
+    "job kind",
+    "jobs",
+    "started",
+    "to running p50 / p95",
+    "served slice-h (of offered)",
+    "of it on whole GPUs",
+    "mode switches per GPU-day",
+]
+
+
+def kind_rows(reports: Sequence[TraceReport]) -> list[list[str]]:
+    """Per run with whole-GPU demand, per policy and job kind (``trace.JOB_KINDS``): jobs, started, time
+    to running p50 / p95 (every job that arrived), served slice-h and the share of it served on GPUs with
+    MIG mode off, and the policy's MIG mode switches per GPU-day (on its "all" row). Pure."""
+    rows = []
+    for rep in reports:
+        for r in rep.results:
+            if not r.by_kind:
+                continue
+            total = sum(t["served_slice_h"] for t in r.by_kind.values())
+            whole = sum(t.get("served_whole_slice_h", 0.0) for t in r.by_kind.values())
+            offered = sum(t["offered_slice_h"] for t in r.by_kind.values())
+            load = "-" if rep.load is None else f"{rep.load:g}"
+            rows.append(
+                [
+                    rep.node_order,
+                    load,
+                    r.policy,
+                    "all",
+                    f"{r.jobs}",
+                    f"{r.started}",
+                    f"{_h(r.wait_p50_s)} / {_h(r.wait_p95_s)}",
+                    f"{total:,.0f} ({100 * total / offered:.1f}%)" if offered else "0",
+                    f"{100 * whole / total:.1f}%" if total else "-",
+                    f"{r.mode_switches_per_gpu_day:.2f}",
+                ]
+            )
+            for kind, t in r.by_kind.items():
+                share = (
+                    f"{100 * t['served_slice_h'] / t['offered_slice_h']:.1f}%"
+                    if t["offered_slice_h"]
+                    else "-"
+                )
+                rows.append(
+                    [
+                        rep.node_order,
+                        load,
+                        r.policy,
+                        kind,
+                        f"{t['jobs']:.0f}",
+                        f"{t['started']:.0f}",
+                        f"{_h(t['p50_s'])} / {_h(t['p95_s'])}",
+                        f"{t['served_slice_h']:,.0f} ({share})",
+                        f"{100 * t.get('served_whole_slice_h', 0.0) / t['served_slice_h']:.1f}%"
+                        if t["served_slice_h"]
+                        else "-",
+                        "",
+                    ]
+                )
+    return rows
+
+
+MODE_SUMMARY_HEADER = [
+    "model",
+    "order",
+    "load",
+    "policy",
+    "served slice-h",
+    "/ best split",
+    "/ all-MIG",
+    "multi-GPU started",
+    "multi-GPU p50 / p95",
+    "p95 / all-MIG",
+    "whole-single p95",
+    "MIG p95",
+    "on whole GPUs",
+    "switches per GPU-day",
+]
+
+
+def mode_summary_rows(reports: Sequence[TraceReport]) -> list[list[str]]:
+    """Per run with whole-GPU demand: all-MIG ``dynamig``, the best fixed split (of every ``whole-split*``
+    share, by served slice-h) and the policies that switch MIG modes, each against the best split and
+    all-MIG: served slice-h, the multi-GPU jobs' start count and p50 / p95 to running, the p95 of the other
+    kinds, the share of served slice-h on GPUs with MIG mode off, switches per GPU-day. Pure."""
+    rows = []
+    for rep in reports:
+        base = rep.by_policy("dynamig")
+        if base is None or not base.by_kind:
+            continue
+        splits = [r for r in rep.results if r.policy.startswith("whole-split")]
+        best = max(splits, key=lambda r: r.served_slice_h) if splits else None
+        shown = [base, *([best] if best else [])]
+        shown += [
+            r for r in rep.results if r.policy in ("dynamig-modes", "dynamig-modes-keep", "nvidia-toggle")
+        ]
+        ref = base.by_kind.get("whole-multi", {})
+        for r in shown:
+            multi = r.by_kind.get("whole-multi", {})
+            whole = sum(t.get("served_whole_slice_h", 0.0) for t in r.by_kind.values())
+            label = f"{r.policy} (best split)" if best is not None and r is best else r.policy
+            rows.append(
+                [
+                    "+".join(rep.trace.cluster.models()),
+                    rep.node_order,
+                    "-" if rep.load is None else f"{rep.load:g}",
+                    label,
+                    f"{r.served_slice_h:,.0f}",
+                    f"{r.served_slice_h / best.served_slice_h:.4f}" if best and best.served_slice_h else "-",
+                    f"{r.served_slice_h / base.served_slice_h:.4f}" if base.served_slice_h else "-",
+                    f"{multi.get('started', 0):.0f}/{multi.get('jobs', 0):.0f}",
+                    f"{_h(multi.get('p50_s', 0.0))} / {_h(multi.get('p95_s', 0.0))}",
+                    f"{multi['p95_s'] / ref['p95_s']:.2f}x" if multi and ref.get("p95_s") else "-",
+                    _h(r.by_kind.get("whole-single", {}).get("p95_s", 0.0)),
+                    _h(r.by_kind.get("mig", {}).get("p95_s", 0.0)),
+                    f"{100 * whole / r.served_slice_h:.1f}%" if r.served_slice_h else "-",
+                    f"{r.mode_switches_per_gpu_day:.2f}",
+                ]
+            )
+    return rows
+
+
+def mode_goals(rep: TraceReport, policy: str = "dynamig-modes") -> list[str]:
+    """``policy`` against the best fixed split (``whole-split*``) and all-MIG dynamig: served, the
+    multi-GPU jobs' p95 time to running, mode switches per GPU-day; each with whether the goal is met
+    (served >= both, multi-GPU p95 <= 0.5x all-MIG's, <= 2 switches per GPU-day). Pure."""
+    mine = rep.by_policy(policy)
+    base = rep.by_policy("dynamig")
+    splits = [r for r in rep.results if r.policy.startswith("whole-split")]
+    if mine is None:
+        return []
+    out = []
+    best = max(splits, key=lambda r: r.served_slice_h) if splits else None
+    if best is not None and best.served_slice_h:
+        ratio = mine.served_slice_h / best.served_slice_h
+        met = "met" if mine.served_slice_h >= best.served_slice_h else "not met"
+        out.append(f"{policy} / best split ({best.policy}) served = {ratio:.4f}x ({met})")
+    if base is not None and base.served_slice_h:
+        ratio = mine.served_slice_h / base.served_slice_h
+        met = "met" if mine.served_slice_h >= base.served_slice_h else "not met"
+        out.append(f"{policy} / all-MIG dynamig served = {ratio:.4f}x ({met})")
+    multi, ref = mine.by_kind.get("whole-multi"), base.by_kind.get("whole-multi") if base else None
+    if multi is not None and ref is not None:
+        times = f"{multi['p95_s'] / ref['p95_s']:.2f}x" if ref["p95_s"] else "-"
+        met = "met" if multi["p95_s"] <= 0.5 * ref["p95_s"] else "not met"
+        out.append(
+            f"{policy} multi-GPU p95 to running {_h(multi['p95_s'])} vs all-MIG {_h(ref['p95_s'])} = {times} "
+            f"(goal <= 0.5x: {met})"
+        )
+    met = "met" if mine.mode_switches_per_gpu_day <= 2.0 else "not met"
+    out.append(f"{policy} mode switches per GPU-day {mine.mode_switches_per_gpu_day:.2f} (goal <= 2: {met})")
+    out.append(f"GPUs switched while busy: {mine.switched_busy}")
+    return out
 
 
 def paper_rows(runs: Sequence[PaperRun]) -> list[list[str]]:

@@ -27,6 +27,7 @@ from dynamig.simulate.bounds import served_upper_bound
 from dynamig.simulate.cluster import Cluster
 from dynamig.simulate.dynamig_policy import DynamigAllocator
 from dynamig.simulate.engine import RunResult, SimConfig, simulate
+from dynamig.simulate.modes import DynamigModesAllocator, ModeSettings, NvidiaToggleAllocator
 from dynamig.simulate.preempt_policies import DynamigPreemptAllocator, StaticPreemptAllocator
 from dynamig.simulate.preemption import PreemptSettings
 from dynamig.simulate.static_layouts import average_mix, device_mix_on, mixed_static_candidates
@@ -44,18 +45,30 @@ POLICIES = (
     "pool",
     "static-preempt",
     "dynamig-preempt",
+    "whole-split",
+    "whole-split-nodes",
+    "dynamig-modes",
+    "dynamig-modes-keep",
+    "nvidia-toggle",
 )
 # the policies that evict lower-priority jobs (dynamig.simulate.preempt_policies); opt-in
 PREEMPTING = ("static-preempt", "dynamig-preempt")
+# the policies with GPUs in MIG mode off, for whole-GPU demand (dynamig.simulate.modes); opt-in:
+# whole-split[-nodes] gives one policy per share of DynamigSettings.modes.split_shares
+# (dynamig-modes-keep: a labelled proposal, not the operator's rules: see dynamig.simulate.modes)
+MODE_POLICIES = ("whole-split", "whole-split-nodes", "dynamig-modes", "dynamig-modes-keep", "nvidia-toggle")
+# every policy but those: what run_trace runs unless told otherwise
+BASE_POLICIES = tuple(p for p in POLICIES if p not in MODE_POLICIES)
 # what `dynamig simulate` runs unless --policies says otherwise (the labelled variants are opt-in)
-DEFAULT_POLICIES = tuple(p for p in POLICIES if p not in ("dynamig-warm", "hami-default", *PREEMPTING))
+DEFAULT_POLICIES = tuple(p for p in BASE_POLICIES if p not in ("dynamig-warm", "hami-default", *PREEMPTING))
 # the policies that create instances, whose figures depend on the create latency (the latency sweep)
 CREATING = (
     "first-fit", "nvidia-dynamic-mig", "hami-reserve", "hami-default",
-    "dynamig", "dynamig-warm", "dynamig-preempt",
+    "dynamig", "dynamig-warm", "dynamig-preempt", *MODE_POLICIES,
 )  # fmt: skip
 # policies that learn from arrivals over time; the paper protocol (no clock, no departures) leaves them out
-ONLINE_ONLY = ("dynamig-warm", *PREEMPTING)  # and those that evict (no clock, no one to evict for)
+# (and those that evict: no clock, no one to evict for; and those that switch MIG modes: no clock)
+ONLINE_ONLY = ("dynamig-warm", *PREEMPTING, *MODE_POLICIES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +90,8 @@ class DynamigSettings:
     warm_refill_s: float | None = None  # None: bind_rtt_s + window_s + reshape_latency_s
     # dynamig-preempt's knobs (gap, minimum run time, rate limit, GPU cooldown, ledger)
     preempt: PreemptSettings = field(default_factory=PreemptSettings)
+    # the policies with GPUs in MIG mode off (switch latency, cooldown, floors, budget, split shares)
+    modes: ModeSettings = field(default_factory=ModeSettings)
 
     def policy(self, models: GpuModel | Iterable[GpuModel]) -> Policy:
         """The planner policy for a cluster of ``models`` (one model or several). Pure."""
@@ -135,7 +150,7 @@ def allocator_factories(
     mix: Mapping[str, Mapping[str, float]],
     cfg: SimConfig,
     dyn: DynamigSettings,
-    policies: Sequence[str] = POLICIES,
+    policies: Sequence[str] = BASE_POLICIES,
     *,
     log: bool = False,
 ) -> tuple[list[tuple[str, Callable[[], Allocator]]], dict[str, dict[str, tuple[Layout, ...]]]]:
@@ -235,7 +250,58 @@ def allocator_factories(
                 lambda: dynamig_like(DynamigPreemptAllocator, dyn.policy(models), preempt=dyn.preempt),
             )
         )
+    for name, by in (("whole-split", "gpu"), ("whole-split-nodes", "node")):
+        if name in policies:  # a fixed share of the GPUs with MIG mode off, dynamig on the others
+            for share in dyn.modes.split_shares:
+                out.append((f"{name}:{share:g}", _split_factory(dynamig_like, dyn, models, share, by)))
+    if "dynamig-modes" in policies:  # dynamig with the operator's MIG mode on demand
+        out.append(
+            (
+                "dynamig-modes",
+                lambda: dynamig_like(
+                    DynamigModesAllocator, dyn.policy(models), modes=dyn.modes, window_s=cfg.window_s
+                ),
+            )
+        )
+    if "dynamig-modes-keep" in policies:  # labelled: an idle node kept per multi-GPU whole claim
+        out.append(
+            (
+                "dynamig-modes-keep",
+                lambda: dynamig_like(
+                    DynamigModesAllocator,
+                    dyn.policy(models),
+                    modes=replace(dyn.modes, max_switching=dyn.modes.keep_budget),
+                    window_s=cfg.window_s,
+                    keep_whole=True,
+                ),
+            )
+        )
+    if "nvidia-toggle" in policies:  # NVIDIA's DynamicMIG, its full GPU and MIG mode toggled included
+        out.append(
+            (
+                "nvidia-toggle",
+                lambda: NvidiaToggleAllocator(
+                    Cluster(spec, log=log),
+                    cfg.reshape_latency_s,
+                    cfg.bind_rtt_s,
+                    node_order=order,
+                    switch_s=dyn.modes.switch_s,
+                ),
+            )
+        )
     return out, statics
+
+
+def _split_factory(
+    dynamig_like: Callable[..., DynamigAllocator],
+    dyn: DynamigSettings,
+    models: Sequence[GpuModel],
+    share: float,
+    by: str,
+) -> Callable[[], Allocator]:
+    return lambda: dynamig_like(
+        DynamigModesAllocator, dyn.policy(models), modes=dyn.modes, dynamic=False, split=(share, by)
+    )
 
 
 def _static_factory(
@@ -248,7 +314,7 @@ def run_trace(
     trace: Trace,
     cfg: SimConfig,
     dyn: DynamigSettings,
-    policies: Sequence[str] = POLICIES,
+    policies: Sequence[str] = BASE_POLICIES,
     *,
     log: bool = False,
     progress: Callable[[str], None] | None = None,
@@ -303,7 +369,7 @@ def run_paper_protocol(
     seed: int,
     cfg: SimConfig,
     dyn: DynamigSettings,
-    policies: Sequence[str] = POLICIES,
+    policies: Sequence[str] = BASE_POLICIES,
 ) -> list[PaperRun]:
     """Offer ``jobs`` (already sampled, in order) once each, no departures; a job that cannot be placed
     when it arrives fails. Every policy gets the same single chance at arrival (no clock: creates and

@@ -29,10 +29,28 @@ class Job:
     patience: float | None = None  # seconds it waits before giving up; None: the trace's default
     gpu_types: tuple[str, ...] = ()  # node GPU types it may run on (the trace's gpu_spec); empty: any
     priority: int = 0  # the pod's priority (``dynamig.simulate.priority``); only preempting policies read it
+    # whole-GPU demand (``WHOLE_ONLY``, ``WHOLE_FIRST``; "": none): read only by the policies that run GPUs
+    # with MIG mode off (``dynamig.simulate.modes``); every other policy serves ``alternatives`` as before
+    whole: str = ""
 
     @property
     def preferred(self) -> str:
         return self.alternatives[0]
+
+
+# A job's whole-GPU demand (``Job.whole``). A policy with GPUs in MIG mode off (``dynamig.simulate.modes``)
+# gives such a job whole GPUs (one per device, all on one node); the other policies serve its MIG
+# alternatives (the model's largest profile, as the openb replay maps it), which is what users get today.
+WHOLE_ONLY = "only"  # only GPUs with MIG mode off serve it
+WHOLE_FIRST = "first"  # a GPU with MIG mode off first, else its MIG alternatives (DRA firstAvailable)
+JOB_KINDS = ("whole-multi", "whole-single", "mig")
+
+
+def job_kind(job: Job) -> str:
+    """``whole-multi`` (whole GPUs, several), ``whole-single`` (one whole GPU) or ``mig``. Pure."""
+    if not job.whole:
+        return "mig"
+    return "whole-multi" if job.count > 1 else "whole-single"
 
 
 @dataclass(frozen=True, slots=True)

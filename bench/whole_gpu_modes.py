@@ -1,0 +1,170 @@
+"""Whole GPUs beside MIG: the openb replay with whole-GPU demand, every policy with GPUs in MIG mode off
+against all-MIG dynamig, on the same jobs and GPUs.
+
+Run: ``python bench/whole_gpu_modes.py`` (needs the openb files: ``--alibaba DIR``, default
+``../shared/data/alibaba-gpu-v2023``). The replay is the one of ``dynamig simulate --loads`` (arrivals
+compressed to each load level on every ``--stride``-th node, the horizon the last arrival), with
+``whole_gpu_demand``: tasks with ``num_gpu >= 2`` ask for that many GPUs with MIG mode off on one node, tasks
+asking a full GPU for one (then ``7g.80gb``, as DRA ``firstAvailable``; ``--no-single-fallback``: the whole
+GPU only). Options: ``--models`` (catalog keys, one run each; A100: a switch resets the GPU, H100: it does
+not), ``--loads``, ``--node-orders``, ``--policies``, ``--split-shares`` (one ``whole-split:<share>`` and one
+``whole-split-nodes:<share>`` per share), ``--switch-s`` (a MIG mode switch, default 10), ``--cooldown-s``
+(600), ``--max-switching`` (GPUs switching at once, the disruption budget: 1), ``--no-allow-reset``,
+``--create-latency-s`` (6), ``--out`` (``results.json`` and ``tables.md``).
+
+Printed per model: one row per (node order, load, policy, job kind): jobs, started, time to running p50 /
+p95 over every job that arrived (one never started waits until the horizon), served slice-hours (a whole GPU
+serves its compute slices x hours, as ``whole-gpu`` charges) and mode switches per GPU-day; then the issue's
+goals for ``dynamig-modes``: served >= the best fixed split and >= all-MIG ``dynamig``, the multi-GPU jobs'
+p95 <= 0.5x all-MIG's, <= 2 mode switches per GPU-day.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from dynamig.geometry.catalog import load_catalog
+from dynamig.simulate import alibaba, report
+from dynamig.simulate.engine import SimConfig
+from dynamig.simulate.modes import ModeSettings
+from dynamig.simulate.runner import DynamigSettings, TraceReport, run_trace, total_compute_slices
+
+POLICIES = ",".join(
+    (
+        "whole-gpu",
+        "nvidia-dynamic-mig",
+        "dynamig",
+        "whole-split",
+        "whole-split-nodes",
+        "dynamig-modes",
+        "dynamig-modes-keep",
+        "nvidia-toggle",
+    )
+)
+
+
+def floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--alibaba", type=Path, default=Path("../shared/data/alibaba-gpu-v2023"))
+    p.add_argument("--models", default="A100-80GB")
+    p.add_argument("--loads", default="1.0,1.5")
+    p.add_argument("--stride", type=int, default=10)
+    p.add_argument("--node-orders", default="pack,spread")
+    p.add_argument("--policies", default=POLICIES)
+    p.add_argument("--split-shares", default="0.25,0.5,0.75")
+    p.add_argument("--switch-s", type=float, default=10.0)
+    p.add_argument("--cooldown-s", type=float, default=600.0)
+    p.add_argument("--max-switching", type=int, default=1)
+    p.add_argument("--no-allow-reset", action="store_true")
+    p.add_argument("--no-single-fallback", action="store_true")
+    p.add_argument("--create-latency-s", type=float, default=6.0)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+
+    modes = ModeSettings(
+        switch_s=args.switch_s,
+        cooldown_s=args.cooldown_s,
+        max_switching=args.max_switching,
+        allow_reset=not args.no_allow_reset,
+        split_shares=tuple(floats(args.split_shares)),
+    )
+    dyn = DynamigSettings(modes=modes)
+    policies = tuple(x.strip() for x in args.policies.split(",") if x.strip())
+    orders = [x.strip() for x in args.node_orders.split(",") if x.strip()]
+    catalog = load_catalog()
+    reports: list[TraceReport] = []
+    timings: dict[str, float] = {}
+    wall0 = time.perf_counter()
+    for key in (x.strip() for x in args.models.split(",") if x.strip()):
+        model = catalog.model(key)
+        tasks, spec = alibaba.load(args.alibaba, model)
+        cluster = alibaba.every_kth_node(spec, args.stride)
+        capacity = total_compute_slices(cluster)
+        top = alibaba.max_load(tasks, model, capacity)
+        mine: list[TraceReport] = []
+        for load in floats(args.loads):
+            if load > top:  # the rule of `dynamig simulate --loads`: at most half of all tasks at once
+                print(
+                    f"load {load:g}: above {top:.2f}, the most this cluster reaches; skipped", file=sys.stderr
+                )
+                continue
+            compress = alibaba.compression_for_load(tasks, model, capacity, load)
+            trace = alibaba.replay_trace(
+                tasks,
+                cluster,
+                model,
+                name=f"alibaba-openb-whole-{cluster.gpu_count}gpus-{key}-load{load:g}",
+                compress=compress,
+                until_last_arrival=True,
+                whole_gpu_demand=True,
+                single_fallback=not args.no_single_fallback,
+            )
+            for order in orders:
+                cfg = SimConfig(node_order=order, reshape_latency_s=args.create_latency_s)
+                t0 = time.perf_counter()
+                rep = run_trace(trace, cfg, dyn, policies, load=load)
+                took = timings[f"{trace.name} [{order}]"] = time.perf_counter() - t0
+                print(
+                    f"[{time.strftime('%H:%M:%S')}] {trace.name} [{order}]: {took:.1f}s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                mine.append(rep)
+        reports += mine
+        print(
+            f"\n== {key}, {cluster.gpu_count} GPUs, whole-GPU demand, switch {args.switch_s:g}s, "
+            f"cooldown {args.cooldown_s:g}s, budget {args.max_switching}"
+        )
+        print(report.text_table(report.KIND_HEADER, report.kind_rows(mine)))
+        for rep in mine:
+            print(f"  {rep.node_order} @{rep.load:g}:")
+            goals = [*report.mode_goals(rep), *report.mode_goals(rep, "dynamig-modes-keep")]
+            for line in goals + report.mode_goals(rep, "nvidia-toggle"):
+                print(f"    {line}")
+    print("\n== summary: all-MIG dynamig, the best fixed split, the policies that switch MIG modes")
+    print(report.text_table(report.MODE_SUMMARY_HEADER, report.mode_summary_rows(reports)))
+    total = time.perf_counter() - wall0
+    print(f"\nrun times: total {total:.1f}s")
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        meta = {
+            "config": {
+                "models": args.models,
+                "stride": args.stride,
+                "loads": floats(args.loads),
+                "node_orders": orders,
+                "policies": list(policies),
+                "whole_gpu_demand": True,
+                "single_fallback": not args.no_single_fallback,
+                "switch_s": modes.switch_s,
+                "cooldown_s": modes.cooldown_s,
+                "max_switching": modes.max_switching,
+                "allow_reset": modes.allow_reset,
+                "split_shares": list(modes.split_shares),
+                "reshape_latency_s": args.create_latency_s,
+            },
+            "timings_s": timings,
+            "total_s": total,
+        }
+        report.write_json(args.out / "results.json", reports, [], meta)
+        parts = [
+            report.markdown_table(report.MODE_SUMMARY_HEADER, report.mode_summary_rows(reports)),
+            report.markdown_table(report.KIND_HEADER, report.kind_rows(reports)),
+        ]
+        for rep in reports:
+            parts.append(
+                f"### {report.heading(rep)}\n\n" + "\n".join(f"- {g}" for g in report.mode_goals(rep))
+            )
+        (args.out / "tables.md").write_text("\n\n".join(parts) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,610 @@
+"""Whole GPUs beside MIG: the policies that run GPUs with MIG mode off, and switch them.
+
+A job with whole-GPU demand (``Job.whole``, ``trace.WHOLE_ONLY`` / ``WHOLE_FIRST``; the openb replay's
+``whole_gpu_demand``) takes ``count`` GPUs with MIG mode off on one node (``Cluster.assign_whole``); a GPU
+with MIG mode off holds one such job or nothing and offers no MIG device. A ``WHOLE_FIRST`` job falls back to
+its MIG alternatives (the model's largest profile) when no whole GPU is free. Every other policy ignores the
+demand and serves the job's MIG alternatives, as before.
+
+- ``whole-split:<share>`` (``DynamigModesAllocator``, ``dynamic=False``): on every node a fixed share of the
+  GPUs has MIG mode off for good (its lowest-numbered GPUs; the counts rounded cumulatively in node order,
+  so that the cluster has ``share`` of its GPUs off); the other GPUs are dynamig's, as the ``dynamig``
+  policy runs them. ``whole-split-nodes:<share>``: the same with whole nodes off, that share of the nodes of
+  each size (spread evenly in node order), so that multi-GPU jobs find whole nodes.
+- ``dynamig-modes`` (``DynamigModesAllocator``): dynamig's MIG side plus the operator's MIG mode on demand
+  (``dynamig.operator.modes``, policy ``spec.migMode.policy: Dynamic``), as a round after the batch window:
+  claims oldest first, at most one switch per round, at most ``ModeSettings.max_switching`` GPUs switching
+  at once (the disruption budget, ``maxGpusReshaping``, 1 by default, which switching GPUs count against).
+  *Off* for a claim of whole GPUs (``WHOLE_ONLY``; a claim that also accepts a MIG profile is MIG demand,
+  as ``dynamig.operator.demand`` sorts it) that the free GPUs with MIG mode off (and those switching off,
+  those switching for it counted first) cannot take on one node: an idle MIG GPU (no instance held,
+  reserved or being created; its free instances are destroyed) on the node that completes the claim with
+  the fewest switches, the GPU with the fewest instances first. *On* for a MIG claim nothing can place: a
+  free GPU with MIG mode off that an empty GPU of its model serves the claim on, unless a GPU is already
+  switching on for it or a waiting claim of whole GPUs could take that GPU; the lowest node and GPU first.
+  A GPU is not switched again within ``cooldown_s`` (600 s, ``cooldownSeconds``) of its last switch; the
+  floors ``min_mig_gpus`` / ``min_whole_gpus`` (0) are never crossed; a model whose switch resets the GPU
+  (Ampere, ``dynamig.geometry.generation``) is switched only with ``allow_reset``. A switch takes
+  ``switch_s`` (10 s by default, a parameter: the simulated NVML's 2 s for Ampere and 0 for Hopper leave out
+  the agent's withdrawal and the reset itself), during which the GPU serves nothing. Whole GPUs carry no
+  binding conditions and bind at once. A GPU switched off for a claim is not kept for it: any claim of whole
+  GPUs may take it (the operator records the claim, ``dynamig.io/mig-mode-for``, and counts the GPU for it,
+  but the scheduler books a free whole GPU for whoever comes first). No idle node is kept for a waiting claim
+  of whole GPUs (the operator keeps nodes for multi-device MIG claims only). A switch written is itself a
+  change: the next round runs a batch window later where the budget has room, else when a switch ends.
+- ``dynamig-modes-keep`` (``keep_whole=True``; labelled, a proposal, not what the operator does): as
+  ``dynamig-modes``, and while a multi-GPU claim of whole GPUs waits, one idle node is kept for it (the
+  choice ``dynamig.planner.reserve.keep_idle_nodes`` makes for MIG claims): the node offers no MIG device
+  and its whole GPUs to that claim only, and as many of its GPUs as the claim needs are switched off in one
+  round, within ``ModeSettings.keep_budget`` (8) GPUs switching at once.
+- ``nvidia-toggle`` (``NvidiaToggleAllocator``): NVIDIA's DRA driver with the DynamicMIG feature gate
+  (github.com/NVIDIA/k8s-dra-driver-gpu at 22407113, cmd/gpu-kubelet-plugin; the same code in
+  kubernetes-sigs/dra-driver-nvidia-gpu at 95932046). On a GPU that toggles MIG mode without a reset
+  (``supportsMIGModeToggle``: Hopper and later, nvlib.go:1461) the full GPU is published beside every MIG
+  placement (nvlib.go:271, ``isDynamicMIGCapable`` nvlib.go:1493) and consumes all of the GPU's counters
+  (partitions.go:86-89), so it is bookable exactly when no MIG device is on the GPU, and no MIG device while
+  it is held. MIG mode follows the allocations: the prepare of a MIG device on a GPU with MIG mode off
+  enables it first (``createMigDevice``, nvlib.go:959-963), and the unprepare that deletes the GPU's last MIG
+  device disables it (``deleteMigDevice`` -> ``maybeDisableMigMode``, nvlib.go:1149 and 1156-1183); at start
+  every GPU without MIG devices has it disabled (``obliterateStaleMIGDevices``, nvlib.go:445). Both run under
+  the node-global prepare lock, as every create (``booking.NvidiaDynamicMigAllocator``): a create after an
+  enable waits ``switch_s`` more, and a disable holds the lock ``switch_s``, which the node's next prepare
+  (MIG or whole) waits out. On a GPU that needs a reset (Ampere: the A100 of the openb tables) nothing is
+  toggled: with MIG mode on at start only the MIG placements are published (nvlib.go:1499, the full GPU is
+  not, nvlib.go:266-271), so a job that only a whole GPU serves never runs there; that is how the driver
+  behaves, modelled as such. Not confirmed from the source: how long ``SetMigMode`` takes (the driver logs
+  it, ``t_disable_mig``; here ``switch_s``), and whether an ``activationStatus`` of "in use" (nvlib.go:1187)
+  ever leaves MIG mode on after the last device is gone (here never).
+
+Allocators mutate their cluster (side effects); they never look at the future of the trace.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dynamig.geometry.generation import mode_switch_needs_reset
+from dynamig.geometry.layout import remaining_capacity
+from dynamig.geometry.model import GpuModel
+from dynamig.planner import ClaimDemand, Policy
+from dynamig.planner.reserve import IdleNode, WaitingClaim, keep_idle_nodes
+from dynamig.simulate.allocators import Allocation, Replan, node_order_key
+from dynamig.simulate.booking import NvidiaDynamicMigAllocator, Offer, OfferAllocator
+from dynamig.simulate.cluster import WHOLE, Cluster, Gpu
+from dynamig.simulate.dynamig_policy import DynamigAllocator
+from dynamig.simulate.trace import WHOLE_ONLY, Job, full_profile
+
+
+@dataclass(frozen=True, slots=True)
+class ModeSettings:
+    """The knobs of the policies with GPUs in MIG mode off (defaults: the operator's, see the module)."""
+
+    switch_s: float = 10.0  # a MIG mode switch, until the GPU serves in its new mode
+    cooldown_s: float = 600.0  # spec.migMode.cooldownSeconds
+    min_mig_gpus: int = 0  # spec.migMode.minMigGpus
+    min_whole_gpus: int = 0  # spec.migMode.minWholeGpus
+    max_switching: int = 1  # spec.disruptionBudget.maxGpusReshaping: GPUs switching at once
+    allow_reset: bool = (
+        True  # spec.migMode.allowReset (false in the CRD; the A100 replay switches nothing without)
+    )
+    split_shares: tuple[float, ...] = (0.5,)  # whole-split / whole-split-nodes: one policy per share
+    keep_budget: int = 8  # dynamig-modes-keep: GPUs switching at once (a node's worth)
+
+
+SPLITS = ("gpu", "node")  # whole-split: a share of each node's GPUs; whole-split-nodes: a share of the nodes
+
+
+def _round(x: float) -> int:
+    return math.floor(x + 0.5)
+
+
+def split_whole_gpus(cluster: Cluster, share: float, by: str = "gpu") -> frozenset[int]:
+    """The GPUs (positions) with MIG mode off under a fixed split of ``share``. ``by="gpu"``: on every node
+    its lowest-numbered GPUs, as many as the cumulative rounding in node order gives it (a node of 8 at 0.25
+    has 2; the cluster has ``round(share x GPUs)``). ``by="node"``: whole nodes, ``round(share x n)`` of the
+    n nodes of each size, spread evenly in node order. Pure."""
+    if by not in SPLITS:
+        raise ValueError(f"split by {by!r}: expected one of {', '.join(SPLITS)}")
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"split share {share}: expected a number in [0, 1]")
+    off: list[int] = []
+    if by == "gpu":
+        seen = 0
+        for gpus in cluster.nodes:
+            k = _round(share * (seen + len(gpus))) - _round(share * seen)
+            seen += len(gpus)
+            off.extend(g.pos for g in gpus[:k])
+        return frozenset(off)
+    index: dict[int, int] = {}  # node size -> nodes of that size seen
+    for gpus in cluster.nodes:
+        i = index.get(len(gpus), 0)
+        index[len(gpus)] = i + 1
+        if _round(share * (i + 1)) > _round(share * i):
+            off.extend(g.pos for g in gpus)
+    return frozenset(off)
+
+
+def fits_empty(model: GpuModel, job: Job, plain: frozenset[str]) -> bool:
+    """An empty GPU of ``model`` holds the job's devices in one of its MIG alternatives (as
+    ``dynamig.operator.modes`` asks before switching a GPU on for a claim). Pure."""
+    return any(remaining_capacity(model, (), p) >= job.count for p in job.alternatives if p in plain)
+
+
+class WholeGpuBooking(OfferAllocator):
+    """Whole GPUs booked beside the MIG offers of an ``OfferAllocator`` (a mixin, first in the bases): the
+    scheduler tries nodes in the run's node order, and on a node takes its lowest-numbered usable GPUs.
+    A concrete class sets ``_init_whole`` up before its own base's ``__init__`` and calls ``_recount_all``
+    after it."""
+
+    def _init_whole(self, cluster: Cluster) -> None:
+        self._full = {key: full_profile(m).name for key, m in cluster.models.items()}
+        self._whole_free = [0] * len(cluster.nodes)  # per node, GPUs a whole-GPU job could take now
+
+    def whole_usable(self, gpu: Gpu) -> bool:
+        """Whether a whole-GPU job can take ``gpu`` now."""
+        raise NotImplementedError
+
+    def whole_delay(self, node: int, now: float) -> float:
+        """Seconds from booking whole GPUs of ``node`` to the job running (none: no binding conditions)."""
+        return 0.0
+
+    def whole_node_ok(self, job: Job, node: int) -> bool:
+        """Whether ``node``'s whole GPUs are offered to ``job`` (a node kept for another claim: not)."""
+        return True
+
+    def accepts_whole(self, job: Job, gpu: Gpu) -> bool:
+        """Whether ``job`` takes ``gpu``'s model whole (its alternatives name that model's full GPU)."""
+        return self._full[gpu.model.key] in job.alternatives
+
+    def _recount(self, node: int) -> None:
+        self._whole_free[node] = sum(1 for g in self.cluster.nodes[node] if self.whole_usable(g))
+
+    def _recount_all(self) -> None:
+        for node in range(len(self.cluster.nodes)):
+            self._recount(node)
+
+    def touch(self, gpus: Sequence[Gpu], *, republish: bool = True) -> None:
+        super().touch(gpus, republish=republish)
+        for node in {g.node_pos for g in gpus}:
+            self._recount(node)
+
+    def place_whole(self, job: Job, now: float) -> Allocation | None:
+        """``job.count`` whole GPUs on the first node in the run's order that has them, or None. Side
+        effect: the cluster state."""
+        best: list[Gpu] | None = None
+        best_key: tuple[int, ...] | None = None
+        for node, free in enumerate(self._whole_free):
+            if free < job.count or not self.cluster.allows(job, node) or not self.whole_node_ok(job, node):
+                continue
+            key = node_order_key(self.node_order, node, self.node_busy[node], self.node_size[node])
+            if best_key is not None and key >= best_key:
+                continue
+            gpus = [
+                g for g in self.cluster.nodes[node] if self.whole_usable(g) and self.accepts_whole(job, g)
+            ]
+            if len(gpus) >= job.count:
+                best, best_key = gpus[: job.count], key
+        if best is None:
+            return None
+        node = best[0].node_pos
+        delay = self.whole_delay(node, now)
+        for g in best:
+            self.cluster.assign_whole(g, job.name, now)
+        slices = sum(g.model.compute_slices for g in best)
+        self.node_busy[node] += slices
+        self.touch(best, republish=False)
+        return Allocation(slices, (), node, delay, tuple(best))
+
+    def release_whole(self, alloc: Allocation, now: float) -> None:
+        for g in alloc.gpus:
+            self.cluster.release_whole(g, now)
+        self.node_busy[alloc.node] -= alloc.slices
+        self.touch(list(alloc.gpus), republish=False)
+
+
+class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
+    """dynamig's MIG side beside GPUs with MIG mode off: switched on demand (``dynamic``) or a fixed split
+    (``split``: share, ``"gpu"`` or ``"node"``). See the module docstring for the rules."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        policy: Policy,
+        *,
+        modes: ModeSettings | None = None,
+        dynamic: bool = True,
+        split: tuple[float, str] | None = None,
+        window_s: float = 2.0,
+        keep_whole: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        self.modes = modes or ModeSettings()
+        self.dynamic = dynamic
+        # dynamig-modes-keep (a proposal, not the operator): an idle node kept for each waiting multi-GPU
+        # claim of whole GPUs, switched off at once
+        self.keep_whole = keep_whole
+        self._whole_kept: dict[int, str] = {}  # node -> the claim of whole GPUs it is kept for
+        self.window_s = window_s  # the operator's batch window: its own switch write starts a round after it
+        if split is not None:
+            for pos in split_whole_gpus(cluster, *split):
+                cluster.gpus[pos].mig = False  # the starting mode, not a switch
+        self._init_whole(cluster)
+        self._switching: set[Gpu] = set()
+        self._plain_of = {key: frozenset(plain) for key, plain in cluster.plain.items()}
+        self._needs_reset = {key: mode_switch_needs_reset(key) for key in cluster.models}
+        super().__init__(cluster, policy, **kwargs)
+        if dynamic:
+            self.name = "dynamig-modes-keep" if keep_whole else "dynamig-modes"
+        elif split is not None:
+            self.name = f"whole-split{'-nodes' if split[1] == 'node' else ''}:{split[0]:g}"
+        self._recount_all()
+
+    # -- what a GPU offers ---------------------------------------------------------------------------------
+    @staticmethod
+    def mig_ready(gpu: Gpu) -> bool:
+        return gpu.mig and not gpu.switching
+
+    def whole_usable(self, gpu: Gpu) -> bool:
+        return not gpu.mig and not gpu.switching and not gpu.whole_job
+
+    def _offerable(self, gpu: Gpu) -> frozenset[str]:
+        return super()._offerable(gpu) if self.mig_ready(gpu) else frozenset()
+
+    def node_offers(self, node: int, profile: str, job: Job, now: float) -> list[Offer]:
+        return [o for o in super().node_offers(node, profile, job, now) if self.mig_ready(o.gpu)]
+
+    def set_pending(self, jobs: Iterable[Job]) -> None:
+        # whole-GPU demand is not MIG demand: the operator keeps no idle node for it
+        jobs = list(jobs)
+        super().set_pending([j for j in jobs if j.whole != WHOLE_ONLY])
+        if self.keep_whole:
+            self._keep_for_whole([j for j in jobs if j.whole == WHOLE_ONLY and j.count > 1])
+
+    def _keep_for_whole(self, claims: Sequence[Job]) -> None:
+        """dynamig-modes-keep: one idle node kept for each waiting multi-GPU claim of whole GPUs
+        (``keep_idle_nodes``, the same choice as for MIG claims): nothing runs or is held on it and none of
+        its GPUs is switching on. Side effect: ``_whole_kept``."""
+        self._whole_kept = {}
+        if not claims:
+            return
+        idle: list[IdleNode] = []
+        for n, gpus in enumerate(self.cluster.nodes):
+            if self.node_busy[n] or n in self._kept_for:
+                continue
+            if any(
+                g.whole_job or (g.mig and (g.switching or any(self._kept(i) for i in g.instances)))
+                for g in gpus
+            ):
+                continue
+            idle.append(IdleNode(self.cluster.node_names[n], tuple(frozenset({WHOLE}) for _ in gpus)))
+        waiting = [WaitingClaim(j.name, j.count, frozenset({WHOLE}), self._allowed_names(j)) for j in claims]
+        self._whole_kept = {
+            self._node_pos[name]: c.name for name, c in keep_idle_nodes(idle, waiting).items()
+        }
+
+    def skip_node(self, node: int, job: Job, profile: str) -> bool:
+        return node in self._whole_kept or super().skip_node(node, job, profile)
+
+    def whole_node_ok(self, job: Job, node: int) -> bool:
+        kept = self._whole_kept.get(node)
+        return kept is None or kept == job.name
+
+    def candidates(self, now: float, claims: Sequence[ClaimDemand]) -> tuple[list[Gpu], float | None]:
+        gpus, cooling = super().candidates(now, claims)
+        return [g for g in gpus if self.mig_ready(g)], cooling
+
+    # -- booking -------------------------------------------------------------------------------------------
+    def _place(self, job: Job, now: float) -> Allocation | None:
+        if job.whole:
+            got = self.place_whole(job, now)
+            if got is not None or job.whole == WHOLE_ONLY:
+                return got
+        return super()._place(job, now)
+
+    def _release(self, job: Job, alloc: Allocation, now: float) -> None:
+        if alloc.gpus:
+            self.release_whole(alloc, now)
+        else:
+            super()._release(job, alloc, now)
+
+    # -- engine hooks --------------------------------------------------------------------------------------
+    def on_ready(self, now: float) -> None:
+        done = [g for g in self._switching if g.mode_until <= now]
+        for g in done:
+            self.cluster.mode_done(g)
+            self._switching.discard(g)
+        super().on_ready(now)
+        if done:
+            self.touch(sorted(done, key=lambda g: g.pos))
+
+    def replan(self, now: float, pending: Sequence[Job]) -> Replan:
+        out = super().replan(now, pending)
+        if not self.dynamic:
+            return out
+        modes = self._mode_round(now, pending)
+        retry = [t for t in (out.retry_at, modes.retry_at) if t is not None]
+        return Replan(tuple(sorted({*out.ready_times, *modes.ready_times})), min(retry) if retry else None)
+
+    # -- the MIG mode round ----------------------------------------------------------------------------------
+    def _busy(self, gpu: Gpu, now: float) -> bool:
+        """Something on the GPU stops a switch off: an instance held, reserved or being created."""
+        return any(self._kept(i) for i in gpu.instances) or gpu.reshaping(now)
+
+    def _blocked_gpu(self, gpu: Gpu, now: float) -> float | None:
+        """None when ``gpu`` may be switched now as far as time and its model go; else when it may be
+        (``math.inf``: never, a reset the policy forbids)."""
+        if self._needs_reset[gpu.model.key] and not self.modes.allow_reset:
+            return math.inf
+        ready = gpu.mode_at + self.modes.cooldown_s
+        return ready if now < ready else None
+
+    def _switch(self, gpu: Gpu, mig: bool, job: Job, now: float) -> float:
+        """Start switching ``gpu`` for ``job``; returns when it is done. Side effect: its free instances
+        destroyed (switching off), the cluster state, the offers."""
+        for inst in list(gpu.instances):
+            self.cluster.destroy(inst, now)
+        done = now + self.modes.switch_s
+        self.cluster.set_mode(gpu, mig, now, done, job.name)
+        if done > now:
+            self._switching.add(gpu)
+        self.touch([gpu])
+        return done
+
+    def _mode_round(self, now: float, pending: Sequence[Job]) -> Replan:
+        """One MIG mode round over the jobs still waiting (oldest first): at most one switch. Side effect:
+        the switch."""
+        if len(self._switching) >= self.modes.max_switching:
+            return Replan()  # the budget is spent: the switch under way ends with a READY, and a round
+        whole_claims = [j for j in pending if j.whole == WHOLE_ONLY]
+        mig_claims = [j for j in pending if j.whole != WHOLE_ONLY and j.name not in self._claims]
+        if not whole_claims and not mig_claims:
+            return Replan()
+        gpus = self.cluster.gpus
+        mig_n = sum(1 for g in gpus if g.mig)  # by the mode each GPU has or is switching to
+        off = [g for g in gpus if not g.mig]
+        taken: set[int] = set()
+        names = {j.name for j in whole_claims}
+        for g in off:  # GPUs switching off for a claim are counted for it first
+            if g.switching and g.mode_for in names:
+                taken.add(g.pos)
+        supply = {j.name: self._supply(j, off, taken) for j in whole_claims}
+        retry: float | None = None
+        tried: set[tuple[tuple[str, ...], int, tuple[str, ...]]] = set()
+        kept: set[int] | None = None
+        idle: tuple[list[Gpu], float | None] | None = (
+            None  # idle MIG GPUs switchable now; the next cooldown end
+        )
+        kept_node = {name: n for n, name in self._whole_kept.items()}
+        for job in pending:
+            if job.whole == WHOLE_ONLY and job.name in kept_node:
+                done, wait = self._off_for_kept(job, kept_node[job.name], now, mig_n)
+            elif job.whole == WHOLE_ONLY:
+                if supply[job.name][0]:
+                    continue  # free whole GPUs (or some switching off) are enough for it
+                if idle is None:
+                    idle = self._idle_mig(now)
+                done, wait = self._off_for(job, supply[job.name], taken, idle, mig_n, now)
+            elif job.name in self._claims:
+                continue
+            else:
+                shape = (job.alternatives, job.count, job.gpu_types)
+                if shape in tried:
+                    continue
+                tried.add(shape)
+                if kept is None:  # free whole GPUs a waiting claim of whole GPUs could take: not switched on
+                    wanted = {(c.alternatives, c.gpu_types): c for c in whole_claims}.values()
+                    kept = {
+                        g.pos
+                        for g in off
+                        if any(
+                            self.accepts_whole(c, g) and self.cluster.allows(c, g.node_pos) for c in wanted
+                        )
+                    }
+                done, wait = self._on_for(job, off, kept | taken, now, len(gpus) - mig_n)
+            if done is not None:
+                # the switch written is itself a change: the next round runs a batch window later, where the
+                # budget leaves room for another switch (otherwise the switch's end starts it)
+                more = len(self._switching) < self.modes.max_switching
+                return Replan((done,), now + self.window_s if more else None)
+            if wait is not None and wait < math.inf:
+                retry = wait if retry is None else min(retry, wait)
+        return Replan((), retry)
+
+    def _supply(self, job: Job, off: Sequence[Gpu], taken: set[int]) -> tuple[bool, int | None, list[Gpu]]:
+        """GPUs with MIG mode off (free, or switching off) counted for ``job``, all on one node: whether
+        they are enough, the node (the one with the most), and the GPUs. Side effect: ``taken``."""
+        by_node: dict[int, list[Gpu]] = {}
+        for g in off:
+            if not self.accepts_whole(job, g) or not self.cluster.allows(job, g.node_pos):
+                continue
+            mine = g.pos in taken and g.switching and g.mode_for == job.name
+            if mine or (g.pos not in taken and (g.switching or not g.whole_job)):
+                by_node.setdefault(g.node_pos, []).append(g)
+        if not by_node:
+            return False, None, []
+        names = self.cluster.node_names
+        node = min(by_node, key=lambda n: (-len(by_node[n]), names[n]))
+        have = sorted(by_node[node], key=lambda g: (g.switching, g.mode_for != job.name, g.index))[
+            : job.count
+        ]
+        taken.update(g.pos for g in have)
+        return len(have) >= job.count, node, have
+
+    def _idle_mig(self, now: float) -> tuple[list[Gpu], float | None]:
+        """The idle GPUs with MIG mode on that may be switched off now, and the earliest time one more may
+        (a cooldown ending; None: none waits for one)."""
+        fit: list[Gpu] = []
+        wait: float | None = None
+        for g in self.cluster.gpus:
+            if not g.mig or g.switching or self._busy(g, now):
+                continue
+            blocked = self._blocked_gpu(g, now)
+            if blocked is None:
+                fit.append(g)
+            elif blocked < math.inf:
+                wait = blocked if wait is None else min(wait, blocked)
+        return fit, wait
+
+    def _off_for(
+        self,
+        job: Job,
+        supply: tuple[bool, int | None, list[Gpu]],
+        taken: set[int],
+        idle: tuple[list[Gpu], float | None],
+        mig_n: int,
+        now: float,
+    ) -> tuple[float | None, float | None]:
+        """Switch one idle MIG GPU (of ``idle``) off for ``job`` if its supply is short and a node can
+        complete it: (when the switch is done, None) or (None, when to try again for a cooldown)."""
+        enough, node_have, have = supply
+        if enough:
+            return None, None
+        need = job.count
+        by_node: dict[int, list[Gpu]] = {}
+        fit, wait = idle
+        for g in fit:
+            if (
+                g.pos in taken
+                or (have and g.node_pos != node_have)
+                or not self.accepts_whole(job, g)
+                or not self.cluster.allows(job, g.node_pos)
+            ):
+                continue
+            by_node.setdefault(g.node_pos, []).append(g)
+        have_on = {node_have: len(have)} if node_have is not None else {}
+        complete = [n for n in by_node if have_on.get(n, 0) + len(by_node[n]) >= need]
+        if not complete:
+            return None, wait
+        names = self.cluster.node_names
+        node = min(complete, key=lambda n: (need - have_on.get(n, 0), names[n]))
+        best = min(by_node[node], key=lambda g: (len(g.instances), g.index))
+        if mig_n - 1 < self.modes.min_mig_gpus:
+            return None, None  # the floor of MIG GPUs
+        taken.add(best.pos)
+        return self._switch(best, False, job, now), None
+
+    def _off_for_kept(self, job: Job, node: int, now: float, mig_n: int) -> tuple[float | None, float | None]:
+        """dynamig-modes-keep: switch off at once as many of the kept ``node``'s idle MIG GPUs as ``job``
+        still needs there (within the budget): (when the last is done, None) or (None, when to try again)."""
+        gpus = self.cluster.nodes[node]
+        short = job.count - sum(
+            1 for g in gpus if not g.mig and not g.whole_job and self.accepts_whole(job, g)
+        )
+        if short <= 0:
+            return None, None
+        fit: list[Gpu] = []
+        wait: float | None = None
+        for g in gpus:
+            if not g.mig or g.switching or self._busy(g, now) or not self.accepts_whole(job, g):
+                continue
+            blocked = self._blocked_gpu(g, now)
+            if blocked is None:
+                fit.append(g)
+            elif blocked < math.inf:
+                wait = blocked if wait is None else min(wait, blocked)
+        room = min(short, self.modes.max_switching - len(self._switching), mig_n - self.modes.min_mig_gpus)
+        if len(fit) < short or room <= 0:
+            return None, wait
+        done = now
+        for g in sorted(fit, key=lambda g: (len(g.instances), g.index))[:room]:
+            done = max(done, self._switch(g, False, job, now))
+        return done, None
+
+    def _on_for(
+        self, job: Job, off: Sequence[Gpu], kept: set[int], now: float, whole_n: int
+    ) -> tuple[float | None, float | None]:
+        """Switch one free GPU with MIG mode off on for the MIG claim ``job`` that nothing places: (when the
+        switch is done, None) or (None, when to try again for a cooldown)."""
+
+        def serves(g: Gpu) -> bool:
+            return self.cluster.allows(job, g.node_pos) and fits_empty(
+                g.model, job, self._plain_of[g.model.key]
+            )
+
+        if any(g.mig and serves(g) for g in self._switching):
+            return None, None  # one is switching on for it already
+        fit: list[Gpu] = []
+        wait: float | None = None
+        for g in off:
+            if g.switching or g.whole_job or g.pos in kept or not serves(g):
+                continue
+            blocked = self._blocked_gpu(g, now)
+            if blocked is not None:
+                wait = blocked if wait is None else min(wait, blocked)
+                continue
+            fit.append(g)
+        if not fit:
+            return None, wait
+        names = self.cluster.node_names
+        best = min(fit, key=lambda g: (names[g.node_pos], g.index))
+        if whole_n - 1 < self.modes.min_whole_gpus:
+            return None, None  # the floor of whole GPUs
+        return self._switch(best, True, job, now), None
+
+
+class NvidiaToggleAllocator(WholeGpuBooking, NvidiaDynamicMigAllocator):
+    """NVIDIA's DRA driver with DynamicMIG, its full GPU included: MIG mode toggled per allocation on the
+    GPUs that switch without a reset (see the module docstring for the source)."""
+
+    name = "nvidia-toggle"
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        create_latency_s: float = 0.0,
+        bind_rtt_s: float = 0.0,
+        *,
+        node_order: str = "pack",
+        switch_s: float = 10.0,
+    ) -> None:
+        self.switch_s = switch_s
+        self._toggles = {key: not mode_switch_needs_reset(key) for key in cluster.models}
+        for g in cluster.gpus:
+            # at start a GPU without MIG devices has MIG mode disabled where it toggles; elsewhere MIG mode
+            # stays as it is, on (the MIG placements published, the full GPU not)
+            g.mig = not self._toggles[g.model.key]
+        self._init_whole(cluster)
+        super().__init__(cluster, create_latency_s, bind_rtt_s, node_order=node_order)
+        self._recount_all()
+
+    def whole_usable(self, gpu: Gpu) -> bool:
+        # the full GPU consumes every counter of the GPU: bookable when no MIG device is on it
+        return self._toggles[gpu.model.key] and not gpu.instances and not gpu.whole_job
+
+    def whole_delay(self, node: int, now: float) -> float:
+        # its prepare takes the node's prepare lock (behind a disable, or a create, in progress)
+        return max(0.0, self._node_free_at[node] - now)
+
+    def _offerable(self, gpu: Gpu) -> frozenset[str]:
+        return frozenset() if gpu.whole_job else super()._offerable(gpu)
+
+    def before_create(self, gpu: Gpu, now: float) -> float:
+        if gpu.mig:
+            return 0.0
+        self.cluster.set_mode(gpu, True, now, now)  # enabled in the prepare, before the create
+        return self.switch_s
+
+    def _place(self, job: Job, now: float) -> Allocation | None:
+        if job.whole:
+            got = self.place_whole(job, now)
+            if got is not None or job.whole == WHOLE_ONLY:
+                return got
+        return super()._place(job, now)
+
+    def _release(self, job: Job, alloc: Allocation, now: float) -> None:
+        if alloc.gpus:
+            self.release_whole(alloc, now)
+            return
+        super()._release(job, alloc, now)
+        emptied = [
+            g
+            for g in {i.gpu for i in alloc.instances}
+            if self._toggles[g.model.key] and g.mig and not g.instances
+        ]
+        for g in sorted(emptied, key=lambda g: g.pos):
+            # the unprepare that deleted the last MIG device disables MIG mode, under the node's lock
+            self.cluster.set_mode(g, False, now, now)
+            self._node_free_at[g.node_pos] = max(self._node_free_at[g.node_pos], now) + self.switch_s
