@@ -101,7 +101,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="Alibaba replay: multi-GPU tasks ask for whole GPUs (MIG mode off) on one node, and full-GPU "
         "tasks for a whole GPU first, the model's largest profile next (compare with --policies dynamig,"
-        "dynamig-modes,whole-split-nodes:0.5,nvidia-toggle; docs/benchmarks.md)",
+        "dynamig-modes,whole-split-nodes,nvidia-toggle; docs/benchmarks.md)",
     )
     p.add_argument("--seeds", type=positive_int, default=10, help="seeds for the paper protocol (default 10)")
     p.add_argument("--model", default="A100-80GB", help="simulated GPU model for the Alibaba trace")

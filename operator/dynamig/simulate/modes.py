@@ -198,6 +198,21 @@ class WholeGpuBooking(OfferAllocator):
         self.touch(best, republish=False)
         return Allocation(slices, (), node, delay, tuple(best))
 
+    def _place(self, job: Job, now: float) -> Allocation | None:
+        """A whole-GPU job on GPUs with MIG mode off (its MIG fallback, if any, next); the rest as the
+        policy below books them."""
+        if job.whole:
+            got = self.place_whole(job, now)
+            if got is not None or job.whole == WHOLE_ONLY:
+                return got
+        return super()._place(job, now)
+
+    def _release(self, job: Job, alloc: Allocation, now: float) -> None:
+        if alloc.gpus:
+            self.release_whole(alloc, now)
+        else:
+            super()._release(job, alloc, now)
+
     def release_whole(self, alloc: Allocation, now: float) -> None:
         for g in alloc.gpus:
             self.cluster.release_whole(g, now)
@@ -295,20 +310,6 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
     def candidates(self, now: float, claims: Sequence[ClaimDemand]) -> tuple[list[Gpu], float | None]:
         gpus, cooling = super().candidates(now, claims)
         return [g for g in gpus if self.mig_ready(g)], cooling
-
-    # -- booking -------------------------------------------------------------------------------------------
-    def _place(self, job: Job, now: float) -> Allocation | None:
-        if job.whole:
-            got = self.place_whole(job, now)
-            if got is not None or job.whole == WHOLE_ONLY:
-                return got
-        return super()._place(job, now)
-
-    def _release(self, job: Job, alloc: Allocation, now: float) -> None:
-        if alloc.gpus:
-            self.release_whole(alloc, now)
-        else:
-            super()._release(job, alloc, now)
 
     # -- engine hooks --------------------------------------------------------------------------------------
     def on_ready(self, now: float) -> None:
@@ -587,18 +588,10 @@ class NvidiaToggleAllocator(WholeGpuBooking, NvidiaDynamicMigAllocator):
         self.cluster.set_mode(gpu, True, now, now)  # enabled in the prepare, before the create
         return self.switch_s
 
-    def _place(self, job: Job, now: float) -> Allocation | None:
-        if job.whole:
-            got = self.place_whole(job, now)
-            if got is not None or job.whole == WHOLE_ONLY:
-                return got
-        return super()._place(job, now)
-
     def _release(self, job: Job, alloc: Allocation, now: float) -> None:
-        if alloc.gpus:
-            self.release_whole(alloc, now)
-            return
         super()._release(job, alloc, now)
+        if alloc.gpus:
+            return
         emptied = [
             g
             for g in {i.gpu for i in alloc.instances}
