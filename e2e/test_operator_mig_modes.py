@@ -164,6 +164,11 @@ async def test_a_policy_serving_gpus_without_mig_has_an_l4_served_whole(
         await k.create_policy(f"l4-{pool}", spec)
         await k.pod("infer", "whole", {"test-pool": pool})
         assert await eventually(functools.partial(k.node_of, "infer"), "the pod bound on the L4", within_s=60)
-        part = await k.partition(f"{node}-gpu0")
+
+        async def served_whole() -> dict[str, Any] | None:  # the agent's status write follows its publish
+            part = await k.partition(f"{node}-gpu0")
+            return part if ((part.get("status") or {}).get("wholeGpu") or {}).get("deviceName") else None
+
+        part = await eventually(served_whole, "the L4's status says it is served whole")
         assert part["spec"]["migMode"] == "Disabled" and part["status"]["wholeGpu"]["deviceName"] == "gpu0"
         assert [e for e in sim.history() if e.kind == "set-mig-mode"] == []  # nothing to switch on an L4

@@ -145,7 +145,7 @@ async def test_a_gpu_without_mig_is_served_whole_only_when_its_gpu_partition_ask
                 part = await k.partition(gpu)
             except ApiException:
                 return None
-            conditions = part["status"].get("conditions") or []
+            conditions = (part.get("status") or {}).get("conditions") or []  # none until the agent writes
             managed: dict[str, Any] = next((c for c in conditions if c["type"] == "Managed"), {})
             return part if managed.get("reason") == "UnknownModel" else None
 
