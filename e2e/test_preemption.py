@@ -357,6 +357,28 @@ async def test_evict_holds_the_placement_and_serves_the_waiting_pod(
                     sample("dynamig_operator_preemption_holds_released_total", {**labels, "why": "served"})
                     == 1
                 )
+                (entry,) = (await k.policy(policy))["status"]["recentEvictions"]
+                assert (entry["gpu"], sorted(entry["owners"])) == (
+                    gpu0,
+                    [f"Pod {namespace}/{p}" for p in victims],
+                ), entry
+            # A new operator process (a restart, a new leader) reads the ledger back from the policy's status:
+            # its own rounds still count the three evictions of this hour (the rate limit and the sparing
+            # of repeat victims go on from there), and keep the entry stored.
+            again = OperatorMetrics()
+            async with operator_running(crds.kubeconfig_path, again):
+
+                async def rounds_done() -> bool | None:
+                    done = again.registry.get_sample_value(
+                        "dynamig_operator_plan_duration_seconds_count", {"policy": policy}
+                    )
+                    return True if (done or 0) >= 3 else None
+
+                await eventually(rounds_done, "three rounds of the new operator", within_s=60)
+                status = (await k.policy(policy))["status"]
+                (cond,) = [c for c in status["conditions"] if c["type"] == "Preemption"]
+                assert "3 pod(s) evicted in the last hour" in cond["message"], cond
+                assert status["recentEvictions"] == [entry]
     finally:
         await k.delete_pods([*low, "low-late", "big"])
         with contextlib.suppress(ApiException):

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -319,3 +320,46 @@ def test_conditions_follow_metav1_condition_rules(
                 assert f"status.conditions[0].{field}" in got.stderr, got.stderr
     finally:
         cp.kubectl("delete", "gpupartition", name, "--ignore-not-found")
+
+
+def test_policy_status_keeps_the_eviction_ledger_within_bounds(crds: ControlPlane) -> None:
+    """``status.recentEvictions`` (the ledger a new operator process reads back) as the operator writes it is
+    kept by the API server, field for field; a malformed time, a missing GPU or more owners than the schema
+    allows is refused naming the field."""
+    cp = crds
+    name = _name("ledger")
+    body = {
+        "apiVersion": "dynamig.io/v1alpha1",
+        "kind": "GpuPartitionPolicy",
+        "metadata": {"name": name},
+        "spec": {"nodeSelector": {"matchLabels": {"dynamig.io/ledger-test": name}}},
+    }
+    cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(body))
+    try:
+        from dynamig.operator.holds import Ledger
+
+        ledger = Ledger()
+        ledger.record(name, 1_800_000_000.25, "n1-gpu0", ["ReplicaSet ml/web", "Pod ml/x"])
+        good = ledger.stored(name)
+        bad: list[tuple[dict[str, Any], str]] = [
+            ({"time": "yesterday"}, "status.recentEvictions[0].time"),
+            ({"gpu": None}, "status.recentEvictions[0].gpu"),
+            ({"owners": ["Pod ml/x"] * 257}, "status.recentEvictions[0].owners"),
+        ]
+        for entry, field in [({}, ""), *bad]:
+            item = {k: v for k, v in {**good[0], **entry}.items() if v is not None}
+            patch = json.dumps({"status": {"recentEvictions": [item]}})
+            got = cp.kubectl(
+                "patch", "gpupartitionpolicy", name, "--subresource=status", "--type=merge", "-p", patch,
+                check=False,
+            )  # fmt: skip
+            assert (got.returncode == 0) == (not field), got.stderr
+            if field:
+                assert field in got.stderr, got.stderr
+        stored = json.loads(cp.kubectl("get", "gpupartitionpolicy", name, "-o", "json").stdout)
+        assert stored["status"]["recentEvictions"] == good
+        back = Ledger()
+        assert back.restore(name, stored["status"]["recentEvictions"]) == 1
+        assert back.count(name, 1_800_000_100.0) == 2 and back.last_hold("n1-gpu0") == 1_800_000_000.25
+    finally:
+        cp.kubectl("delete", "gpupartitionpolicy", name, "--ignore-not-found")

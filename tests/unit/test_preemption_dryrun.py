@@ -21,6 +21,7 @@ from dynamig.kube.times import parse_time
 from dynamig.operator.decide import ClaimVerdict, Reason, RoundInput, decide_round
 from dynamig.operator.demand import extract_demand, parse_device_classes
 from dynamig.operator.draining import plan_drains
+from dynamig.operator.holds import Ledger
 from dynamig.operator.inventory import GpuView, allocated_devices, parse_inventory
 from dynamig.operator.kubeio import Snapshot
 from dynamig.operator.preemption import (
@@ -464,7 +465,21 @@ def test_kubectl_dynamig_plan_shows_what_preemption_would_do_and_what_is_held() 
     (row,) = held["preemption"]["holds"]
     assert (row["gpu"], row["placement"], row["enforced"]) == ("node-a-gpu0", "3g.40gb@4", True)
     text = plan_table({**report, "policies": [held]})
-    assert "HELD ON" in text and "ml/small-4" in text and "rate, cooldown or ledger" in text, text
+    assert "HELD ON" in text and "ml/small-4" in text and "0 pod(s) evicted in the last hour" in text, text
+    # The operator's ledger as it stored it in the policy's status: counted, and its limits said per answer.
+    part["spec"]["holds"] = part["status"]["holds"] = []
+    ledger = Ledger()
+    ledger.record("tenants", NOW - 60, "node-a-gpu0", ["Pod ml/small-1", "Pod ml/small-1"])
+    stored = policy(mode="Evict", gpuCooldownSeconds=300)
+    stored["status"] = {"recentEvictions": ledger.stored("tenants")}
+    later = plan(stored, PreemptionReads(tuple(pods), (), None, ""))["policies"][0]["preemption"]
+    assert later["evictedLastHour"] == 2 and later["spared"] == ["Pod ml/small-1"]
+    (answer,) = later["answers"]
+    assert answer["answer"] == REASON_WOULD_PREEMPT
+    assert "gpuCooldownSeconds 300" in answer["heldBack"], answer
+    text = plan_table({**report, "policies": [{**held, "preemption": later}]})
+    assert "2 pod(s) evicted in the last hour" in text and "not now: GPU node-a-gpu0 had pods evicted" in text
+    assert "spared after repeated evictions within the hour: Pod ml/small-1" in text, text
 
 
 # ------------------------------------------------------------------------------------------------ drains

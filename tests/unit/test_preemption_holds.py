@@ -156,8 +156,7 @@ def test_cooldown_rate_and_ledger() -> None:
     ledger = Ledger()
     three = ["ml/a", "ml/b", "ml/c"]
     assert refusal("g0", three, "p", ledger, NOW, 4, 300) == ""
-    ledger.record("p", NOW, ["ReplicaSet ml/web", "ReplicaSet ml/web", "Pod ml/x"])
-    ledger.last_hold["g0"] = NOW
+    ledger.record("p", NOW, "g0", ["ReplicaSet ml/web", "ReplicaSet ml/web", "Pod ml/x"])
     assert "gpuCooldownSeconds 300" in refusal("g0", ["ml/a"], "p", ledger, NOW + 10, 4, 300)
     assert "maxEvictionsPerHour 4" in refusal("g1", ["ml/a", "ml/b"], "p", ledger, NOW + 10, 4, 300)
     assert refusal("g1", ["ml/a"], "p", ledger, NOW + 10, 4, 300) == ""
@@ -176,3 +175,42 @@ def test_cooldown_rate_and_ledger() -> None:
         {"kind": "ReplicaSet", "name": "web", "controller": True}]}}  # fmt: skip
     assert owner_key(owned) == "ReplicaSet ml/web"
     assert owner_key({"metadata": {"namespace": "ml", "name": "x"}}) == "Pod ml/x"
+
+
+def test_the_ledger_outlives_the_process_through_the_policy_status() -> None:
+    """What one operator process stores in ``status.recentEvictions`` a new one reads back: the same counts,
+    cooldown and sparing; entries older than the hour (or the cooldown) are dropped, unreadable ones skipped,
+    and a hold recorded twice (restored, then seen on its GpuPartition) counts once."""
+    first = Ledger()
+    first.record("p", NOW - 4000, "g9", ["Pod ml/old"])  # past the hour
+    first.record("p", NOW - 100, "g0", ["ReplicaSet ml/web", "ReplicaSet ml/web"])
+    first.record("p", NOW - 50, "g1", ["ReplicaSet ml/web", "Pod web/x"])
+    first.prune("p", NOW, 3600)
+    stored = first.stored("p")
+    assert [e["gpu"] for e in stored] == ["g0", "g1"]
+    assert stored[0] == {"time": micro_time(NOW - 100), "gpu": "g0", "owners": ["ReplicaSet ml/web"] * 2}
+
+    second = Ledger()
+    junk = [{"time": "yesterday", "gpu": "g2", "owners": []}, {"gpu": "g3"}, "g4"]
+    assert second.restore("p", [*stored, *junk]) == 2
+    assert second.restore("p", stored) == 0  # once per process: later rounds keep what it counts itself
+    second.record("p", NOW - 50, "g1", ["ReplicaSet ml/web", "Pod web/x"])  # the live hold, seen again
+    assert second.count("p", NOW) == first.count("p", NOW) == 4
+    assert second.count("p", NOW, "web") == 1
+    assert second.spared("p", NOW, 3) == first.spared("p", NOW, 3) != {}
+    assert "gpuCooldownSeconds 300" in refusal("g1", ["ml/a"], "p", second, NOW, 60, 300)
+    assert refusal("g1", ["ml/a"], "p", second, NOW + 251, 60, 300) == ""
+    # A cooldown longer than the hour keeps its hold past the hour; the counts still end with the hour.
+    second.prune("p", NOW + 3700, 7200)
+    assert second.count("p", NOW + 3700) == 0
+    assert "gpuCooldownSeconds 7200" in refusal("g1", ["ml/a"], "p", second, NOW + 3700, 60, 7200)
+
+
+def test_the_stored_ledger_is_bounded() -> None:
+    ledger = Ledger()
+    for i in range(1200):
+        ledger.record("p", NOW + i, f"g{i}", ["Pod ml/x"] * 300)
+    ledger.prune("p", NOW + 1200, 3600)
+    stored = ledger.stored("p")
+    assert len(stored) == 1000 and stored[0]["gpu"] == "g200"
+    assert all(len(e["owners"]) == 256 for e in stored)

@@ -25,20 +25,38 @@ from dynamig.kube.gpupartition import Hold
 from dynamig.kube.times import micro_time, parse_time
 
 LEDGER_WINDOW_S = 3600.0  # the rate limit and the ping-pong rule count evictions of the last hour
+MAX_ENTRIES = 1000  # holds kept in status.recentEvictions (the CRD's maxItems)
+MAX_OWNERS = 256  # owners kept per hold there (the CRD's maxItems)
+_SAME_S = 0.001  # two records of one GPU this close are one hold (a stored time has microseconds)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """One hold made to evict: when, on which GPU, and the workloads (owner keys) evicted for it."""
+
+    at: float
+    gpu: str
+    owners: tuple[str, ...]
+
+    def stored(self) -> dict[str, Any]:
+        return {"time": micro_time(self.at), "gpu": self.gpu, "owners": list(self.owners[:MAX_OWNERS])}
 
 
 @dataclass
 class Ledger:
-    """Pods evicted per policy in the last hour: (when, owner key). Kept in memory: a restart forgets it
-    (the holds themselves are stored)."""
+    """The holds each policy made to evict, with the workloads evicted for each. The operator stores it in
+    the policy's ``status.recentEvictions`` every round and a new operator process (a restart, a new leader)
+    reads it back, so the hourly limits, the GPU cooldown and the sparing of repeat victims outlive the
+    process; a hold found on a GpuPartition that the stored ledger lacks (the process stopped between the
+    two writes) is counted too."""
 
-    evicted: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
-    last_hold: dict[str, float] = field(default_factory=dict)  # GPU -> when its last hold was made
+    entries: dict[str, list[LedgerEntry]] = field(default_factory=dict)
+    restored: set[str] = field(default_factory=set)
 
     def _recent(self, policy: str, now: float) -> list[tuple[float, str]]:
-        kept = [e for e in self.evicted.get(policy, []) if now - e[0] < LEDGER_WINDOW_S]
-        self.evicted[policy] = kept
-        return kept
+        return [
+            (e.at, o) for e in self.entries.get(policy, []) if now - e.at < LEDGER_WINDOW_S for o in e.owners
+        ]
 
     def count(self, policy: str, now: float, namespace: str | None = None) -> int:
         """Pods the policy evicted in the last hour (of ``namespace`` only, when given)."""
@@ -47,8 +65,18 @@ class Ledger:
             return len(recent)
         return sum(1 for _, o in recent if owner_namespace(o) == namespace)
 
-    def record(self, policy: str, now: float, owners: Iterable[str]) -> None:
-        self._recent(policy, now).extend((now, o) for o in owners)
+    def record(self, policy: str, now: float, gpu: str, owners: Iterable[str]) -> None:
+        """A hold made on ``gpu`` at ``now``, evicting pods of ``owners`` (one key per pod); a hold already
+        recorded (same GPU and time) is not counted twice."""
+        kept = self.entries.setdefault(policy, [])
+        if not any(e.gpu == gpu and abs(e.at - now) < _SAME_S for e in kept):
+            kept.append(LedgerEntry(now, gpu, tuple(owners)))
+            kept.sort(key=lambda e: e.at)
+
+    def last_hold(self, gpu: str) -> float | None:
+        """When the latest hold on ``gpu`` was made, under any policy; None when none is remembered."""
+        times = [e.at for es in self.entries.values() for e in es if e.gpu == gpu]
+        return max(times) if times else None
 
     def spared(self, policy: str, now: float, after: int) -> dict[str, str]:
         """Owner key -> why it is spared: evicted ``after`` times or more within the hour."""
@@ -60,6 +88,33 @@ class Ledger:
             for o, n in counts.items()
             if n >= after
         }
+
+    def prune(self, policy: str, now: float, keep_s: float) -> None:
+        """Forget the entries older than ``keep_s`` (the hour, or the GPU cooldown when longer), and all but
+        the newest ``MAX_ENTRIES``."""
+        kept = [e for e in self.entries.get(policy, []) if now - e.at < keep_s]
+        self.entries[policy] = kept[-MAX_ENTRIES:]
+
+    def restore(self, policy: str, stored: Sequence[Any]) -> int:
+        """Read ``status.recentEvictions`` back, once per policy and process; unreadable entries are skipped.
+        Returns how many entries were read."""
+        if policy in self.restored:
+            return 0
+        self.restored.add(policy)
+        read = 0
+        for item in stored:
+            at = parse_time(item.get("time")) if isinstance(item, Mapping) else None
+            gpu = item.get("gpu") if isinstance(item, Mapping) else None
+            owners = item.get("owners") if isinstance(item, Mapping) else None
+            if at is None or not isinstance(gpu, str) or not isinstance(owners, list):
+                continue
+            self.record(policy, at, gpu, [str(o) for o in owners])
+            read += 1
+        return read
+
+    def stored(self, policy: str) -> list[dict[str, Any]]:
+        """What ``status.recentEvictions`` holds for ``policy``, oldest first."""
+        return [e.stored() for e in self.entries.get(policy, [])]
 
 
 def owner_namespace(owner: str) -> str:
@@ -79,7 +134,7 @@ def refusal(
 ) -> str:
     """Why no hold may be made on ``gpu`` for evicting ``victims`` (``namespace/name``) now, or "". Pure but
     for the ledger's pruning."""
-    last = ledger.last_hold.get(gpu)
+    last = ledger.last_hold(gpu)
     if last is not None and now - last < cooldown_s:
         return f"GPU {gpu} had pods evicted {now - last:.0f}s ago (gpuCooldownSeconds {cooldown_s:.0f})"
     done = ledger.count(policy, now)

@@ -11,7 +11,7 @@ DryRun, ``Preempting`` under Evict, ``NoPreemptionVictims``, ``Draining``), on t
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -23,10 +23,12 @@ from dynamig.kube.apicalls import is_transient, status_of
 from dynamig.kube.events import claim_ref
 from dynamig.kube.gpupartition import Hold, HoldKind
 from dynamig.kube.policy import GpuPartitionPolicy, PreemptionMode
+from dynamig.kube.times import parse_time
 from dynamig.operator.decide import Reason, RoundDecision
 from dynamig.operator.demand import pod_claim_names
 from dynamig.operator.draining import REASON_DRAINING, draining_count, plan_drains
 from dynamig.operator.holds import (
+    LEDGER_WINDOW_S,
     Ledger,
     age,
     enforced,
@@ -107,9 +109,16 @@ class Preempter:
         decision: RoundDecision,
         now: float,
         wall: float,
+        stored: Sequence[Any] = (),
     ) -> DryRunReport | None:
         """Preemption's part of a policy round; the report for the policy's Preemption condition, None when
-        preemption is Off."""
+        preemption is Off. ``stored``: the policy's ``status.recentEvictions``, read back into the ledger the
+        first time this process sees the policy."""
+        if read := self.ledger.restore(policy.name, stored):
+            log.info("policy %s: %d hold(s) that evicted read back from status.recentEvictions", policy.name,
+                     read)  # fmt: skip
+        keep_s = max(LEDGER_WINDOW_S, float(policy.spec.preemption.gpu_cooldown_seconds))
+        self.ledger.prune(policy.name, wall, keep_s)
         memory = self.memory.setdefault(policy.name, Memory())
         mode = policy.spec.preemption.mode
         evicting = mode is PreemptionMode.EVICT
@@ -252,10 +261,29 @@ class Preempter:
             for h, kind, why in ends:
                 await self._released(rnd, gpu, h, kind, why)
             for h in keep:
+                self._remember(rnd, gpu, h)
                 if enforced(part, h) and not await self._evict(rnd, gpu, part, h, keep):
                     continue  # refused: released
                 rnd.kept[gpu] = h.claim
                 rnd.oldest = max(rnd.oldest, age(h, rnd.wall))
+
+    def _remember(self, rnd: _Round, gpu: str, hold: Hold) -> None:
+        """Count a hold that evicts in the ledger, if it is not there yet (made by a process that stopped
+        before it stored the ledger)."""
+        at = parse_time(hold.created_at)
+        if hold.kind is HoldKind.EVICT and at is not None:
+            self.ledger.record(rnd.policy.name, at, gpu, [self._owner(rnd, v) for v in hold.victims])
+
+    @staticmethod
+    def _owner(rnd: _Round, victim: str) -> str:
+        """The owner key of a victim (``namespace/name`` or ``namespace/name@uid``); the pod itself once it
+        is gone."""
+        key = victim.partition("@")[0]
+        return owner_key(rnd.pods[key]) if key in rnd.pods else f"Pod {key}"
+
+    def recent_evictions(self, policy: str) -> list[dict[str, Any]]:
+        """The policy's ``status.recentEvictions``: the ledger as this process keeps it."""
+        return self.ledger.stored(policy)
 
     async def _write_holds(self, gpu: str, part: dict[str, Any], holds: list[Hold]) -> bool:
         """Replace ``spec.holds`` of ``gpu``; False when the object changed since it was read (the next round
@@ -369,9 +397,8 @@ class Preempter:
             if not await self._write_holds(gpu, part, [*holds_of(part), hold]):
                 continue
             rnd.kept[gpu] = hold.claim
-            self.ledger.last_hold[gpu] = rnd.wall
-            owners = [owner_key(rnd.pods[v]) if v in rnd.pods else f"Pod {v}" for v in e.victims]
-            self.ledger.record(rnd.policy.name, rnd.wall, owners)
+            owners = [self._owner(rnd, v) for v in e.victims]
+            self.ledger.record(rnd.policy.name, parse_time(hold.created_at) or rnd.wall, gpu, owners)
             log.info("policy %s: holding %s on %s; evicting %s once the agent keeps it",
                      rnd.policy.name, hold.describe(), gpu, ", ".join(e.victims))  # fmt: skip
             text = f"{t.message}; the placement is kept for it until {hold.expires_at}"

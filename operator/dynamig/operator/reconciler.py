@@ -405,7 +405,8 @@ class Reconciler:
                 policy, decision.writes, decision.offers, partitions, now, limits, modes
             )
             await self._tell_claims(decision.verdicts, now)
-            preemption = await self.preempter.round(policy, mine, snap, decision, now, self.wall())
+            stored = (raw.get("status") or {}).get("recentEvictions") or []
+            preemption = await self.preempter.round(policy, mine, snap, decision, now, self.wall(), stored)
             models = [g.model for g in mine if g.model is not None and not g.unusable]
             warm = warm_pool_shortfall(policy.spec, models) if models and not problems else None
             await self._report_problems(policy, problems, warm)
@@ -854,6 +855,8 @@ class Reconciler:
             if policy.spec.mode == Mode.DRY_RUN
             else [],
             "conditions": [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in conds],
+            # the eviction ledger, read back by the next operator process (operator/holds.py Ledger)
+            "recentEvictions": self.preempter.recent_evictions(policy.name),
         }
         if written:
             status["lastReshape"] = {

@@ -28,10 +28,10 @@ from dynamig.kube.gpupartition import (
 from dynamig.kube.names import GROUP_VERSION, POLICY_KIND
 from dynamig.kube.policy import GpuPartitionPolicy, PreemptionMode, check_spec_against_catalog
 from dynamig.operator.decide import LayoutWrite, OfferWrite, RoundDecision, RoundInput, decide_round
-from dynamig.operator.holds import enforced, holds_of
+from dynamig.operator.holds import Ledger, enforced, holds_of, refusal
 from dynamig.operator.inventory import GpuView
 from dynamig.operator.kubeio import Snapshot
-from dynamig.operator.preemption import DryRunReport, dry_run
+from dynamig.operator.preemption import DryRunReport, Told, dry_run
 from dynamig.operator.reconciler import World, parse_world
 from dynamig.textable import align
 
@@ -73,22 +73,48 @@ def _preemption(
     if off and policy.spec.drain.after_seconds is None and not holds:
         return None
     kept = {gpu: h.claim for gpu, _, h in holds}
+    evicting = policy.spec.preemption.mode is PreemptionMode.EVICT
+    # The operator's ledger, as it stored it in the policy's status (status.recentEvictions).
+    raw = next((p for p in snap.policies if (p.get("metadata") or {}).get("name") == policy.name), {})
+    ledger = Ledger()
+    ledger.restore(policy.name, ((raw.get("status") or {}).get("recentEvictions")) or [])
+    spec = policy.spec.preemption
+    spared = ledger.spared(policy.name, now, spec.spare_after_evictions) if evicting else None
     found = dry_run(
         policy, decision.verdicts, mine, snap.claims, (*snap.pods, *reads.running), reads.pdbs, catalog,
-        DRIVER_NAME, now, reads.unread, kept, None, reads.namespaces,
+        DRIVER_NAME, now, reads.unread, kept, spared, reads.namespaces,
     ) if not off else DryRunReport()  # fmt: skip
-    evicting = policy.spec.preemption.mode is PreemptionMode.EVICT
+    gpu_names = {(g.node, g.index): g.name for g in mine}
+
+    def held_back(t: Told) -> str:
+        """Why the operator would not hold and evict for this answer now (its limits over the ledger)."""
+        e = t.eviction
+        if not evicting or e is None:
+            return ""
+        gpu = gpu_names.get((e.gpu.node, e.gpu.index), "")
+        return refusal(
+            gpu, e.victims, policy.name, ledger, now, spec.max_evictions_per_hour, spec.gpu_cooldown_seconds,
+            spec.max_evictions_per_hour_per_namespace,
+        ) or (f"a placement on {gpu} is held already" if gpu in kept else "")  # fmt: skip
+
     return {
         "mode": policy.spec.preemption.mode.value,
         "answers": [
-            {"claim": t.claim.claim.key, "answer": t.reason, "victims": list(t.victims), "message": t.message}
+            {
+                "claim": t.claim.claim.key,
+                "answer": t.reason,
+                "victims": list(t.victims),
+                "message": t.message,
+                "heldBack": held_back(t),
+            }
             for t in found.told
             if _in_namespace(t.claim.claim.key, namespace)
         ],
         "holds": [_held(gpu, part, h) for gpu, part, h in holds],
         "unread": found.unread,  # then no pod is taken for a victim
-        # The operator's ledger (evictions of the last hour, GPU cooldowns) lives in its memory.
-        "note": "the operator may still refuse for its rate, cooldown or ledger" if evicting else "",
+        "evictedLastHour": ledger.count(policy.name, now) if evicting else 0,
+        "spared": sorted(spared or {}),
+        "note": f"{ledger.count(policy.name, now)} pod(s) evicted in the last hour" if evicting else "",
     }
 
 
@@ -216,8 +242,13 @@ def _preemption_lines(pre: Mapping[str, Any] | None) -> list[str]:
         out.append(f"    {pre['unread']}: no pod is taken for a victim")
     if pre["answers"]:
         rows: list[tuple[str, ...]] = [("WAITING CLAIM", "ANSWER", "MESSAGE")]
-        rows += [(a["claim"], a["answer"], a["message"]) for a in pre["answers"]]
+        rows += [
+            (a["claim"], a["answer"], a["message"] + (f"; not now: {a['heldBack']}" if a["heldBack"] else ""))
+            for a in pre["answers"]
+        ]
         out += ["    " + line for line in align(rows)]
+    if pre["spared"]:
+        out.append(f"    spared after repeated evictions within the hour: {', '.join(pre['spared'])}")
     if pre["holds"]:
         rows = [("HELD ON", "KIND", "PLACEMENT", "FOR CLAIM", "VICTIMS", "EXPIRES", "AGENT ENFORCES")]
         rows += [
