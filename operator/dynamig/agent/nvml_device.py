@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from dynamig.agent.nvml_fabric import active_nvlinks, fabric_clique
 from dynamig.geometry.catalog import Catalog
 from dynamig.geometry.model import GpuModel, PlacedInstance, Profile
 from dynamig.kube.devices import WholeGpuDevice
@@ -585,9 +586,10 @@ class NvmlDevices:
         return ACTIVATION.get(status, f"error {status}")
 
     def whole(self, gpu: GpuInfo) -> WholeGpu:
-        """A GPU with MIG mode off as one device: its memory, architecture, CUDA compute capability and the
-        compute processes running on it. Reads only; a fact NVML does not give (NOT_SUPPORTED on an older
-        driver) is left out rather than failing the GPU."""
+        """A GPU with MIG mode off as one device: its memory, architecture, CUDA compute capability, active
+        NVLink links and NVLink fabric clique (:mod:`dynamig.agent.nvml_fabric`), and the compute processes
+        running on it. Reads only; a fact NVML does not give (NOT_SUPPORTED on an older driver, or on a GPU
+        without NVLink) is left out rather than failing the GPU."""
         nv = self.nvml
         with self._lock:
             h = self._handle(gpu)
@@ -604,8 +606,20 @@ class NvmlDevices:
                 capability = f"{int(major)}.{int(minor)}"
             except nv.NVMLError:
                 capability = ""
+            links = active_nvlinks(nv, h)
+            clique = fabric_clique(nv, h)
             processes = len(nv.nvmlDeviceGetComputeRunningProcesses(h))
-        device = WholeGpuDevice(gpu.index, gpu.product, gpu.uuid, memory, arch, capability)
+        device = WholeGpuDevice(
+            gpu.index,
+            gpu.product,
+            gpu.uuid,
+            memory,
+            arch,
+            capability,
+            nvlink_active_links=links,
+            fabric_cluster_uuid=clique.cluster_uuid if clique is not None else "",
+            fabric_clique_id=clique.clique_id if clique is not None else None,
+        )
         return WholeGpu(device, processes)
 
 

@@ -28,12 +28,14 @@ Event sets and XID critical-error events (``nvmlEventSetCreate``, ``nvmlDeviceRe
 :mod:`dynamig.backends.simevents` holds that machinery and says what it models. MIG mode
 (``nvmlDeviceSetMigMode``, ``nvmlDeviceGetMigMode``: pending until the switch, per GPU generation; a GPU
 reset a VM does not expose; an idle GPU required) and GPUs with no MIG (e.g. ``L4-24GB``) are
-:mod:`dynamig.backends.simmode`'s, re-exported here.
+:mod:`dynamig.backends.simmode`'s, re-exported here. NVLink links and the NVLink fabric
+(``nvmlDeviceGetNvLinkState``, ``nvmlDeviceGetGpuFabricInfo`` / ``...InfoV``: links per model, the fabric on
+Hopper and later NVSwitch systems) are :mod:`dynamig.backends.simfabric`'s.
 
 Not in ``pynvml`` (simulation control): :func:`configure`, :func:`attach_process`, :func:`detach_process`,
 :func:`set_gpu_lost`, :func:`reload_driver`, :func:`set_mig_enumeration_delay`, :func:`inject_xid`,
-:func:`reset_gpu`, :func:`set_minor_renumbering`, :func:`fail_next`, :func:`clear_failures`, :func:`history`,
-:func:`snapshot`, :func:`reset`.
+:func:`reset_gpu`, :func:`set_minor_renumbering`, :func:`set_nvlink_active`, :func:`set_fabric`,
+:func:`fail_next`, :func:`clear_failures`, :func:`history`, :func:`snapshot`, :func:`reset`.
 
 State (GPUs, MIG mode, instances, processes, the event history) lives in memory or, with ``state_file``, in a
 JSON file shared by every process that configures the same path: each call re-reads the file when it has
@@ -77,6 +79,7 @@ from pynvml import (
     NVML_ERROR_NOT_FOUND,
     NVML_ERROR_NOT_SUPPORTED,
     NVML_ERROR_UNINITIALIZED,
+    NVML_GPU_FABRIC_STATE_COMPLETED,
     NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2,
     NVML_GPU_INSTANCE_PROFILE_COUNT,
     NVML_SUCCESS,
@@ -98,7 +101,7 @@ from pynvml import (
     nvmlStructToFriendlyObject,
 )
 
-from dynamig.backends import simmode
+from dynamig.backends import simfabric, simmode
 from dynamig.backends.simevents import SUPPORTED_EVENT_TYPES, EventSets, XidRecord
 from dynamig.backends.simmode import DEFAULT_SWITCH_LATENCY_S as DEFAULT_SWITCH_LATENCY_S  # re-exported
 from dynamig.backends.simmode import NON_MIG_PRODUCTS as NON_MIG_PRODUCTS
@@ -194,7 +197,7 @@ class _GpuInstance:
 
 
 @dataclass
-class _Gpu(simmode.MigModeState):  # MIG mode fields: simmode's
+class _Gpu(simmode.MigModeState, simfabric.FabricState):  # MIG mode fields: simmode's; NVLink: simfabric's
     index: int
     model: str
     uuid: str
@@ -887,6 +890,37 @@ def reset_gpu(index: int) -> None:
 def set_minor_renumbering(enabled: bool = True) -> None:
     """MIG mode switches give the GPU a new minor (:func:`dynamig.backends.simmode.set_minor_renumbering`)."""
     simmode.set_minor_renumbering(_THIS, enabled)
+
+
+def nvmlDeviceGetNvLinkState(device: Any, link: int) -> int:
+    return simfabric.nvlink_state(_THIS, device, link)
+
+
+def nvmlDeviceGetGpuFabricInfo(device: Any, gpuFabricInfo: Any) -> int:
+    return simfabric.fabric_info(_THIS, device, gpuFabricInfo)
+
+
+def nvmlDeviceGetGpuFabricInfoV(device: Any, gpuFabricInfo: Any) -> int:
+    return simfabric.fabric_info(_THIS, device, gpuFabricInfo, versioned=True)
+
+
+def set_nvlink_active(index: int, link: int, active: bool = True) -> None:
+    """Take an NVLink link down or up (:func:`dynamig.backends.simfabric.set_nvlink_active`)."""
+    simfabric.set_nvlink_active(_THIS, index, link, active)
+
+
+def set_fabric(
+    index: int,
+    *,
+    state: int = NVML_GPU_FABRIC_STATE_COMPLETED,
+    status: int = _SUCCESS,
+    cluster_uuid: str | None = None,
+    clique_id: int = simfabric.DEFAULT_CLIQUE_ID,
+) -> None:
+    """What the fabric query answers for GPU ``index`` (:func:`dynamig.backends.simfabric.set_fabric`)."""
+    simfabric.set_fabric(
+        _THIS, index, state=state, status=status, cluster_uuid=cluster_uuid, clique_id=clique_id
+    )
 
 
 def nvmlDeviceIsMigDeviceHandle(device: Any) -> Any:

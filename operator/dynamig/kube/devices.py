@@ -78,8 +78,9 @@ class WholeGpuDevice:
     """What is published about a GPU whose MIG mode is off: the whole GPU as one device, ``gpu<index>``.
 
     ``profile`` is ``whole`` so a claim tells it from every MIG profile with the same selector it already
-    writes; the facts come from NVML (memory, architecture, CUDA compute capability). A GPU whose MIG mode
-    is on publishes no such device (its memory slices are the MIG devices')."""
+    writes; the facts come from NVML (memory, architecture, CUDA compute capability, active NVLink links,
+    the NVLink fabric clique), each published only when NVML gives it. A GPU whose MIG mode is on publishes
+    no such device (its memory slices are the MIG devices')."""
 
     gpu_index: int
     product_name: str
@@ -88,6 +89,9 @@ class WholeGpuDevice:
     architecture: str = ""  # "Hopper", from nvmlDeviceGetArchitecture; empty when NVML does not say
     cuda_compute_capability: str = ""  # "9.0"; empty when NVML does not say
     multiprocessors: int | None = None  # the catalog's count for the model; None when unknown
+    nvlink_active_links: int | None = None  # nvmlDeviceGetNvLinkState; None: no NVLink, or NVML does not say
+    fabric_cluster_uuid: str = ""  # nvmlDeviceGetGpuFabricInfoV once registered; empty when in no fabric
+    fabric_clique_id: int | None = None  # the clique within that cluster; None when in no fabric
 
     @property
     def name(self) -> str:
@@ -104,6 +108,12 @@ class WholeGpuDevice:
             out["architecture"] = self.architecture
         if self.cuda_compute_capability:
             out["cudaComputeCapability"] = self.cuda_compute_capability
+        if self.nvlink_active_links is not None:
+            out["nvlinkActiveLinks"] = self.nvlink_active_links
+        if self.fabric_cluster_uuid:
+            out["fabricClusterUuid"] = self.fabric_cluster_uuid
+        if self.fabric_clique_id is not None:
+            out["fabricCliqueId"] = self.fabric_clique_id
         return out
 
     def capacity(self) -> dict[str, int]:
