@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from dynamig.demo.cluster import ScenarioApi
+from dynamig.demo.cluster import PROFILE_ATTRIBUTE, ScenarioApi, exactly, resource_claim
 from dynamig.demo.inprocess import agent_running, mig_modes, operator_running, quick_agent_settings
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.kube.gpupartition import Inventory
@@ -100,7 +100,21 @@ async def test_a_whole_gpu_pod_gets_an_idle_mig_gpu_switched_off_and_slices_get_
         created = time.monotonic()
         for p in pods:
             await k.pod(p, "slice", where)
-        await eventually(functools.partial(k.all_bound, pods), "all eight slice pods bound", within_s=120)
+        try:
+            await eventually(functools.partial(k.all_bound, pods), "all eight slice pods bound", within_s=40)
+        except TimeoutError:
+            for p in pods:
+                print(p, await k.node_of(p), [(e["reason"], e["message"][:300]) for e in await k.events(p)])
+            for i in (0, 1):
+                part = await k.partition(f"{node}-gpu{i}")
+                print(
+                    i,
+                    part["spec"],
+                    part["metadata"].get("annotations"),
+                    part["status"].get("wholeGpu"),
+                    part["status"].get("phase"),
+                )
+            raise
         print(f"{inventory.value}: 8 x 1g.10gb created -> GPU switched on -> all bound in "
               f"{time.monotonic() - created:.1f}s")  # fmt: skip
         assert mig_modes(sim) == [1, 1]
@@ -172,3 +186,89 @@ async def test_a_policy_serving_gpus_without_mig_has_an_l4_served_whole(
         part = await eventually(served_whole, "the L4's status says it is served whole")
         assert part["spec"]["migMode"] == "Disabled" and part["status"]["wholeGpu"]["deviceName"] == "gpu0"
         assert [e for e in sim.history() if e.kind == "set-mig-mode"] == []  # nothing to switch on an L4
+
+
+async def test_gpus_switched_for_a_claim_of_two_whole_gpus_are_kept_for_it(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+) -> None:
+    """Two H100s: gpu0 whole and free, gpu1 with MIG on (its switch takes 8 s). A pod asks two whole GPUs on
+    one node: the operator switches gpu1 off for it and keeps both whole for its claim (spec.holds, kind
+    Whole), and the agent publishes them guarded. A pod asking one whole GPU, made while gpu1 switches, is
+    booked on gpu0 by the scheduler and answered failed (PlacementHeld): it never binds there. The two-GPU
+    pod binds on gpu0 and gpu1, the holds end (served), and the single pod binds once the pair is gone.
+    The partitionable inventory (where the agent knows binding conditions are kept): the instances one
+    publishes whole GPUs unguarded, so a hold there keeps nothing (agent/whole.py)."""
+    k = ScenarioApi(kube_api, namespace)
+    await k.ensure_device_class()
+    sim.configure(
+        gpus=["H100-80GB", "H100-80GB"], state_file=None, mig_enabled=[False, True], switch_latency_s=[0, 8]
+    )
+    pool = uuid.uuid4().hex[:8]
+    node = make_node("kept", labels={"dynamig.io/managed": "true", "test-pool": pool})
+    where = {"test-pool": pool}
+    settings = dataclasses.replace(quick_agent_settings(node), inventory=Inventory.PARTITIONABLE)
+    await k.claim_template("whole", ["whole"])
+    pair = resource_claim("pair", exactly(f'{PROFILE_ATTRIBUTE} == "whole"', count=2))
+    await k.custom.create_namespaced_custom_object(
+        "resource.k8s.io", "v1", namespace, "resourceclaimtemplates",
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "pair"},
+         "spec": {"spec": pair["spec"]}},
+    )  # fmt: skip
+    async with (
+        agent_running(kube_api, node, sim, settings),
+        operator_running(crds.kubeconfig_path, OperatorMetrics()),
+    ):
+        for i in (0, 1):
+            await eventually(
+                functools.partial(k.stable, f"{node}-gpu{i}"), f"GpuPartition gpu{i}", within_s=60
+            )
+        await k.create_policy(f"kept-{pool}", _policy(pool, cooldownSeconds=0))
+        await k.pod("train", "pair", where)
+        train = await eventually(functools.partial(k.claim_of, "train"), "the pair's claim", within_s=30)
+        key = f"{namespace}/{train['metadata']['name']}"
+
+        async def enforced_on_gpu0() -> bool | None:
+            part = await k.partition(f"{node}-gpu0")
+            held = [h["claim"] for h in (part.get("status") or {}).get("holds") or []]
+            return True if held == [key] else None
+
+        await eventually(
+            enforced_on_gpu0, "gpu0 kept whole for the pair (the agent enforces it)", within_s=30
+        )
+        gpu1 = await k.partition(f"{node}-gpu1")
+        assert gpu1["spec"]["migMode"] == "Disabled", gpu1["spec"]
+        assert [(h["claim"], h["kind"]) for h in gpu1["spec"]["holds"]] == [(key, "Whole")]
+        assert await k.node_of("train") is None  # gpu1 still switching
+
+        await k.pod("single", "whole", where)
+        single = await eventually(functools.partial(k.claim_of, "single"), "the single's claim", within_s=30)
+
+        async def refused() -> dict[str, Any] | None:
+            for e in await k.events(single["metadata"]["name"]):
+                if e["reason"] == "AllocationFailed" and "PlacementHeld" in (e["message"] or ""):
+                    return e
+            return None
+
+        event = await eventually(refused, "the single's booking of gpu0 answered PlacementHeld", within_s=30)
+        assert key in event["message"], event
+        assert await eventually(functools.partial(k.node_of, "train"), "the pair bound", within_s=60)
+        claim = await k.claim_of("train")
+        assert claim is not None
+        got = sorted(r["device"] for r in claim["status"]["allocation"]["devices"]["results"])
+        assert got == ["gpu0", "gpu1"], got
+        assert await k.node_of("single") is None
+        assert mig_modes(sim) == [0, 0]
+
+        async def released() -> bool | None:
+            for i in (0, 1):
+                if (await k.partition(f"{node}-gpu{i}"))["spec"].get("holds"):
+                    return None
+            return True
+
+        await eventually(released, "the holds released once the pair is allocated", within_s=30)
+        await k.delete_pods(["train"])
+        assert await eventually(functools.partial(k.node_of, "single"), "the single bound", within_s=60)

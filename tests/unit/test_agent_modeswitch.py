@@ -89,8 +89,12 @@ def test_the_status_while_switching_and_once_done() -> None:
     reset = switch_status(base, _part(), Step.RESET_REQUIRED, "a VM reboot is needed", STAMP)
     assert reset.phase == Phase.DEGRADED
     assert (reset.condition(ConditionType.MIG_MODE) or ready).reason == Reason.RESET_REQUIRED
-    busy = switch_status(base, _part(), Step.WAIT, "NVML_ERROR_IN_USE (the GPU is not idle)", STAMP)
+    busy = switch_status(base, _part(), Step.GPU_BUSY, "NVML_ERROR_IN_USE (the GPU is not idle)", STAMP)
     assert (busy.condition(ConditionType.MIG_MODE) or ready).reason == Reason.MIG_MODE_GPU_BUSY
+    assert busy.phase == Phase.RESHAPING
+    # The reason follows the step, not the words: a message quoting the error under another step keeps it.
+    quoted = switch_status(base, _part(), Step.WAIT, "last try: NVML_ERROR_IN_USE; settling", STAMP)
+    assert (quoted.condition(ConditionType.MIG_MODE) or ready).reason == Reason.MIG_MODE_DRAINING
     done = switch_status(base, _part(), Step.DONE, "MIG mode is on", STAMP)
     assert done.phase == Phase.STABLE and done.free_slices == 1
     cond = done.condition(ConditionType.MIG_MODE)

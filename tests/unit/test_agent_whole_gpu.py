@@ -27,7 +27,7 @@ from dynamig.kube.gpupartition import (
     Reason,
     WholeGpuStatus,
 )
-from dynamig.kube.inventory import GpuInventory, build_inventory_slices
+from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY, GpuInventory, build_inventory_slices
 from dynamig.kube.names import whole_device_index, whole_device_name
 from dynamig.kube.slices import build_resource_slices
 
@@ -46,9 +46,12 @@ def whole(processes: int = 0) -> WholeGpu:
     return WholeGpu(WholeGpuDevice(0, "NVIDIA H100 80GB HBM3", UUID, 80 << 30, "Hopper", "9.0"), processes)
 
 
-def partition(layout: list[dict[str, Any]] | None = None) -> GpuPartition:
+def partition(
+    layout: list[dict[str, Any]] | None = None, holds: list[dict[str, Any]] | None = None
+) -> GpuPartition:
+    spec = {"layout": layout or [], "holds": holds or []}
     return GpuPartition.model_validate(
-        {"metadata": {"name": "n1-gpu0", "generation": 2}, "spec": {"layout": layout or []}, "status": {}}
+        {"metadata": {"name": "n1-gpu0", "generation": 2}, "spec": spec, "status": {}}
     )
 
 
@@ -197,3 +200,61 @@ def test_an_xid_on_a_gpu_with_mig_off_taints_its_whole_device() -> None:
     assert "taints" not in devices["gpu1"]
     (withdrawn,) = with_health(body, {}, {0: Taint(48, STAMP)}, taints=False)
     assert [d["name"] for d in withdrawn["spec"]["devices"]] == ["gpu1"]
+
+
+def _held(claim: str = "ml/train", until: str = "2099-01-01T00:00:00Z") -> dict[str, Any]:
+    return {"claim": claim, "kind": "Whole", "profile": "whole", "start": 0, "expiresAt": until}
+
+
+def test_a_whole_gpu_kept_for_a_claim_is_published_guarded_and_only_that_claim_is_answered_ready() -> None:
+    """A hold of the whole GPU (profile ``whole``): the device carries binding conditions where the API
+    server keeps them, the status shows the hold, and the answers: ready with the GPU's UUID for the claim
+    it is kept for, failed (``PlacementHeld``) for any other; an expired hold or one the API cannot carry
+    keeps nothing."""
+    from dynamig.agent.binding import REASON_MIG_ENABLED, Failed, GpuState, Ready, decide, device_status
+    from dynamig.agent.holds import REASON_PLACEMENT_HELD, whole_hold
+    from dynamig.kube.gpupartition import Hold, HoldKind
+
+    part = partition(holds=[_held()])
+    now = 1_900_000_000.0
+
+    def run(inventory: Inventory, part: GpuPartition) -> tuple[dict[str, Any], GpuPartitionStatus]:
+        out = whole_outcome("n1", inventory, gpu(), part, whole(), {}, set(), STAMP, now)
+        assert out.whole is not None and out.status is not None
+        return out.whole, out.status
+
+    device, status = run(Inventory.PARTITIONABLE, part)
+    assert device["bindingConditions"] == [BINDING_READY]
+    assert device["bindingFailureConditions"] == [BINDING_FAILED]
+    assert [(h.claim, h.kind) for h in status.holds] == [("ml/train", HoldKind.WHOLE)]
+    ready_cond = status.condition(ConditionType.READY)
+    assert ready_cond is not None and "kept for claim ml/train" in ready_cond.message
+    # The API keeps no binding conditions (instances only): published as before, nothing kept.
+    device, status = run(Inventory.INSTANCES, part)
+    assert "bindingConditions" not in device and status.holds == []
+    # Expired: nothing kept.
+    part = partition(holds=[_held(until="2020-01-01T00:00:00Z")])
+    device, status = run(Inventory.PARTITIONABLE, part)
+    assert "bindingConditions" not in device and status.holds == []
+    assert whole_hold(part.spec.holds) is not None and whole_hold(()) is None
+
+    hold = Hold.model_validate(_held())
+    state = GpuState(
+        0, MODEL, False, refused=(Reason.MIG_DISABLED, "MIG mode is off"), uuid=UUID, whole_hold=hold
+    )
+    ready = decide("gpu0", "ml/train", [state])
+    assert isinstance(ready, Ready) and ready.whole and ready.mig_uuid == UUID
+    entry = device_status("mig.dynamig.io", "n1", "gpu0", ready, "dynamig.io/ready", "x", STAMP, 1)
+    assert (
+        entry["data"] == {"uuid": UUID, "profile": "whole"}
+        and "whole GPU" in entry["conditions"][0]["message"]
+    )
+    other = decide("gpu0", "ml/infer", [state])
+    assert isinstance(other, Failed) and other.reason == REASON_PLACEMENT_HELD and "ml/train" in other.message
+    free = decide("gpu0", "ml/infer", [GpuState(0, MODEL, False, uuid=UUID)])
+    assert isinstance(free, Ready) and free.mig_uuid == UUID
+    mig_on = decide("gpu0", "ml/train", [GpuState(0, MODEL, True, uuid=UUID)])
+    assert isinstance(mig_on, Failed) and mig_on.reason == REASON_MIG_ENABLED
+    switching = GpuState(0, MODEL, False, refused=(Reason.MIG_MODE_DRAINING, "being switched"), uuid=UUID)
+    assert isinstance(decide("gpu0", "ml/train", [switching]), Failed)
+    assert isinstance(decide("gpu5", "ml/train", [state]), Failed)

@@ -34,7 +34,7 @@ from dynamig.operator.inventory import (
 )
 from dynamig.operator.kubeio import KubeIO, Snapshot
 from dynamig.operator.metrics import OperatorMetrics
-from dynamig.operator.modes import ModeDecision, ModeInput, decide_modes
+from dynamig.operator.modes import WHOLE_HOLD_SECONDS, ModeDecision, ModeInput, decide_modes
 from dynamig.operator.reconciler import Reconciler
 from dynamig.operator.settings import OperatorSettings
 
@@ -380,7 +380,7 @@ CASES = [
         },
     ),
     Case(
-        "one-switch-per-policy-and-round-oldest-claim-first",
+        "one-claim-per-policy-and-round-oldest-claim-first",
         (gpu("node-a-gpu0"), gpu("node-a-gpu1"), gpu("node-b-gpu0")),
         (claim("second", minute=5), claim("first", minute=1)),
         DYNAMIC,
@@ -388,7 +388,9 @@ CASES = [
         {
             "first": Told(Reason.WAITING_FOR_WHOLE_GPU, False, ("switching node-a-gpu0",)),
             "second": Told(
-                Reason.WAITING_FOR_WHOLE_GPU, False, ("one MIG mode switch per policy and round", "ml/first")
+                Reason.WAITING_FOR_WHOLE_GPU,
+                False,
+                ("switches of a round are for one claim on one node", "ml/first"),
             ),
         },
         spec={"disruptionBudget": {"maxGpusReshaping": 3}},
@@ -507,6 +509,54 @@ CASES.append(
         },
     )
 )
+
+
+CASES += [
+    Case(
+        "four-whole-gpus-the-node-s-gpus-switched-together",
+        (
+            *(gpu(f"node-a-gpu{i}") for i in range(3)),
+            gpu("node-a-gpu3", mig="Disabled"),
+            gpu("node-b-gpu0"),
+            gpu("node-b-gpu1"),
+        ),
+        (claim("big", count=4),),
+        DYNAMIC,
+        tuple((f"node-a-gpu{i}", "Disabled", "ml/big") for i in range(3)),
+        {"big": Told(Reason.WAITING_FOR_WHOLE_GPU, False, ("switching node-a-gpu0", "node-a-gpu2 (H100"))},
+        spec={"disruptionBudget": {"maxGpusReshaping": 4}},
+    ),
+    Case(
+        "four-whole-gpus-together-as-far-as-the-disruption-budget-allows",
+        (*(gpu(f"node-a-gpu{i}") for i in range(4)),),
+        (claim("big", count=4),),
+        DYNAMIC,
+        (("node-a-gpu0", "Disabled", "ml/big"), ("node-a-gpu1", "Disabled", "ml/big")),
+        {"big": Told(Reason.WAITING_FOR_WHOLE_GPU, False, ("switching node-a-gpu0", "node-a-gpu1"))},
+        spec={"disruptionBudget": {"maxGpusReshaping": 2}},
+    ),
+    Case(
+        "four-whole-gpus-together-down-to-the-mig-floor",
+        (*(gpu(f"node-a-gpu{i}") for i in range(4)), gpu("node-b-gpu0")),
+        (claim("big", count=4),),
+        {**DYNAMIC, "minMigGpus": 2},
+        tuple((f"node-a-gpu{i}", "Disabled", "ml/big") for i in range(3)),
+        {"big": Told(Reason.WAITING_FOR_WHOLE_GPU, False, ("switching node-a-gpu0",))},
+        spec={"disruptionBudget": {"maxGpusReshaping": 8}},
+    ),
+    Case(
+        "a-second-claim-waits-for-the-round-after-a-claim-s-switches",
+        (*(gpu(f"node-a-gpu{i}") for i in range(2)), gpu("node-b-gpu0")),
+        (claim("big", count=2, minute=1), claim("one", minute=2)),
+        DYNAMIC,
+        (("node-a-gpu0", "Disabled", "ml/big"), ("node-a-gpu1", "Disabled", "ml/big")),
+        {
+            "big": Told(Reason.WAITING_FOR_WHOLE_GPU, False, ("switching node-a-gpu0", "node-a-gpu1")),
+            "one": Told(Reason.WAITING_FOR_WHOLE_GPU, False, ("for one claim on one node", "ml/big")),
+        },
+        spec={"disruptionBudget": {"maxGpusReshaping": 8}},
+    ),
+]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -702,7 +752,16 @@ async def test_a_round_writes_the_switch_tells_the_gpu_and_the_pod_and_counts_it
     await rec.round("fleet")
     ((name, spec, annotations),) = kube.writes
     spec.pop("autoPlacementsPerProfile", None)  # the operator's choice for agents on auto, in the same patch
+    (hold,) = spec.pop("holds")  # kept whole for the claim it is switched for (agent/holds.py)
+    assert (hold["claim"], hold["claimUid"], hold["kind"], hold["profile"], hold["start"]) == (
+        "ml/train",
+        "c-train",
+        "Whole",
+        "whole",
+        0,
+    )
     assert (name, spec) == ("node-a-gpu0", {"migMode": "Disabled", "layout": [], "offeredProfiles": []})
+    assert any(e[0]["kind"] == "GpuPartition" and e[2] == "WholeGpuKept" for e in kube.events)
     assert annotations[MIG_MODE_REQUESTED_ANNOTATION] == "Disabled"
     assert annotations[MIG_MODE_FOR_ANNOTATION] == "ml/train" and MIG_MODE_WRITTEN_ANNOTATION in annotations
     by_kind = {(e[0]["kind"], e[2]): e for e in kube.events}
@@ -807,3 +866,66 @@ def test_gpus_without_mig_match_by_product_name() -> None:
     assert policy_matches(whole, gpu_l4) and policy_matches(named, gpu_l4)
     assert not policy_matches(other, gpu_l4) and not policy_matches(ignore, gpu_l4)
     assert not policy_matches(whole, GpuIdentity("node-a-gpu0", "node-a", NODES["node-a"], None, ""))
+
+
+def _kept_for(part: dict[str, Any], claim: str) -> dict[str, Any]:
+    """``part`` with a hold of its whole GPU for ``claim`` in spec.holds."""
+    hold = {
+        "claim": claim,
+        "kind": "Whole",
+        "profile": "whole",
+        "start": 0,
+        "expiresAt": "2099-01-01T00:00:00Z",
+    }
+    part["spec"]["holds"] = [hold]
+    return part
+
+
+def test_gpus_switched_for_a_claim_of_whole_gpus_are_kept_whole_for_it() -> None:
+    """The GPUs switched off for a claim, and the free whole GPUs counted for it on the same node, are kept
+    whole for it (holds of kind Whole), so nobody else books them while the rest switch; a GPU kept for one
+    claim is not counted for another, nor switched back on; a claim free whole GPUs serve gets no hold."""
+    pol = policy(DYNAMIC, disruptionBudget={"maxGpusReshaping": 4})
+    node_a = [gpu("node-a-gpu0"), gpu("node-a-gpu1", mig="Disabled"), gpu("node-b-gpu0", mig="Disabled")]
+    d = decide(node_a, [claim("big", count=2)], pol)
+    assert [(s.gpu, s.claim) for s in d.switches] == [("node-a-gpu0", "ml/big")]
+    assert sorted((k.gpu, k.claim, k.claim_uid) for k in d.keeps) == [
+        ("node-a-gpu0", "ml/big", "c-big"),
+        ("node-a-gpu1", "ml/big", "c-big"),
+    ]
+    hold = d.keeps[0].hold(NOW)
+    assert (hold.kind.value, hold.profile, hold.start, hold.whole) == ("Whole", "whole", 0, True)
+    assert hold.expires() - NOW == pytest.approx(WHOLE_HOLD_SECONDS)
+
+    # The next round: gpu0 switching for big, both kept for it: nothing more is written.
+    asked = {MIG_MODE_REQUESTED_ANNOTATION: "Disabled", MIG_MODE_FOR_ANNOTATION: "ml/big",
+             MIG_MODE_WRITTEN_ANNOTATION: stamp(NOW - 1)}  # fmt: skip
+    switching = _kept_for(gpu("node-a-gpu0", ask="Disabled", annotations=asked), "ml/big")
+    kept = _kept_for(gpu("node-a-gpu1", mig="Disabled"), "ml/big")
+    d = decide([switching, kept, gpu("node-b-gpu0", mig="Disabled")], [claim("big", count=2)], pol)
+    assert d.switches == () and d.keeps == ()
+    # A claim of one whole GPU arriving now gets node-b's free GPU, never node-a's kept one, and no hold.
+    d = decide(
+        [switching, kept, gpu("node-b-gpu0", mig="Disabled")],
+        [claim("big", count=2, minute=1), claim("one", minute=2)],
+        pol,
+    )
+    assert d.switches == () and d.keeps == ()
+    # With node-b busy, "one" gets a MIG GPU switched for it, not the GPU kept for big.
+    busy_b = gpu("node-b-gpu0", mig="Disabled", whole="allocated")
+    d = decide(
+        [switching, kept, busy_b, gpu("node-c-gpu0")],
+        [claim("big", count=2, minute=1), claim("one", minute=2)],
+        pol,
+    )
+    assert [(s.gpu, s.claim) for s in d.switches] == [("node-c-gpu0", "ml/one")]
+    assert [(k.gpu, k.claim) for k in d.keeps] == [("node-c-gpu0", "ml/one")]
+    # A whole GPU kept for a waiting claim is not switched back on for MIG claims.
+    d = decide([kept], [claim("big", count=2, minute=1), slice_claim("small", minute=2)], pol)
+    assert d.switches == ()
+    verdict = next(v for v in d.verdicts if v.claim.claim.name == "small")
+    assert "a pending claim of whole GPUs could take it" in verdict.message, verdict.message
+    # Kept for a claim that no longer waits (allocated or gone; the hold is released later in the round):
+    # nothing kept, it is switched on.
+    d = decide([kept], [slice_claim("small")], pol)
+    assert [(s.gpu, s.to.value) for s in d.switches] == [("node-a-gpu1", "Enabled")]

@@ -228,8 +228,10 @@ def test_a_multi_gpu_claim_gets_the_node_that_completes_it_with_fewest_switches(
     result = run(spec, [mig("m", 0.0, 4000.0), whole("w", 1.0, 100.0, count=2)], alloc)
     switched = [e.gpu for e in alloc.cluster.log or [] if e.op == "mig-off"]
     assert switched == [2, 3]  # node b's GPUs
-    # two rounds one window apart (the budget allows two switches at once): 3 -> 13, 5 -> 15
-    assert wait_of(result, "whole-multi") == pytest.approx(2 * CFG.window_s + SWITCH)
+    # both in one round, as the operator switches a claim's GPUs on its node together (the budget allows
+    # two at once): 3 -> 13
+    assert wait_of(result, "whole-multi") == pytest.approx(CFG.window_s + SWITCH)
+    assert [e.time for e in alloc.cluster.log or [] if e.op == "mig-off"] == [3.0, 3.0]
     assert_no_switch_under_a_job(alloc)
 
 
@@ -416,3 +418,19 @@ def test_the_command_replays_whole_gpu_demand_and_reports_each_job_kind(tmp_path
     assert modes and all(set(r["by_kind"]) == {"whole-multi", "whole-single", "mig"} for r in modes)
     assert all(r["switched_while_busy"] == 0 for r in modes)
     assert all(r["by_kind"]["whole-multi"]["jobs"] > 0 for r in modes)
+
+
+def test_gpus_switched_for_a_multi_gpu_claim_are_kept_whole_for_it() -> None:
+    # one node, gpu0 with MIG off and free, gpu1 with MIG on and idle: a 2-GPU whole claim at 1 gets gpu1
+    # switched (3 -> 13) and both kept for it, as the operator's holds of kind Whole keep them; a 1-GPU whole
+    # claim at 5 cannot take gpu0 meanwhile, and runs once the pair has ended (113)
+    spec = ClusterSpec((NodeSpec("a", 2, "A100-80GB"),))
+    alloc = modes_alloc(spec, ModeSettings(switch_s=SWITCH, max_switching=2))
+    alloc.cluster.gpus[0].mig = False  # the starting mode, not a switch
+    alloc._recount_all()
+    result = run(spec, [whole("pair", 1.0, 100.0, count=2), whole("single", 5.0, 100.0)], alloc)
+    assert wait_of(result, "whole-multi") == pytest.approx(CFG.window_s + SWITCH)
+    assert wait_of(result, "whole-single") == pytest.approx(113.0 - 5.0)
+    assert [e.gpu for e in alloc.cluster.log or [] if e.op == "mig-off"] == [1]
+    assert alloc._whole_held == {}  # released once the pair started
+    assert_no_switch_under_a_job(alloc)

@@ -33,6 +33,7 @@ from dynamig.agent.binding import (
     locate,
 )
 from dynamig.agent.gpu_status import Problem
+from dynamig.agent.holds import whole_hold
 from dynamig.agent.kubeapi import KubeApi
 from dynamig.agent.metrics import AgentMetrics
 from dynamig.agent.nvml_device import GpuInfo, NvmlDevices
@@ -51,7 +52,8 @@ REASON_GPU_UNAVAILABLE = "GpuUnavailable"
 REASON_NOBODY_WAITS = "NobodyWaits"  # the booking's pod is gone: a failed answer releases it, no cut
 
 Refuse = Callable[[GpuInfo], Problem | None]  # why the round leaves a GPU alone, or None
-HoldsOf = Callable[[GpuInfo], tuple[Hold, ...]]  # the placements kept for one claim each on a GPU
+# the placements kept for one claim each on a GPU, and the hold of the whole GPU (profile whole) if any
+HoldsOf = Callable[[GpuInfo], tuple[Hold, ...]]
 
 
 class AllocationAnswerer:
@@ -237,7 +239,20 @@ class AllocationAnswerer:
             observed = observe(instances, holders, self.prepared)
             refused = judges.refuse(gpu) if judges is not None and judges.refuse is not None else None
             held = judges.holds(gpu) if judges is not None and judges.holds is not None else ()
-            states.append(GpuState(gpu.index, gpu.model, gpu.mig_enabled, observed, uuids, refused, held))
+            placements = tuple(h for h in held if not h.whole)
+            states.append(
+                GpuState(
+                    gpu.index,
+                    gpu.model,
+                    gpu.mig_enabled,
+                    observed,
+                    uuids,
+                    refused,
+                    placements,
+                    gpu.uuid,
+                    whole_hold(held),
+                )
+            )
         return {g.index: g for g in gpus}, states
 
     async def _enumerated(self, gpu: GpuInfo, placed: PlacedInstance) -> Ready | Failed:

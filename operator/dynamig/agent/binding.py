@@ -37,7 +37,8 @@ from dynamig.agent.reconcile import Observed, overlaps
 from dynamig.geometry.layout import check_layout
 from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, normalize_layout, placement_of
 from dynamig.kube.answers import answer_entry
-from dynamig.kube.gpupartition import Hold
+from dynamig.kube.gpupartition import Hold, Reason
+from dynamig.kube.names import WHOLE_PROFILE, whole_device_index
 
 REASON_UNKNOWN_DEVICE = "UnknownDevice"
 REASON_MIG_DISABLED = "MigDisabled"
@@ -45,6 +46,10 @@ REASON_PLACEMENT_TAKEN = "PlacementTaken"
 REASON_LAYOUT_RULE = "LayoutRule"
 REASON_ADMIN_NO_INSTANCE = "AdminAccessNoInstance"
 REASON_NO_MIG_DEVICE = "MigDeviceNotEnumerated"
+REASON_MIG_ENABLED = "MigEnabled"  # a whole GPU booked while its MIG mode is on
+# What the round says of a GPU served whole that does not stop a whole-GPU answer: MIG mode off, a model
+# without MIG (served whole by its policy).
+WHOLE_SERVED = frozenset({Reason.MIG_DISABLED, Reason.UNKNOWN_MODEL})
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,13 +63,22 @@ class GpuState:
     mig_uuids: dict[PlacedInstance, str] = field(default_factory=dict)  # whole instances only ("" unread)
     refused: tuple[str, str] | None = None  # (reason, message): the round leaves this GPU alone
     holds: tuple[Hold, ...] = ()  # placements kept for one claim each (agent/holds.py)
+    uuid: str = ""  # the GPU's
+    whole_hold: Hold | None = None  # MIG mode off: the whole GPU kept for one claim (agent/holds.py)
 
 
 @dataclass(frozen=True, slots=True)
 class Ready:
+    """Ready: ``mig_uuid`` is the MIG device's UUID; for a whole GPU (``placed`` is the profile ``whole``
+    at 0) the GPU's UUID."""
+
     gpu_index: int
     placed: PlacedInstance
     mig_uuid: str
+
+    @property
+    def whole(self) -> bool:
+        return self.placed.profile == WHOLE_PROFILE
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,10 +141,33 @@ def _admin(device: str, gpu: GpuState, placed: PlacedInstance) -> Ready | Enumer
     )
 
 
+def _whole_gpu(device: str, claim: str, index: int, gpus: Sequence[GpuState]) -> Ready | Failed:
+    """The answer for a booking of a whole GPU (``gpu<index>``, MIG mode off): ready with the GPU's UUID,
+    unless the GPU is kept whole for another claim (a hold of the whole GPU) or is no whole GPU now."""
+    gpu = next((g for g in gpus if g.index == index), None)
+    if gpu is None:
+        return Failed(REASON_UNKNOWN_DEVICE, f"{device}: no GPU {index} on this node")
+    if gpu.refused is not None and gpu.refused[0] not in WHOLE_SERVED:
+        return Failed(gpu.refused[0], f"{device}: GPU {index} is left alone: {gpu.refused[1]}")
+    if gpu.mig_enabled:
+        return Failed(REASON_MIG_ENABLED, f"{device}: MIG mode is on on GPU {index}: it is no whole GPU now")
+    hold = gpu.whole_hold
+    if hold is not None and hold.claim != claim:
+        return Failed(
+            REASON_PLACEMENT_HELD,
+            f"{device}: the whole GPU is kept for claim {hold.claim} (a claim of whole GPUs, its MIG mode "
+            f"switched off for it) until {hold.expires_at}",
+        )
+    return Ready(index, PlacedInstance(0, WHOLE_PROFILE), gpu.uuid)
+
+
 def decide(device: str, claim: str, gpus: Sequence[GpuState], *, admin: bool = False) -> Answer:
     """What to answer for ``claim`` ("namespace/name"), allocated ``device`` of this node; ``admin``: the
     allocation has ``adminAccess``. ``gpus[].observed`` name only ordinary (not admin-access) holders.
     Pure."""
+    index = whole_device_index(device)
+    if index is not None:
+        return _whole_gpu(device, claim, index, gpus)
     found = locate(device, gpus)
     if found is None:
         return Failed(REASON_UNKNOWN_DEVICE, f"{device} is not a MIG placement of any GPU on this node")
@@ -189,6 +226,10 @@ def device_status(
 ) -> dict[str, Any]:
     """The ``status.devices[]`` entry that answers an allocation: for a ready device its MIG UUID and profile
     in ``data``, so ``kubectl get resourceclaim -o yaml`` shows what the pod got. Pure."""
+    if isinstance(answer, Ready) and answer.whole:
+        message = f"whole GPU {answer.mig_uuid} (MIG mode off)"
+        facts = {"uuid": answer.mig_uuid, "profile": WHOLE_PROFILE}
+        return answer_entry(driver, pool, device, ready, "WholeGpuReady", message, now, generation, facts)
     if isinstance(answer, Ready):
         placed = answer.placed
         message = f"MIG instance {answer.mig_uuid} ({placed.profile}@{placed.start})"

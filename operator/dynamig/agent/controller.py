@@ -477,9 +477,11 @@ class NodeAgent:
 
         def holds_of(gpu: GpuInfo) -> tuple[Hold, ...]:
             part = view.parts.get(gpu_partition_name(self.settings.node, gpu.index))
-            if part is None or gpu.model is None:
+            if part is None:
                 return ()
-            return valid_holds(gpu.model, part.spec.active_holds(wall))
+            active = part.spec.active_holds(wall)
+            whole = tuple(h for h in active if h.whole)
+            return whole if gpu.model is None else (*valid_holds(gpu.model, active), *whole)
 
         for _, answer in await self.answerer.answer_all(view.raw_claims, unavailable, refuse, holds_of):
             outcome = "ready" if isinstance(answer, Ready) else "failed"
@@ -587,7 +589,9 @@ class NodeAgent:
             or whole_by_policy
         ):
             whole = await asyncio.to_thread(self.devices.whole, gpu)
-            outcome = whole_outcome(node, inventory, gpu, part, whole, claims, self.prepared, now_rfc3339())
+            outcome = whole_outcome(
+                node, inventory, gpu, part, whole, claims, self.prepared, now_rfc3339(), time.time()
+            )
             if switching and request is not None:  # to MIG: withdrawn, switched once nothing uses it
                 to_mig = await self.modes.step(
                     gpu, request, claims, self.prepared, whole.processes, self.settings.settle_seconds

@@ -1,6 +1,12 @@
 """Placements kept for one claim (``GpuPartition.spec.holds``, written by the operator when it evicts pods to
 make room for that claim, or drains the GPU for it). Pure; every kind of hold is kept alike.
 
+A hold of the whole GPU (profile ``whole``, kind ``Whole``: the operator switched the GPU's MIG mode off for
+a claim of whole GPUs, or counts its free whole GPU for one) is kept the same way on the one device a GPU with
+MIG mode off has: the whole device is published guarded (with binding conditions) and every other claim's
+booking of it is answered failed (``PlacementHeld``), so the GPUs switched for a claim of several whole GPUs
+are not taken one by one by others while the rest switch (:func:`whole_hold`, agent/whole.py).
+
 While a hold stands on a GPU the agent:
 
 - answers failed (``PlacementHeld``) every booking by another claim of a device whose memory slices overlap
@@ -26,6 +32,12 @@ from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, normalize_l
 from dynamig.kube.gpupartition import Hold
 
 REASON_PLACEMENT_HELD = "PlacementHeld"
+
+
+def whole_hold(holds: Iterable[Hold]) -> Hold | None:
+    """The hold of the whole GPU among ``holds`` (profile ``whole``: a GPU with MIG mode off, or switching
+    off, kept for one claim of whole GPUs), or None. Pure."""
+    return next((h for h in holds if h.whole), None)
 
 
 def valid_holds(model: GpuModel, holds: Iterable[Hold]) -> tuple[Hold, ...]:

@@ -56,6 +56,7 @@ class Step(StrEnum):
     WAIT = "wait"  # withdrawn; something still uses the GPU, or the settle period runs
     SWITCH = "switch"  # call NVML now
     SWITCHING = "switching"  # the mode is pending in NVML (a reset under way, or a busy GPU)
+    GPU_BUSY = "gpu-busy"  # NVML answered NVML_ERROR_IN_USE (the GPU is not idle): called again next round
     RESET_REQUIRED = "reset-required"  # NVML said a reset the platform does not expose is needed
 
 
@@ -108,10 +109,9 @@ def mig_mode_condition(
         Step.WAIT: Reason.MIG_MODE_DRAINING,
         Step.SWITCH: Reason.MIG_MODE_DRAINING,
         Step.SWITCHING: Reason.MIG_MODE_DRAINING,
+        Step.GPU_BUSY: Reason.MIG_MODE_GPU_BUSY,
         Step.RESET_REQUIRED: Reason.RESET_REQUIRED,
     }[step]
-    if "NVML_ERROR_IN_USE" in message:
-        reason = Reason.MIG_MODE_GPU_BUSY
     done = step is Step.DONE
     return set_condition(conditions, ConditionType.MIG_MODE, done, reason, message, generation, stamp)
 
@@ -218,7 +218,7 @@ class ModeSwitcher:
         if status == "ResetRequired":
             return switch_step(gpu, request, (), withdrawn, settle_s, status)
         if status == "InUse":
-            return Step.WAIT, (
+            return Step.GPU_BUSY, (
                 f"switching MIG {'on' if enable else 'off'}: NVML_ERROR_IN_USE (the GPU is not idle); tried "
                 "again next round"
             )

@@ -2,7 +2,9 @@
 
 A MIG-capable GPU with MIG mode off (and no mode change pending) is no longer refused: the agent publishes it
 as one device (:class:`dynamig.kube.devices.WholeGpuDevice`, attribute ``profile`` = ``whole``) in either
-inventory, with no counters and no binding conditions (nothing is cut: it binds in the scheduling cycle).
+inventory, with no counters and no binding conditions (nothing is cut: it binds in the scheduling cycle),
+unless it is kept for a claim of whole GPUs (a hold of the whole GPU): then with binding conditions, and only
+that claim's booking is answered ready.
 Its state follows the MIG instances' rules: ``allocated`` while a claim allocation names it, ``in-use``
 while a prepared claim or compute processes use it. Processes with no claim are work outside DRA: the
 device is withdrawn (as a busy MIG instance is) until they end, so the scheduler hands it to nobody else.
@@ -14,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 
 from dynamig.agent.gpu_status import GpuOutcome, gpu_status, mig_mode
+from dynamig.agent.holds import whole_hold
 from dynamig.agent.nvml_device import GpuInfo, WholeGpu
 from dynamig.kube.gpupartition import (
     ConditionType,
@@ -25,6 +28,7 @@ from dynamig.kube.gpupartition import (
     WholeGpuStatus,
     set_condition,
 )
+from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY
 
 Claims = Mapping[str, Sequence[str]]
 
@@ -44,9 +48,13 @@ def whole_outcome(
     claims: Claims,
     prepared: Collection[str],
     stamp: str,
+    now: float = 0.0,
 ) -> GpuOutcome:
     """What a GPU with MIG mode off contributes to a round: its whole device (unless work outside DRA holds
-    it) and a status saying so."""
+    it) and a status saying so. While a hold of the whole GPU stands (``now``: epoch seconds), the device is
+    published guarded where the agent publishes the partitionable inventory (``inventory``: the API server
+    keeps binding conditions there), so only the claim it is kept for is answered ready (agent/holds.py); in
+    the instances inventory a hold keeps nothing."""
     device = whole.device
     name = device.name
     held = sorted(set(claims.get(name, ())))
@@ -55,9 +63,14 @@ def whole_outcome(
     entry = WholeGpuStatus(
         device_name=name, state=state, published=not outside, processes=whole.processes, claims=held
     )
+    hold = whole_hold(part.spec.active_holds(now))
+    guarded = hold is not None and inventory is Inventory.PARTITIONABLE and not outside
     if outside:
         why = f"{whole.processes} process(es) outside DRA use GPU {gpu.index}: {name} withdrawn till they end"
         ready = (False, Reason.INSTANCE_BUSY, why)
+    elif guarded and hold is not None:
+        why = f"MIG mode is off: the GPU is published whole as {name} ({state}), kept for claim {hold.claim}"
+        ready = (True, Reason.WHOLE_GPU, why)
     else:
         ready = (True, Reason.WHOLE_GPU, f"MIG mode is off: the GPU is published whole as {name} ({state})")
     status = gpu_status(node, inventory, gpu, part, (), claims, prepared, (), Phase.STABLE, ready[2])
@@ -83,8 +96,11 @@ def whole_outcome(
             "free_slices": 1 if state is InstanceState.FREE and not outside else 0,
             "total_slices": 1,
             "offered_placements": 0,
-            "holds": [],
+            "holds": [hold] if guarded and hold is not None else [],
             "conditions": conds,
         }
     )
-    return GpuOutcome(part.name, status=status, whole=None if outside else device.to_api())
+    published = None if outside else device.to_api()
+    if published is not None and guarded:
+        published |= {"bindingConditions": [BINDING_READY], "bindingFailureConditions": [BINDING_FAILED]}
+    return GpuOutcome(part.name, status=status, whole=published)

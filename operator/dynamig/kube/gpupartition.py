@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, normalize_layout
-from dynamig.kube.names import GPU_PARTITION_KIND, GROUP_VERSION
+from dynamig.kube.names import GPU_PARTITION_KIND, GROUP_VERSION, WHOLE_PROFILE
 from dynamig.kube.times import parse_time
 from dynamig.planner.offerlimit import AutoChoice
 
@@ -127,6 +127,7 @@ class AutoPlacementsSpec(_Model):
 class HoldKind(StrEnum):
     EVICT = "Evict"  # pods were evicted to free the placement
     DRAIN = "Drain"  # nobody is evicted: the instances in its way end on their own
+    WHOLE = "Whole"  # the whole GPU (MIG mode off, or switching off) kept for a claim of whole GPUs
 
 
 class Hold(_Model):
@@ -145,6 +146,11 @@ class Hold(_Model):
     victims: list[str] = Field(default_factory=list)  # namespace/name@uid of the pods evicted for it
     created_at: str = ""  # RFC 3339
     expires_at: str  # RFC 3339
+
+    @property
+    def whole(self) -> bool:
+        """A hold of the whole GPU (profile ``whole``): it holds no MIG placement."""
+        return self.profile == WHOLE_PROFILE
 
     def placed(self) -> PlacedInstance:
         return PlacedInstance(self.start, self.profile)

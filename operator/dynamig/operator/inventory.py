@@ -96,6 +96,7 @@ class GpuView:
     mode_written: float | None = None
     mode_by_operator: bool = False
     mode_for: str = ""
+    whole_hold: str = ""  # the claim a hold of the whole GPU (spec.holds, profile whole) keeps it for
     reset_required: frozenset[MigModeRequest] = frozenset()
     trouble: str = ""  # why the GPU is unfit whatever its MIG mode (Degraded, unmanaged, XID, silent agent)
 
@@ -296,6 +297,7 @@ def _gpu_view(
         mode_written=parse_time(annotations.get(MIG_MODE_WRITTEN_ANNOTATION)),
         mode_by_operator=gp.spec.mig_mode is not None and requested == gp.spec.mig_mode.value,
         mode_for=str(annotations.get(MIG_MODE_FOR_ANNOTATION, "")),
+        whole_hold=next((h.claim for h in gp.spec.holds if h.whole), ""),
         reset_required=reset,
         trouble=trouble,
     )

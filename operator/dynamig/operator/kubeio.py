@@ -267,6 +267,17 @@ class KubeIO:
             raise
         return EvictResult("evicted")
 
+    async def read_partition(self, name: str) -> dict[str, Any]:
+        """One GpuPartition as the API server has it now."""
+
+        async def call() -> dict[str, Any]:
+            obj: dict[str, Any] = await self.custom.get_cluster_custom_object(
+                GROUP, VERSION, GPU_PARTITION_PLURAL, name
+            )
+            return obj
+
+        return await self._retry(call)
+
     async def write_holds(
         self, name: str, holds: list[dict[str, Any]], resource_version: str
     ) -> dict[str, Any]:

@@ -20,7 +20,8 @@ switched; ``decide`` says so); models whose switch resets the GPU (Ampere,
 :func:`dynamig.geometry.generation.mode_switch_needs_reset`) unless ``allowReset``; the floors
 ``minMigGpus`` / ``minWholeGpus`` (governed GPUs kept in each mode, counted by the mode each GPU has or is
 switching to); the per-GPU ``cooldownSeconds`` since the operator last wrote ``spec.migMode`` (annotation
-``dynamig.io/mig-mode-written-at``); at most one switch per policy and round; and the disruption budget,
+``dynamig.io/mig-mode-written-at``); the switches of one round all for one claim on one node (a claim of
+several whole GPUs gets the GPUs it lacks on its node switched together); and the disruption budget,
 which GPUs switching count against as reshaping ones do.
 
 A GPU whose agent answered ``ResetRequired`` (a platform that exposes no GPU reset: a pass-through VM) is
@@ -44,9 +45,11 @@ from typing import Any
 from dynamig.geometry.generation import mode_switch_needs_reset
 from dynamig.geometry.layout import remaining_capacity
 from dynamig.geometry.model import GpuModel, PlacedInstance
-from dynamig.kube.gpupartition import InstanceState, MigMode, MigModeRequest
+from dynamig.kube.gpupartition import Hold, HoldKind, InstanceState, MigMode, MigModeRequest
 from dynamig.kube.gpupartition import layout_summary as _summary
+from dynamig.kube.names import WHOLE_PROFILE
 from dynamig.kube.policy import GpuPartitionPolicy, Mode
+from dynamig.kube.times import micro_time
 from dynamig.operator.decide import ClaimVerdict, Reason, RoundDecision
 from dynamig.operator.demand import PendingClaim
 from dynamig.operator.inventory import (
@@ -58,6 +61,9 @@ from dynamig.operator.inventory import (
 )
 
 OFF, ON = MigModeRequest.DISABLED, MigModeRequest.ENABLED
+# How long a GPU is kept whole for a claim of whole GPUs (its switch, an A100's reset included, and the
+# scheduler's next try fit well within it); a claim still waiting then is kept for again.
+WHOLE_HOLD_SECONDS = 900.0
 
 
 def _word(mode: MigModeRequest) -> str:
@@ -120,8 +126,31 @@ class ResetRequired:
 
 
 @dataclass(frozen=True, slots=True)
+class WholeKeep:
+    """A GPU to keep whole for one claim of whole GPUs (a hold of the whole GPU in its ``spec.holds``): one
+    switched off for it, or free with MIG mode off and counted for it while others still switch."""
+
+    gpu: str
+    claim: str  # namespace/name
+    claim_uid: str
+
+    def hold(self, now: float, seconds: float = WHOLE_HOLD_SECONDS) -> Hold:
+        """The hold written (``now``: epoch seconds)."""
+        return Hold(
+            claim=self.claim,
+            claim_uid=self.claim_uid,
+            kind=HoldKind.WHOLE,
+            profile=WHOLE_PROFILE,
+            start=0,
+            created_at=micro_time(now),
+            expires_at=micro_time(now + seconds),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class ModeDecision:
-    switches: tuple[ModeSwitch, ...] = ()  # to write now (at most one)
+    switches: tuple[ModeSwitch, ...] = ()  # to write now (all for one claim, on one node)
+    keeps: tuple[WholeKeep, ...] = ()  # GPUs to keep whole for a claim (holds written with the round)
     planned: tuple[ModeSwitch, ...] = ()  # DryRun: what Dynamic would write
     resets: tuple[ResetRequired, ...] = ()
     verdicts: tuple[ClaimVerdict, ...] = ()  # the round's verdicts, those a switch concerns rewritten
@@ -144,11 +173,13 @@ def _names(gpus: Sequence[str], limit: int = 3) -> str:
     return ", ".join(gpus[:limit]) + (f" (+{more} more)" if more > 0 else "")
 
 
-def _free_whole(g: GpuView) -> bool:
-    """A GPU with MIG mode off whose whole device is free: published, nothing allocated or running."""
+def _free_whole(g: GpuView, claim: str = "") -> bool:
+    """A GPU with MIG mode off whose whole device is free: published, nothing allocated or running, and not
+    kept whole for a claim other than ``claim``."""
     w = g.whole_gpu
     return (
         g.whole
+        and g.whole_hold in ("", claim)
         and not g.trouble
         and w is not None
         and w.state is InstanceState.FREE
@@ -217,6 +248,8 @@ class _Round:
                 return f"{n} MIG instance(s) allocated or in use", False
             if g.holds:
                 return f"{len(g.holds)} placement(s) held for waiting claims", False
+        elif g.whole_hold:
+            return f"its whole GPU is kept for claim {g.whole_hold}", True
         elif not _free_whole(g):
             w = g.whole_gpu
             state = "not published" if w is None or not w.published else w.state.value
@@ -246,8 +279,10 @@ class _Round:
             return f"switched {_secs(since)} ago, cooldown {mm.cooldown_seconds}s ({left} left)", True
         return None
 
-    def blocked(self, to: MigModeRequest) -> tuple[str, bool] | None:
-        """What stops any switch ``to`` this round (policy-wide), and whether only time stands in the way."""
+    def blocked(self, to: MigModeRequest, claim: str = "", node: str = "") -> tuple[str, bool] | None:
+        """What stops any switch ``to`` this round (policy-wide), and whether only time stands in the way.
+        The switches of one round are all for one claim, on one node (``claim``, ``node``: the switch asked
+        for): a claim of several whole GPUs gets its node's GPUs switched together."""
         mm = self.policy.spec.mig_mode
         if self.policy.spec.mode == Mode.STATIC:
             return f"policy {self.policy.name} is Static and changes no GPU, its MIG mode included", False
@@ -263,11 +298,11 @@ class _Round:
                 f"(spec.migMode.minWholeGpus) and has {self.whole}",
                 False,
             )
-        if self.switches:
+        if self.switches and any(s.claim != claim or s.node != node for s in self.switches):
             first = self.switches[0]
             return (
-                f"one MIG mode switch per policy and round: {first.gpu} is switched for {first.claim} first; "
-                "planned again next round",
+                f"the MIG mode switches of a round are for one claim on one node: {first.gpu} is switched "
+                f"for {first.claim} first; planned again next round",
                 True,
             )
         if self.budget_left <= 0:
@@ -349,7 +384,14 @@ def decide_modes(inp: ModeInput) -> ModeDecision:
     verdicts = list(inp.decision.verdicts)
     if not policy.spec.mig_mode.dynamic:
         return ModeDecision(resets=resets, verdicts=tuple(verdicts))
-    gpus = [g for g in inp.gpus if g.model is not None]
+    # A GPU kept whole for a claim no longer waiting (allocated, deleted) keeps nothing: the preempter
+    # releases the hold later in the round (operator/preempting.py), and this round must not wait on it.
+    waiting = {v.claim.claim.key for v in verdicts}
+    gpus = [
+        replace(g, whole_hold="") if g.whole_hold and g.whole_hold not in waiting else g
+        for g in inp.gpus
+        if g.model is not None
+    ]
     in_flight = sum(1 for g in gpus if not g.unusable and g.reshaping)
     in_flight += sum(1 for g in gpus if g.switching is not None)
     reset_nodes: dict[tuple[str, str, MigModeRequest], str] = {}
@@ -375,7 +417,8 @@ def decide_modes(inp: ModeInput) -> ModeDecision:
     for i in whole_claims:
         claim = verdicts[i].claim
         for g in gpus:
-            if g.switching is OFF and g.mode_for == claim.claim.key and r.eligible(claim, g):
+            mine = (g.switching is OFF and g.mode_for == claim.claim.key) or g.whole_hold == claim.claim.key
+            if mine and r.eligible(claim, g):
                 r.taken.add(g.name)
     supply = {i: _count_supply(r, verdicts[i].claim, models) for i in whole_claims}
     # Pass 2, claims in order (oldest first): switch for the first that needs it.
@@ -387,7 +430,29 @@ def decide_modes(inp: ModeInput) -> ModeDecision:
     switches = tuple(r.switches)
     if r.dry_run:
         return ModeDecision(planned=switches, resets=resets, verdicts=tuple(verdicts))
-    return ModeDecision(switches=switches, resets=resets, verdicts=tuple(verdicts))
+    keeps = _keeps(r, [verdicts[i].claim for i in whole_claims], [supply[i] for i in whole_claims])
+    return ModeDecision(switches=switches, keeps=keeps, resets=resets, verdicts=tuple(verdicts))
+
+
+def _keeps(r: _Round, claims: Sequence[PendingClaim], supplies: Sequence[_Supply]) -> tuple[WholeKeep, ...]:
+    """The GPUs to keep whole for each claim of whole GPUs that GPUs are switched off for (this round or
+    before): those switched, and the free whole GPUs counted for it on the same node, so nobody else books
+    them while the rest switch. A claim free whole GPUs serve at once gets none (the scheduler books them in
+    its next cycle; a hold would make it wait on binding conditions)."""
+    out: list[WholeKeep] = []
+    by_name = {g.name: g for g in r.gpus}
+    for claim, supply in zip(claims, supplies, strict=True):
+        key = claim.claim.key
+        switched = [s.gpu for s in r.switches if s.claim == key]
+        switching = [g.name for g in supply.gpus if g.switching is OFF and g.mode_for == key]
+        if not switched and not switching:
+            continue
+        node = by_name[(switched or switching)[0]].node
+        for name in dict.fromkeys([*switched, *(g.name for g in supply.gpus)]):
+            g = by_name[name]
+            if g.node == node and g.whole_hold != key:
+                out.append(WholeKeep(name, key, claim.claim.uid))
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,8 +475,13 @@ def _count_supply(r: _Round, claim: PendingClaim, models: frozenset[str]) -> _Su
         assert g.model is not None
         if g.model.key not in wanted or not r.eligible(claim, g):
             continue
-        mine = g.name in r.taken and g.switching is OFF and g.mode_for == claim.claim.key
-        if mine or (g.name not in r.taken and (_free_whole(g) or g.switching is OFF)):
+        key = claim.claim.key
+        mine = g.name in r.taken and (
+            (g.switching is OFF and g.mode_for == key) or (g.whole_hold == key and _free_whole(g, key))
+        )
+        if g.whole_hold not in ("", key):
+            continue  # kept whole for another claim
+        if mine or (g.name not in r.taken and (_free_whole(g, key) or g.switching is OFF)):
             by_node.setdefault(g.node, []).append(g)
     if not by_node:
         return _Supply(False, "", ())
@@ -491,18 +561,28 @@ def _whole_claim(r: _Round, v: ClaimVerdict, supply: _Supply, models: frozenset[
         f"; {_names([g.name for g in coming])} already switching off for it" if coming and need > 1 else ""
     )
     if best is not None:
-        blocked = r.blocked(OFF)
+        blocked = r.blocked(OFF, claim.claim.key, best.node)
         if blocked is None:
             short = f"only {len(have)} GPU(s) with MIG mode off" if have else "no free GPU with MIG mode off"
             because = f"it asks for {what} and {short} can take it"
-            s = r.switch(best, OFF, claim, because)
-            r.taken.add(best.name)
+            # The node's GPUs the claim still lacks are switched together, least disturbing first, as far
+            # as the disruption budget and the floors allow (the rest in later rounds).
+            order = sorted(by_node[best.node], key=lambda g: (len(g.actual), len(g.desired), g.name))
+            switched: list[ModeSwitch] = []
+            for g in order[: need - have_on[best.node]]:
+                if switched and r.blocked(OFF, claim.claim.key, best.node) is not None:
+                    break
+                switched.append(r.switch(g, OFF, claim, because))
+                r.taken.add(g.name)
             verb = f"policy {pol} is DryRun: it would switch" if r.dry_run else "switching"
+            what_gpus = ", ".join(
+                f"{s.gpu} ({s.model}, {_summary(next(g.actual for g in order if g.name == s.gpu))})"
+                for s in switched
+            )
             return replace(
                 v,
-                message=f"{head}; {verb} {best.name} ({s.model}, node {best.node}, "
-                f"{_summary(best.actual)}) to MIG mode off for it (policy {pol}'s MIG mode is Dynamic)"
-                f"{progress}",
+                message=f"{head}; {verb} {what_gpus} on node {best.node} to MIG mode off for it (policy "
+                f"{pol}'s MIG mode is Dynamic){progress}",
                 gpu=best.name,
                 warn=False,
             )

@@ -252,6 +252,8 @@ class Preempter:
                 kind, why = released(h, rnd.claims, rnd.wall)
                 if h.kind is HoldKind.DRAIN and not draining:
                     kind, why = "off", f"policy {rnd.policy.name} no longer drains (drain.afterSeconds unset)"
+                elif h.kind is HoldKind.WHOLE and not rnd.policy.spec.mig_mode.dynamic:
+                    kind, why = "off", f"policy {rnd.policy.name} no longer switches MIG mode (migMode Fixed)"
                 elif h.kind is HoldKind.EVICT and not evicting:
                     mode = rnd.policy.spec.preemption.mode
                     kind, why = "off", f"policy {rnd.policy.name} no longer evicts (preemption {mode})"
@@ -289,15 +291,31 @@ class Preempter:
         """Replace ``spec.holds`` of ``gpu``; False when the object changed since it was read (the next round
         reads it again)."""
         rv = str((part.get("metadata") or {}).get("resourceVersion", ""))
+        body = [_hold_api(h) for h in holds]
         try:
-            stored = await self.kube.write_holds(gpu, [_hold_api(h) for h in holds], rv)
+            stored = await self.kube.write_holds(gpu, body, rv)
         except ApiException as exc:
-            if exc.status in (404, 409):
-                log.info(
-                    "GpuPartition %s changed while its holds were written (%s); next round", gpu, exc.status
-                )
+            if exc.status != 409:
+                if exc.status == 404:
+                    log.info("GpuPartition %s is gone; its holds are not written", gpu)
+                    return False
+                raise
+            # The agent writes the object's status as it goes, which moves its resourceVersion too: when
+            # spec.holds is still what this round read, the edit still applies, on the fresh version.
+            fresh = await self.kube.read_partition(gpu)
+            if ((fresh.get("spec") or {}).get("holds") or []) != (
+                (part.get("spec") or {}).get("holds") or []
+            ):
+                log.info("GpuPartition %s: its holds changed since they were read; next round", gpu)
                 return False
-            raise
+            rv = str((fresh.get("metadata") or {}).get("resourceVersion", ""))
+            try:
+                stored = await self.kube.write_holds(gpu, body, rv)
+            except ApiException as again:
+                if again.status in (404, 409):
+                    log.info("GpuPartition %s changed while its holds were written; next round", gpu)
+                    return False
+                raise
         part["metadata"]["resourceVersion"] = (stored.get("metadata") or {}).get("resourceVersion", rv)
         part.setdefault("spec", {})["holds"] = [_hold_api(h) for h in holds]
         return True

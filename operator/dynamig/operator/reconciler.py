@@ -613,9 +613,10 @@ class Reconciler:
         limits = limits or {}
         switches = {s.gpu: s for s in modes.switches} if modes is not None else {}
         resets = {r.gpu: r for r in modes.resets} if modes is not None else {}
-        for gpu in dict.fromkeys([*layouts, *offered, *limits, *switches, *resets]):
+        keeps = {k.gpu: k for k in modes.keeps} if modes is not None else {}
+        for gpu in dict.fromkeys([*layouts, *offered, *limits, *switches, *resets, *keeps]):
             w, o, limit = layouts.get(gpu), offered.get(gpu), limits.get(gpu)
-            switch, reset = switches.get(gpu), resets.get(gpu)
+            switch, reset, keep = switches.get(gpu), resets.get(gpu), keeps.get(gpu)
             if switch is not None and switch.spec().get("offeredProfiles") is not None:
                 o = None  # switching off: it offers nothing from now on
             raw = partitions.get(gpu) or {}
@@ -635,6 +636,11 @@ class Reconciler:
             if switch is not None:  # never beside a layout write (modes.py skips GPUs written this round)
                 spec.update(switch.spec())
                 annotations.update(switch.annotations(stamp))
+            if keep is not None:  # the whole GPU kept for a claim of whole GPUs (agent/holds.py)
+                stored = (raw.get("spec") or {}).get("holds") or []
+                others = [h for h in stored if h.get("profile") != WHOLE_PROFILE]
+                held = keep.hold(self.wall()).model_dump(mode="json", by_alias=True, exclude_none=True)
+                spec["holds"] = [*others, held]
             try:
                 result = await self.kube.write_spec(gpu, spec, annotations, rv)
             except ApiException as exc:
@@ -660,9 +666,15 @@ class Reconciler:
                         "OffersFailed",
                         f"{gpu}: offeredProfiles write failed: {exc.reason}",
                     )
-                elif switch is None and reset is None:
+                elif switch is None and reset is None and keep is None:
                     log.warning("%s: autoPlacementsPerProfile write failed: %s", gpu, exc.reason)
+                elif keep is not None and switch is None:
+                    log.warning("%s: keeping it whole for %s failed: %s", gpu, keep.claim, exc.reason)
                 continue
+            if keep is not None:
+                text = f"{gpu} kept whole for claim {keep.claim} (a claim of whole GPUs) while GPUs switch"
+                log.info("policy %s: %s", policy.name, text)
+                await self._event_gpu(gpu, "Normal", "WholeGpuKept", text)
             if reset is not None:
                 log.warning("%s", reset.message)
                 await self._event_policy(policy, "Warning", "MigModeResetRequired", reset.message)

@@ -13,7 +13,8 @@ demand and serves the job's MIG alternatives, as before.
   each size (spread evenly in node order), so that multi-GPU jobs find whole nodes.
 - ``dynamig-modes`` (``DynamigModesAllocator``): dynamig's MIG side plus the operator's MIG mode on demand
   (``dynamig.operator.modes``, policy ``spec.migMode.policy: Dynamic``), as a round after the batch window:
-  claims oldest first, at most one switch per round, at most ``ModeSettings.max_switching`` GPUs switching
+  claims oldest first, the switches of a round for one claim (a claim of several whole GPUs gets those it
+  lacks on its node switched together), at most ``ModeSettings.max_switching`` GPUs switching
   at once (the disruption budget, ``maxGpusReshaping``, 1 by default, which switching GPUs count against).
   *Off* for a claim of whole GPUs (``WHOLE_ONLY``; a claim that also accepts a MIG profile is MIG demand,
   as ``dynamig.operator.demand`` sorts it) that the free GPUs with MIG mode off (and those switching off,
@@ -63,7 +64,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dynamig.geometry.generation import mode_switch_needs_reset
@@ -242,6 +243,8 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
         # claim of whole GPUs, switched off at once
         self.keep_whole = keep_whole
         self._whole_kept: dict[int, str] = {}  # node -> the claim of whole GPUs it is kept for
+        # GPU position -> the claim of whole GPUs it is kept whole for (the operator's holds of kind Whole)
+        self._whole_held: dict[int, str] = {}
         self.window_s = window_s  # the operator's batch window: its own switch write starts a round after it
         if split is not None:
             for pos in split_whole_gpus(cluster, *split):
@@ -307,6 +310,26 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
         kept = self._whole_kept.get(node)
         return kept is None or kept == job.name
 
+    def accepts_whole(self, job: Job, gpu: Gpu) -> bool:
+        # a GPU kept whole for a claim is that claim's alone (the agent answers others PlacementHeld)
+        return super().accepts_whole(job, gpu) and self._whole_held.get(gpu.pos, job.name) == job.name
+
+    def place_whole(self, job: Job, now: float) -> Allocation | None:
+        got = super().place_whole(job, now)
+        if got is None:
+            return None
+        held = [g for g in got.gpus if self._whole_held.get(g.pos) == job.name]
+        self._release_holds(job.name)
+        if not held:
+            return got
+        # a held whole GPU is published guarded: the pod binds at the PreBind check after the agent's answer
+        binds = self.running_at(now, now + max(self.bind, 1e-6))
+        return replace(got, delay=max(got.delay, binds - now))
+
+    def _release_holds(self, name: str) -> None:
+        for pos in [p for p, j in self._whole_held.items() if j == name]:
+            del self._whole_held[pos]
+
     def candidates(self, now: float, claims: Sequence[ClaimDemand]) -> tuple[list[Gpu], float | None]:
         gpus, cooling = super().candidates(now, claims)
         return [g for g in gpus if self.mig_ready(g)], cooling
@@ -325,6 +348,9 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
         out = super().replan(now, pending)
         if not self.dynamic:
             return out
+        waiting = {j.name for j in pending}
+        for name in {j for j in self._whole_held.values() if j not in waiting}:
+            self._release_holds(name)  # its claim started elsewhere or gave up: the hold is released
         modes = self._mode_round(now, pending)
         retry = [t for t in (out.retry_at, modes.retry_at) if t is not None]
         return Replan(tuple(sorted({*out.ready_times, *modes.ready_times})), min(retry) if retry else None)
@@ -355,8 +381,8 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
         return done
 
     def _mode_round(self, now: float, pending: Sequence[Job]) -> Replan:
-        """One MIG mode round over the jobs still waiting (oldest first): at most one switch. Side effect:
-        the switch."""
+        """One MIG mode round over the jobs still waiting (oldest first): the switches for one job. Side
+        effect: the switches."""
         if len(self._switching) >= self.modes.max_switching:
             return Replan()  # the budget is spent: the switch under way ends with a READY, and a round
         whole_claims = [j for j in pending if j.whole == WHOLE_ONLY]
@@ -458,8 +484,9 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
         mig_n: int,
         now: float,
     ) -> tuple[float | None, float | None]:
-        """Switch one idle MIG GPU (of ``idle``) off for ``job`` if its supply is short and a node can
-        complete it: (when the switch is done, None) or (None, when to try again for a cooldown)."""
+        """Switch idle MIG GPUs (of ``idle``) off for ``job`` if its supply is short and a node can complete
+        it, as many as it lacks there within the budget, as the operator does: (when the last switch is done,
+        None) or (None, when to try again for a cooldown)."""
         enough, node_have, have = supply
         if enough:
             return None, None
@@ -481,11 +508,23 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
             return None, wait
         names = self.cluster.node_names
         node = min(complete, key=lambda n: (need - have_on.get(n, 0), names[n]))
-        best = min(by_node[node], key=lambda g: (len(g.instances), g.index))
-        if mig_n - 1 < self.modes.min_mig_gpus:
+        # the GPUs the job lacks on the node, switched together within the budget and the MIG floor
+        room = min(
+            need - have_on.get(node, 0),
+            self.modes.max_switching - len(self._switching),
+            mig_n - self.modes.min_mig_gpus,
+        )
+        if room <= 0:
             return None, None  # the floor of MIG GPUs
-        taken.add(best.pos)
-        return self._switch(best, False, job, now), None
+        done = now
+        for g in sorted(by_node[node], key=lambda g: (len(g.instances), g.index))[:room]:
+            taken.add(g.pos)
+            done = max(done, self._switch(g, False, job, now))
+            self._whole_held[g.pos] = job.name
+        for g in have:  # the free whole GPUs counted for it there, kept too while the rest switch
+            if g.node_pos == node:
+                self._whole_held[g.pos] = job.name
+        return done, None
 
     def _off_for_kept(self, job: Job, node: int, now: float, mig_n: int) -> tuple[float | None, float | None]:
         """dynamig-modes-keep: switch off at once as many of the kept ``node``'s idle MIG GPUs as ``job``
