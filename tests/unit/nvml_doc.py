@@ -45,6 +45,15 @@ def typedef_member_doc(typedef: str, member: str) -> str:
     return squash(m.group(1))
 
 
+def member_doc(struct: str, member: str) -> str:
+    """The ``//!<`` comment of ``member`` in ``typedef struct <struct>``, with the ``//`` lines after it."""
+    body = header()[header().index(f"typedef struct {struct}") :]
+    body = body[: body.index("}")]
+    m = re.search(rf"\b{member};\s*//!<\s*(.*(?:\n\s*//(?!!<).*)*)", body)
+    assert m, f"{struct}.{member} not found"
+    return squash(re.sub(r"\n\s*//", " ", m.group(1)))
+
+
 def define_doc(name: str) -> str:
     """The ``//!<`` comment of ``#define <name> <value>``."""
     m = re.search(rf"^#define {name}\s+\S+\s*//!<\s*(.*)$", header(), re.MULTILINE)

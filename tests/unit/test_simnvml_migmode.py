@@ -11,54 +11,25 @@ from __future__ import annotations
 
 import ctypes
 import json
-import re
 import subprocess
 import sys
 import textwrap
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pynvml
 import pytest
+from nvml_doc import doc_block, member_doc, squash
 
 from dynamig.backends import simmode
 from dynamig.backends import simnvml as nv
 
-HEADER = Path(__file__).resolve().parents[1] / "data" / "nvml" / "nvml.h"
 ENABLE, DISABLE = pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_DISABLE
 SUCCESS, IN_USE = pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_IN_USE
 RESET_REQUIRED = pynvml.NVML_ERROR_RESET_REQUIRED
-
-
-def _squash(text: str) -> str:
-    return " ".join(text.split())
-
-
-@cache
-def _header() -> str:
-    return HEADER.read_text(errors="replace")
-
-
-def doc_block(c_function: str) -> str:
-    """The doc comment right above ``nvmlReturn_t DECLDIR <c_function>(`` (whitespace squashed)."""
-    text = _header()
-    decl = text.find(f"nvmlReturn_t DECLDIR {c_function}(")
-    assert decl >= 0, f"{c_function} is not declared in nvml.h"
-    start = text.rfind("/**", 0, decl)
-    return _squash(text[start:decl].replace("*", " "))
-
-
-def member_doc(struct: str, member: str) -> str:
-    """The ``//!<`` comment of ``member`` in ``typedef struct <struct>``, with the ``//`` lines after it."""
-    body = _header()[_header().index(f"typedef struct {struct}") :]
-    body = body[: body.index("}")]
-    m = re.search(rf"\b{member};\s*//!<\s*(.*(?:\n\s*//(?!!<).*)*)", body)
-    assert m, f"{struct}.{member} not found"
-    return _squash(re.sub(r"\n\s*//", " ", m.group(1)))
 
 
 @pytest.fixture(autouse=True)
@@ -244,7 +215,7 @@ def _documented(case: Case) -> str:
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.c_function}:{c.check.__name__}")
 def test_simulator_does_what_nvml_h_documents(case: Case) -> None:
     doc = _documented(case)
-    assert _squash(case.quote) in doc.replace("\\ref ", "").replace("\\a ", ""), (
+    assert squash(case.quote) in doc.replace("\\ref ", "").replace("\\a ", ""), (
         f"nvml.h does not say {case.quote!r} for {case.c_function}"
     )
     case.check()
