@@ -27,8 +27,9 @@ from dynamig.kube.devices import MigDevice
 from dynamig.kube.names import DEVICE_CLASS_NAME
 from dynamig.kube.policy import parse_policy
 from dynamig.kube.slices import build_resource_slices
-from dynamig.operator.decide import Reason, RoundInput, decide_round
+from dynamig.operator.decide import RoundInput, decide_round
 from dynamig.operator.demand import extract_demand, parse_device_classes
+from dynamig.operator.verdicts import Reason
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.matrix]
 

@@ -19,9 +19,10 @@ from dynamig.kube.policy import (
     resolve_ownership,
     warm_pool_shortfall,
 )
-from dynamig.operator.decide import Reason, RoundDecision, RoundInput, decide_round
+from dynamig.operator.decide import RoundDecision, RoundInput, decide_round
 from dynamig.operator.demand import PendingClaim, extract_demand, parse_device_classes
 from dynamig.operator.inventory import GpuView, allocated_devices, parse_inventory
+from dynamig.operator.verdicts import Reason
 
 CATALOG = load_catalog()
 NOW = 1_800_000_000.0

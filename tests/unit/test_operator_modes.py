@@ -22,7 +22,7 @@ from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.generation import Generation, generation, mode_switch_needs_reset
 from dynamig.kube.gpupartition import MigModeRequest
 from dynamig.kube.policy import MigModeKind, parse_policy
-from dynamig.operator.decide import Reason, RoundInput, decide_round
+from dynamig.operator.decide import RoundInput, decide_round
 from dynamig.operator.demand import PendingClaim, extract_demand, parse_device_classes
 from dynamig.operator.extended import ClassChanges
 from dynamig.operator.inventory import (
@@ -37,6 +37,7 @@ from dynamig.operator.metrics import OperatorMetrics
 from dynamig.operator.modes import WHOLE_HOLD_SECONDS, ModeDecision, ModeInput, decide_modes
 from dynamig.operator.reconciler import Reconciler
 from dynamig.operator.settings import OperatorSettings
+from dynamig.operator.verdicts import Reason
 
 CATALOG = load_catalog()
 MODELS = (CATALOG.model("H100-80GB"), CATALOG.model("A100-80GB"))

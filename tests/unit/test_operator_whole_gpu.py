@@ -15,7 +15,7 @@ from typing import Any, cast
 from dynamig.geometry.catalog import load_catalog
 from dynamig.kube.devices import profile_device_class, whole_device_class
 from dynamig.kube.policy import parse_policy
-from dynamig.operator.decide import Reason, RoundDecision, RoundInput, decide_round
+from dynamig.operator.decide import RoundDecision, RoundInput, decide_round
 from dynamig.operator.demand import PendingClaim, extract_demand, parse_device_classes
 from dynamig.operator.extended import ClassChanges
 from dynamig.operator.inventory import parse_inventory
@@ -23,6 +23,7 @@ from dynamig.operator.kubeio import KubeIO, Snapshot
 from dynamig.operator.metrics import OperatorMetrics
 from dynamig.operator.reconciler import Reconciler
 from dynamig.operator.settings import OperatorSettings
+from dynamig.operator.verdicts import Reason
 
 CATALOG = load_catalog()
 A100 = CATALOG.model("A100-80GB")

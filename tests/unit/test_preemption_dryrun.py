@@ -18,7 +18,7 @@ from dynamig.geometry.catalog import load_catalog
 from dynamig.kube.gpupartition import HoldKind
 from dynamig.kube.policy import GpuPartitionPolicy, PreemptionMode, parse_policy
 from dynamig.kube.times import parse_time
-from dynamig.operator.decide import ClaimVerdict, Reason, RoundInput, decide_round
+from dynamig.operator.decide import RoundInput, decide_round
 from dynamig.operator.demand import extract_demand, parse_device_classes
 from dynamig.operator.draining import plan_drains
 from dynamig.operator.holds import Ledger
@@ -34,6 +34,7 @@ from dynamig.operator.preemption import (
     parse_budgets,
     protection,
 )
+from dynamig.operator.verdicts import ClaimVerdict, Reason
 
 CATALOG = load_catalog()
 A100 = CATALOG.model("A100-80GB")

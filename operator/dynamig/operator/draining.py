@@ -16,10 +16,10 @@ from typing import Any
 from dynamig.kube.gpupartition import Hold, HoldKind
 from dynamig.kube.policy import GpuPartitionPolicy
 from dynamig.kube.times import micro_time, parse_time
-from dynamig.operator.decide import ClaimVerdict
 from dynamig.operator.demand import PendingClaim
 from dynamig.operator.inventory import GpuView
 from dynamig.operator.preemption import holdings, pod_key, waiting_claims
+from dynamig.operator.verdicts import ClaimVerdict
 from dynamig.planner.drain import DrainChoice, choose_drains
 from dynamig.planner.model import GpuKey
 

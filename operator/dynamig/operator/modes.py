@@ -50,7 +50,7 @@ from dynamig.kube.gpupartition import layout_summary as _summary
 from dynamig.kube.names import WHOLE_PROFILE
 from dynamig.kube.policy import GpuPartitionPolicy, Mode
 from dynamig.kube.times import micro_time
-from dynamig.operator.decide import ClaimVerdict, Reason, RoundDecision
+from dynamig.operator.decide import RoundDecision
 from dynamig.operator.demand import PendingClaim
 from dynamig.operator.inventory import (
     MIG_MODE_FOR_ANNOTATION,
@@ -59,6 +59,7 @@ from dynamig.operator.inventory import (
     MIG_MODE_WRITTEN_ANNOTATION,
     GpuView,
 )
+from dynamig.operator.verdicts import ClaimVerdict, Reason
 
 OFF, ON = MigModeRequest.DISABLED, MigModeRequest.ENABLED
 # How long a GPU is kept whole for a claim of whole GPUs (its switch, an A100's reset included, and the

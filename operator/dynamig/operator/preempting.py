@@ -24,7 +24,7 @@ from dynamig.kube.events import claim_ref
 from dynamig.kube.gpupartition import Hold, HoldKind
 from dynamig.kube.policy import GpuPartitionPolicy, PreemptionMode
 from dynamig.kube.times import parse_time
-from dynamig.operator.decide import Reason, RoundDecision
+from dynamig.operator.decide import RoundDecision
 from dynamig.operator.demand import pod_claim_names
 from dynamig.operator.draining import REASON_DRAINING, draining_count, plan_drains
 from dynamig.operator.holds import (
@@ -51,6 +51,7 @@ from dynamig.operator.preemption import (
     owner_key,
     pod_key,
 )
+from dynamig.operator.verdicts import Reason
 from dynamig.planner.model import GpuKey
 
 log = logging.getLogger(__name__)

@@ -32,9 +32,9 @@ from dynamig.geometry.catalog import Catalog
 from dynamig.geometry.model import GpuModel, PlacedInstance, device_name
 from dynamig.kube.policy import GpuPartitionPolicy, LabelSelector, PreemptionMode
 from dynamig.kube.times import parse_time
-from dynamig.operator.decide import ClaimVerdict, Reason
 from dynamig.operator.demand import PendingClaim
 from dynamig.operator.inventory import GpuView
+from dynamig.operator.verdicts import ClaimVerdict, Reason
 from dynamig.planner.model import GpuKey
 from dynamig.planner.victims import (
     SYSTEM_PRIORITY,

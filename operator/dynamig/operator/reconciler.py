@@ -47,15 +47,7 @@ from dynamig.kube.policy import (
     warm_pool_shortfall,
 )
 from dynamig.kube.times import now_rfc3339, parse_time
-from dynamig.operator.decide import (
-    ClaimVerdict,
-    LayoutWrite,
-    OfferWrite,
-    Reason,
-    RoundDecision,
-    RoundInput,
-    decide_round,
-)
+from dynamig.operator.decide import LayoutWrite, OfferWrite, RoundDecision, RoundInput, decide_round
 from dynamig.operator.demand import PendingClaim, extract_demand, parse_device_classes
 from dynamig.operator.extended import class_changes, offered_profiles, served_resource, whole_offered
 from dynamig.operator.inventory import (
@@ -79,6 +71,7 @@ from dynamig.operator.preempting import Preempter
 from dynamig.operator.preemption import DryRunReport
 from dynamig.operator.settings import OperatorSettings
 from dynamig.operator.silent_nodes import SilentNodes
+from dynamig.operator.verdicts import ClaimVerdict, Reason
 from dynamig.planner.offerlimit import AutoChoice, choose, needs_rewrite
 
 log = logging.getLogger(__name__)
