@@ -3,7 +3,7 @@
 ``plan`` is the entry point; ``exhaustive.best_plan`` is the reference search used to measure its quality.
 """
 
-from dynamig.planner.core import PlanInputError, plan
+from dynamig.planner.core import plan
 from dynamig.planner.model import (
     Assignment,
     ClaimDemand,
@@ -15,6 +15,7 @@ from dynamig.planner.model import (
     Policy,
     Strategy,
 )
+from dynamig.planner.validation import PlanInputError
 
 __all__ = [
     "Assignment",

@@ -21,8 +21,8 @@ from itertools import combinations_with_replacement
 from dynamig.geometry.catalog import Catalog, load_catalog
 from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, normalize_layout
 from dynamig.planner._geo import GeoCache, with_instance
-from dynamig.planner.core import validate_inputs
 from dynamig.planner.model import Assignment, ClaimDemand, GpuPlan, GpuState, PlanResult, Policy
+from dynamig.planner.validation import validate_inputs
 
 MAX_GPUS = 4
 MAX_CLAIMS = 10

@@ -26,8 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from dynamig.geometry.catalog import Catalog
 from dynamig.geometry.model import PlacedInstance, normalize_layout
 from dynamig.planner._geo import GeoCache
-from dynamig.planner.core import PlanInputError, validate_inputs
 from dynamig.planner.model import ClaimDemand, CurrentInstance, GpuState, Policy, Strategy
+from dynamig.planner.validation import PlanInputError, validate_inputs
 
 
 class ScenarioError(ValueError):
