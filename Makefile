@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PROTO_DIR := operator/dynamig/agent/plugin/proto
 GEN_DIR := operator/dynamig/agent/plugin/_generated
 
-.PHONY: setup demo test lint typecheck imports controlplane matrixplanes node helm holdscheduler cdivalidate promtool proto bench clean lock release image
+.PHONY: setup demo test lint typecheck imports controlplane matrixplanes node helm holdscheduler cdivalidate promtool kueue proto bench clean lock release image
 
 # The Kubernetes targets besides the primary one (hack/lib/k8s-module.sh) that `make test` runs the tests
 # marked `matrix` against (dynamig.devcluster.versions.MATRIX names them all).
@@ -46,6 +46,10 @@ holdscheduler: controlplane
 cdivalidate:
 	@bash hack/build-cdi-validate.sh >/dev/null
 
+# Kueue's controller manager and its release's CRDs: the tests that put dynamig's slices under Kueue quotas.
+kueue:
+	@bash hack/build-kueue.sh >/dev/null
+
 # Prometheus' promtool: the tests evaluate the alert rules and the DCGM join with Prometheus' own engine.
 promtool:
 	@bash hack/build-promtool.sh >/dev/null
@@ -66,7 +70,7 @@ typecheck: $(STAMP) proto
 imports: $(STAMP)
 	$(BIN)/lint-imports
 
-test: setup node helm cdivalidate promtool holdscheduler matrixplanes lint typecheck imports
+test: setup node helm cdivalidate promtool kueue holdscheduler matrixplanes lint typecheck imports
 	$(BIN)/pytest -q -p no:cacheprovider
 	@for t in $(MATRIX_TARGETS); do echo "== Kubernetes $$t: the tests marked matrix"; \
 	  $(BIN)/pytest -q -p no:cacheprovider -m matrix --k8s=$$t || exit 1; done

@@ -1,0 +1,186 @@
+"""dynamig under Kueue quotas, on the real API server and kube-scheduler with Kueue's own controller manager
+(built from its Go module, ``dynamig.devcluster.kueue``).
+
+A team's ClusterQueue holds a quota of ``nvidia.com/mig-1g.10gb``: pods that ask that extended resource (as
+the device plugin's ``mixed`` strategy names MIG, served by dynamig's per-profile DeviceClass) and carry the
+team's queue label are admitted up to the quota and no further; Kueue holds the rest behind its scheduling
+gate. The admitted ones are cut for and bound by dynamig; when one goes, Kueue admits the next and dynamig
+serves it too. No kubelet: pods bind and never run.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+
+from dynamig.demo.cluster import ScenarioApi
+from dynamig.demo.inprocess import agent_running, operator_running
+from dynamig.devcluster import ControlPlane, eventually
+from dynamig.devcluster.kueue import API, MANAGED_NAMESPACE_LABEL, QUEUE_LABEL, KueueProcess, kueue_running
+from dynamig.operator.metrics import OperatorMetrics
+from test_extended_resources import _claim, _classes_exist
+from test_partitionable import bound_node, partitionable
+
+RESOURCE = "nvidia.com/mig-1g.10gb"
+KUEUE_GATE = "kueue.x-k8s.io/admission"
+
+
+@pytest.fixture(scope="module")
+def kueue(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KueueProcess]:
+    with kueue_running(control_plane, tmp_path_factory.mktemp("kueue")) as running:
+        yield running
+
+
+def queued_pod(name: str, queue: str, pool: str) -> dict[str, Any]:
+    """A pod that asks one ``nvidia.com/mig-1g.10gb`` and names its Kueue LocalQueue. Pure."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {QUEUE_LABEL: queue}},
+        "spec": {
+            "nodeSelector": {"test-pool": pool},
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {"name": "main", "image": "example.invalid/app:1", "resources": {"limits": {RESOURCE: "1"}}}
+            ],
+        },
+    }
+
+
+async def _gated(k: ScenarioApi, pod: str) -> bool | None:
+    p = await k.core.read_namespaced_pod(pod, k.ns)
+    gates = [g.name for g in p.spec.scheduling_gates or []]
+    return True if KUEUE_GATE in gates and not p.spec.node_name else None
+
+
+async def _admitted(k: ScenarioApi, cluster_queue: str) -> int:
+    cq = await k.custom.get_cluster_custom_object(*API, "clusterqueues", cluster_queue)
+    return int((cq.get("status") or {}).get("admittedWorkloads") or 0)
+
+
+async def _admitted_count(k: ScenarioApi, cluster_queue: str, n: int) -> bool | None:
+    return True if await _admitted(k, cluster_queue) == n else None
+
+
+async def _pending_in_queue(k: ScenarioApi, cluster_queue: str, n: int) -> bool | None:
+    cq = await k.custom.get_cluster_custom_object(*API, "clusterqueues", cluster_queue)
+    return True if (cq.get("status") or {}).get("pendingWorkloads") == n else None
+
+
+async def _gone(k: ScenarioApi, pod: str) -> bool | None:
+    pods = await k.core.list_namespaced_pod(k.ns, field_selector=f"metadata.name={pod}")
+    return True if not pods.items else None
+
+
+@pytest.mark.parametrize("inventory", ["partitionable", "instances"])
+async def test_kueue_admits_mig_pods_up_to_the_quota_and_dynamig_serves_the_admitted_ones(
+    inventory: str,
+    kueue: KueueProcess,
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+) -> None:
+    """A ClusterQueue with a quota of two ``nvidia.com/mig-1g.10gb``; three pods of its LocalQueue on an
+    A100-80GB: two are admitted, cut for and bound; the third waits behind Kueue's gate, pending in the
+    ClusterQueue and unbound; when one admitted pod is deleted, Kueue admits the third and dynamig binds
+    it."""
+    k = ScenarioApi(kube_api, namespace)
+    await k.core.patch_namespace(namespace, {"metadata": {"labels": {MANAGED_NAMESPACE_LABEL: "true"}}})
+    await k.ensure_device_class()
+    sim.configure(gpus=["A100-80GB"], state_file=None)
+    pool = uuid.uuid4().hex[:8]
+    node = make_node(f"kq-{inventory[:4]}", labels={"dynamig.io/managed": "true", "test-pool": pool})
+    gpu = f"{node}-gpu0"
+    settings = partitionable(node) if inventory == "partitionable" else None
+    flavor, cq, lq = f"mig-{pool}", f"team-{pool}", "team"
+    await k.custom.create_cluster_custom_object(
+        *API,
+        "resourceflavors",
+        {"apiVersion": "/".join(API), "kind": "ResourceFlavor", "metadata": {"name": flavor}},
+    )
+    await k.custom.create_cluster_custom_object(
+        *API,
+        "clusterqueues",
+        {
+            "apiVersion": "/".join(API),
+            "kind": "ClusterQueue",
+            "metadata": {"name": cq},
+            "spec": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                "resourceGroups": [
+                    {
+                        "coveredResources": [RESOURCE],
+                        "flavors": [{"name": flavor, "resources": [{"name": RESOURCE, "nominalQuota": 2}]}],
+                    }
+                ],
+            },
+        },
+    )
+    await k.custom.create_namespaced_custom_object(
+        *API,
+        namespace,
+        "localqueues",
+        {
+            "apiVersion": "/".join(API),
+            "kind": "LocalQueue",
+            "metadata": {"name": lq},
+            "spec": {"clusterQueue": cq},
+        },
+    )
+    try:
+        async with (
+            agent_running(kube_api, node, sim, settings),
+            operator_running(crds.kubeconfig_path, OperatorMetrics()),
+        ):
+            await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
+            spec = {
+                "nodeSelector": {"matchLabels": {"test-pool": pool}},
+                "mode": "Dynamic",
+                "batchWindowSeconds": 1,
+                "cooldownSeconds": 0,  # pods admitted one by one: each may need its own cut (instances)
+            }
+            await k.create_policy(f"kq-{pool}", spec)
+            await eventually(lambda: _classes_exist(k, ["1g.10gb"]), "the profile DeviceClasses")
+
+            names = ["first", "second", "third"]
+            for n, name in enumerate(names[:2], start=1):  # one at a time: admitted in this order
+                await k.core.create_namespaced_pod(namespace, queued_pod(name, lq, pool))
+                await eventually(functools.partial(_admitted_count, k, cq, n), f"{name} admitted")
+            await k.core.create_namespaced_pod(namespace, queued_pod("third", lq, pool))
+            for name in names[:2]:
+                assert (
+                    await eventually(functools.partial(bound_node, k, name), f"{name} bound", within_s=120)
+                    == node
+                )
+                claim = await eventually(
+                    functools.partial(_claim, k, name), f"{name}'s extended-resource claim"
+                )
+                (result,) = claim["status"]["allocation"]["devices"]["results"]
+                assert result["driver"] == "mig.dynamig.io" and "-1g10gb-" in result["device"], result
+            assert await _admitted(k, cq) == 2
+            await eventually(lambda: _pending_in_queue(k, cq, 1), "the third pod pending in the ClusterQueue")
+            assert await _gated(k, "third"), "over quota, the third pod must wait behind Kueue's gate"
+
+            await k.core.delete_namespaced_pod("first", namespace, grace_period_seconds=0)
+            await eventually(lambda: _gone(k, "first"), "the first pod gone", within_s=60)
+            assert (
+                await eventually(functools.partial(bound_node, k, "third"), "third bound", within_s=120)
+                == node
+            )
+            claim = await eventually(functools.partial(_claim, k, "third"), "the third pod's claim")
+            (result,) = claim["status"]["allocation"]["devices"]["results"]
+            assert "-1g10gb-" in result["device"], result
+            await k.delete_pods(["second", "third"])
+            await k.delete_policy(f"kq-{pool}")
+    finally:
+        await k.custom.delete_namespaced_custom_object(*API, namespace, "localqueues", lq)
+        await k.custom.delete_cluster_custom_object(*API, "clusterqueues", cq)
+        await k.custom.delete_cluster_custom_object(*API, "resourceflavors", flavor)
