@@ -78,6 +78,83 @@ async def _gone(k: ScenarioApi, pod: str) -> bool | None:
     return True if not pods.items else None
 
 
+class Queues:
+    """A ResourceFlavor, ClusterQueues and their LocalQueues (one per ClusterQueue, in the test's
+    namespace, named after it) made for one test and removed after it."""
+
+    def __init__(self, k: ScenarioApi, pool: str) -> None:
+        self.k, self.flavor = k, f"mig-{pool}"
+        self.cluster_queues: list[str] = []
+
+    async def __aenter__(self) -> Queues:
+        flavor = {"apiVersion": "/".join(API), "kind": "ResourceFlavor", "metadata": {"name": self.flavor}}
+        await self.k.custom.create_cluster_custom_object(*API, "resourceflavors", flavor)
+        return self
+
+    async def add(self, name: str, quota: int, cohort: str = "", reclaim: bool = False) -> None:
+        """A ClusterQueue ``name`` with ``quota`` of :data:`RESOURCE` (in ``cohort``, reclaiming its lent
+        quota by preemption when ``reclaim``) and its LocalQueue ``name``."""
+        spec: dict[str, Any] = {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": self.k.ns}},
+            "resourceGroups": [
+                {
+                    "coveredResources": [RESOURCE],
+                    "flavors": [
+                        {"name": self.flavor, "resources": [{"name": RESOURCE, "nominalQuota": quota}]}
+                    ],
+                }
+            ],
+        }
+        if cohort:
+            spec["cohortName"] = cohort
+        if reclaim:
+            spec["preemption"] = {"reclaimWithinCohort": "Any"}
+        body = {"apiVersion": "/".join(API), "kind": "ClusterQueue", "metadata": {"name": name}, "spec": spec}
+        await self.k.custom.create_cluster_custom_object(*API, "clusterqueues", body)
+        self.cluster_queues.append(name)
+        local = {"apiVersion": "/".join(API), "kind": "LocalQueue", "metadata": {"name": name}}
+        local["spec"] = {"clusterQueue": name}
+        await self.k.custom.create_namespaced_custom_object(*API, self.k.ns, "localqueues", local)
+
+    async def __aexit__(self, *exc: object) -> None:
+        for name in self.cluster_queues:
+            await self.k.custom.delete_namespaced_custom_object(*API, self.k.ns, "localqueues", name)
+            await self.k.custom.delete_cluster_custom_object(*API, "clusterqueues", name)
+        await self.k.custom.delete_cluster_custom_object(*API, "resourceflavors", self.flavor)
+
+
+async def _managed_a100(
+    k: ScenarioApi, sim: ModuleType, make_node: Callable[..., str], prefix: str
+) -> tuple[str, str, str]:
+    """(pool, node, GPU): a labelled node with one simulated A100-80GB, in a namespace Kueue manages."""
+    await k.core.patch_namespace(k.ns, {"metadata": {"labels": {MANAGED_NAMESPACE_LABEL: "true"}}})
+    await k.ensure_device_class()
+    sim.configure(gpus=["A100-80GB"], state_file=None)
+    pool = uuid.uuid4().hex[:8]
+    node = make_node(prefix, labels={"dynamig.io/managed": "true", "test-pool": pool})
+    return pool, node, f"{node}-gpu0"
+
+
+async def _dynamic_policy(k: ScenarioApi, pool: str, gpu: str) -> None:
+    await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
+    spec = {
+        "nodeSelector": {"matchLabels": {"test-pool": pool}},
+        "mode": "Dynamic",
+        "batchWindowSeconds": 1,
+        "cooldownSeconds": 0,  # pods admitted one by one: each may need its own cut (instances)
+    }
+    await k.create_policy(f"kq-{pool}", spec)
+    await eventually(lambda: _classes_exist(k, ["1g.10gb"]), "the profile DeviceClasses")
+
+
+async def _served(k: ScenarioApi, pod: str, node: str) -> None:
+    """``pod`` is bound to ``node`` with a ``1g.10gb`` of dynamig's from the claim the scheduler made."""
+    assert await eventually(functools.partial(bound_node, k, pod), f"{pod} bound", within_s=120) == node
+    claim = await eventually(functools.partial(_claim, k, pod), f"{pod}'s extended-resource claim")
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert result["driver"] == "mig.dynamig.io" and "-1g10gb-" in result["device"], result
+
+
 @pytest.mark.parametrize("inventory", ["partitionable", "instances"])
 async def test_kueue_admits_mig_pods_up_to_the_quota_and_dynamig_serves_the_admitted_ones(
     inventory: str,
@@ -93,94 +170,66 @@ async def test_kueue_admits_mig_pods_up_to_the_quota_and_dynamig_serves_the_admi
     ClusterQueue and unbound; when one admitted pod is deleted, Kueue admits the third and dynamig binds
     it."""
     k = ScenarioApi(kube_api, namespace)
-    await k.core.patch_namespace(namespace, {"metadata": {"labels": {MANAGED_NAMESPACE_LABEL: "true"}}})
-    await k.ensure_device_class()
-    sim.configure(gpus=["A100-80GB"], state_file=None)
-    pool = uuid.uuid4().hex[:8]
-    node = make_node(f"kq-{inventory[:4]}", labels={"dynamig.io/managed": "true", "test-pool": pool})
-    gpu = f"{node}-gpu0"
+    pool, node, gpu = await _managed_a100(k, sim, make_node, f"kq-{inventory[:4]}")
     settings = partitionable(node) if inventory == "partitionable" else None
-    flavor, cq, lq = f"mig-{pool}", f"team-{pool}", "team"
-    await k.custom.create_cluster_custom_object(
-        *API,
-        "resourceflavors",
-        {"apiVersion": "/".join(API), "kind": "ResourceFlavor", "metadata": {"name": flavor}},
-    )
-    await k.custom.create_cluster_custom_object(
-        *API,
-        "clusterqueues",
-        {
-            "apiVersion": "/".join(API),
-            "kind": "ClusterQueue",
-            "metadata": {"name": cq},
-            "spec": {
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-                "resourceGroups": [
-                    {
-                        "coveredResources": [RESOURCE],
-                        "flavors": [{"name": flavor, "resources": [{"name": RESOURCE, "nominalQuota": 2}]}],
-                    }
-                ],
-            },
-        },
-    )
-    await k.custom.create_namespaced_custom_object(
-        *API,
-        namespace,
-        "localqueues",
-        {
-            "apiVersion": "/".join(API),
-            "kind": "LocalQueue",
-            "metadata": {"name": lq},
-            "spec": {"clusterQueue": cq},
-        },
-    )
-    try:
-        async with (
-            agent_running(kube_api, node, sim, settings),
-            operator_running(crds.kubeconfig_path, OperatorMetrics()),
-        ):
-            await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
-            spec = {
-                "nodeSelector": {"matchLabels": {"test-pool": pool}},
-                "mode": "Dynamic",
-                "batchWindowSeconds": 1,
-                "cooldownSeconds": 0,  # pods admitted one by one: each may need its own cut (instances)
-            }
-            await k.create_policy(f"kq-{pool}", spec)
-            await eventually(lambda: _classes_exist(k, ["1g.10gb"]), "the profile DeviceClasses")
+    async with (
+        Queues(k, pool) as queues,
+        agent_running(kube_api, node, sim, settings),
+        operator_running(crds.kubeconfig_path, OperatorMetrics()),
+    ):
+        cq = f"team-{pool}"
+        await queues.add(cq, quota=2)
+        await _dynamic_policy(k, pool, gpu)
+        for n, name in enumerate(["first", "second"], start=1):  # one at a time: admitted in this order
+            await k.core.create_namespaced_pod(namespace, queued_pod(name, cq, pool))
+            await eventually(functools.partial(_admitted_count, k, cq, n), f"{name} admitted")
+        await k.core.create_namespaced_pod(namespace, queued_pod("third", cq, pool))
+        for name in ("first", "second"):
+            await _served(k, name, node)
+        assert await _admitted(k, cq) == 2
+        await eventually(lambda: _pending_in_queue(k, cq, 1), "the third pod pending in the ClusterQueue")
+        assert await _gated(k, "third"), "over quota, the third pod must wait behind Kueue's gate"
 
-            names = ["first", "second", "third"]
-            for n, name in enumerate(names[:2], start=1):  # one at a time: admitted in this order
-                await k.core.create_namespaced_pod(namespace, queued_pod(name, lq, pool))
-                await eventually(functools.partial(_admitted_count, k, cq, n), f"{name} admitted")
-            await k.core.create_namespaced_pod(namespace, queued_pod("third", lq, pool))
-            for name in names[:2]:
-                assert (
-                    await eventually(functools.partial(bound_node, k, name), f"{name} bound", within_s=120)
-                    == node
-                )
-                claim = await eventually(
-                    functools.partial(_claim, k, name), f"{name}'s extended-resource claim"
-                )
-                (result,) = claim["status"]["allocation"]["devices"]["results"]
-                assert result["driver"] == "mig.dynamig.io" and "-1g10gb-" in result["device"], result
-            assert await _admitted(k, cq) == 2
-            await eventually(lambda: _pending_in_queue(k, cq, 1), "the third pod pending in the ClusterQueue")
-            assert await _gated(k, "third"), "over quota, the third pod must wait behind Kueue's gate"
+        await k.core.delete_namespaced_pod("first", namespace, grace_period_seconds=0)
+        await eventually(lambda: _gone(k, "first"), "the first pod gone", within_s=60)
+        await _served(k, "third", node)
+        await k.delete_pods(["second", "third"])
+        await k.delete_policy(f"kq-{pool}")
 
-            await k.core.delete_namespaced_pod("first", namespace, grace_period_seconds=0)
-            await eventually(lambda: _gone(k, "first"), "the first pod gone", within_s=60)
-            assert (
-                await eventually(functools.partial(bound_node, k, "third"), "third bound", within_s=120)
-                == node
-            )
-            claim = await eventually(functools.partial(_claim, k, "third"), "the third pod's claim")
-            (result,) = claim["status"]["allocation"]["devices"]["results"]
-            assert "-1g10gb-" in result["device"], result
-            await k.delete_pods(["second", "third"])
-            await k.delete_policy(f"kq-{pool}")
-    finally:
-        await k.custom.delete_namespaced_custom_object(*API, namespace, "localqueues", lq)
-        await k.custom.delete_cluster_custom_object(*API, "clusterqueues", cq)
-        await k.custom.delete_cluster_custom_object(*API, "resourceflavors", flavor)
+
+async def test_a_team_reclaims_its_lent_quota_through_kueue_and_dynamig_serves_its_pod(
+    kueue: KueueProcess,
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+) -> None:
+    """Two teams' ClusterQueues in one cohort, one ``nvidia.com/mig-1g.10gb`` each; team B reclaims
+    within the cohort. Team A's two pods are admitted (one on the quota it borrows from B) and bound to
+    slices dynamig cut. When team B's pod comes, Kueue preempts A's borrowing pod (gone), keeps A's other
+    one, and admits B's, which dynamig binds to a slice of the same GPU."""
+    k = ScenarioApi(kube_api, namespace)
+    pool, node, gpu = await _managed_a100(k, sim, make_node, "kq-cohort")
+    async with (
+        Queues(k, pool) as queues,
+        agent_running(kube_api, node, sim, partitionable(node)),
+        operator_running(crds.kubeconfig_path, OperatorMetrics()),
+    ):
+        team_a, team_b, cohort = f"a-{pool}", f"b-{pool}", f"c-{pool}"
+        await queues.add(team_a, quota=1, cohort=cohort)
+        await queues.add(team_b, quota=1, cohort=cohort, reclaim=True)
+        await _dynamic_policy(k, pool, gpu)
+        for n, name in enumerate(["a-own", "a-borrowed"], start=1):
+            await k.core.create_namespaced_pod(namespace, queued_pod(name, team_a, pool))
+            await eventually(functools.partial(_admitted_count, k, team_a, n), f"{name} admitted")
+        for name in ("a-own", "a-borrowed"):
+            await _served(k, name, node)
+
+        await k.core.create_namespaced_pod(namespace, queued_pod("b-reclaims", team_b, pool))
+        await eventually(lambda: _gone(k, "a-borrowed"), "team A's borrowing pod preempted", within_s=60)
+        await _served(k, "b-reclaims", node)
+        assert await bound_node(k, "a-own") == node  # within its own quota: never a victim
+        assert await _admitted(k, team_a) == 1 and await _admitted(k, team_b) == 1
+        await k.delete_pods(["a-own", "b-reclaims"])
+        await k.delete_policy(f"kq-{pool}")
