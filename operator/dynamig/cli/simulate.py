@@ -153,6 +153,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="kube-scheduler's PreBind re-check of binding conditions, waited by dynamig's cuts (default 5)",
     )
     p.add_argument(
+        "--placements-per-profile",
+        type=_placements_per_profile,
+        default=0,
+        help="dynamig's nodes publish, per GPU and profile, every free instance and only the best-ranked N "
+        "placements to cut, as the agent's flag of that name: 0 every placement (default), auto the "
+        "operator's choice for the simulated cluster's GPU nodes (every placement up to 64, one above)",
+    )
+    p.add_argument(
         "--node-orders",
         default="pack,spread",
         help="the scheduler's node orders, each applied to every policy in turn: pack (nodes in use first, "
@@ -230,6 +238,16 @@ def _protocols(text: str) -> frozenset[str]:
     if not names or names - {*PROTOCOLS, "both"}:
         raise argparse.ArgumentTypeError(f"expected paper, replay or both, got {text!r}")
     return frozenset(PROTOCOLS) if "both" in names else frozenset(names)
+
+
+def _placements_per_profile(text: str) -> int | None:
+    """``auto`` (None) or a whole number >= 0, as the agent's flag takes it, or argparse's usage error."""
+    from dynamig.planner.offerlimit import parse_limit  # light: pure
+
+    try:
+        return parse_limit(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _loads(text: str) -> list[float]:
@@ -491,6 +509,7 @@ def run(args: argparse.Namespace) -> int:
             preempt=PreemptSettings(
                 gap=args.preempt_gap, min_run_s=args.preempt_min_run_s, rate_per_h=args.preempt_rate_per_h
             ),
+            placements_per_profile=args.placements_per_profile,
         )
         loads = _loads(args.loads)
         sweep_latencies = _loads(args.create_latencies)
@@ -664,6 +683,9 @@ def run(args: argparse.Namespace) -> int:
             "cooldown_s": cfg.cooldown_s,
             "bind_rtt_s": cfg.bind_rtt_s,
             "prebind_poll_s": cfg.prebind_poll_s,
+            "placements_per_profile": "auto"
+            if args.placements_per_profile is None
+            else args.placements_per_profile,
             "node_orders": orders,
             "create_latencies_swept": sweep_latencies,
             "warm_pool": dict(dyn.warm_pool),

@@ -82,6 +82,9 @@ class Allocator:
     # True: the engine asks ``preempt`` after each scheduling pass, and the queue is walked highest
     # priority first (kube-scheduler's PrioritySort); False: priorities are ignored, arrival order
     preempts = False
+    # True: the engine asks ``preempt`` after each scheduling pass too, but walks the queue in arrival order
+    # (a drain evicts nobody: dynamig.simulate.drain_policy)
+    drains = False
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
@@ -146,7 +149,7 @@ class Allocator:
     def preempt(self, now: float, waiting: Sequence[Job]) -> Replan:
         """Evict (through ``evictor``) to make room for ``waiting`` (highest priority first), after a
         scheduling pass left them waiting. ``ready_times``: instances created for them; ``retry_at``: when
-        to ask again though nothing changed. Only for ``preempts`` allocators."""
+        to ask again though nothing changed. Only for ``preempts`` and ``drains`` allocators."""
         return Replan()
 
 

@@ -9,6 +9,11 @@ What the simulation does, as the operator, the agents and the scheduler would:
   once. A placement to be cut carries them: the agent creates it (one instance after another per node)
   and answers, and kube-scheduler's PreBind, which checked at once and then re-checks every 5 s
   (``SimConfig.prebind_poll_s``), binds the pod at its first check after the answer.
+- ``placements_per_profile`` limits what each GPU publishes as the agent's flag of that name does
+  (``dynamig.kube.inventory.offered_devices``): every free instance, and of the placements to cut only the
+  best-ranked N per profile (0: every placement; None: the operator's ``auto`` choice for the cluster's GPU
+  nodes, ``dynamig.planner.offerlimit.auto_limit``). A node whose published devices can no longer serve a
+  claim (its one placement booked since it published) is passed over, as kube-scheduler's filter would.
 - Node choice is the run's node order, the same for every policy (``booking.NODE_ORDERS``).
   While multi-GPU claims wait, one idle node is kept for each and offers only that claim's profiles
   (``dynamig.planner.reserve.keep_idle_nodes``, the function the operator writes ``offeredProfiles`` with).
@@ -31,6 +36,7 @@ from dataclasses import replace
 from dynamig.geometry.catalog import Catalog
 from dynamig.geometry.model import Layout, normalize_layout
 from dynamig.planner import ClaimDemand, CurrentInstance, GpuState, Policy, plan
+from dynamig.planner.offerlimit import EVERY_PLACEMENT, auto_limit
 from dynamig.planner.ranking import GpuOffers, OfferKind, RankedOffer, rank_offers
 from dynamig.planner.reserve import IdleNode, WaitingClaim, keep_idle_nodes
 from dynamig.planner.warmpool import WarmPoolSizing, cap_warm_pool, size_warm_pool
@@ -40,6 +46,28 @@ from dynamig.simulate.cluster import Cluster, Gpu, Instance
 from dynamig.simulate.trace import Job, compute_slices_by_name
 
 _RankKey = tuple[tuple[tuple[int, str, Layout, Layout], ...], str]
+
+
+def limit_placements(ranked: Iterable[RankedOffer], per_profile: int) -> tuple[RankedOffer, ...]:
+    """``ranked`` as an agent with ``--placements-per-profile=per_profile`` publishes it: every free
+    instance, and the first ``per_profile`` placements to cut (new or re-cut) of each GPU and profile, in
+    ranked order; 0 keeps every placement. Pure."""
+    if not per_profile:
+        return tuple(ranked)
+    seen: dict[tuple[int, str], int] = {}
+    out: list[RankedOffer] = []
+    for r in ranked:
+        if r.kind is not OfferKind.FREE:
+            n = seen[(r.gpu_index, r.profile)] = seen.get((r.gpu_index, r.profile), 0) + 1
+            if n > per_profile:
+                continue  # ranked order: the ones kept are the best
+        out.append(r)
+    return tuple(out)
+
+
+def gpu_node_count(cluster: Cluster) -> int:
+    """The nodes of ``cluster`` with a GPU: what the operator counts for its ``auto`` choice."""
+    return sum(1 for gpus in cluster.nodes if gpus)
 
 
 class DynamigAllocator(OfferAllocator):
@@ -66,8 +94,14 @@ class DynamigAllocator(OfferAllocator):
         warm_sizing: WarmPoolSizing | None = None,
         resize_every_s: float = 300.0,
         warm_max_slices: int | None = None,
+        placements_per_profile: int | None = EVERY_PLACEMENT,
     ) -> None:
         self.prebind_poll_s = prebind_poll_s
+        # None: the operator's auto rule for this cluster's size, as an agent left on ``auto`` follows it
+        self.placements_per_profile = (
+            auto_limit(gpu_node_count(cluster)) if placements_per_profile is None else placements_per_profile
+        )
+        self._choosing_at = 0.0  # the clock of the scheduling pass in progress (choose)
         self.policy = policy
         # Offers already include every placement free space allows (re-cuts too), so a round for claims
         # they could not place finds nothing new; by default rounds run for the warm pool and baseline only.
@@ -174,7 +208,19 @@ class DynamigAllocator(OfferAllocator):
     def skip_node(self, node: int, job: Job, profile: str) -> bool:
         # a kept node offers only the profiles of the claim it is kept for (its spec.offeredProfiles)
         kept = self._kept_for.get(node)
-        return kept is not None and profile not in kept
+        if kept is not None and profile not in kept:
+            return True
+        if not self.placements_per_profile:
+            # every placement published: a GPU the index lists for the profile has a valid one in the list
+            return False
+        # kube-scheduler filters out a node whose published devices cannot serve the claim (the one
+        # placement of a GPU booked since the node published) and tries the next
+        gpus = {o.gpu.pos for o in self.node_offers(node, profile, job, self._choosing_at)}
+        return len(gpus) < job.count
+
+    def choose(self, job: Job, now: float) -> list[Offer] | None:
+        self._choosing_at = now
+        return super().choose(job, now)
 
     def _gpu_offers(self, gpu: Gpu) -> GpuOffers:
         return GpuOffers(
@@ -207,7 +253,8 @@ class DynamigAllocator(OfferAllocator):
         key: _RankKey = (state, profile)
         ranked = self._rank_cache.get(key)
         if ranked is None:
-            ranked = rank_offers(offers, profile)  # the agent's own publishing order
+            # the agent's own publishing order, cut to its placements per profile
+            ranked = limit_placements(rank_offers(offers, profile), self.placements_per_profile)
             if len(self._rank_cache) > 50_000:
                 self._rank_cache.clear()
             self._rank_cache[key] = ranked

@@ -73,6 +73,7 @@ class RunResult:
     # per first-choice profile of single-device jobs, over every such job that arrived (as wait_mean_s)
     wait_p50_by_profile: dict[str, float] = field(default_factory=dict)
     wait_p95_by_profile: dict[str, float] = field(default_factory=dict)
+    wait_mean_by_profile: dict[str, float] = field(default_factory=dict)
     # warm pool per profile: (share of the horizon with a target > 0, time-mean target); empty: none
     warm_pool_coverage: dict[str, tuple[float, float]] = field(default_factory=dict)
     bind_rtt_s: float = 0.0  # the run's booking-to-create delay (what a warm-pool hit should wait at most)
@@ -311,7 +312,7 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
 
     def preempt_pass(now: float) -> None:
         nonlocal preempt_at
-        if not allocator.preempts or not pending:
+        if not (allocator.preempts or allocator.drains) or not pending:
             return
         waiting = sorted(pending.values(), key=lambda j: (-j.priority, order[j.name]))
         before = evictions
@@ -415,6 +416,7 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
         wait_p50_s=percentile(all_waits, 50),
         wait_p50_by_profile={p: percentile(w, 50) for p, w in sorted(profile_waits.items())},
         wait_p95_by_profile={p: percentile(w, 95) for p, w in sorted(profile_waits.items())},
+        wait_mean_by_profile={p: sum(w) / len(w) for p, w in sorted(profile_waits.items())},
         warm_pool_coverage=allocator.warm_pool_coverage(horizon),
         bind_rtt_s=cfg.bind_rtt_s,
         alloc_wait_mean_s=sum(all_alloc) / len(all_alloc) if all_alloc else 0.0,

@@ -30,7 +30,7 @@ from dynamig.geometry.model import Layout
 from dynamig.planner.model import GpuKey
 from dynamig.planner.victims import GpuHolding, HeldInstance, Preemptor, Rules, RunningPod, find_victims
 from dynamig.simulate.allocators import Allocation, Allocator, Replan, StaticAllocator
-from dynamig.simulate.cluster import Cluster
+from dynamig.simulate.cluster import Cluster, Gpu
 from dynamig.simulate.dynamig_policy import DynamigAllocator
 from dynamig.simulate.preemption import EvictionLedger, PreemptSettings
 from dynamig.simulate.trace import Job
@@ -75,24 +75,49 @@ class _TracksRunning(Allocator):
         super().release(job, alloc, now)
 
 
-class DynamigPreemptAllocator(_TracksRunning, DynamigAllocator):
-    name = "dynamig-preempt"
-    preempts = True
+class CutsForClaim(DynamigAllocator):
+    """dynamig that cuts a placement for one waiting claim and keeps it for that claim (a hold): the
+    instances in its way, free by then, are destroyed, the placement cut and reserved for the claim, which
+    binds at the cut's first PreBind check (a READY event) rather than booking a second placement
+    meanwhile. For a preemptor (``dynamig-preempt``) and a drained GPU's claim (``dynamig-drain``)."""
 
-    def __init__(self, cluster: Cluster, *args: object, preempt: PreemptSettings, **kw: object) -> None:
-        super().__init__(cluster, *args, **kw)  # type: ignore[arg-type]
-        self.settings = preempt
-        self.ledger = EvictionLedger(preempt)
-        self.running = _Running()
-        # preemptor -> when it binds: booked onto the placement cut for it, it waits for that cut's first
-        # PreBind check (a READY event) rather than booking a second placement meanwhile
-        self._binds_at: dict[str, float] = {}
+    def __init__(self, *args: object, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        self._binds_at: dict[str, float] = {}  # claim -> when it binds to the placement cut for it
 
     def place(self, job: Job, now: float) -> Allocation | None:
         if now < self._binds_at.get(job.name, now):
             return None
         self._binds_at.pop(job.name, None)
         return super().place(job, now)
+
+    def cut_for(self, claim: str, gpu: Gpu, profile: str, start: int, now: float) -> float:
+        """Cut ``profile`` at ``start`` on ``gpu`` for ``claim``, destroying the (free) instances in its
+        way; when the claim binds. Side effect: cluster state."""
+        need = gpu.model.profile(profile).mask(start)
+        for inst in [i for i in gpu.instances if gpu.model.profile(i.profile).mask(i.start) & need]:
+            self.cluster.destroy(inst, now)
+        ready = self._cut_done_at(gpu.node_pos, now)
+        inst = self.cluster.create(gpu, profile, start, now, ready)
+        self._not_ready.add(inst)
+        self._reserved[inst] = claim
+        self._claims.setdefault(claim, []).append(inst)
+        self.reshapes += 1
+        self.touch([gpu])
+        binds = self.running_at(now, ready)  # the first PreBind check after the cut
+        self._binds_at[claim] = binds
+        return binds
+
+
+class DynamigPreemptAllocator(_TracksRunning, CutsForClaim):
+    name = "dynamig-preempt"
+    preempts = True
+
+    def __init__(self, cluster: Cluster, *args: object, preempt: PreemptSettings, **kw: object) -> None:
+        super().__init__(cluster, *args, **kw)
+        self.settings = preempt
+        self.ledger = EvictionLedger(preempt)
+        self.running = _Running()
 
     def preempt(self, now: float, waiting: Sequence[Job]) -> Replan:
         s = self.settings
@@ -147,19 +172,7 @@ class DynamigPreemptAllocator(_TracksRunning, DynamigAllocator):
             for victim in victims:
                 self.evictor(victim, now, ev.preemptor)
             self.ledger.record(gpu.pos, victims, now)
-            gone = set(ev.in_the_way)
-            for inst in [i for i in gpu.instances if i.placed in gone]:
-                self.cluster.destroy(inst, now)
-            ready = self._cut_done_at(gpu.node_pos, now)
-            inst = self.cluster.create(gpu, ev.profile, ev.start, now, ready)
-            self._not_ready.add(inst)
-            self._reserved[inst] = ev.preemptor
-            self._claims.setdefault(ev.preemptor, []).append(inst)
-            self.reshapes += 1
-            self.touch([gpu])
-            binds = self.running_at(now, ready)  # the first PreBind check after the cut
-            self._binds_at[ev.preemptor] = binds
-            readies.append(binds)
+            readies.append(self.cut_for(ev.preemptor, gpu, ev.profile, ev.start, now))
         retry = now + s.retry_s if found.refused or len(found.evictions) > len(readies) else None
         return Replan(tuple(readies), retry)
 

@@ -15,6 +15,7 @@ from typing import Any
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.model import GpuModel, Layout
 from dynamig.planner import Policy, Strategy
+from dynamig.planner.offerlimit import EVERY_PLACEMENT
 from dynamig.planner.warmpool import WarmPoolSizing
 from dynamig.simulate.allocators import (
     Allocator,
@@ -25,6 +26,7 @@ from dynamig.simulate.allocators import (
 from dynamig.simulate.booking import FirstFitAllocator, HamiReserveAllocator, NvidiaDynamicMigAllocator
 from dynamig.simulate.bounds import served_upper_bound
 from dynamig.simulate.cluster import Cluster
+from dynamig.simulate.drain_policy import DrainSettings, DynamigDrainAllocator
 from dynamig.simulate.dynamig_policy import DynamigAllocator
 from dynamig.simulate.engine import RunResult, SimConfig, simulate
 from dynamig.simulate.modes import DynamigModesAllocator, ModeSettings, NvidiaToggleAllocator
@@ -45,6 +47,7 @@ POLICIES = (
     "pool",
     "static-preempt",
     "dynamig-preempt",
+    "dynamig-drain",
     "whole-split",
     "whole-split-nodes",
     "dynamig-modes",
@@ -53,6 +56,7 @@ POLICIES = (
 )
 # the policies that evict lower-priority jobs (dynamig.simulate.preempt_policies); opt-in
 PREEMPTING = ("static-preempt", "dynamig-preempt")
+DRAINING = ("dynamig-drain",)  # dynamig with spec.drain's holds (dynamig.simulate.drain_policy); opt-in
 # the policies with GPUs in MIG mode off, for whole-GPU demand (dynamig.simulate.modes); opt-in:
 # whole-split[-nodes] gives one policy per share of DynamigSettings.modes.split_shares
 # (dynamig-modes-keep: a labelled proposal, not the operator's rules: see dynamig.simulate.modes)
@@ -60,15 +64,17 @@ MODE_POLICIES = ("whole-split", "whole-split-nodes", "dynamig-modes", "dynamig-m
 # every policy but those: what run_trace runs unless told otherwise
 BASE_POLICIES = tuple(p for p in POLICIES if p not in MODE_POLICIES)
 # what `dynamig simulate` runs unless --policies says otherwise (the labelled variants are opt-in)
-DEFAULT_POLICIES = tuple(p for p in BASE_POLICIES if p not in ("dynamig-warm", "hami-default", *PREEMPTING))
+DEFAULT_POLICIES = tuple(
+    p for p in BASE_POLICIES if p not in ("dynamig-warm", "hami-default", *PREEMPTING, *DRAINING)
+)
 # the policies that create instances, whose figures depend on the create latency (the latency sweep)
 CREATING = (
     "first-fit", "nvidia-dynamic-mig", "hami-reserve", "hami-default",
-    "dynamig", "dynamig-warm", "dynamig-preempt", *MODE_POLICIES,
+    "dynamig", "dynamig-warm", "dynamig-preempt", *DRAINING, *MODE_POLICIES,
 )  # fmt: skip
 # policies that learn from arrivals over time; the paper protocol (no clock, no departures) leaves them out
 # (and those that evict: no clock, no one to evict for; and those that switch MIG modes: no clock)
-ONLINE_ONLY = ("dynamig-warm", *PREEMPTING, *MODE_POLICIES)
+ONLINE_ONLY = ("dynamig-warm", *PREEMPTING, *DRAINING, *MODE_POLICIES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +96,12 @@ class DynamigSettings:
     warm_refill_s: float | None = None  # None: bind_rtt_s + window_s + reshape_latency_s
     # dynamig-preempt's knobs (gap, minimum run time, rate limit, GPU cooldown, ledger)
     preempt: PreemptSettings = field(default_factory=PreemptSettings)
+    drain: DrainSettings = field(default_factory=DrainSettings)  # dynamig-drain's spec.drain
     # the policies with GPUs in MIG mode off (switch latency, cooldown, floors, budget, split shares)
     modes: ModeSettings = field(default_factory=ModeSettings)
+    # placements to cut each GPU publishes per profile, the agent's --placements-per-profile (every dynamig
+    # variant): 0 every placement, None the operator's auto choice for the simulated cluster's GPU nodes
+    placements_per_profile: int | None = EVERY_PLACEMENT
 
     def policy(self, models: GpuModel | Iterable[GpuModel]) -> Policy:
         """The planner policy for a cluster of ``models`` (one model or several). Pure."""
@@ -215,6 +225,7 @@ def allocator_factories(
             bind_rtt_s=cfg.bind_rtt_s,
             prebind_poll_s=cfg.prebind_poll_s,
             node_order=order,
+            placements_per_profile=dyn.placements_per_profile,
             **extra,
         )
 
@@ -248,6 +259,13 @@ def allocator_factories(
             (
                 "dynamig-preempt",
                 lambda: dynamig_like(DynamigPreemptAllocator, dyn.policy(models), preempt=dyn.preempt),
+            )
+        )
+    if "dynamig-drain" in policies:
+        out.append(
+            (
+                "dynamig-drain",
+                lambda: dynamig_like(DynamigDrainAllocator, dyn.policy(models), drain=dyn.drain),
             )
         )
     for name, by in (("whole-split", "gpu"), ("whole-split-nodes", "node")):
