@@ -363,3 +363,47 @@ def test_policy_status_keeps_the_eviction_ledger_within_bounds(crds: ControlPlan
         assert back.count(name, 1_800_000_100.0) == 2 and back.last_hold("n1-gpu0") == 1_800_000_000.25
     finally:
         cp.kubectl("delete", "gpupartitionpolicy", name, "--ignore-not-found")
+
+
+def test_gpupartition_status_keeps_the_nvlink_facts_the_agent_writes(crds: ControlPlane) -> None:
+    """The NVLink facts of a GPU (whatever its MIG mode) as the agent's merge patch writes them are kept field
+    for field and read back by the operator; a patch of the same GPU once NVML no longer gives them removes
+    them; a negative link count is refused naming the field."""
+    from dynamig.kube.devices import NvlinkFacts
+    from dynamig.kube.gpupartition import GpuPartitionStatus, parse_gpu_partition
+
+    cp = crds
+    name = f"{_name('nvlink-node')}-gpu0"
+    body = {"apiVersion": "dynamig.io/v1alpha1", "kind": "GpuPartition", "metadata": {"name": name}}
+    cp.kubectl("apply", "-f", "-", input=yaml.safe_dump({**body, "spec": {"layout": []}}))
+
+    def patch(status: dict[str, Any]) -> Any:
+        return cp.kubectl(
+            "patch", "gpupartition", name, "--subresource=status", "--type=merge", "-p",
+            json.dumps({"status": status}), check=False,
+        )  # fmt: skip
+
+    def stored() -> dict[str, Any]:
+        obj: dict[str, Any] = json.loads(cp.kubectl("get", "gpupartition", name, "-o", "json").stdout)
+        return obj
+
+    try:
+        facts = NvlinkFacts(18, "2f4d1c3e-8a8b-5d0c-9e1f-0a1b2c3d4e5f", 4_000_000_000)  # a uint32 clique
+        written = GpuPartitionStatus(
+            nvlink_active_links=facts.active_links,
+            fabric_cluster_uuid=facts.fabric_cluster_uuid,
+            fabric_clique_id=facts.fabric_clique_id,
+        )
+        got = patch(written.to_api())
+        assert got.returncode == 0, got.stderr
+        status = stored()["status"]
+        assert (status["nvlinkActiveLinks"], status["fabricClusterUuid"], status["fabricCliqueId"]) == (
+            18, facts.fabric_cluster_uuid, 4_000_000_000,
+        )  # fmt: skip
+        assert parse_gpu_partition(stored()).status.nvlink() == facts
+        assert patch(GpuPartitionStatus().to_api()).returncode == 0  # NVML no longer gives them
+        assert not {"nvlinkActiveLinks", "fabricClusterUuid", "fabricCliqueId"} & set(stored()["status"])
+        refused = patch({"nvlinkActiveLinks": -1})
+        assert refused.returncode != 0 and "status.nvlinkActiveLinks" in refused.stderr, refused.stderr
+    finally:
+        cp.kubectl("delete", "gpupartition", name, "--ignore-not-found")

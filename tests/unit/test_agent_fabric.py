@@ -22,7 +22,7 @@ from dynamig.agent.nvml_fabric import active_nvlinks, fabric_clique
 from dynamig.backends import simfabric
 from dynamig.backends.nvml import fresh_simulated_nvml, load_nvml
 from dynamig.kube.cel import device_view_from_api, evaluate_selector
-from dynamig.kube.devices import WholeGpuDevice
+from dynamig.kube.devices import NvlinkFacts, WholeGpuDevice
 
 H100, A100, L4 = 0, 1, 2
 ATTR = "mig.dynamig.io"
@@ -93,6 +93,25 @@ def test_gpus_of_one_node_share_its_cluster_another_node_has_its_own(devices: Nv
         a, b = (whole(there, i).device for i in (0, 1))
         assert a.fabric_cluster_uuid == b.fabric_cluster_uuid
         assert a.fabric_cluster_uuid != whole(devices, H100).device.fabric_cluster_uuid
+        there.shutdown()
+    finally:
+        other.reset()
+
+
+def test_gpus_with_mig_mode_on_are_listed_with_their_facts(devices: NvmlDevices) -> None:
+    """nvml.h names no MIG mode condition for either query (both take the parent GPU): the agent asks them
+    whatever the mode and reports them in the GpuPartition status, so the operator knows which GPU to switch
+    MIG off for a claim that selects on them."""
+    other = fresh_simulated_nvml()
+    try:
+        other.configure(["H100-80GB", "A100-80GB", "L4-24GB"], mig_enabled=True, seed="n1")
+        there = NvmlDevices(other, devices.catalog)
+        there.init()
+        h100, a100, l4 = there.gpus()
+        assert h100.mig_enabled and a100.mig_enabled
+        cluster = whole(devices, H100).device.fabric_cluster_uuid  # the same simulated node ("n1")
+        assert h100.nvlink == NvlinkFacts(18, cluster, simfabric.DEFAULT_CLIQUE_ID)
+        assert (a100.nvlink, l4.nvlink) == (NvlinkFacts(12), NvlinkFacts())
         there.shutdown()
     finally:
         other.reset()

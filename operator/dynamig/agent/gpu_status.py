@@ -94,7 +94,8 @@ def gpu_status(
     phase: Phase,
     message: str,
 ) -> GpuPartitionStatus:
-    """The GpuPartition status for the GPU as observed (conditions as they were)."""
+    """The GpuPartition status for the GPU as observed (conditions as they were), its NVLink facts included
+    whatever its MIG mode."""
     items = []
     for i in instances:
         dev = device_name(i.gpu_index, i.profile, i.start)
@@ -123,6 +124,9 @@ def gpu_status(
             "mig_mode": mig_mode(gpu),
             "instances": items,
             "whole_gpu": None,
+            "nvlink_active_links": gpu.nvlink.active_links,
+            "fabric_cluster_uuid": gpu.nvlink.fabric_cluster_uuid or None,
+            "fabric_clique_id": gpu.nvlink.fabric_clique_id,
             "layout_summary": layout_summary([i.placed for i in instances]),
             "free_slices": free,
             "total_slices": len(items),

@@ -21,14 +21,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from dynamig.agent.nvml_fabric import active_nvlinks, fabric_clique
+from dynamig.agent.nvml_fabric import nvlink_facts
 from dynamig.geometry.catalog import Catalog
 from dynamig.geometry.model import GpuModel, PlacedInstance, Profile
-from dynamig.kube.devices import WholeGpuDevice
+from dynamig.kube.devices import NvlinkFacts, WholeGpuDevice
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,8 @@ class GpuInfo:
     mig_current: int
     mig_pending: int
     model: GpuModel | None  # catalog model refined with NVML's profile data; None when unknown
+    # read whatever the MIG mode: the operator matches claims of whole GPUs against it
+    nvlink: NvlinkFacts = field(default_factory=NvlinkFacts)
 
     @property
     def mig_enabled(self) -> bool:
@@ -302,6 +304,7 @@ class NvmlDevices:
             mig_current=int(current),
             mig_pending=int(pending),
             model=self._models[key][0],
+            nvlink=nvlink_facts(nv, h),
         )
 
     def _refine_model(
@@ -587,9 +590,9 @@ class NvmlDevices:
 
     def whole(self, gpu: GpuInfo) -> WholeGpu:
         """A GPU with MIG mode off as one device: its memory, architecture, CUDA compute capability, active
-        NVLink links and NVLink fabric clique (:mod:`dynamig.agent.nvml_fabric`), and the compute processes
-        running on it. Reads only; a fact NVML does not give (NOT_SUPPORTED on an older driver, or on a GPU
-        without NVLink) is left out rather than failing the GPU."""
+        NVLink links and NVLink fabric clique (as ``gpu`` was listed with them), and the compute processes
+        running on it. Reads only; a fact NVML does not give (NOT_SUPPORTED on an
+        older driver, or on a GPU without NVLink) is left out rather than failing the GPU."""
         nv = self.nvml
         with self._lock:
             h = self._handle(gpu)
@@ -606,21 +609,9 @@ class NvmlDevices:
                 capability = f"{int(major)}.{int(minor)}"
             except nv.NVMLError:
                 capability = ""
-            links = active_nvlinks(nv, h)
-            clique = fabric_clique(nv, h)
             processes = len(nv.nvmlDeviceGetComputeRunningProcesses(h))
-        device = WholeGpuDevice(
-            gpu.index,
-            gpu.product,
-            gpu.uuid,
-            memory,
-            arch,
-            capability,
-            nvlink_active_links=links,
-            fabric_cluster_uuid=clique.cluster_uuid if clique is not None else "",
-            fabric_clique_id=clique.clique_id if clique is not None else None,
-        )
-        return WholeGpu(device, processes)
+        device = WholeGpuDevice(gpu.index, gpu.product, gpu.uuid, memory, arch, capability)
+        return WholeGpu(device.with_nvlink(gpu.nvlink), processes)
 
 
 # nvml.h nvmlReturn_t values nvmlDeviceSetMigMode's activationStatus takes, by name.

@@ -1,7 +1,13 @@
 """A GPU's NVLink links and its place in an NVLink fabric, read through NVML (the ``pynvml`` module interface)
-for the device a GPU with MIG mode off is published as (:meth:`dynamig.agent.nvml_device.NvmlDevices.whole`),
-so that a claim for several GPUs can select GPUs that NVLink joins. Every function does NVML I/O, reads
-only, and answers None for a fact NVML does not give rather than failing the GPU.
+for every GPU the agent lists (:meth:`dynamig.agent.nvml_device.NvmlDevices.gpus`), whatever its MIG mode:
+published on the device a GPU with MIG mode off is published as, so that a claim for several GPUs can
+select GPUs that NVLink joins, and reported in every GpuPartition's status, so that the operator switches
+MIG off only on a GPU whose links such a claim accepts. Every function does NVML I/O, reads only, and
+answers None for a fact NVML does not give rather than failing the GPU.
+
+Both queries take the parent GPU's handle, and nvml.h names no MIG mode condition for either (unlike the
+queries it documents as unsupported on MIG-enabled GPUs), so they are asked with MIG mode on too; a GPU
+that answers NOT_SUPPORTED there simply reports no NVLink facts.
 
 - ``nvmlDeviceGetNvLinkState`` for each link up to ``NVML_NVLINK_MAX_LINKS``: nvml.h, "NVML_FEATURE_ENABLED
   indicates that the link is active"; a link that answers "NVML_ERROR_INVALID_ARGUMENT if device or link is
@@ -24,6 +30,8 @@ import uuid
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
+
+from dynamig.kube.devices import NvlinkFacts
 
 log = logging.getLogger(__name__)
 
@@ -86,3 +94,12 @@ def fabric_clique(nv: ModuleType, h: Any) -> FabricClique | None:
     if not any(raw):
         return None
     return FabricClique(str(uuid.UUID(bytes=raw)), int(info.cliqueId))
+
+
+def nvlink_facts(nv: ModuleType, h: Any) -> NvlinkFacts:
+    """The GPU's active NVLink links and fabric clique, each left out when NVML does not give it. ``h``: a
+    GPU's parent handle. Reads only."""
+    links, clique = active_nvlinks(nv, h), fabric_clique(nv, h)
+    if clique is None:
+        return NvlinkFacts(links)
+    return NvlinkFacts(links, clique.cluster_uuid, clique.clique_id)

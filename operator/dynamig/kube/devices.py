@@ -8,7 +8,7 @@ exist yet and evaluates claim CEL selectors against it, so both sides must use t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dynamig import DRIVER_NAME
@@ -74,6 +74,18 @@ class MigDevice:
 
 
 @dataclass(frozen=True, slots=True)
+class NvlinkFacts:
+    """A GPU's NVLink facts as NVML gives them, whatever its MIG mode (:mod:`dynamig.agent.nvml_fabric`): its
+    active links and the NVLink fabric clique it is registered in; None (empty for the cluster) where NVML
+    does not say. What a whole GPU publishes as ``nvlinkActiveLinks``, ``fabricClusterUuid`` and
+    ``fabricCliqueId``, and what the operator matches whole-GPU claims against before switching MIG off."""
+
+    active_links: int | None = None
+    fabric_cluster_uuid: str = ""
+    fabric_clique_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class WholeGpuDevice:
     """What is published about a GPU whose MIG mode is off: the whole GPU as one device, ``gpu<index>``.
 
@@ -96,6 +108,15 @@ class WholeGpuDevice:
     @property
     def name(self) -> str:
         return whole_device_name(self.gpu_index)
+
+    def with_nvlink(self, facts: NvlinkFacts) -> WholeGpuDevice:
+        """This device carrying the GPU's NVLink ``facts``."""
+        return replace(
+            self,
+            nvlink_active_links=facts.active_links,
+            fabric_cluster_uuid=facts.fabric_cluster_uuid,
+            fabric_clique_id=facts.fabric_clique_id,
+        )
 
     def attributes(self) -> dict[str, str | int]:
         out: dict[str, str | int] = {

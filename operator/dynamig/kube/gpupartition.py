@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, normalize_layout
+from dynamig.kube.devices import NvlinkFacts
 from dynamig.kube.names import GPU_PARTITION_KIND, GROUP_VERSION, WHOLE_PROFILE
 from dynamig.kube.times import parse_time
 from dynamig.planner.offerlimit import AutoChoice
@@ -245,6 +246,11 @@ class GpuPartitionStatus(_Model):
     mig_mode: MigMode = MigMode.UNKNOWN
     instances: list[InstanceStatus] = Field(default_factory=list)
     whole_gpu: WholeGpuStatus | None = None  # MIG mode off: the GPU as one device
+    # The GPU's NVLink facts, whatever its MIG mode (the whole device's attributes of the same names); None
+    # where NVML does not give them.
+    nvlink_active_links: int | None = None
+    fabric_cluster_uuid: str | None = None
+    fabric_clique_id: int | None = None
     layout_summary: str = ""
     free_slices: int = 0
     total_slices: int = 0
@@ -271,11 +277,17 @@ class GpuPartitionStatus(_Model):
         """The instances that exist, as a normalized layout."""
         return normalize_layout([i.placed() for i in self.instances])
 
+    def nvlink(self) -> NvlinkFacts:
+        """The NVLink facts the agent reported (none known when it reported none)."""
+        return NvlinkFacts(self.nvlink_active_links, self.fabric_cluster_uuid or "", self.fabric_clique_id)
+
     def to_api(self) -> dict[str, Any]:
-        """The status as a merge patch takes it (camelCase, unset optionals dropped; ``wholeGpu`` null when
-        unset, so the patch removes one written while MIG mode was off)."""
+        """The status as a merge patch takes it (camelCase, unset optionals dropped; ``wholeGpu`` and the
+        NVLink facts null when unset, so the patch removes those written before: a device written while MIG
+        mode was off, a link that went down to no answer, a GPU that left its fabric)."""
         out = self.model_dump(mode="json", by_alias=True, exclude_none=True)
-        out.setdefault("wholeGpu", None)
+        for removable in ("wholeGpu", "nvlinkActiveLinks", "fabricClusterUuid", "fabricCliqueId"):
+            out.setdefault(removable, None)
         return out
 
 

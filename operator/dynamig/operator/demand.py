@@ -32,6 +32,12 @@ with a MIG profile but some alternative can serve with a whole GPU (``profile ==
 in :attr:`PendingClaim.whole`, out of :attr:`PendingClaim.requests`, so the MIG planner never cuts for it, and
 the claim is still reported (it waits for a GPU with MIG mode off). A request whose alternatives accept both
 keeps the MIG profiles of its MIG alternatives, in ``firstAvailable`` order, and is MIG demand.
+
+A whole GPU's NVLink facts (``nvlinkActiveLinks``, ``fabricClusterUuid``, ``fabricCliqueId``) are the GPU's
+own, not its model's: the representative whole GPU of a model is evaluated with each distinct set of facts
+its GPUs report (``nvlink``, model key -> facts; the agent reports them whatever the MIG mode), so a claim
+selecting on them accepts the model when some GPU of it can serve; which GPU can is
+:meth:`PendingClaim.accepts_whole_gpu`'s answer, for that GPU's own facts.
 """
 
 from __future__ import annotations
@@ -43,11 +49,13 @@ from typing import Any
 
 from dynamig.geometry.model import GpuModel, Profile
 from dynamig.kube.cel import DeviceView, device_view, device_view_from_api, evaluate_selector
-from dynamig.kube.devices import MIB, MigDevice, WholeGpuDevice, whole_device_class
+from dynamig.kube.devices import MIB, MigDevice, NvlinkFacts, WholeGpuDevice, whole_device_class
 from dynamig.kube.names import ATTRIBUTE_DOMAIN, WHOLE_CLASS_NAME
 from dynamig.planner.model import ClaimDemand
 
 DRIVER = ATTRIBUTE_DOMAIN
+NvlinkByModel = Mapping[str, Sequence[NvlinkFacts]]  # model key -> the distinct facts its GPUs report
+_NO_FACTS = (NvlinkFacts(),)  # a model none of whose GPUs reported any: its whole GPU as the catalog has it
 
 
 # ------------------------------------------------------------------------------------------ parsed inputs
@@ -286,11 +294,16 @@ class ProfileMatch:
     sub_request: SubRequest
     accepts: Mapping[str, tuple[str, ...]]  # model key -> profiles, smallest first
     errors: tuple[str, ...] = ()
-    whole: tuple[str, ...] = ()  # model keys whose whole GPU passes the selectors
+    whole: tuple[str, ...] = ()  # model keys whose whole GPU (with some GPU's NVLink facts) passes
+    selectors: tuple[str, ...] = ()  # the DeviceClass's and the request's, as evaluated
 
     @property
     def any(self) -> bool:
         return any(self.accepts.values())
+
+    def whole_accepts(self, model: GpuModel, product_name: str, nvlink: NvlinkFacts) -> bool:
+        """Whether the whole GPU of one GPU (its model, product name and NVLink facts) passes. Pure."""
+        return model.key in self.whole and _whole_passes(self.selectors, model, product_name or None, nvlink)
 
 
 def _candidate_device(model: GpuModel, profile: Profile, product_name: str | None) -> DeviceView:
@@ -304,16 +317,37 @@ def _candidate_device(model: GpuModel, profile: Profile, product_name: str | Non
     return device_view(device, DRIVER)
 
 
-def _candidate_whole(model: GpuModel, product_name: str | None) -> DeviceView:
-    """The whole GPU of ``model`` as the agent publishes it with MIG mode off (GPU 0, the catalog's memory),
-    as the scheduler sees it. Pure."""
+def _candidate_whole(
+    model: GpuModel, product_name: str | None, nvlink: NvlinkFacts = _NO_FACTS[0]
+) -> DeviceView:
+    """The whole GPU of ``model`` as the agent publishes it with MIG mode off (GPU 0, the catalog's memory,
+    ``nvlink``: a GPU's NVLink facts), as the scheduler sees it. Pure."""
     device = WholeGpuDevice(
         gpu_index=0,
         product_name=product_name or model.product_name,
         uuid="",
         memory_bytes=model.memory_mib * MIB,
     )
-    return device_view_from_api(DRIVER, device.to_api())
+    return device_view_from_api(DRIVER, device.with_nvlink(nvlink).to_api())
+
+
+@lru_cache(maxsize=4096)
+def _whole_passes(
+    selectors: tuple[str, ...], model: GpuModel, product_name: str | None, nvlink: NvlinkFacts
+) -> bool:
+    return _passes(selectors, _candidate_whole(model, product_name, nvlink))
+
+
+def _some_whole_passes(
+    selectors: tuple[str, ...], model: GpuModel, product_name: str | None, nvlink: tuple[NvlinkFacts, ...]
+) -> bool:
+    """Whether the whole GPU of ``model`` passes with one of the NVLink facts its GPUs report. Pure."""
+    return any(_whole_passes(selectors, model, product_name, facts) for facts in nvlink or _NO_FACTS)
+
+
+def _facts_key(nvlink: NvlinkByModel | None) -> tuple[tuple[str, tuple[NvlinkFacts, ...]], ...]:
+    """``nvlink`` in a hashable form, for the caches below."""
+    return tuple(sorted((key, tuple(facts)) for key, facts in (nvlink or {}).items()))
 
 
 def _size_key(p: Profile) -> tuple[int, int, int, str]:
@@ -325,14 +359,17 @@ def match_sub_request(
     device_classes: Mapping[str, DeviceClass],
     models: Sequence[GpuModel],
     product_names: Mapping[str, str] | None = None,
+    nvlink: NvlinkByModel | None = None,
 ) -> ProfileMatch:
-    """Profiles of each model whose device passes the DeviceClass's and the request's selectors. Pure."""
+    """Profiles of each model whose device passes the DeviceClass's and the request's selectors, and the
+    models whose whole GPU does with one of the NVLink facts ``nvlink`` lists for it. Pure."""
     dclass = device_classes.get(sub.device_class)
     if dclass is None:
         return ProfileMatch(sub, {}, (f"DeviceClass {sub.device_class!r} does not exist",))
     products = tuple(sorted((product_names or {}).items()))
-    accepts, errors, whole = _accepting_profiles(dclass.selectors + sub.selectors, tuple(models), products)
-    return ProfileMatch(sub, dict(accepts), errors, whole)
+    selectors = dclass.selectors + sub.selectors
+    accepts, errors, whole = _accepting_profiles(selectors, tuple(models), products, _facts_key(nvlink))
+    return ProfileMatch(sub, dict(accepts), errors, whole, selectors)
 
 
 def _passes(selectors: tuple[str, ...], view: DeviceView) -> bool:
@@ -341,18 +378,21 @@ def _passes(selectors: tuple[str, ...], view: DeviceView) -> bool:
 
 @lru_cache(maxsize=4096)
 def _accepting_profiles(
-    selectors: tuple[str, ...], models: tuple[GpuModel, ...], products: tuple[tuple[str, str], ...]
+    selectors: tuple[str, ...],
+    models: tuple[GpuModel, ...],
+    products: tuple[tuple[str, str], ...],
+    nvlink: tuple[tuple[str, tuple[NvlinkFacts, ...]], ...] = (),
 ) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], tuple[str, ...], tuple[str, ...]]:
     """(model key -> accepted profiles, errors, models whose whole GPU is accepted) for a list of
     selectors. Errors are those met on MIG devices (a selector written for MIG attributes fails on a whole
     GPU, which lacks them, and says nothing about MIG). Pure; cached because claims made from one template
     share their selectors and celpy evaluation is not cheap."""
-    product_of = dict(products)
+    product_of, facts_of = dict(products), dict(nvlink)
     accepts: list[tuple[str, tuple[str, ...]]] = []
     errors: list[str] = []
     whole: list[str] = []
     for model in models:
-        if _passes(selectors, _candidate_whole(model, product_of.get(model.key))):
+        if _some_whole_passes(selectors, model, product_of.get(model.key), facts_of.get(model.key, ())):
             whole.append(model.key)
         ok: list[str] = []
         for profile in sorted(model.profiles, key=_size_key):
@@ -371,18 +411,25 @@ def _accepting_profiles(
     return tuple(accepts), tuple(errors), tuple(whole)
 
 
-def class_targets_driver(dclass: DeviceClass | None, models: Sequence[GpuModel]) -> bool:
+def class_targets_driver(
+    dclass: DeviceClass | None, models: Sequence[GpuModel], nvlink: NvlinkByModel | None = None
+) -> bool:
     """Whether a DeviceClass's selectors select devices of driver ``mig.dynamig.io`` at all: a MIG device or
-    a whole GPU of some model. Pure."""
+    a whole GPU of some model (with one of the NVLink facts ``nvlink`` lists for it). Pure."""
     if dclass is None:
         return False
-    return _targets_driver(dclass.selectors, tuple(models))
+    return _targets_driver(dclass.selectors, tuple(models), _facts_key(nvlink))
 
 
 @lru_cache(maxsize=256)
-def _targets_driver(selectors: tuple[str, ...], models: tuple[GpuModel, ...]) -> bool:
+def _targets_driver(
+    selectors: tuple[str, ...],
+    models: tuple[GpuModel, ...],
+    nvlink: tuple[tuple[str, tuple[NvlinkFacts, ...]], ...] = (),
+) -> bool:
+    facts_of = dict(nvlink)
     for model in models:
-        if _passes(selectors, _candidate_whole(model, None)):
+        if _some_whole_passes(selectors, model, None, facts_of.get(model.key, ())):
             return True
         for profile in model.profiles:
             if _passes(selectors, _candidate_device(model, profile, None)):
@@ -471,6 +518,10 @@ class RequestDemand:
             out.extend(k for k in m.whole if k not in out and (models is None or k in models))
         return tuple(out)
 
+    def whole_accepts(self, model: GpuModel, product_name: str, nvlink: NvlinkFacts) -> bool:
+        """Whether an alternative accepts one GPU's whole device (its model, product, NVLink facts). Pure."""
+        return any(m.whole_accepts(model, product_name, nvlink) for m in self.matches)
+
     def whole_count(self, model: str | None = None) -> int:
         """Whole GPUs the request needs when served whole (on ``model``; None: any): the count of the first
         alternative that accepts the whole GPU; 0 when none does. Pure."""
@@ -509,6 +560,11 @@ class PendingClaim:
             k for k in self.whole[0].whole_models(models) if all(k in r.whole_models() for r in self.whole)
         ]
         return {k: sum(r.whole_count(k) for r in self.whole) for k in keys}
+
+    def accepts_whole_gpu(self, model: GpuModel, product_name: str, nvlink: NvlinkFacts) -> bool:
+        """Whether one GPU's whole device (its model, product name and NVLink facts) serves every whole-GPU
+        request of the claim: what a GPU must pass to be switched off, or counted, for it. Pure."""
+        return bool(self.whole) and all(r.whole_accepts(model, product_name, nvlink) for r in self.whole)
 
     @property
     def scheduler_error(self) -> str:
@@ -577,9 +633,11 @@ def extract_demand(
     models: Sequence[GpuModel],
     nodes: Mapping[str, Mapping[str, str]],
     product_names: Mapping[str, str] | None = None,
+    nvlink: NvlinkByModel | None = None,
 ) -> DemandSnapshot:
     """Pending MIG claims from raw API dicts. ``models``: the GPU models to match against; ``nodes``: the
-    candidate nodes (name -> labels) used to resolve pod node constraints. Pure."""
+    candidate nodes (name -> labels) used to resolve pod node constraints; ``nvlink``: the NVLink facts the
+    GPUs of each model report (module docstring). Pure."""
     users: dict[tuple[str, str], list[PodRef]] = {}
     pods = tuple(pods)
     for pod in pods:
@@ -605,12 +663,12 @@ def extract_demand(
             subs = req.alternatives
             if not any(
                 targets.setdefault(
-                    s.device_class, class_targets_driver(claim_classes.get(s.device_class), models)
+                    s.device_class, class_targets_driver(claim_classes.get(s.device_class), models, nvlink)
                 )
                 for s in subs
             ):
                 continue
-            matches = tuple(match_sub_request(s, claim_classes, models, product_names) for s in subs)
+            matches = tuple(match_sub_request(s, claim_classes, models, product_names, nvlink) for s in subs)
             name = cref.key if len(requests) == 1 else f"{cref.key}/{req.name}"
             req_demands.append(RequestDemand(demand_name=name, request=req.name, matches=matches))
         if not req_demands:
@@ -630,7 +688,7 @@ def extract_demand(
                 whole=whole,
             )
         )
-    pending += extended_resource_demand(pods, device_classes, models, nodes, product_names, targets)
+    pending += extended_resource_demand(pods, device_classes, models, nodes, product_names, targets, nvlink)
     pending.sort(key=lambda p: (p.created, p.claim.key))
     return DemandSnapshot(tuple(pending), frozenset(allocated))
 
@@ -642,6 +700,7 @@ def extended_resource_demand(
     nodes: Mapping[str, Mapping[str, str]],
     product_names: Mapping[str, str] | None = None,
     targets: dict[str, bool] | None = None,
+    nvlink: NvlinkByModel | None = None,
 ) -> list[PendingClaim]:
     """Unschedulable pods asking for extended resources that DeviceClasses of this driver serve, each as a
     :class:`PendingClaim` of kind ``Pod`` (one request per resource, named after it). A pod the scheduler
@@ -660,10 +719,11 @@ def extended_resource_demand(
         key = ClaimRef(ref.namespace, ref.name, ref.uid, kind="Pod").key
         for resource, count in sorted(asked.items()):
             dclass = served[resource]
-            if not targets.setdefault(dclass, class_targets_driver(device_classes.get(dclass), models)):
+            targeted = class_targets_driver(device_classes.get(dclass), models, nvlink)
+            if not targets.setdefault(dclass, targeted):
                 continue
             sub = SubRequest(resource, dclass, (), count, False)
-            match = match_sub_request(sub, device_classes, models, product_names)
+            match = match_sub_request(sub, device_classes, models, product_names, nvlink)
             name = key if len(asked) == 1 else f"{key}/{resource}"
             req_demands.append(RequestDemand(demand_name=name, request=resource, matches=(match,)))
         if not req_demands:

@@ -14,18 +14,20 @@ its free instances and switches once nothing uses it).
 
 MIG mode: a GpuView carries the mode NVML reports (``status.migMode``), the one asked (``spec.migMode``), the
 agent's ``MigMode`` condition, the whole GPU's state, and what the operator wrote about switches in
-annotations (when, for which claim, and the modes a GPU needs a reset for: ``dynamig.operator.modes``).
+annotations (when, for which claim, and the modes a GPU needs a reset for: ``dynamig.operator.modes``). It
+carries the GPU's NVLink facts too (whatever its MIG mode), which a claim of whole GPUs may select on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dynamig import API_GROUP
 from dynamig.geometry.catalog import Catalog
 from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, device_name, normalize_layout
+from dynamig.kube.devices import NvlinkFacts
 from dynamig.kube.gpupartition import (
     Condition,
     ConditionType,
@@ -99,6 +101,7 @@ class GpuView:
     whole_hold: str = ""  # the claim a hold of the whole GPU (spec.holds, profile whole) keeps it for
     reset_required: frozenset[MigModeRequest] = frozenset()
     trouble: str = ""  # why the GPU is unfit whatever its MIG mode (Degraded, unmanaged, XID, silent agent)
+    nvlink: NvlinkFacts = field(default_factory=NvlinkFacts)  # as the agent reports them, any MIG mode
 
     @property
     def mode_reset_stuck(self) -> bool:
@@ -300,7 +303,18 @@ def _gpu_view(
         whole_hold=next((h.claim for h in gp.spec.holds if h.whole), ""),
         reset_required=reset,
         trouble=trouble,
+        nvlink=st.nvlink(),
     )
+
+
+def nvlink_by_model(gpus: Iterable[GpuView]) -> dict[str, tuple[NvlinkFacts, ...]]:
+    """Model key -> each distinct set of NVLink facts its GPUs report, in the GPUs' order: the whole GPUs
+    a claim's selectors are evaluated against (``dynamig.operator.demand``). Pure."""
+    seen: dict[str, dict[NvlinkFacts, None]] = {}
+    for g in gpus:
+        if g.model is not None:
+            seen.setdefault(g.model.key, {})[g.nvlink] = None
+    return {key: tuple(facts) for key, facts in seen.items()}
 
 
 def allocated_devices(claims: Iterable[Mapping[str, Any]], driver: str) -> dict[str, frozenset[str]]:

@@ -9,8 +9,10 @@ devices, waits until nothing uses them, and switches through NVML):
 - **off** (``Disabled``, with ``spec.layout: []`` and ``spec.offeredProfiles: []``) for a claim asking for
   whole GPUs (``PendingClaim.whole``) that no free GPU with MIG mode off (and none already switching off) of a
   model it accepts, on a node its pod may use, can take: one idle MIG GPU (MIG mode on, no allocated or busy
-  instance, no held placement, not reshaping, not Degraded or otherwise unfit) of such a model and node. The
-  GPU whose switch disturbs least goes first: the fewest free instances to destroy.
+  instance, no held placement, not reshaping, not Degraded or otherwise unfit) of such a model and node,
+  whose whole GPU the claim's selectors accept with the GPU's own NVLink facts (``nvlinkActiveLinks``, the
+  fabric: the agent reports them whatever the MIG mode). The GPU whose switch disturbs least goes first:
+  the fewest free instances to destroy.
 - **on** (``Enabled``) for MIG claims the round left ``NoCapacity``: one free whole GPU (nothing allocated or
   running, no claim) of a model with a profile every MIG request of the claim accepts, that no pending
   whole-GPU claim could take.
@@ -59,7 +61,7 @@ from dynamig.operator.inventory import (
     MIG_MODE_WRITTEN_ANNOTATION,
     GpuView,
 )
-from dynamig.operator.verdicts import ClaimVerdict, Reason
+from dynamig.operator.verdicts import ClaimVerdict, Reason, serves_whole
 
 OFF, ON = MigModeRequest.DISABLED, MigModeRequest.ENABLED
 # How long a GPU is kept whole for a claim of whole GPUs (its switch, an A100's reset included, and the
@@ -474,7 +476,7 @@ def _count_supply(r: _Round, claim: PendingClaim, models: frozenset[str]) -> _Su
     by_node: dict[str, list[GpuView]] = {}
     for g in r.gpus:
         assert g.model is not None
-        if g.model.key not in wanted or not r.eligible(claim, g):
+        if g.model.key not in wanted or not r.eligible(claim, g) or not serves_whole(claim, g):
             continue
         key = claim.claim.key
         mine = g.name in r.taken and (
@@ -540,6 +542,9 @@ def _whole_claim(r: _Round, v: ClaimVerdict, supply: _Supply, models: frozenset[
     fit: list[GpuView] = []
     timed = False
     for g in candidates:
+        if not serves_whole(claim, g):
+            rejected.append((g, "its whole GPU would not pass the claim's selectors (its NVLink facts)"))
+            continue
         why = r.why_not(g, OFF)
         if why is None:
             fit.append(g)
@@ -653,7 +658,8 @@ def _mig_claim(
     def kept_whole(g: GpuView) -> bool:
         assert g.model is not None
         return g.name in r.taken or any(
-            g.model.key in c.whole_by_model(models) and r.eligible(c, g) for c in wanted_whole
+            g.model.key in c.whole_by_model(models) and r.eligible(c, g) and serves_whole(c, g)
+            for c in wanted_whole
         )
 
     candidates = [g for g in r.gpus if g.mode_target is OFF and g.switching is None and serves(g)]

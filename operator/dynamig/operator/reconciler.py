@@ -56,6 +56,7 @@ from dynamig.operator.inventory import (
     MIG_MODE_WRITTEN_ANNOTATION,
     GpuView,
     allocated_devices,
+    nvlink_by_model,
     parse_inventory,
 )
 from dynamig.operator.kubeio import KubeIO, Snapshot
@@ -71,7 +72,7 @@ from dynamig.operator.preempting import Preempter
 from dynamig.operator.preemption import DryRunReport
 from dynamig.operator.settings import OperatorSettings
 from dynamig.operator.silent_nodes import SilentNodes
-from dynamig.operator.verdicts import ClaimVerdict, Reason
+from dynamig.operator.verdicts import ClaimVerdict, Reason, serves_whole
 from dynamig.planner.offerlimit import AutoChoice, choose, needs_rewrite
 
 log = logging.getLogger(__name__)
@@ -120,9 +121,9 @@ def assign_claims(
     pending: tuple[PendingClaim, ...],
 ) -> dict[str, str]:
     """Each pending claim goes to the first policy (oldest, then by name) with a GPU on an allowed node whose
-    model has a profile the claim accepts (for a claim of whole GPUs: a GPU with MIG mode off of a model
-    whose whole GPU it accepts, else any GPU of such a model); a claim none can serve goes to the oldest
-    policy, which reports why. Pure."""
+    model has a profile the claim accepts (for a claim of whole GPUs: a GPU with MIG mode off whose whole GPU
+    it accepts, its NVLink facts included, else any GPU whose whole GPU it would accept); a claim none can
+    serve goes to the oldest policy, which reports why. Pure."""
     ordered = sorted(policies, key=lambda p: p.precedence)
     out: dict[str, str] = {}
     if not ordered:
@@ -130,14 +131,12 @@ def assign_claims(
     for claim in pending:
         chosen = ordered[0].name
         if claim.whole and not claim.requests:
-            wanted = claim.whole_by_model()
             candidates = [
                 (pol.name, g)
                 for pol in ordered
                 for g in gpus
                 if ownership.owner.get(g.name) == pol.name
-                and g.model is not None
-                and g.model.key in wanted
+                and serves_whole(claim, g)
                 and (claim.nodes is None or g.node in claim.nodes)
             ]
             fallback = candidates[0][0] if candidates else chosen
@@ -193,6 +192,7 @@ def parse_world(
         tuple(models.values()),
         gpu_nodes,
         products,
+        nvlink_by_model(governed),
     )
     owner = assign_claims(tuple(policies), gpus, ownership, demand.pending)
     return World(

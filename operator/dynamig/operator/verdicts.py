@@ -159,6 +159,12 @@ def plural(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
+def serves_whole(claim: PendingClaim, g: GpuView) -> bool:
+    """Whether ``g``'s whole GPU, with its own NVLink facts, serves every whole-GPU request of ``claim``: a
+    claim selecting on ``nvlinkActiveLinks`` or the fabric accepts a model, yet not each GPU of it. Pure."""
+    return g.model is not None and claim.accepts_whole_gpu(g.model, g.product, g.nvlink)
+
+
 def whole_verdict(
     claim: PendingClaim, policy: GpuPartitionPolicy, gpus: Sequence[GpuView]
 ) -> ClaimVerdict | None:
@@ -169,7 +175,7 @@ def whole_verdict(
         return None
     wanted = claim.whole_by_model(models_of(gpus))
     eligible = [g for g in gpus if claim.nodes is None or g.node in claim.nodes]
-    serving = [g for g in eligible if g.whole and g.model is not None and g.model.key in wanted]
+    serving = [g for g in eligible if g.whole and serves_whole(claim, g)]
     if claim.requests and serving:
         return None
     n = claim.whole_gpus
@@ -203,6 +209,13 @@ def whole_verdict(
         if claim.nodes is not None and whole_elsewhere
         else ""
     )
+    # None serves it here, so a whole GPU of a model it accepts fails on its own NVLink facts.
+    unfit = [g.name for g in eligible if g.whole and g.model is not None and g.model.key in wanted]
+    unfit_text = (
+        f" that its selectors accept ({', '.join(unfit[:4])}: MIG mode off, their NVLink facts fail)"
+        if unfit
+        else ""
+    )
     planned = "; its MIG requests are not planned until one has" if claim.requests else ""
     fixed = (
         ""
@@ -213,7 +226,8 @@ def whole_verdict(
     return ClaimVerdict(
         claim,
         Reason.WAITING_FOR_WHOLE_GPU,
-        f"{head}; no GPU{of} of policy {policy.name}{where} has MIG mode off{elsewhere}{fixed}{planned}",
+        f"{head}; no GPU{of} of policy {policy.name}{where} has MIG mode off{unfit_text}{elsewhere}{fixed}"
+        f"{planned}",
         WHOLE_PROFILE,
         warn=True,
     )
