@@ -65,14 +65,24 @@ class NodeScenario:
         )
         return claim
 
-    async def instance_of(self, pod_name: str) -> dict[str, Any]:
-        """The GpuPartition's status entry for the instance the pod's claim was allocated."""
+    async def instance_of(self, pod_name: str, state: str | None = None) -> dict[str, Any]:
+        """The GpuPartition's status entry for the instance the pod's claim was allocated. With ``state``,
+        waits for the entry to say it: the agent writes its status after the kubelet's prepare returns, so a
+        container can report before its instance reads ``in-use``."""
         device = allocated_device(await self.claim(pod_name))
-        part = await self.k.partition(self.gpu)
-        for inst in part["status"]["instances"]:
-            if inst["deviceName"] == device:
-                return dict(inst)
-        raise AssertionError(f"{device} not in {self.gpu}'s status: {part['status']['instances']}")
+
+        async def entry() -> dict[str, Any] | None:
+            part = await self.k.partition(self.gpu)
+            for inst in part["status"]["instances"]:
+                if inst["deviceName"] == device:
+                    return dict(inst) if state is None or inst["state"] == state else None
+            raise AssertionError(f"{device} not in {self.gpu}'s status: {part['status']['instances']}")
+
+        if state is None:
+            found = await entry()
+            assert found is not None
+            return found
+        return await eventually(entry, f"{device} {state} in {self.gpu}'s status", within_s=30)
 
     def expected_devices(self, inst: dict[str, Any]) -> dict[str, str]:
         """The device nodes a container of this instance must get: the control nodes, the parent GPU, and
@@ -107,7 +117,7 @@ class NodeScenario:
         """Run a pod on ``profile`` until it reports; its instance's status entry and its container."""
         await self.run(name, profile)
         await eventually(functools.partial(self.reported, name), "pod reporting", within_s=120)
-        return await self.instance_of(name), await self.container(name)
+        return await self.instance_of(name, state="in-use"), await self.container(name)
 
     async def has_instance(self, profile: str, start: int) -> bool | None:
         part = await self.k.partition(self.gpu)

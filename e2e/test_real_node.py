@@ -55,8 +55,7 @@ async def test_each_pod_sees_exactly_its_own_mig_slice(scenario: NodeScenario) -
     print(f"\nreal node: two MIG pods created -> both containers reporting in {time.monotonic() - t0:.1f}s")
     uuids = set()
     for name, got in seen.items():
-        inst = await s.instance_of(name)
-        assert inst["state"] == "in-use", inst  # prepared by the kubelet for a running container
+        inst = await s.instance_of(name, state="in-use")  # prepared by the kubelet for a running container
         assert got.devices == s.expected_devices(inst), (name, got.devices, inst)
         assert got.env["DYNAMIG_MIG_UUIDS"] == inst["migUUID"], (name, got.env, inst)
         # The node's base CDI spec (the toolkit's, simulated) applied too: its env and the driver files.
@@ -88,8 +87,8 @@ async def test_a_pod_written_for_the_device_plugin_runs_on_its_mig_slice(scenari
     got = await eventually(functools.partial(s.reported, "plugin-way"), "pod reporting", within_s=120)
     claim = await s.claim("plugin-way")
     assert any(r["kind"] == "Pod" for r in claim["metadata"]["ownerReferences"])  # the scheduler's claim
-    inst = await s.instance_of("plugin-way")
-    assert inst["profile"] == "1g.10gb" and inst["state"] == "in-use", inst
+    inst = await s.instance_of("plugin-way", state="in-use")
+    assert inst["profile"] == "1g.10gb", inst
     assert got.devices == s.expected_devices(inst), (got.devices, inst)
     assert got.env["DYNAMIG_MIG_UUIDS"] == inst["migUUID"], (got.env, inst)
     await s.finish("plugin-way")

@@ -98,11 +98,16 @@ class WholeScenario(NodeScenario):
         """The container saw exactly its allocated GPU (node, numbers, UUID) and the base spec's files; the
         GPU's GpuPartition says in-use. Returns the device and its GpuPartition."""
         device = await self.device_of(pod)
-        part = await self.partition_of(device)
+
+        async def prepared() -> dict[str, Any] | None:
+            # The agent writes its status after the kubelet's prepare returns: wait for it to say in-use.
+            part = await self.partition_of(device)
+            return part if (part["status"].get("wholeGpu") or {}).get("state") == "in-use" else None
+
+        part = await eventually(prepared, f"{device} in-use in its GpuPartition", within_s=30)
         st = part["status"]
         assert st["migMode"] == "Disabled", st
         assert st["wholeGpu"]["deviceName"] == device, st["wholeGpu"]
-        assert st["wholeGpu"]["state"] == "in-use", st["wholeGpu"]  # prepared for a running container
         minor = self.minor(device)
         assert [d for d in got.devices if GPU_NODE.fullmatch(d)] == [f"/dev/nvidia{minor}"], got.devices
         assert got.capability_nodes == [], got.devices
