@@ -272,3 +272,77 @@ async def test_gpus_switched_for_a_claim_of_two_whole_gpus_are_kept_for_it(
         await eventually(released, "the holds released once the pair is allocated", within_s=30)
         await k.delete_pods(["train"])
         assert await eventually(functools.partial(k.node_of, "single"), "the single bound", within_s=60)
+
+
+@pytest.mark.parametrize("inventory", [Inventory.PARTITIONABLE, Inventory.INSTANCES])
+async def test_a_claim_of_two_whole_gpus_keeps_its_node_while_its_gpus_switch_one_at_a_time(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+    inventory: Inventory,
+) -> None:
+    """Two H100s with MIG on (gpu0's switch takes 20 s) under a disruption budget of one GPU: a pod asking two
+    whole GPUs gets gpu0 switched off first, and gpu1, which waits its turn, is kept whole for it from that
+    first round (spec.holds, kind Whole). A 1g.10gb pod made meanwhile never gets gpu1: on the partitionable
+    inventory the scheduler books it there and the agent answers PlacementHeld; on the instances inventory
+    nothing is cut for it there. The pair binds on gpu0 and gpu1 once both are whole."""
+    k = ScenarioApi(kube_api, namespace)
+    await k.ensure_device_class()
+    sim.configure(
+        gpus=["H100-80GB", "H100-80GB"], state_file=None, mig_enabled=[True, True], switch_latency_s=[20, 8]
+    )
+    pool = uuid.uuid4().hex[:8]
+    node = make_node("keepnode", labels={"dynamig.io/managed": "true", "test-pool": pool})
+    where = {"test-pool": pool}
+    settings = dataclasses.replace(quick_agent_settings(node), inventory=inventory)
+    await k.claim_template("small", ["1g.10gb"])
+    pair = resource_claim("pair", exactly(f'{PROFILE_ATTRIBUTE} == "whole"', count=2))
+    await k.custom.create_namespaced_custom_object(
+        "resource.k8s.io", "v1", namespace, "resourceclaimtemplates",
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "pair"},
+         "spec": {"spec": pair["spec"]}},
+    )  # fmt: skip
+    async with (
+        agent_running(kube_api, node, sim, settings),
+        operator_running(crds.kubeconfig_path, OperatorMetrics()),
+    ):
+        for i in (0, 1):
+            await eventually(
+                functools.partial(k.stable, f"{node}-gpu{i}"), f"GpuPartition gpu{i}", within_s=60
+            )
+        policy = {**_policy(pool, cooldownSeconds=0), "disruptionBudget": {"maxGpusReshaping": 1}}
+        await k.create_policy(f"keep-{pool}", policy)
+        await k.pod("train", "pair", where)
+        train = await eventually(functools.partial(k.claim_of, "train"), "the pair's claim", within_s=30)
+        key = f"{namespace}/{train['metadata']['name']}"
+
+        async def first_round() -> tuple[dict[str, Any], dict[str, Any]] | None:
+            parts = [await k.partition(f"{node}-gpu{i}") for i in (0, 1)]
+            held = [[h["claim"] for h in p["spec"].get("holds") or []] for p in parts]
+            return (parts[0], parts[1]) if held == [[key], [key]] else None
+
+        gpu0, gpu1 = await eventually(first_round, "both GPUs kept whole for the pair", within_s=30)
+        # One switch at a time: gpu0 is asked, gpu1 is kept but not asked yet.
+        asked = [p["spec"].get("migMode") for p in (gpu0, gpu1)]
+        assert asked == ["Disabled", None], asked
+
+        await k.pod("small", "small", where)
+        small = await eventually(functools.partial(k.claim_of, "small"), "the small claim", within_s=30)
+        if inventory is Inventory.PARTITIONABLE:
+            event = await eventually(
+                functools.partial(_event, k, small["metadata"]["name"], "AllocationFailed", "PlacementHeld"),
+                "the small pod's booking of gpu1 answered PlacementHeld",
+                within_s=30,
+            )
+            assert key in event["message"], event
+        assert await eventually(functools.partial(k.node_of, "train"), "the pair bound", within_s=90)
+        claim = await k.claim_of("train")
+        assert claim is not None
+        got = sorted(r["device"] for r in claim["status"]["allocation"]["devices"]["results"])
+        assert got == ["gpu0", "gpu1"], got
+        assert mig_modes(sim) == [0, 0]
+        assert await k.node_of("small") is None  # never given a slice of gpu1
+        cuts = [e for e in sim.history() if e.kind == "create-gi" and e.gpu_index == 1]
+        assert cuts == [], cuts

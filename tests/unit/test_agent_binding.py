@@ -22,10 +22,12 @@ from dynamig.agent.binding import (
     Ready,
     decide,
 )
+from dynamig.agent.holds import REASON_PLACEMENT_HELD
 from dynamig.agent.reconcile import Observed
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.layout import check_layout, parse_layout
 from dynamig.geometry.model import PlacedInstance, device_name
+from dynamig.kube.gpupartition import Hold, HoldKind
 
 A100 = load_catalog().model("A100-80GB")
 A30 = load_catalog().model("A30-24GB")
@@ -200,3 +202,18 @@ def test_a_whole_instance_without_a_mig_uuid_is_read_again_never_answered_ready_
     assert decide("gpu0-1g10gb-s6", "ops/monitor", [state], admin=True) == Enumerate(
         0, PlacedInstance(6, "1g.10gb")
     )
+
+
+def test_a_mig_gpu_kept_whole_for_a_claim_of_whole_gpus_answers_every_other_booking_held() -> None:
+    """A GPU the operator keeps whole for a claim of whole GPUs (a hold of kind Whole) while its MIG mode is
+    still on: a booking of its free instance or of a placement by any claim fails PlacementHeld naming the
+    claim, so the scheduler books it elsewhere; the same GPU without the hold answers as before."""
+    kept = Hold(
+        claim="ml/big", kind=HoldKind.WHOLE, profile="whole", start=0, expires_at="2099-01-01T00:00:00Z"
+    )
+    state = dataclasses.replace(gpu(*free("3g.40gb@0,1g.10gb@6")), whole_hold=kept)
+    for device in ("gpu0-1g10gb-s6", "gpu0-1g10gb-s5"):
+        answer = decide(device, ME, [state])
+        assert isinstance(answer, Failed) and answer.reason == REASON_PLACEMENT_HELD, answer
+        assert "kept whole for claim ml/big" in answer.message, answer.message
+    assert isinstance(decide("gpu0-1g10gb-s6", ME, [gpu(*free("3g.40gb@0,1g.10gb@6"))]), Ready)

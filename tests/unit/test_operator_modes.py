@@ -930,3 +930,74 @@ def test_gpus_switched_for_a_claim_of_whole_gpus_are_kept_whole_for_it() -> None
     # nothing kept, it is switched on.
     d = decide([kept], [slice_claim("small")], pol)
     assert [(s.gpu, s.to.value) for s in d.switches] == [("node-a-gpu1", "Enabled")]
+
+
+def test_a_claim_of_several_whole_gpus_keeps_the_gpus_it_lacks_on_its_node_while_one_switches() -> None:
+    """Under a disruption budget of one GPU, a claim of three whole GPUs gets one switch a round; the node's
+    other idle GPUs it lacks are kept whole for it from the first round, so MIG claims do not take them
+    one by one while it waits; a GPU busy with a MIG workload is not kept."""
+    pol = policy(DYNAMIC)
+    parts = [gpu(f"node-a-gpu{i}") for i in range(3)] + [gpu("node-a-gpu3", instances=FULL)]
+    d = decide(parts, [claim("big", count=3)], pol)
+    assert [(s.gpu, s.claim) for s in d.switches] == [("node-a-gpu0", "ml/big")]
+    assert sorted((k.gpu, k.claim) for k in d.keeps) == [
+        ("node-a-gpu0", "ml/big"),
+        ("node-a-gpu1", "ml/big"),
+        ("node-a-gpu2", "ml/big"),
+    ]
+    (v,) = d.verdicts
+    assert "node-a-gpu0, node-a-gpu1, node-a-gpu2 kept whole for it" in v.message, v.message
+
+    # The next round: gpu0 switching, gpu1 and gpu2 kept (MIG mode still on): a MIG claim is planned on none
+    # of them, nothing more is kept, and the switches go on where the claim is kept once the budget frees
+    # (node-b's idle GPU is no choice: the claim needs three on one node).
+    asked = {MIG_MODE_REQUESTED_ANNOTATION: "Disabled", MIG_MODE_FOR_ANNOTATION: "ml/big",
+             MIG_MODE_WRITTEN_ANNOTATION: stamp(NOW - 1)}  # fmt: skip
+    switching = _kept_for(gpu("node-a-gpu0", ask="Disabled", annotations=asked), "ml/big")
+    kept = [_kept_for(gpu(f"node-a-gpu{i}"), "ml/big") for i in (1, 2)]
+    busy = gpu("node-a-gpu3", instances=FULL)
+    d = decide([switching, *kept, busy], [claim("big", count=3), slice_claim("small", minute=1)], pol)
+    assert d.switches == () and d.keeps == ()
+    small = next(v for v in d.verdicts if v.claim.claim.name == "small")
+    assert small.reason is Reason.NO_CAPACITY and "among the 1 GPUs" in small.message, small  # gpu3: full
+    done = gpu("node-a-gpu0", mig="Disabled", ask="Disabled", annotations=asked)
+    d = decide([_kept_for(done, "ml/big"), *kept, busy, gpu("node-b-gpu0")], [claim("big", count=3)], pol)
+    assert [(s.gpu, s.claim) for s in d.switches] == [("node-a-gpu1", "ml/big")]
+    assert d.keeps == ()
+
+
+def test_a_mig_gpu_kept_whole_is_planned_for_no_mig_claim() -> None:
+    """The planner sees no GPU kept whole for a claim of whole GPUs: a MIG claim is cut for elsewhere."""
+    kept = _kept_for(gpu("node-a-gpu0", instances=(), layout=[]), "ml/big")
+    parts = (kept, gpu("node-b-gpu0", instances=(), layout=[]))
+    gpus = parse_inventory(parts, CATALOG)
+    pol = parse_policy(policy(DYNAMIC))
+    decision = decide_round(RoundInput(pol, (), gpus, pending((slice_claim("infer"),)), NOW, {}, CATALOG))
+    assert [w.gpu for w in decision.writes] == ["node-b-gpu0"]
+    decision = decide_round(RoundInput(pol, (), gpus[:1], pending((slice_claim("infer"),)), NOW, {}, CATALOG))
+    assert decision.writes == ()
+
+
+def test_an_idle_node_is_kept_for_a_claim_of_several_whole_gpus_whose_switch_must_wait() -> None:
+    """With the disruption budget spent elsewhere, nothing is switched for the claim, but the smallest idle
+    node that holds it is kept: as many of its GPUs as it asks, held whole, and the claim is told. A node
+    with a busy GPU is not idle; a claim of one GPU keeps no node; DryRun keeps nothing."""
+    pol = policy(DYNAMIC)
+    other = {MIG_MODE_REQUESTED_ANNOTATION: "Disabled", MIG_MODE_FOR_ANNOTATION: "ml/gone",
+             MIG_MODE_WRITTEN_ANNOTATION: stamp(NOW - 1)}  # fmt: skip
+    budget = gpu("node-z-gpu0", ask="Disabled", annotations=other)  # switching: the budget's one GPU
+    small = [gpu("node-a-gpu0"), gpu("node-a-gpu1", instances=FULL), gpu("node-a-gpu2")]
+    large = [gpu(f"node-b-gpu{i}") for i in range(4)]
+    middle = [gpu(f"node-c-gpu{i}") for i in range(3)]
+    d = decide([budget, *small, *large, *middle], [claim("big", count=2)], pol)
+    assert d.switches == ()
+    assert sorted((k.gpu, k.claim, k.claim_uid) for k in d.keeps) == [
+        ("node-c-gpu0", "ml/big", "c-big"),
+        ("node-c-gpu1", "ml/big", "c-big"),
+    ]
+    assert all("node node-c is kept for it until 2 of its GPUs are whole" in k.why for k in d.keeps)
+    (v,) = d.verdicts
+    assert "disruption budget" in v.message and "kept whole for it" in v.message, v.message
+    assert not decide([budget, *small, *large, *middle], [claim("one")], pol).keeps
+    dry = policy(DYNAMIC, mode="DryRun")
+    assert not decide([budget, *small, *large, *middle], [claim("big", count=2)], dry).keeps

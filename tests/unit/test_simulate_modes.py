@@ -434,3 +434,44 @@ def test_gpus_switched_for_a_multi_gpu_claim_are_kept_whole_for_it() -> None:
     assert [e.gpu for e in alloc.cluster.log or [] if e.op == "mig-off"] == [1]
     assert alloc._whole_held == {}  # released once the pair started
     assert_no_switch_under_a_job(alloc)
+
+
+def test_a_multi_gpu_claim_keeps_the_gpus_it_lacks_while_one_switches_at_a_time() -> None:
+    # node a's one GPU runs a long 7g job; node b's two GPUs are idle. A 2-GPU whole claim at 1, a budget of
+    # one GPU switching: b0 is switched in the round at 3 (done 13) and b1, which waits its turn, is kept
+    # whole for the claim from that round (the operator's _keeps), so the 1g job at 5 gets no slice of it;
+    # b1 is switched in the round after b0 is done (13 + the batch window), and the pair runs at 25
+    spec = ClusterSpec((NodeSpec("a", 1, "A100-80GB"), NodeSpec("b", 2, "A100-80GB")))
+    jobs = [mig("m1", 0.0, 5000.0, "7g.80gb"), whole("w", 1.0, 100.0, count=2), mig("m3", 5.0, 100.0)]
+    alloc = modes_alloc(spec, ModeSettings(switch_s=SWITCH, max_switching=1))
+    result = run(spec, jobs, alloc)
+    offs = [(e.time, e.gpu) for e in alloc.cluster.log or [] if e.op == "mig-off"]
+    assert offs == [(3.0, 1), (3.0 + SWITCH + CFG.window_s, 2)], offs
+    assert wait_of(result, "whole-multi") == pytest.approx(3.0 + 2 * SWITCH + CFG.window_s - 1.0)
+    assigned = [(e.job, e.gpu) for e in alloc.cluster.log or [] if e.op == "assign"]
+    assert ("m3", 2) not in assigned[: assigned.index(("w", 1)) + 1], assigned  # not before the pair
+    assert_no_switch_under_a_job(alloc)
+
+
+def test_an_idle_node_is_kept_for_a_multi_gpu_claim_whose_switch_waits_for_the_budget() -> None:
+    # one whole GPU for x and two for w wait at the first round: node b, the smallest idle node that holds w,
+    # is kept for it (both GPUs held) before the round's one switch goes to x, which gets node c's GPU; w's
+    # switches wait for that budget, and the 1g job at 5 (node a is full) gets no slice of node b before w
+    # runs there. Without the keep, x's switch took node b's first GPU and w waited for x to end (1024 s)
+    spec = ClusterSpec(
+        (NodeSpec("a", 1, "A100-80GB"), NodeSpec("b", 2, "A100-80GB"), NodeSpec("c", 1, "A100-80GB"))
+    )
+    jobs = [
+        mig("m1", 0.0, 5000.0, "7g.80gb"),
+        whole("x", 0.5, 1000.0),
+        whole("w", 1.0, 100.0, count=2),
+        mig("m3", 5.0, 100.0),
+    ]
+    alloc = modes_alloc(spec, ModeSettings(switch_s=SWITCH, max_switching=1))
+    run(spec, jobs, alloc)
+    assigned = [(e.job, e.gpu) for e in alloc.cluster.log or [] if e.op == "assign"]
+    w_at = next(e.time for e in alloc.cluster.log or [] if e.op == "assign" and e.job == "w")
+    m3 = [e for e in alloc.cluster.log or [] if e.op == "assign" and e.job == "m3"]
+    assert all(e.time > w_at for e in m3), (assigned, w_at)
+    assert sorted(g for j, g in assigned if j == "w") == [1, 2]
+    assert_no_switch_under_a_job(alloc)

@@ -64,7 +64,9 @@ class GpuState:
     refused: tuple[str, str] | None = None  # (reason, message): the round leaves this GPU alone
     holds: tuple[Hold, ...] = ()  # placements kept for one claim each (agent/holds.py)
     uuid: str = ""  # the GPU's
-    whole_hold: Hold | None = None  # MIG mode off: the whole GPU kept for one claim (agent/holds.py)
+    # The whole GPU kept for one claim of whole GPUs (agent/holds.py): with MIG mode off, or on until it
+    # switches (no other claim is booked on its instances meanwhile).
+    whole_hold: Hold | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +183,13 @@ def decide(device: str, claim: str, gpus: Sequence[GpuState], *, admin: bool = F
     if admin:
         return _admin(device, gpu, placed)
     model = gpu.model
+    whole = gpu.whole_hold
+    if whole is not None and whole.claim != claim:
+        return Failed(
+            REASON_PLACEMENT_HELD,
+            f"{device}: GPU {gpu.index} is kept whole for claim {whole.claim} (a claim of whole GPUs: its "
+            f"MIG mode is switched off for it) until {whole.expires_at}",
+        )
     hold = held_against(model, placed, claim, gpu.holds)
     if hold is not None:
         return Failed(

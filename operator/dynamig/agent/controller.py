@@ -52,7 +52,7 @@ from dynamig.agent.gpu_status import (
     refusal,
     refused_status,
 )
-from dynamig.agent.holds import guarded_by_holds, held_desired, valid_holds
+from dynamig.agent.holds import guarded_by_holds, held_desired, valid_holds, whole_hold
 from dynamig.agent.kubeapi import (
     API_RETRY_MAX_S,
     KubeApi,
@@ -608,9 +608,12 @@ class NodeAgent:
             return GpuOutcome(part.name, status=refused_status(status, part, problem, now_rfc3339()))
 
         model, keep = gpu.model, self.partitionable and not leaving and not switching
-        holds = () if leaving or switching else valid_holds(model, part.spec.active_holds(time.time()))
-        # Going whole: nothing desired, so the free instances are retired (withdrawn, settled, destroyed).
-        desired = () if switching else held_desired(model, part.spec.desired(), holds, self.partitionable)
+        active = part.spec.active_holds(time.time())
+        holds = () if leaving or switching else valid_holds(model, active)
+        # Going whole, or kept whole for a claim of whole GPUs until it switches (agent/holds.py): nothing
+        # desired, so the free instances are retired (withdrawn, settled, destroyed).
+        going_whole = switching or (not leaving and whole_hold(active) is not None)
+        desired = () if going_whole else held_desired(model, part.spec.desired(), holds, self.partitionable)
         settle, now = self.settings.settle_seconds, self.clock()
         observed = self.reshaper.observe(instances, claims)
         for o in observed:
@@ -642,6 +645,8 @@ class NodeAgent:
         if keep:
             retiring = {w.placed for w in plan.draining} | set(plan.destroy)  # still there: guarded
             retiring |= guarded_by_holds(model, (i.placed for i in instances), holds)
+            if going_whole:  # kept whole for a claim: its free instances are booked by nobody else
+                retiring |= {i.placed for i in instances}
             offer = partitionable_offer(
                 gpu, part, instances, claims, self.prepared, retiring, self.settings.guard_free_instances,
                 limit[0], [h.placed() for h in holds],

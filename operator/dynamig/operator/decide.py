@@ -252,7 +252,8 @@ def decide_round(inp: RoundInput) -> RoundDecision:
     """Plan one round for one policy and decide what may be written now. Pure (it times the planner)."""
     policy = inp.policy
     spec = policy.spec
-    usable = tuple(g for g in inp.gpus if not g.unusable and g.model is not None)
+    # A GPU kept whole for a claim of whole GPUs (operator/modes.py) is planned for nobody else.
+    usable = tuple(g for g in inp.gpus if not g.unusable and g.model is not None and not g.whole_hold)
     verdicts: list[ClaimVerdict] = []
     if inp.problems:
         text = "; ".join(str(p) for p in inp.problems)

@@ -62,6 +62,7 @@ from dynamig.operator.inventory import (
     GpuView,
 )
 from dynamig.operator.verdicts import ClaimVerdict, Reason, serves_whole
+from dynamig.planner.reserve import IdleNode, WaitingClaim, keep_idle_nodes
 
 OFF, ON = MigModeRequest.DISABLED, MigModeRequest.ENABLED
 # How long a GPU is kept whole for a claim of whole GPUs (its switch, an A100's reset included, and the
@@ -136,6 +137,7 @@ class WholeKeep:
     gpu: str
     claim: str  # namespace/name
     claim_uid: str
+    why: str = "while GPUs switch"  # ends the WholeGpuKept Event's sentence
 
     def hold(self, now: float, seconds: float = WHOLE_HOLD_SECONDS) -> Hold:
         """The hold written (``now``: epoch seconds)."""
@@ -420,7 +422,9 @@ def decide_modes(inp: ModeInput) -> ModeDecision:
     for i in whole_claims:
         claim = verdicts[i].claim
         for g in gpus:
-            mine = (g.switching is OFF and g.mode_for == claim.claim.key) or g.whole_hold == claim.claim.key
+            mine = (g.switching is OFF and g.mode_for == claim.claim.key) or (
+                g.whole_hold == claim.claim.key and g.mode_target is OFF
+            )
             if mine and r.eligible(claim, g):
                 r.taken.add(g.name)
     supply = {i: _count_supply(r, verdicts[i].claim, models) for i in whole_claims}
@@ -434,27 +438,113 @@ def decide_modes(inp: ModeInput) -> ModeDecision:
     if r.dry_run:
         return ModeDecision(planned=switches, resets=resets, verdicts=tuple(verdicts))
     keeps = _keeps(r, [verdicts[i].claim for i in whole_claims], [supply[i] for i in whole_claims])
+    for i in whole_claims:
+        held_for = [k.gpu for k in keeps if k.claim == verdicts[i].claim.claim.key]
+        if held_for:
+            v = verdicts[i]
+            kept = f"{_names(held_for)} kept whole for it (no other claim is booked there while it waits)"
+            verdicts[i] = replace(v, message=f"{v.message}; {kept}", warn=False)
     return ModeDecision(switches=switches, keeps=keeps, resets=resets, verdicts=tuple(verdicts))
 
 
 def _keeps(r: _Round, claims: Sequence[PendingClaim], supplies: Sequence[_Supply]) -> tuple[WholeKeep, ...]:
-    """The GPUs to keep whole for each claim of whole GPUs that GPUs are switched off for (this round or
-    before): those switched, and the free whole GPUs counted for it on the same node, so nobody else books
-    them while the rest switch. A claim free whole GPUs serve at once gets none (the scheduler books them in
-    its next cycle; a hold would make it wait on binding conditions)."""
+    """The GPUs to keep whole for each claim of whole GPUs no node serves now, so nobody else books them (the
+    agent answers PlacementHeld and retires their free instances; the planner plans nothing there) while
+    the GPUs it lacks switch, one round or budget at a time:
+
+    - a claim GPUs are switched off for (this round or before), or GPUs are already kept for: on that node,
+      the GPUs switched, the free whole GPUs counted for it, and the idle MIG GPUs it still lacks there;
+    - a claim of several whole GPUs with nothing switched or kept for it yet (its switch waits for the
+      disruption budget, a cooldown, or another claim's round): an idle node, the choice
+      :func:`dynamig.planner.reserve.keep_idle_nodes` makes for multi-device MIG claims (largest claim
+      first, the smallest idle node that holds it), as many of its GPUs as it asks, free whole GPUs first.
+      A node is idle when none of its GPUs is allocated, in use, held, switching on or unfit.
+
+    A claim free whole GPUs serve at once gets none (the scheduler books them in its next cycle; a hold
+    would make it wait on binding conditions)."""
     out: list[WholeKeep] = []
     by_name = {g.name: g for g in r.gpus}
+    held = {g.name: g.whole_hold for g in r.gpus if g.whole_hold}  # GPU -> claim kept for, as decided
+    for_idle: list[PendingClaim] = []
     for claim, supply in zip(claims, supplies, strict=True):
         key = claim.claim.key
         switched = [s.gpu for s in r.switches if s.claim == key]
         switching = [g.name for g in supply.gpus if g.switching is OFF and g.mode_for == key]
-        if not switched and not switching:
+        mine = [name for name, c in held.items() if c == key]
+        if not switched and not switching and (supply.enough or not mine):
+            if not supply.enough and claim.whole_gpus > 1:
+                for_idle.append(claim)
             continue
-        node = by_name[(switched or switching)[0]].node
-        for name in dict.fromkeys([*switched, *(g.name for g in supply.gpus)]):
-            g = by_name[name]
-            if g.node == node and g.whole_hold != key:
+        node = by_name[(switched or switching or mine)[0]].node
+        keep = [*switched, *(g.name for g in supply.gpus), *mine]
+        keep = [n for n in dict.fromkeys(keep) if by_name[n].node == node]
+        lacking = [
+            g
+            for g in r.gpus
+            if g.node == node and g.name not in keep and g.name not in held and _could_keep(r, claim, g)
+        ]
+        keep += [g.name for g in _keep_order(claim, lacking)[: claim.whole_gpus - len(keep)]]
+        for name in keep:
+            held[name] = key
+            if by_name[name].whole_hold != key:
                 out.append(WholeKeep(name, key, claim.claim.uid))
+    return (*out, *_kept_nodes(r, for_idle, held))
+
+
+def _could_keep(r: _Round, claim: PendingClaim, g: GpuView) -> bool:
+    """Whether ``g`` could be kept whole for ``claim``: a free whole GPU, or a MIG GPU that could be switched
+    off for it now or once time passes (a cooldown, its layout applied). Pure."""
+    assert g.model is not None
+    models = frozenset({g.model.key})
+    if not claim.whole_by_model(models) or not r.eligible(claim, g) or not serves_whole(claim, g):
+        return False
+    if g.whole_hold not in ("", claim.claim.key):
+        return False
+    if _free_whole(g, claim.claim.key):
+        return True
+    if g.mode_target is not ON or g.name in r.taken:
+        return False
+    why = r.why_not(g, OFF)
+    return why is None or why[1]
+
+
+def _keep_order(claim: PendingClaim, gpus: Sequence[GpuView]) -> list[GpuView]:
+    """Free whole GPUs first, then the MIG GPUs whose switch destroys the fewest instances."""
+    return sorted(
+        gpus, key=lambda g: (not _free_whole(g, claim.claim.key), len(g.actual), len(g.desired), g.name)
+    )
+
+
+def _kept_nodes(r: _Round, claims: Sequence[PendingClaim], held: Mapping[str, str]) -> tuple[WholeKeep, ...]:
+    """An idle node kept for each of ``claims`` (several whole GPUs each, nothing kept for them yet), as
+    :func:`_keeps` says; ``held``: GPU -> the claim it is kept for already. Pure."""
+    if not claims or r.dry_run:
+        return ()
+    by_node: dict[str, list[GpuView]] = {}
+    for g in r.gpus:
+        by_node.setdefault(g.node, []).append(g)
+
+    def idle(gs: Sequence[GpuView]) -> bool:
+        return not any(
+            g.trouble or g.name in held or g.holds or g.busy or g.claims_on or g.switching is ON
+            or (g.whole and not _free_whole(g))
+            for g in gs
+        )  # fmt: skip
+
+    # Each GPU "offers" the keys of the claims it could be kept for (reserve.IdleNode counts the matches).
+    nodes = [
+        IdleNode(node, tuple(frozenset(c.claim.key for c in claims if _could_keep(r, c, g)) for g in gs))
+        for node, gs in sorted(by_node.items())
+        if idle(gs)
+    ]
+    waiting = [WaitingClaim(c.claim.key, c.whole_gpus, frozenset({c.claim.key}), c.nodes) for c in claims]
+    by_key = {c.claim.key: c for c in claims}
+    out: list[WholeKeep] = []
+    for node, w in keep_idle_nodes(nodes, waiting).items():
+        c = by_key[w.name]
+        fit = _keep_order(c, [g for g in by_node[node] if _could_keep(r, c, g)])
+        why = f"while it waits: node {node} is kept for it until {c.whole_gpus} of its GPUs are whole"
+        out.extend(WholeKeep(g.name, c.claim.key, c.claim.uid, why) for g in fit[: c.whole_gpus])
     return tuple(out)
 
 
@@ -537,6 +627,7 @@ def _whole_claim(r: _Round, v: ClaimVerdict, supply: _Supply, models: frozenset[
         and r.eligible(claim, g)
         and g.name not in r.taken
         and g.mode_target is ON
+        and g.whole_hold in ("", claim.claim.key)
     ]
     rejected: list[tuple[GpuView, str]] = []
     fit: list[GpuView] = []
@@ -558,9 +649,10 @@ def _whole_claim(r: _Round, v: ClaimVerdict, supply: _Supply, models: frozenset[
         by_node.setdefault(g.node, []).append(g)
     have_on = {n: supply.per_node.get(n, 0) for n in by_node}
     complete = [n for n in by_node if have_on[n] + len(by_node[n]) >= need]
+    kept_on = {g.node for g in fit if g.whole_hold == claim.claim.key}  # the node kept for it, if any
     best: GpuView | None = None
     if complete:
-        n = min(complete, key=lambda n: (need - have_on[n], n))
+        n = min(complete, key=lambda n: (n not in kept_on, need - have_on[n], n))
         best = min(by_node[n], key=lambda g: (len(g.actual), len(g.desired), g.name))
     what = f"{'a whole GPU' if need == 1 else f'{need} whole GPUs'} of {' or '.join(wanted) or 'a model'}"
     progress = (
@@ -573,7 +665,10 @@ def _whole_claim(r: _Round, v: ClaimVerdict, supply: _Supply, models: frozenset[
             because = f"it asks for {what} and {short} can take it"
             # The node's GPUs the claim still lacks are switched together, least disturbing first, as far
             # as the disruption budget and the floors allow (the rest in later rounds).
-            order = sorted(by_node[best.node], key=lambda g: (len(g.actual), len(g.desired), g.name))
+            order = sorted(
+                by_node[best.node],
+                key=lambda g: (g.whole_hold != claim.claim.key, len(g.actual), len(g.desired), g.name),
+            )
             switched: list[ModeSwitch] = []
             for g in order[: need - have_on[best.node]]:
                 if switched and r.blocked(OFF, claim.claim.key, best.node) is not None:

@@ -665,7 +665,7 @@ class Reconciler:
                     log.warning("%s: keeping it whole for %s failed: %s", gpu, keep.claim, exc.reason)
                 continue
             if keep is not None:
-                text = f"{gpu} kept whole for claim {keep.claim} (a claim of whole GPUs) while GPUs switch"
+                text = f"{gpu} kept whole for claim {keep.claim} (a claim of whole GPUs) {keep.why}"
                 log.info("policy %s: %s", policy.name, text)
                 await self._event_gpu(gpu, "Normal", "WholeGpuKept", text)
             if reset is not None:

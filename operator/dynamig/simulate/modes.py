@@ -28,16 +28,19 @@ demand and serves the job's MIG alternatives, as before.
   (Ampere, ``dynamig.geometry.generation``) is switched only with ``allow_reset``. A switch takes
   ``switch_s`` (10 s by default, a parameter: the simulated NVML's 2 s for Ampere and 0 for Hopper leave out
   the agent's withdrawal and the reset itself), during which the GPU serves nothing. Whole GPUs carry no
-  binding conditions and bind at once. A GPU switched off for a claim is not kept for it: any claim of whole
-  GPUs may take it (the operator records the claim, ``dynamig.io/mig-mode-for``, and counts the GPU for it,
-  but the scheduler books a free whole GPU for whoever comes first). No idle node is kept for a waiting claim
-  of whole GPUs (the operator keeps nodes for multi-device MIG claims only). A switch written is itself a
-  change: the next round runs a batch window later where the budget has room, else when a switch ends.
+  binding conditions and bind at once. The operator's holds of kind Whole (``_whole_held``): the GPUs
+  switched off for a claim, the free whole GPUs counted for it on that node and the node's idle MIG GPUs it
+  still lacks there are kept whole for it; a claim of several whole GPUs with nothing switched or kept for it
+  that no node's free whole GPUs serve gets an idle node kept (``keep_idle_nodes``, as many of its GPUs as
+  it asks), even while the budget is spent. A kept MIG GPU offers no MIG device and is planned for nobody;
+  a kept whole GPU takes only its claim; switches for a claim go to the node kept for it first; the holds
+  end when the claim starts. A switch written is itself a change: the next round runs a batch window later
+  where the budget has room, else when a switch ends.
 - ``dynamig-modes-keep`` (``keep_whole=True``; labelled, a proposal, not what the operator does): as
-  ``dynamig-modes``, and while a multi-GPU claim of whole GPUs waits, one idle node is kept for it (the
-  choice ``dynamig.planner.reserve.keep_idle_nodes`` makes for MIG claims): the node offers no MIG device
-  and its whole GPUs to that claim only, and as many of its GPUs as the claim needs are switched off in one
-  round, within ``ModeSettings.keep_budget`` (8) GPUs switching at once.
+  ``dynamig-modes`` before its node keeps, and while a multi-GPU claim of whole GPUs waits, one whole idle
+  node is kept for it (the choice ``dynamig.planner.reserve.keep_idle_nodes`` makes for MIG claims): the
+  node offers no MIG device and its whole GPUs to that claim only, and as many of its GPUs as the claim
+  needs are switched off in one round, within ``ModeSettings.keep_budget`` (8) GPUs switching at once.
 - ``nvidia-toggle`` (``NvidiaToggleAllocator``): NVIDIA's DRA driver with the DynamicMIG feature gate
   (github.com/NVIDIA/k8s-dra-driver-gpu at 22407113, cmd/gpu-kubelet-plugin; the same code in
   kubernetes-sigs/dra-driver-nvidia-gpu at 95932046). On a GPU that toggles MIG mode without a reset
@@ -94,6 +97,10 @@ class ModeSettings:
     split_shares: tuple[float, ...] = (0.5,)  # whole-split / whole-split-nodes: one policy per share
     keep_budget: int = 8  # dynamig-modes-keep: GPUs switching at once (a node's worth)
 
+
+# DynamigModesAllocator._supply: (enough, the node with the most, its GPUs counted for the claim, such GPUs
+# per node)
+Supply = tuple[bool, int | None, list[Gpu], dict[int, int]]
 
 SPLITS = ("gpu", "node")  # whole-split: a share of each node's GPUs; whole-split-nodes: a share of the nodes
 
@@ -261,9 +268,10 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
         self._recount_all()
 
     # -- what a GPU offers ---------------------------------------------------------------------------------
-    @staticmethod
-    def mig_ready(gpu: Gpu) -> bool:
-        return gpu.mig and not gpu.switching
+    def mig_ready(self, gpu: Gpu) -> bool:
+        """MIG mode on, not switching, and not kept whole for a claim of whole GPUs (the operator's hold of
+        kind Whole on a MIG GPU: the planner cuts nothing there and the agent books nobody else)."""
+        return gpu.mig and not gpu.switching and gpu.pos not in self._whole_held
 
     def whole_usable(self, gpu: Gpu) -> bool:
         return not gpu.mig and not gpu.switching and not gpu.whole_job
@@ -275,7 +283,7 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
         return [o for o in super().node_offers(node, profile, job, now) if self.mig_ready(o.gpu)]
 
     def set_pending(self, jobs: Iterable[Job]) -> None:
-        # whole-GPU demand is not MIG demand: the operator keeps no idle node for it
+        # whole-GPU demand is not MIG demand: its keeps are holds of kind Whole (_keep_idle_nodes, _off_for)
         jobs = list(jobs)
         super().set_pending([j for j in jobs if j.whole != WHOLE_ONLY])
         if self.keep_whole:
@@ -327,8 +335,68 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
         return replace(got, delay=max(got.delay, binds - now))
 
     def _release_holds(self, name: str) -> None:
-        for pos in [p for p, j in self._whole_held.items() if j == name]:
+        released = [p for p, j in self._whole_held.items() if j == name]
+        for pos in released:
             del self._whole_held[pos]
+        mig = [self.cluster.gpus[p] for p in released if self.cluster.gpus[p].mig]
+        if mig:
+            self.touch(mig)  # MIG GPUs kept whole offer their slices again
+
+    def _hold(self, gpus: Sequence[Gpu], job: Job) -> None:
+        """Keep ``gpus`` whole for ``job`` (republishing the MIG GPUs among them: they offer nothing)."""
+        for g in gpus:
+            self._whole_held[g.pos] = job.name
+        mig = [g for g in gpus if g.mig and not g.switching]
+        if mig:
+            self.touch(mig)
+
+    def _could_keep(self, job: Job, gpu: Gpu, now: float) -> bool:
+        """Whether ``gpu`` could be kept whole for ``job`` (``dynamig.operator.modes._could_keep``): a free
+        whole GPU, or an idle MIG GPU that could be switched off now or after a cooldown."""
+        if self._whole_held.get(gpu.pos, job.name) != job.name or not self.accepts_whole(job, gpu):
+            return False
+        if not self.cluster.allows(job, gpu.node_pos) or gpu.switching:
+            return False
+        if not gpu.mig:
+            return not gpu.whole_job
+        return not self._busy(gpu, now) and self._blocked_gpu(gpu, now) != math.inf
+
+    def _keep_idle_nodes(self, now: float, pending: Sequence[Job]) -> None:
+        """The operator's node keep (``dynamig.operator.modes._kept_nodes``): each waiting claim of several
+        whole GPUs with nothing kept or switching for it, that the free whole GPUs on no node serve, gets an
+        idle node (``keep_idle_nodes``), as many of its GPUs held whole for it as it asks, free whole GPUs
+        first. Side effect: the holds."""
+        started = set(self._whole_held.values()) | {g.mode_for for g in self._switching}
+        wanting: list[Job] = []
+        for j in pending:
+            if j.whole != WHOLE_ONLY or j.count < 2 or j.name in started:
+                continue
+            free = [0] * len(self.cluster.nodes)
+            for g in self.cluster.gpus:
+                if not g.mig and self._could_keep(j, g, now):
+                    free[g.node_pos] += 1
+            if max(free, default=0) < j.count:
+                wanting.append(j)
+        if not wanting:
+            return
+        held_nodes = {self.cluster.gpus[p].node_pos for p in self._whole_held}
+        idle: list[IdleNode] = []
+        for n, gpus in enumerate(self.cluster.nodes):
+            if self.node_busy[n] or n in held_nodes:
+                continue
+            if any(g.whole_job or g.switching or (g.mig and self._busy(g, now)) for g in gpus):
+                continue
+            offers = tuple(frozenset(j.name for j in wanting if self._could_keep(j, g, now)) for g in gpus)
+            idle.append(IdleNode(self.cluster.node_names[n], offers))
+        waiting = [
+            WaitingClaim(j.name, j.count, frozenset({j.name}), self._allowed_names(j)) for j in wanting
+        ]
+        by_name = {j.name: j for j in wanting}
+        for name, w in keep_idle_nodes(idle, waiting).items():
+            job = by_name[w.name]
+            fit = [g for g in self.cluster.nodes[self._node_pos[name]] if self._could_keep(job, g, now)]
+            fit.sort(key=lambda g: (g.mig, len(g.instances), g.index))
+            self._hold(fit[: job.count], job)
 
     def candidates(self, now: float, claims: Sequence[ClaimDemand]) -> tuple[list[Gpu], float | None]:
         gpus, cooling = super().candidates(now, claims)
@@ -382,7 +450,9 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
 
     def _mode_round(self, now: float, pending: Sequence[Job]) -> Replan:
         """One MIG mode round over the jobs still waiting (oldest first): the switches for one job. Side
-        effect: the switches."""
+        effect: the switches, the holds."""
+        if not self.keep_whole:
+            self._keep_idle_nodes(now, pending)
         if len(self._switching) >= self.modes.max_switching:
             return Replan()  # the budget is spent: the switch under way ends with a READY, and a round
         whole_claims = [j for j in pending if j.whole == WHOLE_ONLY]
@@ -440,9 +510,10 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
                 retry = wait if retry is None else min(retry, wait)
         return Replan((), retry)
 
-    def _supply(self, job: Job, off: Sequence[Gpu], taken: set[int]) -> tuple[bool, int | None, list[Gpu]]:
+    def _supply(self, job: Job, off: Sequence[Gpu], taken: set[int]) -> Supply:
         """GPUs with MIG mode off (free, or switching off) counted for ``job``, all on one node: whether
-        they are enough, the node (the one with the most), and the GPUs. Side effect: ``taken``."""
+        they are enough, the node (the one with the most), the GPUs, and such GPUs per node. Side effect:
+        ``taken``."""
         by_node: dict[int, list[Gpu]] = {}
         for g in off:
             if not self.accepts_whole(job, g) or not self.cluster.allows(job, g.node_pos):
@@ -451,14 +522,14 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
             if mine or (g.pos not in taken and (g.switching or not g.whole_job)):
                 by_node.setdefault(g.node_pos, []).append(g)
         if not by_node:
-            return False, None, []
+            return False, None, [], {}
         names = self.cluster.node_names
         node = min(by_node, key=lambda n: (-len(by_node[n]), names[n]))
         have = sorted(by_node[node], key=lambda g: (g.switching, g.mode_for != job.name, g.index))[
             : job.count
         ]
         taken.update(g.pos for g in have)
-        return len(have) >= job.count, node, have
+        return len(have) >= job.count, node, have, {n: len(gs) for n, gs in by_node.items()}
 
     def _idle_mig(self, now: float) -> tuple[list[Gpu], float | None]:
         """The idle GPUs with MIG mode on that may be switched off now, and the earliest time one more may
@@ -478,7 +549,7 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
     def _off_for(
         self,
         job: Job,
-        supply: tuple[bool, int | None, list[Gpu]],
+        supply: Supply,
         taken: set[int],
         idle: tuple[list[Gpu], float | None],
         mig_n: int,
@@ -487,7 +558,7 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
         """Switch idle MIG GPUs (of ``idle``) off for ``job`` if its supply is short and a node can complete
         it, as many as it lacks there within the budget, as the operator does: (when the last switch is done,
         None) or (None, when to try again for a cooldown)."""
-        enough, node_have, have = supply
+        enough, _, have, per_node = supply
         if enough:
             return None, None
         need = job.count
@@ -496,18 +567,23 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
         for g in fit:
             if (
                 g.pos in taken
-                or (have and g.node_pos != node_have)
                 or not self.accepts_whole(job, g)
                 or not self.cluster.allows(job, g.node_pos)
+                or self._whole_held.get(g.pos, job.name) != job.name  # kept whole for another claim
             ):
                 continue
             by_node.setdefault(g.node_pos, []).append(g)
-        have_on = {node_have: len(have)} if node_have is not None else {}
+        have_on = per_node  # as the operator counts them: free whole GPUs (or switching off) on each node
         complete = [n for n in by_node if have_on.get(n, 0) + len(by_node[n]) >= need]
         if not complete:
             return None, wait
         names = self.cluster.node_names
-        node = min(complete, key=lambda n: (need - have_on.get(n, 0), names[n]))
+        kept_on = (
+            set()
+            if self.keep_whole
+            else {self.cluster.gpus[p].node_pos for p, j in self._whole_held.items() if j == job.name}
+        )
+        node = min(complete, key=lambda n: (n not in kept_on, need - have_on.get(n, 0), names[n]))
         # the GPUs the job lacks on the node, switched together within the budget and the MIG floor
         room = min(
             need - have_on.get(node, 0),
@@ -517,13 +593,25 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
         if room <= 0:
             return None, None  # the floor of MIG GPUs
         done = now
-        for g in sorted(by_node[node], key=lambda g: (len(g.instances), g.index))[:room]:
+        order = sorted(
+            by_node[node], key=lambda g: (self._whole_held.get(g.pos) != job.name, len(g.instances), g.index)
+        )
+        for g in order[:room]:
             taken.add(g.pos)
             done = max(done, self._switch(g, False, job, now))
             self._whole_held[g.pos] = job.name
         for g in have:  # the free whole GPUs counted for it there, kept too while the rest switch
             if g.node_pos == node:
                 self._whole_held[g.pos] = job.name
+        if not self.keep_whole:  # and the node's idle MIG GPUs it still lacks there (the operator's _keeps)
+            mine = sum(1 for g in self.cluster.nodes[node] if self._whole_held.get(g.pos) == job.name)
+            lacking = [
+                g
+                for g in self.cluster.nodes[node]
+                if g.pos not in self._whole_held and self._could_keep(job, g, now)
+            ]
+            lacking.sort(key=lambda g: (g.mig, len(g.instances), g.index))
+            self._hold(lacking[: max(0, need - mine)], job)
         return done, None
 
     def _off_for_kept(self, job: Job, node: int, now: float, mig_n: int) -> tuple[float | None, float | None]:
