@@ -9,11 +9,12 @@ and the node (no kubelet: pods bind, never run).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from types import ModuleType
 from typing import Any
 
@@ -188,6 +189,64 @@ async def test_a_policy_serving_gpus_without_mig_has_an_l4_served_whole(
         assert [e for e in sim.history() if e.kind == "set-mig-mode"] == []  # nothing to switch on an L4
 
 
+@dataclasses.dataclass
+class _PairOnTwoH100s:
+    """A node of two simulated H100s (``mig_enabled``, ``switch_latency_s`` per GPU) under a policy whose MIG
+    mode is Dynamic, and a pod ``train`` asking two whole GPUs on one node (template ``pair``)."""
+
+    k: ScenarioApi
+    node_name: str
+    mig_enabled: list[bool]
+    switch_latency_s: list[float]
+
+    @contextlib.asynccontextmanager
+    async def running(
+        self,
+        kube_api: client.ApiClient,
+        crds: ControlPlane,
+        make_node: Callable[..., str],
+        sim: ModuleType,
+        inventory: Inventory,
+        spec: dict[str, Any],
+    ) -> AsyncIterator[tuple[str, dict[str, str], str]]:
+        """Agent and operator running, the policy (``spec`` merged in) made, ``train`` created: yields the
+        node, the pods' node selector and the pair's claim (namespace/name)."""
+        k = self.k
+        await k.ensure_device_class()
+        sim.configure(
+            gpus=["H100-80GB", "H100-80GB"],
+            state_file=None,
+            mig_enabled=self.mig_enabled,
+            switch_latency_s=self.switch_latency_s,
+        )
+        pool = uuid.uuid4().hex[:8]
+        node = make_node(self.node_name, labels={"dynamig.io/managed": "true", "test-pool": pool})
+        where = {"test-pool": pool}
+        settings = dataclasses.replace(quick_agent_settings(node), inventory=inventory)
+        pair = resource_claim("pair", exactly(f'{PROFILE_ATTRIBUTE} == "whole"', count=2))
+        template = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "pair"},
+            "spec": {"spec": pair["spec"]},
+        }
+        await k.custom.create_namespaced_custom_object(
+            "resource.k8s.io", "v1", k.ns, "resourceclaimtemplates", template
+        )
+        async with (
+            agent_running(kube_api, node, sim, settings),
+            operator_running(crds.kubeconfig_path, OperatorMetrics()),
+        ):
+            for i in (0, 1):
+                await eventually(
+                    functools.partial(k.stable, f"{node}-gpu{i}"), f"GpuPartition gpu{i}", within_s=60
+                )
+            await k.create_policy(f"{self.node_name}-{pool}", {**_policy(pool, cooldownSeconds=0), **spec})
+            await k.pod("train", "pair", where)
+            train = await eventually(functools.partial(k.claim_of, "train"), "the pair's claim", within_s=30)
+            yield node, where, f"{k.ns}/{train['metadata']['name']}"
+
+
 async def test_gpus_switched_for_a_claim_of_two_whole_gpus_are_kept_for_it(
     crds: ControlPlane,
     kube_api: client.ApiClient,
@@ -203,33 +262,13 @@ async def test_gpus_switched_for_a_claim_of_two_whole_gpus_are_kept_for_it(
     The partitionable inventory (where the agent knows binding conditions are kept): the instances one
     publishes whole GPUs unguarded, so a hold there keeps nothing (agent/whole.py)."""
     k = ScenarioApi(kube_api, namespace)
-    await k.ensure_device_class()
-    sim.configure(
-        gpus=["H100-80GB", "H100-80GB"], state_file=None, mig_enabled=[False, True], switch_latency_s=[0, 8]
-    )
-    pool = uuid.uuid4().hex[:8]
-    node = make_node("kept", labels={"dynamig.io/managed": "true", "test-pool": pool})
-    where = {"test-pool": pool}
-    settings = dataclasses.replace(quick_agent_settings(node), inventory=Inventory.PARTITIONABLE)
     await k.claim_template("whole", ["whole"])
-    pair = resource_claim("pair", exactly(f'{PROFILE_ATTRIBUTE} == "whole"', count=2))
-    await k.custom.create_namespaced_custom_object(
-        "resource.k8s.io", "v1", namespace, "resourceclaimtemplates",
-        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "pair"},
-         "spec": {"spec": pair["spec"]}},
-    )  # fmt: skip
-    async with (
-        agent_running(kube_api, node, sim, settings),
-        operator_running(crds.kubeconfig_path, OperatorMetrics()),
+    pair = _PairOnTwoH100s(k, "kept", mig_enabled=[False, True], switch_latency_s=[0, 8])
+    async with pair.running(kube_api, crds, make_node, sim, Inventory.PARTITIONABLE, {}) as (
+        node,
+        where,
+        key,
     ):
-        for i in (0, 1):
-            await eventually(
-                functools.partial(k.stable, f"{node}-gpu{i}"), f"GpuPartition gpu{i}", within_s=60
-            )
-        await k.create_policy(f"kept-{pool}", _policy(pool, cooldownSeconds=0))
-        await k.pod("train", "pair", where)
-        train = await eventually(functools.partial(k.claim_of, "train"), "the pair's claim", within_s=30)
-        key = f"{namespace}/{train['metadata']['name']}"
 
         async def enforced_on_gpu0() -> bool | None:
             part = await k.partition(f"{node}-gpu0")
@@ -289,34 +328,10 @@ async def test_a_claim_of_two_whole_gpus_keeps_its_node_while_its_gpus_switch_on
     inventory the scheduler books it there and the agent answers PlacementHeld; on the instances inventory
     nothing is cut for it there. The pair binds on gpu0 and gpu1 once both are whole."""
     k = ScenarioApi(kube_api, namespace)
-    await k.ensure_device_class()
-    sim.configure(
-        gpus=["H100-80GB", "H100-80GB"], state_file=None, mig_enabled=[True, True], switch_latency_s=[20, 8]
-    )
-    pool = uuid.uuid4().hex[:8]
-    node = make_node("keepnode", labels={"dynamig.io/managed": "true", "test-pool": pool})
-    where = {"test-pool": pool}
-    settings = dataclasses.replace(quick_agent_settings(node), inventory=inventory)
     await k.claim_template("small", ["1g.10gb"])
-    pair = resource_claim("pair", exactly(f'{PROFILE_ATTRIBUTE} == "whole"', count=2))
-    await k.custom.create_namespaced_custom_object(
-        "resource.k8s.io", "v1", namespace, "resourceclaimtemplates",
-        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "pair"},
-         "spec": {"spec": pair["spec"]}},
-    )  # fmt: skip
-    async with (
-        agent_running(kube_api, node, sim, settings),
-        operator_running(crds.kubeconfig_path, OperatorMetrics()),
-    ):
-        for i in (0, 1):
-            await eventually(
-                functools.partial(k.stable, f"{node}-gpu{i}"), f"GpuPartition gpu{i}", within_s=60
-            )
-        policy = {**_policy(pool, cooldownSeconds=0), "disruptionBudget": {"maxGpusReshaping": 1}}
-        await k.create_policy(f"keep-{pool}", policy)
-        await k.pod("train", "pair", where)
-        train = await eventually(functools.partial(k.claim_of, "train"), "the pair's claim", within_s=30)
-        key = f"{namespace}/{train['metadata']['name']}"
+    pair = _PairOnTwoH100s(k, "keepnode", mig_enabled=[True, True], switch_latency_s=[20, 8])
+    budget = {"disruptionBudget": {"maxGpusReshaping": 1}}
+    async with pair.running(kube_api, crds, make_node, sim, inventory, budget) as (node, where, key):
 
         async def first_round() -> tuple[dict[str, Any], dict[str, Any]] | None:
             parts = [await k.partition(f"{node}-gpu{i}") for i in (0, 1)]
