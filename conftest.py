@@ -12,7 +12,7 @@ from types import ModuleType
 
 import pytest
 
-from dynamig.agent.nvml_device import NvmlDevices
+from dynamig.agent.nvml.device import NvmlDevices
 from dynamig.devcluster.binaries import BinariesNotFoundError, build_tool
 from dynamig.geometry.catalog import load_catalog
 

@@ -37,9 +37,9 @@ from kubernetes_asyncio import client, watch
 from prometheus_client import CollectorRegistry
 
 from dynamig.agent.controller import AgentSettings, NodeAgent
-from dynamig.agent.kubeapi import KubeApi
+from dynamig.agent.kube.api import KubeApi
 from dynamig.agent.metrics import AgentMetrics
-from dynamig.agent.nvml_device import NvmlDevices
+from dynamig.agent.nvml.device import NvmlDevices
 from dynamig.backends.nvml import fresh_simulated_nvml
 from dynamig.demo.cluster import ScenarioApi
 from dynamig.demo.inprocess import operator_running

@@ -51,12 +51,12 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+from dynamig.agent.bindings.stranded import StrandedPods
 from dynamig.agent.controller import NodeAgent
 from dynamig.agent.devices_service import AgentMigInstances
+from dynamig.agent.nvml.simulated_driver import SimulatedDriverFiles, SimulatedDriverInstances
 from dynamig.agent.plugin import PluginSettings, serve_plugin
 from dynamig.agent.plugin.stubs import load_stubs
-from dynamig.agent.simulated_driver import SimulatedDriverFiles, SimulatedDriverInstances
-from dynamig.agent.stranded import StrandedPods
 from dynamig.demo.cluster import AllocationWatch, ScenarioApi, claim_pod, exactly, resource_claim
 from dynamig.demo.inprocess import agent_running, quick_agent_settings
 from dynamig.devcluster import ControlPlane, eventually

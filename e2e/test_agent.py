@@ -31,9 +31,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dynamig.agent.controller import AgentSettings, NodeAgent
-from dynamig.agent.kubeapi import KubeApi
+from dynamig.agent.kube.api import KubeApi
 from dynamig.agent.metrics import AgentMetrics
-from dynamig.agent.nvml_device import NvmlDevices
+from dynamig.agent.nvml.device import NvmlDevices
 from dynamig.demo.cluster import claim_pod, ensure_device_class, exactly, resource_claim
 from dynamig.demo.inprocess import agent_running
 from dynamig.devcluster import ControlPlane, eventually

@@ -31,7 +31,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from dynamig import DRIVER_NAME
-from dynamig.agent.kubeapi import KubeApi
+from dynamig.agent.kube.api import KubeApi
 from dynamig.backends.nvml import fresh_simulated_nvml
 from dynamig.demo.cluster import ScenarioApi
 from dynamig.demo.inprocess import agent_running, operator_running, quick_agent_settings

@@ -2,10 +2,10 @@
 
 Real: kube-apiserver, kube-scheduler (its DRA plugin allocates against counters and holds the binding until
 the device's binding conditions are True), the inventory builder (``dynamig.kube.inventory``), the agent's
-answer (``dynamig.agent.allocations``) and NVML code path. Simulated: the GPU (one A100-80GB, simnvml).
-The agent's loop is not running: the test publishes the inventory and calls the answerer itself, so each
-step is observed in order. The scheduler polls binding conditions every 5 s (dynamicresources.go, PreBind),
-which bounds how fast a pod binds after the answer.
+answer (``dynamig.agent.bindings.allocations``) and NVML code path. Simulated: the GPU (one A100-80GB,
+simnvml). The agent's loop is not running: the test publishes the inventory and calls the answerer itself, so
+each step is observed in order. The scheduler polls binding conditions every 5 s (dynamicresources.go,
+PreBind), which bounds how fast a pod binds after the answer.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import pytest
 from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
-from dynamig.agent.binding import Failed, Ready
-from dynamig.agent.booked import published_devices
+from dynamig.agent.bindings.booked import published_devices
+from dynamig.agent.bindings.decide import Failed, Ready
 from dynamig.agent.controller import AgentSettings, NodeAgent
-from dynamig.agent.kubeapi import KubeApi
+from dynamig.agent.kube.api import KubeApi
+from dynamig.agent.kube.watch import node_copies
 from dynamig.agent.metrics import AgentMetrics
-from dynamig.agent.nvml_device import NvmlDevices
-from dynamig.agent.watch import node_copies
+from dynamig.agent.nvml.device import NvmlDevices
 from dynamig.backends.nvml import load_nvml
 from dynamig.demo.cluster import (
     PROFILE_ATTRIBUTE,

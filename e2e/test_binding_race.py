@@ -8,9 +8,10 @@ allocation, much longer than the agent's settle period (0.3 s). The node agent r
 NVML code path; the GPU is simulated (one A100-80GB). Each round: seven free ``1g.10gb`` instances, seven pods
 each booking one of them (held), then the GpuPartition's layout changes to one ``7g.80gb``, which needs every
 one of those slices. The agent may destroy an instance only after it has republished it guarded and no pod is
-in a binding cycle toward the node (agent/lifecycle.py); the held pods carry ``status.nominatedNodeName``
-from the start of their binding cycle. Counted: instances destroyed while allocated, and pods bound to a
-device whose instance no longer exists. ``DYNAMIG_RACE_ROUNDS`` sets the rounds (7 races each).
+in a binding cycle toward the node (agent/layout/lifecycle.py); the held pods carry
+``status.nominatedNodeName`` from the start of their binding cycle. Counted: instances destroyed while
+allocated, and pods bound to a device whose instance no longer exists. ``DYNAMIG_RACE_ROUNDS`` sets the rounds
+(7 races each).
 
 The check can fail: the same race with the agent blind to the pods in their binding cycle loses instances.
 """
@@ -29,7 +30,7 @@ from types import ModuleType
 import pytest
 from kubernetes_asyncio import client
 
-from dynamig.agent.kubeapi import KubeApi
+from dynamig.agent.kube.api import KubeApi
 from dynamig.backends.nvml import fresh_simulated_nvml
 from dynamig.demo.cluster import ScenarioApi, allocated_device, claim_pod, exactly, resource_claim
 from dynamig.demo.inprocess import agent_running, quick_agent_settings

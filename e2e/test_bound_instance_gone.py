@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from dynamig.agent.nvml_device import NvmlDevices
+from dynamig.agent.nvml.device import NvmlDevices
 from dynamig.demo.cluster import ScenarioApi, layout_text
 from dynamig.demo.inprocess import whole_instances
 from dynamig.devcluster import ControlPlane, eventually

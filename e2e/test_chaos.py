@@ -66,7 +66,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from dynamig import DRIVER_NAME
-from dynamig.agent.nvml_device import NvmlDevices
+from dynamig.agent.nvml.device import NvmlDevices
 from dynamig.backends.nvml import fresh_simulated_nvml
 from dynamig.demo.cluster import ScenarioApi, allocated_device
 from dynamig.devcluster import ControlPlane, eventually

@@ -54,7 +54,7 @@ from kubernetes_asyncio import client
 
 from dynamig.agent.controller import NodeAgent
 from dynamig.agent.devices_service import AgentMigInstances
-from dynamig.agent.nvml_device import GpuInfo, MigInstance, NvmlDevices
+from dynamig.agent.nvml.device import GpuInfo, MigInstance, NvmlDevices
 from dynamig.demo.cluster import (
     AllocationWatch,
     ScenarioApi,

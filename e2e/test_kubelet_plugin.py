@@ -44,23 +44,23 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
+from dynamig.agent.bindings.stranded import StrandedPods
 from dynamig.agent.controller import AgentSettings, NodeAgent
 from dynamig.agent.devices_service import AgentMigInstances
-from dynamig.agent.kubeapi import KubeApi
+from dynamig.agent.kube.api import KubeApi
 from dynamig.agent.metrics import AgentMetrics
-from dynamig.agent.nvml_device import GpuInfo, NvmlDevices
-from dynamig.agent.plugin import MigInstances, PluginServer, PluginSettings, serve_plugin
-from dynamig.agent.plugin import cdi as cdi_files
-from dynamig.agent.plugin.checkpoint import CheckpointError, CheckpointStore
-from dynamig.agent.plugin.instances import InstanceError
-from dynamig.agent.plugin.stubs import Stubs, load_stubs
-from dynamig.agent.simulated_driver import (
+from dynamig.agent.nvml.device import GpuInfo, NvmlDevices
+from dynamig.agent.nvml.simulated_driver import (
     SimulatedDriverFiles,
     SimulatedDriverInstances,
     ci_cap_minor,
     gi_cap_minor,
 )
-from dynamig.agent.stranded import StrandedPods
+from dynamig.agent.plugin import MigInstances, PluginServer, PluginSettings, serve_plugin
+from dynamig.agent.plugin import cdi as cdi_files
+from dynamig.agent.plugin.checkpoint import CheckpointError, CheckpointStore
+from dynamig.agent.plugin.instances import InstanceError
+from dynamig.agent.plugin.stubs import Stubs, load_stubs
 from dynamig.backends import simnvml
 from dynamig.demo.cluster import claim_pod, ensure_device_class, exactly, resource_claim
 from dynamig.devcluster import ControlPlane, eventually
@@ -562,9 +562,9 @@ async def test_destroyed_instance_is_recreated_and_taken_placement_is_refused(
 async def test_a_pod_whose_device_stays_unpreparable_goes_back_to_its_controller(
     node: Node, kube_api: client.ApiClient, namespace: str
 ) -> None:
-    # The last line of defence, second half (agent/stranded.py): a pod bound to a device whose slices a busy
-    # instance holds. A pod no controller owns gets a Warning Event and stays; one a controller owns and that
-    # never started is deleted (uid precondition) for the controller to create it again.
+    # The last line of defence, second half (agent/bindings/stranded.py): a pod bound to a device whose slices
+    # a busy instance holds. A pod no controller owns gets a Warning Event and stays; one a controller owns
+    # and that never started is deleted (uid precondition) for the controller to create it again.
     core = client.CoreV1Api(kube_api)
     gpu, big = node.gpu, PlacedInstance(4, "3g.40gb")
     ref = await allocate(kube_api, namespace, node.name, big)

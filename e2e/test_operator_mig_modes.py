@@ -260,7 +260,7 @@ async def test_gpus_switched_for_a_claim_of_two_whole_gpus_are_kept_for_it(
     booked on gpu0 by the scheduler and answered failed (PlacementHeld): it never binds there. The two-GPU
     pod binds on gpu0 and gpu1, the holds end (served), and the single pod binds once the pair is gone.
     The partitionable inventory (where the agent knows binding conditions are kept): the instances one
-    publishes whole GPUs unguarded, so a hold there keeps nothing (agent/whole.py)."""
+    publishes whole GPUs unguarded, so a hold there keeps nothing (agent/modes/whole.py)."""
     k = ScenarioApi(kube_api, namespace)
     await k.claim_template("whole", ["whole"])
     pair = _PairOnTwoH100s(k, "kept", mig_enabled=[False, True], switch_latency_s=[0, 8])

@@ -333,7 +333,7 @@ async def test_two_claims_and_a_two_device_request_are_cut_on_one_gpu_and_the_po
 
 
 def _instances(sim: ModuleType) -> list[Any]:
-    from dynamig.agent.nvml_device import NvmlDevices
+    from dynamig.agent.nvml.device import NvmlDevices
     from dynamig.geometry.catalog import load_catalog
 
     devices = NvmlDevices(sim, load_catalog())
@@ -397,7 +397,7 @@ async def test_a_placement_taken_behind_the_agents_back_fails_the_binding_and_th
 
 def _create_behind_the_agents_back(sim: ModuleType, profile: str, start: int) -> str:
     """Create ``profile`` at ``start`` with a process on it, straight through NVML; its MIG UUID."""
-    from dynamig.agent.nvml_device import NvmlDevices
+    from dynamig.agent.nvml.device import NvmlDevices
     from dynamig.geometry.catalog import load_catalog
 
     devices = NvmlDevices(sim, load_catalog())
@@ -520,7 +520,7 @@ async def test_an_allocated_instance_recut_behind_the_agents_back_is_reported_on
 
 def _recut_behind_the_agents_back(sim: ModuleType, profile: str, start: int) -> str:
     """Destroy the instance at ``start`` and create ``profile`` there again, straight through NVML."""
-    from dynamig.agent.nvml_device import NvmlDevices
+    from dynamig.agent.nvml.device import NvmlDevices
     from dynamig.geometry.catalog import load_catalog
 
     devices = NvmlDevices(sim, load_catalog())
@@ -895,7 +895,7 @@ async def test_a_retired_instances_slices_get_no_floor_instance_until_its_quaran
     settle period, and then keeps its slices free for the quarantine, so that a pod a lagging scheduler bound
     to the 1g from an older slice would find them free; the GpuPartition says why the floor waits. Then the
     floor instance is created."""
-    from dynamig.agent.nvml_device import NvmlDevices
+    from dynamig.agent.nvml.device import NvmlDevices
 
     quarantine_s = 4.0
     k = ScenarioApi(kube_api, namespace)

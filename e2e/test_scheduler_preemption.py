@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from dynamig.agent.allocations import REASON_NOBODY_WAITS
+from dynamig.agent.bindings.allocations import REASON_NOBODY_WAITS
 from dynamig.demo.cluster import ScenarioApi, allocated_device, claim_pod, first_available, resource_claim
 from dynamig.demo.inprocess import agent_running, quick_agent_settings
 from dynamig.devcluster import ControlPlane, eventually

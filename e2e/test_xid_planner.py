@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from dynamig.agent.devicehealth import CONDITION
+from dynamig.agent.health.devices import CONDITION
 from dynamig.demo.cluster import ScenarioApi, allocated_device, claim_pod, exactly, resource_claim
 from dynamig.demo.inprocess import agent_running, operator_running
 from dynamig.devcluster import ControlPlane, eventually

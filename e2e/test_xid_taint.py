@@ -31,8 +31,8 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from dynamig.agent.devicehealth import CONDITION
-from dynamig.agent.xid import TAINT_KEY
+from dynamig.agent.health.devices import CONDITION
+from dynamig.agent.health.xid import TAINT_KEY
 from dynamig.demo.cluster import ScenarioApi, allocated_device, claim_pod, exactly, resource_claim
 from dynamig.demo.inprocess import agent_running, quick_agent_settings
 from dynamig.devcluster import ControlPlane, eventually

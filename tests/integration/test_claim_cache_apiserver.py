@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from dynamig.agent.claimcache import ClaimCache, allocated_on
-from dynamig.agent.kubeapi import KubeApi
+from dynamig.agent.kube.api import KubeApi
+from dynamig.agent.kube.claims import ClaimCache, allocated_on
 from dynamig.devcluster import eventually
 
 pytestmark = pytest.mark.controlplane

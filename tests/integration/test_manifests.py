@@ -672,7 +672,8 @@ AGENT_ALLOWED = [
     ("create", "leases.coordination.k8s.io", "-n", NS),
     ("patch", "leases.coordination.k8s.io", "-n", NS),
     ("list", "pods", "--all-namespaces"),  # pods in a binding cycle toward its node
-    # a stranded pod given back (agent/stranded.py; the admission policy keeps it to its own node's pods)
+    # a stranded pod given back (agent/bindings/stranded.py; the admission policy keeps it to its own node's
+    # pods)
     ("get", "pods", "-n", NS),
     ("delete", "pods", "-n", NS),
 ]

@@ -392,8 +392,8 @@ def test_the_operator_and_the_uninstall_hook_write_only_dynamigs_profile_classes
 def test_an_agent_may_delete_only_owned_pods_bound_to_its_node(
     control_plane: ControlPlane, agent_and_claims: AgentAndClaims
 ) -> None:
-    """The agent gives back a pod whose device stays unpreparable (agent/stranded.py) by deleting it; RBAC
-    grants delete on every pod, the policy keeps it to pods on its own node that a controller owns."""
+    """The agent gives back a pod whose device stays unpreparable (agent/bindings/stranded.py) by deleting it;
+    RBAC grants delete on every pod, the policy keeps it to pods on its own node that a controller owns."""
     cp = control_plane
     agent, a, b, _ = agent_and_claims
     owner = json.loads(

@@ -1,9 +1,9 @@
 """``/metrics`` over TLS for bearer tokens the API server allows, against the real local kube-apiserver.
 
-The agent's own endpoint server (dynamig.agent.health.serve) runs with a certificate from a throwaway CA and
-reviews tokens with the credentials of a service account that holds only ``system:auth-delegator`` (what the
-chart binds the agent's and the operator's accounts to). Scrapers are service accounts with and without the
-right to ``get /metrics``, with their own tokens from the TokenRequest API.
+The agent's own endpoint server (dynamig.agent.endpoints.serve) runs with a certificate from a throwaway CA
+and reviews tokens with the credentials of a service account that holds only ``system:auth-delegator`` (what
+the chart binds the agent's and the operator's accounts to). Scrapers are service accounts with and without
+the right to ``get /metrics``, with their own tokens from the TokenRequest API.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, Counter
 
-from dynamig.agent.health import Health, serve
+from dynamig.agent.endpoints import Health, serve
 from dynamig.agent.main import api_client_for
 from dynamig.devcluster import ControlPlane
 from dynamig.devcluster.pki import generate_pki

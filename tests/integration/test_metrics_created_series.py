@@ -2,7 +2,7 @@
 counter and histogram child unless told not to, which no rule or dashboard reads.
 
 Real: the operator as ``dynamig operator`` runs it (a process against the local control plane, /metrics over
-HTTP), and the agent's metrics served by the agent's own endpoint (dynamig.agent.health.serve) in a fresh
+HTTP), and the agent's metrics served by the agent's own endpoint (dynamig.agent.endpoints.serve) in a fresh
 interpreter, as in an agent process; both scraped over HTTP. Fresh processes, so no switch flipped by another
 test in this one can hide a missing one.
 """
@@ -49,7 +49,7 @@ def _env() -> dict[str, str]:
 AGENT_SCRAPE = """
 import asyncio, sys, urllib.request
 from prometheus_client import CollectorRegistry
-from dynamig.agent.health import Health, serve
+from dynamig.agent.endpoints import Health, serve
 from dynamig.agent.metrics import AgentMetrics
 
 async def main() -> None:

@@ -1,4 +1,5 @@
-"""The agent's answer to an allocation (``dynamig.agent.binding.decide``): ready, cut, or failed. Pure."""
+"""The agent's answer to an allocation (``dynamig.agent.bindings.decide.decide``): ready, cut, or failed.
+Pure."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dynamig.agent.answering import admin_allocations, ordinary_holders
-from dynamig.agent.binding import (
+from dynamig.agent.bindings.answering import admin_allocations, ordinary_holders
+from dynamig.agent.bindings.decide import (
     REASON_ADMIN_NO_INSTANCE,
     REASON_LAYOUT_RULE,
     REASON_MIG_DISABLED,
@@ -22,8 +23,8 @@ from dynamig.agent.binding import (
     Ready,
     decide,
 )
-from dynamig.agent.holds import REASON_PLACEMENT_HELD
-from dynamig.agent.reconcile import Observed
+from dynamig.agent.bindings.holds import REASON_PLACEMENT_HELD
+from dynamig.agent.layout.reconcile import Observed
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.layout import check_layout, parse_layout
 from dynamig.geometry.model import PlacedInstance, device_name

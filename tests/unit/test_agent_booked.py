@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dynamig.agent.booked import kept_booked, published_devices
+from dynamig.agent.bindings.booked import kept_booked, published_devices
 from dynamig.geometry.catalog import load_catalog
 from dynamig.kube.inventory import (
     BINDING_READY,

@@ -1,5 +1,5 @@
 """The NVLink and fabric facts of a whole GPU, read by the agent's NVML code path (``NvmlDevices.whole`` and
-``dynamig.agent.nvml_fabric``) over the simulated NVML, and published on the ``gpu<index>`` device.
+``dynamig.agent.nvml.fabric``) over the simulated NVML, and published on the ``gpu<index>`` device.
 
 Real: the agent's NVML calls, the device it publishes, CEL evaluation of a claim's selector. Simulated: the
 GPUs (``dynamig.backends.simfabric``: links per model, the fabric on Hopper and later NVSwitch systems).
@@ -17,8 +17,8 @@ import pynvml
 import pytest
 
 from dynamig import DRIVER_NAME
-from dynamig.agent.nvml_device import NvmlDevices, WholeGpu
-from dynamig.agent.nvml_fabric import active_nvlinks, fabric_clique
+from dynamig.agent.nvml.device import NvmlDevices, WholeGpu
+from dynamig.agent.nvml.fabric import active_nvlinks, fabric_clique
 from dynamig.backends import simfabric
 from dynamig.backends.nvml import fresh_simulated_nvml, load_nvml
 from dynamig.kube.cel import device_view_from_api, evaluate_selector

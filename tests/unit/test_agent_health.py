@@ -1,5 +1,5 @@
-"""The agent's probes (``dynamig.agent.health``): what makes liveness and readiness fail (a fake clock), and
-the plugin's gRPC health service as the standard grpc.health.v1 client sees it over its unix sockets."""
+"""The agent's probes (``dynamig.agent.endpoints``): what makes liveness and readiness fail (a fake clock),
+and the plugin's gRPC health service as the standard grpc.health.v1 client sees it over its unix sockets."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from dynamig.agent.health import Health
+from dynamig.agent.endpoints import Health
 from dynamig.agent.plugin.server import _start_unix_server, probe_sockets
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from dynamig.agent.features import InventorySupport, carried, judge, parse_version, probe_slices
-from dynamig.agent.reconcile import Observed, plan_gpu
+from dynamig.agent.layout.reconcile import Observed, plan_gpu
+from dynamig.agent.publishing.features import InventorySupport, carried, judge, parse_version, probe_slices
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.layout import parse_layout
 from dynamig.geometry.model import PlacedInstance

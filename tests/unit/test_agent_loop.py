@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from dynamig.agent import controller
 from dynamig.agent.controller import AgentSettings, NodeAgent
-from dynamig.agent.kubeapi import API_RETRY_MAX_S
+from dynamig.agent.kube.api import API_RETRY_MAX_S
 from dynamig.agent.metrics import AgentMetrics
 from dynamig.kube.times import parse_time
 

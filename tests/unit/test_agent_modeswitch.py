@@ -1,11 +1,11 @@
-"""The agent's MIG mode switch decisions (agent/modeswitch.py) and their status. Pure functions."""
+"""The agent's MIG mode switch decisions (agent/modes/switch.py) and their status. Pure functions."""
 
 from __future__ import annotations
 
 import pytest
 
-from dynamig.agent.modeswitch import Step, gpu_users, switch_status, switch_step, wants_switch
-from dynamig.agent.nvml_device import GpuInfo
+from dynamig.agent.modes.switch import Step, gpu_users, switch_status, switch_step, wants_switch
+from dynamig.agent.nvml.device import GpuInfo
 from dynamig.geometry.catalog import load_catalog
 from dynamig.kube.gpupartition import (
     ConditionType,

@@ -1,4 +1,4 @@
-"""The agent's NVML code path (``dynamig.agent.nvml_device``) and the plugin-facing instance service.
+"""The agent's NVML code path (``dynamig.agent.nvml.device``) and the plugin-facing instance service.
 
 Real: the agent's NVML calls (the same ones it makes through ``pynvml`` on a GPU node), the geometry catalog.
 Simulated: the GPUs, through ``dynamig.backends.simnvml`` (a drop-in for ``pynvml`` with NVML's placement,
@@ -15,9 +15,9 @@ from prometheus_client import CollectorRegistry
 
 from dynamig.agent.controller import AgentSettings, NodeAgent
 from dynamig.agent.devices_service import AgentMigInstances
-from dynamig.agent.kubeapi import KubeApi
+from dynamig.agent.kube.api import KubeApi
 from dynamig.agent.metrics import AgentMetrics
-from dynamig.agent.nvml_device import PROFILE_RETRY_S, NvmlDevices
+from dynamig.agent.nvml.device import PROFILE_RETRY_S, NvmlDevices
 from dynamig.agent.plugin.instances import PlacementTaken, UnknownDevice
 from dynamig.backends.nvml import load_nvml
 from dynamig.geometry.catalog import load_catalog

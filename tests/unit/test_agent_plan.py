@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from dynamig.agent.kubeapi import allocated_devices
+from dynamig.agent.kube.api import allocated_devices
+from dynamig.agent.layout.reconcile import Observed, plan_gpu
 from dynamig.agent.main import parse_simulated_gpus
-from dynamig.agent.ownership import foreign_mig_owners, node_is_managed, node_mig_owner
-from dynamig.agent.reconcile import Observed, plan_gpu
+from dynamig.agent.publishing.ownership import foreign_mig_owners, node_is_managed, node_mig_owner
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.layout import enumerate_layouts, parse_layout
 from dynamig.geometry.model import PlacedInstance

@@ -1,8 +1,9 @@
-"""A layout NVML keeps refusing: back-off, give-up verdict and fresh start (``dynamig.agent.retry``). Pure."""
+"""A layout NVML keeps refusing: back-off, give-up verdict and fresh start (``dynamig.agent.layout.retry``).
+Pure."""
 
 from __future__ import annotations
 
-from dynamig.agent.retry import (
+from dynamig.agent.layout.retry import (
     GIVE_UP_AFTER,
     RETRY_MAX_S,
     after_attempt,

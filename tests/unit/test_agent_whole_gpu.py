@@ -8,13 +8,13 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 
 from dynamig.agent.devices_service import whole_prepared, whole_refusal
+from dynamig.agent.health.xid import Taint, with_health
 from dynamig.agent.metrics import AgentMetrics, GpuSample
-from dynamig.agent.nvml_device import GpuInfo, WholeGpu
-from dynamig.agent.ownership import foreign_mig_owners
+from dynamig.agent.modes.whole import whole_outcome
+from dynamig.agent.nvml.device import GpuInfo, WholeGpu
 from dynamig.agent.plugin import cdi
 from dynamig.agent.plugin.cdi_validation import check_spec
-from dynamig.agent.whole import whole_outcome
-from dynamig.agent.xid import Taint, with_health
+from dynamig.agent.publishing.ownership import foreign_mig_owners
 from dynamig.geometry.catalog import load_catalog
 from dynamig.kube.devices import WholeGpuDevice
 from dynamig.kube.gpupartition import (
@@ -211,8 +211,15 @@ def test_a_whole_gpu_kept_for_a_claim_is_published_guarded_and_only_that_claim_i
     server keeps them, the status shows the hold, and the answers: ready with the GPU's UUID for the claim
     it is kept for, failed (``PlacementHeld``) for any other; an expired hold or one the API cannot carry
     keeps nothing."""
-    from dynamig.agent.binding import REASON_MIG_ENABLED, Failed, GpuState, Ready, decide, device_status
-    from dynamig.agent.holds import REASON_PLACEMENT_HELD, whole_hold
+    from dynamig.agent.bindings.decide import (
+        REASON_MIG_ENABLED,
+        Failed,
+        GpuState,
+        Ready,
+        decide,
+        device_status,
+    )
+    from dynamig.agent.bindings.holds import REASON_PLACEMENT_HELD, whole_hold
     from dynamig.kube.gpupartition import Hold, HoldKind
 
     part = partition(holds=[_held()])

@@ -15,8 +15,8 @@ from typing import Any, cast
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from dynamig.agent.kubeapi import API_RETRY_MAX_S, KubeApi, backoff_delay
-from dynamig.agent.watchcache import Source, WatchedList
+from dynamig.agent.kube.api import API_RETRY_MAX_S, KubeApi, backoff_delay
+from dynamig.agent.kube.cache import Source, WatchedList
 from dynamig.geometry.catalog import load_catalog
 from dynamig.operator.handlers import kopf_settings
 from dynamig.operator.kubeio import KubeIO

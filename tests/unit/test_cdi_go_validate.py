@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 
 from dynamig.agent.devices_service import prepared_instance
-from dynamig.agent.nvml_device import NvmlDevices
+from dynamig.agent.nvml.device import NvmlDevices
+from dynamig.agent.nvml.simulated_driver import SimulatedDriverFiles
 from dynamig.agent.plugin import cdi
 from dynamig.agent.plugin.cdi_base import read_base_spec
 from dynamig.agent.plugin.cdi_validation import SCHEMA_DIR, spec_errors
-from dynamig.agent.simulated_driver import SimulatedDriverFiles
 from dynamig.backends.nvml import load_nvml
 from dynamig.devcluster.binaries import BinariesNotFoundError, build_tool
 from dynamig.geometry.model import PlacedInstance, device_name

@@ -20,14 +20,14 @@ import pytest
 
 from dynamig import DRIVER_NAME
 from dynamig.agent.devices_service import prepared_instance
-from dynamig.agent.nvml_device import MigInstance, NvmlDevices
+from dynamig.agent.nvml.device import MigInstance, NvmlDevices
+from dynamig.agent.nvml.simulated_driver import SimulatedDriverFiles, SimulatedDriverInstances
 from dynamig.agent.plugin import cdi
 from dynamig.agent.plugin.checkpoint import CheckpointStore
 from dynamig.agent.plugin.claims import AllocatedDevice, Claim, ClaimRef
 from dynamig.agent.plugin.driver import MigDriver
 from dynamig.agent.plugin.instances import PreparedInstance
 from dynamig.agent.plugin.settings import PluginSettings
-from dynamig.agent.simulated_driver import SimulatedDriverFiles, SimulatedDriverInstances
 from dynamig.backends.nvml import load_nvml
 from dynamig.geometry.model import PlacedInstance, device_name
 

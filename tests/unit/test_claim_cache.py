@@ -1,4 +1,4 @@
-"""The agent's ResourceClaim cache bookkeeping (``dynamig.agent.claimcache``) without a server: which watch
+"""The agent's ResourceClaim cache bookkeeping (``dynamig.agent.kube.claims``) without a server: which watch
 events wake the agent, where the next watch resumes. Against the real API server: tests/integration."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from dynamig.agent.claimcache import ClaimCache
+from dynamig.agent.kube.claims import ClaimCache
 
 
 def _claim(name: str, pool: str | None, version: str) -> dict[str, Any]:
@@ -38,7 +38,7 @@ def test_claim_cache_wakes_for_claims_entering_or_leaving_its_pool_only() -> Non
 
 
 def test_pods_by_claim_reads_the_reservations() -> None:
-    from dynamig.agent.gpu_status import pods_by_claim
+    from dynamig.agent.publishing.gpu_status import pods_by_claim
 
     claim = _claim("c", "node-a", "1")
     claim["status"]["reservedFor"] = [

@@ -18,7 +18,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from dynamig.agent.nvml_device import NvmlDevices
+from dynamig.agent.nvml.device import NvmlDevices
 from dynamig.backends import simnvml
 from dynamig.cli import doctor, main
 from dynamig.geometry.catalog import Catalog, load_catalog

@@ -9,7 +9,9 @@ from typing import Any
 
 import yaml
 
-from dynamig.agent.gpu_status import (
+from dynamig.agent.layout.reconcile import GpuPlan, Waiting
+from dynamig.agent.nvml.device import ComputeInstance, GpuInfo, MigInstance
+from dynamig.agent.publishing.gpu_status import (
     degraded_status,
     gpu_status,
     managed_status,
@@ -19,8 +21,6 @@ from dynamig.agent.gpu_status import (
     refusal,
     refused_status,
 )
-from dynamig.agent.nvml_device import ComputeInstance, GpuInfo, MigInstance
-from dynamig.agent.reconcile import GpuPlan, Waiting
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.model import PlacedInstance, device_name
 from dynamig.kube.gpupartition import (
@@ -318,7 +318,7 @@ def floor_round(
 ) -> GpuPartitionStatus:
     """A round's status for a GPU whose floor (spec.layout 3g.20gb@0) overlaps ``insts``, planned by the
     reshape protocol as the controller plans it (spec.layout a floor under Partitionable)."""
-    from dynamig.agent.reconcile import observe, plan_gpu
+    from dynamig.agent.layout.reconcile import observe, plan_gpu
 
     part = partition(offered=["1g.5gb"], layout=[("3g.20gb", 0)])
     keep = inventory is Inventory.PARTITIONABLE

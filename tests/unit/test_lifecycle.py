@@ -1,6 +1,6 @@
-"""The device lifecycle table (agent/lifecycle.py): which moves it allows, and the rule that an instance
-published without binding conditions is never destroyed on the agent's own initiative until it has been
-republished guarded and no allocation from the older slice can still bind. Pure: no NVML, no API."""
+"""The device lifecycle table (agent/layout/lifecycle.py): which moves it allows, and the rule that an
+instance published without binding conditions is never destroyed on the agent's own initiative until it has
+been republished guarded and no allocation from the older slice can still bind. Pure: no NVML, no API."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dynamig.agent.lifecycle import (
+from dynamig.agent.layout.lifecycle import (
     MOVES,
     Event,
     IllegalMove,

@@ -1,4 +1,4 @@
-"""A GPU's profile table read from NVML (``dynamig.agent.nvml_catalog``) and its diff against the catalog.
+"""A GPU's profile table read from NVML (``dynamig.agent.nvml.catalog``) and its diff against the catalog.
 
 Real: the NVML calls (``nvmlDeviceGetGpuInstanceProfileInfoV`` over every enum, possible placements with the
 count-then-array protocol), the catalog, the pure diff. Simulated: the GPUs, through
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from dynamig.agent.nvml_catalog import (
+from dynamig.agent.nvml.catalog import (
     MEMORY_TOLERANCE_MIB,
     NvmlProfile,
     ProfileDifference,
@@ -26,7 +26,7 @@ from dynamig.agent.nvml_catalog import (
     diff_profiles,
     read_nvml_profiles,
 )
-from dynamig.agent.nvml_device import NvmlDevices
+from dynamig.agent.nvml.device import NvmlDevices
 from dynamig.backends.nvml import load_nvml
 from dynamig.geometry.catalog import GI_PROFILE_ENUMS, load_catalog
 from dynamig.geometry.model import GpuModel, PlacedInstance

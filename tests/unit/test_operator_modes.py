@@ -753,7 +753,7 @@ async def test_a_round_writes_the_switch_tells_the_gpu_and_the_pod_and_counts_it
     await rec.round("fleet")
     ((name, spec, annotations),) = kube.writes
     spec.pop("autoPlacementsPerProfile", None)  # the operator's choice for agents on auto, in the same patch
-    (hold,) = spec.pop("holds")  # kept whole for the claim it is switched for (agent/holds.py)
+    (hold,) = spec.pop("holds")  # kept whole for the claim it is switched for (agent/bindings/holds.py)
     assert (hold["claim"], hold["claimUid"], hold["kind"], hold["profile"], hold["start"]) == (
         "ml/train",
         "c-train",

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from dynamig.agent.gpu_status import gpu_status
-from dynamig.agent.nvml_device import GpuInfo
+from dynamig.agent.nvml.device import GpuInfo
+from dynamig.agent.publishing.gpu_status import gpu_status
 from dynamig.geometry.catalog import load_catalog
 from dynamig.kube.devices import NvlinkFacts
 from dynamig.kube.gpupartition import GpuPartitionStatus, Phase, parse_gpu_partition

@@ -1,6 +1,6 @@
-"""Preemption that evicts: the holds (operator/holds.py, agent/holds.py), the answer on held slices
-(``dynamig.agent.binding.decide``), the partitionable offer over a hold (``offered_devices``) and the search
-with holds and the ledger is tested with the rest of the search in test_preemption_dryrun.py. Pure.
+"""Preemption that evicts: the holds (operator/holds.py, agent/bindings/holds.py), the answer on held slices
+(``dynamig.agent.bindings.decide.decide``), the partitionable offer over a hold (``offered_devices``) and the
+search with holds and the ledger is tested with the rest of the search in test_preemption_dryrun.py. Pure.
 
 Real: the MIG geometry catalog, claim and GpuPartition parsing, a planning round and the victim search. The
 cluster is plain API dicts; time is a value.
@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from dynamig.agent.binding import Cut, Failed, GpuState, decide
-from dynamig.agent.holds import (
+from dynamig.agent.bindings.decide import Cut, Failed, GpuState, decide
+from dynamig.agent.bindings.holds import (
     REASON_PLACEMENT_HELD,
     guarded_by_holds,
     held_against,
     held_desired,
     valid_holds,
 )
-from dynamig.agent.reconcile import Observed
+from dynamig.agent.layout.reconcile import Observed
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.layout import parse_layout
 from dynamig.geometry.model import PlacedInstance

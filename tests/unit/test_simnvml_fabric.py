@@ -5,7 +5,7 @@ As in ``test_simnvml_fidelity.py``: each case names the C function ``pynvml`` ca
 that states the behaviour, checks that the quote is in that documentation, then checks what the simulator
 does. What nvml.h does not state (links per model, which models sit on an NVSwitch, the controls) are plain
 tests below, each naming its source. A last test makes sure every NVML call of the agent's NVLink and fabric
-reader (``dynamig.agent.nvml_fabric``) has a case here.
+reader (``dynamig.agent.nvml.fabric``) has a case here.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from dynamig.backends import simnvml as nv
 from dynamig.backends.nvml import fresh_simulated_nvml
 from dynamig.geometry.catalog import load_catalog
 
-AGENT_FABRIC = Path(__file__).resolve().parents[2] / "operator" / "dynamig" / "agent" / "nvml_fabric.py"
+AGENT_FABRIC = Path(__file__).resolve().parents[2] / "operator" / "dynamig" / "agent" / "nvml" / "fabric.py"
 ENABLED, DISABLED = pynvml.NVML_FEATURE_ENABLED, pynvml.NVML_FEATURE_DISABLED
 COMPLETED = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
 IN_PROGRESS = pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS

@@ -24,8 +24,9 @@ from nvml_doc import doc_block, member_doc, squash
 
 from dynamig.backends import simnvml as nv
 
-AGENT_NVML = Path(__file__).resolve().parents[2] / "operator" / "dynamig" / "agent" / "nvml_device.py"
-AGENT_HEALTH = AGENT_NVML.with_name("devicehealth.py")
+AGENT = Path(__file__).resolve().parents[2] / "operator" / "dynamig" / "agent"
+AGENT_NVML = AGENT / "nvml" / "device.py"
+AGENT_HEALTH = AGENT / "health" / "devices.py"
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Unit tests of the simulated NVIDIA driver files (``dynamig.agent.simulated_driver``) and of the plugin
+"""Unit tests of the simulated NVIDIA driver files (``dynamig.agent.nvml.simulated_driver``) and of the plugin
 reading them.
 
 Real: the agent's NVML code path (``NvmlDevices``) with the pynvml API, the capability-file reader and CDI
@@ -18,16 +18,16 @@ import pytest
 import yaml
 
 from dynamig.agent.devices_service import prepared_instance
-from dynamig.agent.nvml_device import NvmlDevices
-from dynamig.agent.plugin import cdi
-from dynamig.agent.plugin.cdi_base import read_base_spec
-from dynamig.agent.plugin.cdi_validation import spec_errors
-from dynamig.agent.simulated_driver import (
+from dynamig.agent.nvml.device import NvmlDevices
+from dynamig.agent.nvml.simulated_driver import (
     SIMULATED_SPEC_HEADER,
     SimulatedDriverFiles,
     ci_cap_minor,
     gi_cap_minor,
 )
+from dynamig.agent.plugin import cdi
+from dynamig.agent.plugin.cdi_base import read_base_spec
+from dynamig.agent.plugin.cdi_validation import spec_errors
 from dynamig.backends.nvml import load_nvml
 from dynamig.backends.simnvml import DRIVER_VERSION
 from dynamig.geometry.model import PlacedInstance

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from dynamig import DRIVER_NAME as DRIVER
-from dynamig.agent.given_uuids import given_uuids
-from dynamig.agent.uuidwatch import AllocatedUuids
+from dynamig.agent.bindings.given_uuids import given_uuids
+from dynamig.agent.bindings.uuidwatch import AllocatedUuids
 
 DEV = "gpu0-1g10gb-s6"
 HELD = {DEV: ["ml/infer-0"]}

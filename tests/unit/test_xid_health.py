@@ -1,5 +1,5 @@
 """XID classification, the devices an XID affects, how a slice shows them, and the watcher over simulated
-NVML (agent/xid.py, agent/devicehealth.py)."""
+NVML (agent/health/xid.py, agent/health/devices.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pynvml
 import pytest
 from prometheus_client import CollectorRegistry
 
-from dynamig.agent.devicehealth import CLEAR_ANNOTATION, CONDITION, DeviceHealth, Fault, XidWatcher
-from dynamig.agent.gpu_status import GpuOutcome
-from dynamig.agent.xid import TAINT_KEY, Taint, affected_devices, classify, with_health
+from dynamig.agent.health.devices import CLEAR_ANNOTATION, CONDITION, DeviceHealth, Fault, XidWatcher
+from dynamig.agent.health.xid import TAINT_KEY, Taint, affected_devices, classify, with_health
+from dynamig.agent.publishing.gpu_status import GpuOutcome
 from dynamig.kube.gpupartition import GpuPartition, GpuPartitionStatus
 from dynamig.kube.slices import CONTENT_ANNOTATION, build_resource_slices
 

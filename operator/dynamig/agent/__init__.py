@@ -1,15 +1,23 @@
 """The node agent, one per GPU node: owns NVML, the node's ResourceSlices, GpuPartition status, DRA plugin.
 
-Modules, one concern each:
+Packages and modules, one concern each:
 
-- ``nvml_device`` — discovery, adoption, create (explicit placement + full-GI CI) and destroy through the NVML
-  API, over real ``pynvml`` or the simulated ``dynamig.backends.simnvml`` (the module is a parameter);
-- ``reconcile`` — the reshape protocol for one GPU as a pure function (observed + desired -> plan);
+- ``nvml`` — discovery, adoption, create (explicit placement + full-GI CI) and destroy through the NVML API
+  (``nvml.device``), over real ``pynvml`` or the simulated ``dynamig.backends.simnvml`` (the module is a
+  parameter); the profile table NVML reports (``nvml.catalog``), NVLink facts (``nvml.fabric``), the
+  simulated driver's files;
+- ``layout`` — the reshape protocol for one GPU as a pure function (``layout.reconcile``: observed + desired
+  -> plan), carried out through NVML (``layout.reshape``), the device lifecycle, retries;
+- ``bindings`` — the answer to each allocation waiting on binding conditions (``bindings.decide``, pure;
+  ``bindings.allocations``), the holds kept for claims, bookings not answered yet, stranded pods;
+- ``modes`` — MIG mode switches on request (``modes.switch``) and GPUs served whole (``modes.whole``);
+- ``health`` — XID errors (``health.xid``) as DRA device taints or withdrawn devices (``health.devices``);
+- ``publishing`` — the node's ResourceSlices (``publishing.publisher``; pure builder in
+  ``dynamig.kube.slices``), GpuPartition status and Events, which inventory the API takes, who owns a GPU;
+- ``kube`` — the API calls, transient errors retried with backoff (``kube.api``), and the watched copies the
+  rounds read;
 - ``controller`` — the loop: observe NVML and the API, carry out plans, publish, write status;
-- ``publisher`` — keeps the node's pool of ResourceSlices equal to the devices plans offer
-  (pure builder in ``dynamig.kube.slices``, devices from ``dynamig.kube.devices``);
-- ``kubeapi`` — the API calls, transient errors retried with backoff; ``watch`` — wake-ups on changes;
-- ``ownership`` — opt-in label and other MIG owners; ``metrics`` — Prometheus metrics on a passed registry;
-- ``devices_service`` — MIG instances on demand for the kubelet plugin (``plugin/``);
-- ``main`` — wiring for ``dynamig agent``.
+- ``devices_service`` — MIG instances on demand for the kubelet plugin (``plugin/``); ``prepared`` — the
+  devices it prepared; ``metrics`` — Prometheus metrics on a passed registry; ``endpoints`` — /metrics,
+  /healthz, /readyz; ``main`` — wiring for ``dynamig agent``.
 """

@@ -4,17 +4,18 @@ One round (:meth:`NodeAgent.reconcile_once`, :meth:`NodeAgent._round`):
 
 1. observe: the Node (opt-in, a MIG manager), the GPUs (NVML), the node's ResourceSlices, the claims
    allocated from its pool and its GpuPartitions, into a :class:`NodeView`;
-2. answer the bookings waiting on the node first (partitionable inventory, :mod:`dynamig.agent.allocations`);
-3. per GPU: decide whether to refuse it (:func:`dynamig.agent.gpu_status.refusal`), plan
-   (:func:`dynamig.agent.reconcile.plan_gpu`), carry the plan out (:mod:`dynamig.agent.reshape`: destroys
-   decided by :mod:`dynamig.agent.lifecycle` from reads made right before), and decide the status and
-   inventory from what the GPU looks like now (:mod:`dynamig.agent.gpu_status`);
-4. publish (:mod:`dynamig.agent.publisher`) and report: status, Events, metrics
-   (:mod:`dynamig.agent.reporting`).
+2. answer the bookings waiting on the node first (partitionable inventory,
+   :mod:`dynamig.agent.bindings.allocations`);
+3. per GPU: decide whether to refuse it (:func:`dynamig.agent.publishing.gpu_status.refusal`), plan
+   (:func:`dynamig.agent.layout.reconcile.plan_gpu`), carry the plan out (:mod:`dynamig.agent.layout.reshape`:
+   destroys decided by :mod:`dynamig.agent.layout.lifecycle` from reads made right before), and decide the
+   status and inventory from what the GPU looks like now (:mod:`dynamig.agent.publishing.gpu_status`);
+4. publish (:mod:`dynamig.agent.publishing.publisher`) and report: status, Events, metrics
+   (:mod:`dynamig.agent.publishing.reporting`).
 
-Two inventories (``status.inventory``; chosen at start by :mod:`dynamig.agent.features` unless set):
-``Instances`` publishes only instances that exist and re-cuts ahead of the scheduler through ``spec.layout``;
-``Partitionable`` also publishes every valid placement of ``spec.offeredProfiles``
+Two inventories (``status.inventory``; chosen at start by :mod:`dynamig.agent.publishing.features` unless
+set): ``Instances`` publishes only instances that exist and re-cuts ahead of the scheduler through
+``spec.layout``; ``Partitionable`` also publishes every valid placement of ``spec.offeredProfiles``
 (:mod:`dynamig.kube.inventory`) and ``spec.layout`` is a floor of instances kept pre-created.
 
 Nothing is carried between rounds but timers (since when an instance has been guarded, when a reshape began):
@@ -33,13 +34,32 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynamig import DRIVER_NAME
-from dynamig.agent.allocations import AllocationAnswerer
-from dynamig.agent.answering import refusals
-from dynamig.agent.binding import Ready
-from dynamig.agent.devicehealth import DeviceHealth, XidWatcher, instance_devices
-from dynamig.agent.features import InventorySupport, detect_inventory
-from dynamig.agent.given_uuids import given_uuids
-from dynamig.agent.gpu_status import (
+from dynamig.agent.bindings.allocations import AllocationAnswerer
+from dynamig.agent.bindings.answering import refusals
+from dynamig.agent.bindings.decide import Ready
+from dynamig.agent.bindings.given_uuids import given_uuids
+from dynamig.agent.bindings.holds import guarded_by_holds, held_desired, valid_holds, whole_hold
+from dynamig.agent.bindings.uuidwatch import AllocatedUuids, UuidChange
+from dynamig.agent.health.devices import DeviceHealth, XidWatcher, instance_devices
+from dynamig.agent.health.xid import APPLICATION_XIDS
+from dynamig.agent.kube.api import (
+    API_RETRY_MAX_S,
+    KubeApi,
+    NodeFacts,
+    allocated_devices,
+    backoff_delay,
+    node_facts,
+)
+from dynamig.agent.kube.watch import NodeCopies, node_copies
+from dynamig.agent.layout.reconcile import plan_gpu
+from dynamig.agent.layout.reshape import Reshaper
+from dynamig.agent.metrics import AgentMetrics
+from dynamig.agent.modes.switch import ModeSwitcher, Step, switch_status, switch_step, wants_switch
+from dynamig.agent.modes.whole import whole_outcome
+from dynamig.agent.nvml.device import GpuInfo, MigInstance, NvmlDevices
+from dynamig.agent.prepared import PreparedDevices
+from dynamig.agent.publishing.features import InventorySupport, detect_inventory
+from dynamig.agent.publishing.gpu_status import (
     GpuOutcome,
     degraded_status,
     gpu_status,
@@ -52,28 +72,9 @@ from dynamig.agent.gpu_status import (
     refusal,
     refused_status,
 )
-from dynamig.agent.holds import guarded_by_holds, held_desired, valid_holds, whole_hold
-from dynamig.agent.kubeapi import (
-    API_RETRY_MAX_S,
-    KubeApi,
-    NodeFacts,
-    allocated_devices,
-    backoff_delay,
-    node_facts,
-)
-from dynamig.agent.metrics import AgentMetrics
-from dynamig.agent.modeswitch import ModeSwitcher, Step, switch_status, switch_step, wants_switch
-from dynamig.agent.nvml_device import GpuInfo, MigInstance, NvmlDevices
-from dynamig.agent.ownership import foreign_mig_owners, node_is_managed, node_mig_owner
-from dynamig.agent.prepared import PreparedDevices
-from dynamig.agent.publisher import SlicePublisher
-from dynamig.agent.reconcile import plan_gpu
-from dynamig.agent.reporting import NodeReporter
-from dynamig.agent.reshape import Reshaper
-from dynamig.agent.uuidwatch import AllocatedUuids, UuidChange
-from dynamig.agent.watch import NodeCopies, node_copies
-from dynamig.agent.whole import whole_outcome
-from dynamig.agent.xid import APPLICATION_XIDS
+from dynamig.agent.publishing.ownership import foreign_mig_owners, node_is_managed, node_mig_owner
+from dynamig.agent.publishing.publisher import SlicePublisher
+from dynamig.agent.publishing.reporting import NodeReporter
 from dynamig.geometry.model import PlacedInstance, device_name
 from dynamig.kube.apicalls import is_transient, status_of
 from dynamig.kube.gpupartition import (
@@ -124,7 +125,7 @@ class AgentSettings:
     # Added to this host's clock where the Lease's renewTime is written: the dev cluster plays a node whose
     # clock is off with it (the operator dates renewals by its own clock, so it must not matter).
     clock_offset_seconds: float = 0.0
-    # Device health (agent/devicehealth.py): watch NVML's XID events; the taint a critical XID puts on the
+    # Device health (agent/health/devices.py): watch NVML's XID events; the taint a critical XID puts on the
     # devices it affects; the quiet period after which a GPU's faults clear (0: only the GpuPartition's
     # mig.dynamig.io/xid-cleared annotation clears them); the XIDs that are no device fault.
     xid_watch: bool = True
@@ -610,8 +611,8 @@ class NodeAgent:
         model, keep = gpu.model, self.partitionable and not leaving and not switching
         active = part.spec.active_holds(time.time())
         holds = () if leaving or switching else valid_holds(model, active)
-        # Going whole, or kept whole for a claim of whole GPUs until it switches (agent/holds.py): nothing
-        # desired, so the free instances are retired (withdrawn, settled, destroyed).
+        # Going whole, or kept whole for a claim of whole GPUs until it switches (agent/bindings/holds.py):
+        # nothing desired, so the free instances are retired (withdrawn, settled, destroyed).
         going_whole = switching or (not leaving and whole_hold(active) is not None)
         desired = () if going_whole else held_desired(model, part.spec.desired(), holds, self.partitionable)
         settle, now = self.settings.settle_seconds, self.clock()
@@ -631,7 +632,8 @@ class NodeAgent:
         claims.update(done.claims)  # claims that won a race against a destroy count as allocated
         plan, instances, blocker = done.plan, done.instances, done.failed or done.blocker
         # Blocked only by busy instances is Stable: nothing moves until a workload lets go. A layout that
-        # keeps failing is Degraded (the operator plans around it), retried on a back-off (agent/retry.py).
+        # keeps failing is Degraded (the operator plans around it), retried on a back-off
+        # (agent/layout/retry.py).
         reshaping = bool(plan.acts or plan.draining or blocker) and plan.violation is None and not done.failed
         if reshaping:
             self._reshape_started.setdefault(gpu.index, now)

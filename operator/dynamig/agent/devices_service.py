@@ -27,9 +27,9 @@ import logging
 from collections.abc import Iterable
 
 from dynamig.agent.controller import NodeAgent
-from dynamig.agent.kubeapi import allocated_devices
-from dynamig.agent.lifecycle import bound_may_clear
-from dynamig.agent.nvml_device import GpuInfo, MigInstance
+from dynamig.agent.kube.api import allocated_devices
+from dynamig.agent.layout.lifecycle import bound_may_clear
+from dynamig.agent.nvml.device import GpuInfo, MigInstance
 from dynamig.agent.plugin.instances import InstanceError, PlacementTaken, PreparedInstance, UnknownDevice
 from dynamig.geometry.model import PlacedInstance, device_name, placement_of
 from dynamig.kube.names import WHOLE_PROFILE, whole_device_index

@@ -24,11 +24,11 @@ from prometheus_client import CollectorRegistry
 
 from dynamig.agent.controller import AgentSettings, NodeAgent
 from dynamig.agent.devices_service import AgentMigInstances
-from dynamig.agent.health import Health
-from dynamig.agent.health import serve as serve_http
-from dynamig.agent.kubeapi import KubeApi
+from dynamig.agent.endpoints import Health
+from dynamig.agent.endpoints import serve as serve_http
+from dynamig.agent.kube.api import KubeApi
 from dynamig.agent.metrics import AgentMetrics
-from dynamig.agent.nvml_device import NvmlDevices
+from dynamig.agent.nvml.device import NvmlDevices
 from dynamig.agent.plugin.settings import PluginSettings
 from dynamig.geometry.catalog import load_catalog
 from dynamig.kube.metricsauth import ApiAuthorizer, MetricsTLS
@@ -125,13 +125,13 @@ async def run_agent(options: AgentOptions) -> int:
         instances: Any = AgentMigInstances(agent)
         sim_files: Any = None
         if options.plugin is not None:
+            from dynamig.agent.bindings.stranded import StrandedPods
             from dynamig.agent.plugin import probe_sockets, serve_plugin
-            from dynamig.agent.stranded import StrandedPods
 
             p = options.plugin
             if options.nvml == "simulated":
                 # No kernel driver makes /dev and /proc entries for simulated GPUs: write stand-ins.
-                from dynamig.agent.simulated_driver import SimulatedDriverFiles, SimulatedDriverInstances
+                from dynamig.agent.nvml.simulated_driver import SimulatedDriverFiles, SimulatedDriverInstances
 
                 sim_files = files = SimulatedDriverFiles(
                     devices,

@@ -218,6 +218,7 @@ def _metrics_port(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from dynamig.agent.controller import AgentSettings
+    from dynamig.agent.health.xid import APPLICATION_XIDS
     from dynamig.agent.main import (
         AgentOptions,
         SimulationOptions,
@@ -226,7 +227,6 @@ def run(args: argparse.Namespace) -> int:
         run_agent,
     )
     from dynamig.agent.plugin.settings import PluginSettings
-    from dynamig.agent.xid import APPLICATION_XIDS
     from dynamig.cli._logging import configure_logging
     from dynamig.cli.errors import check_kubeconfig, reach_api
     from dynamig.geometry.catalog import load_catalog

@@ -26,14 +26,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TextIO
 
-from dynamig.agent.nvml_catalog import (
+from dynamig.agent.nvml.catalog import (
     ProfileDifference,
     count_gpu_instances,
     diff_profiles,
     read_nvml_profiles,
     show,
 )
-from dynamig.agent.nvml_device import GpuInfo, MigInstance, NvmlDevices
+from dynamig.agent.nvml.device import GpuInfo, MigInstance, NvmlDevices
 from dynamig.cli import add_output_argument, plain, render
 from dynamig.cli.args import simulated_gpus
 from dynamig.cli.errors import EXIT_USAGE, CommandError

@@ -16,9 +16,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from dynamig.agent.controller import AgentSettings, NodeAgent
-from dynamig.agent.kubeapi import KubeApi
+from dynamig.agent.kube.api import KubeApi
 from dynamig.agent.metrics import AgentMetrics
-from dynamig.agent.nvml_device import NvmlDevices
+from dynamig.agent.nvml.device import NvmlDevices
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.model import device_name
 from dynamig.operator.handlers import run_operator

@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from dynamig.agent.features import SCALES_FROM, parse_version
+from dynamig.agent.publishing.features import SCALES_FROM, parse_version
 
 PRIMARY = "v1.37.2"
 
@@ -45,7 +45,7 @@ class KubeTarget:
     @property
     def chooses_partitionable(self) -> bool:
         """Whether the agent's ``--inventory=auto`` picks the partitionable inventory here: served, and a
-        scheduler that carries it at any size (v1.37.2 on; dynamig.agent.features)."""
+        scheduler that carries it at any size (v1.37.2 on; dynamig.agent.publishing.features)."""
         version = parse_version(self.version)
         return self.serves_partitionable and version is not None and version >= SCALES_FROM
 

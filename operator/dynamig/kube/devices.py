@@ -75,7 +75,7 @@ class MigDevice:
 
 @dataclass(frozen=True, slots=True)
 class NvlinkFacts:
-    """A GPU's NVLink facts as NVML gives them, whatever its MIG mode (:mod:`dynamig.agent.nvml_fabric`): its
+    """A GPU's NVLink facts as NVML gives them, whatever its MIG mode (:mod:`dynamig.agent.nvml.fabric`): its
     active links and the NVLink fabric clique it is registered in; None (empty for the cluster) where NVML
     does not say. What a whole GPU publishes as ``nvlinkActiveLinks``, ``fabricClusterUuid`` and
     ``fabricCliqueId``, and what the operator matches whole-GPU claims against before switching MIG off."""

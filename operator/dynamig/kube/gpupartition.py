@@ -61,7 +61,7 @@ class ConditionType(StrEnum):
     MANAGED = "Managed"  # the agent may manage this GPU (no other MIG owner, MIG enabled)
     HEALTHY = "Healthy"  # NVML can reach the GPU
     # no uncleared critical XID on the GPU's devices (absent on a GPU that never had one); False: some of its
-    # devices are tainted in the node's slices (dynamig.agent.devicehealth)
+    # devices are tainted in the node's slices (dynamig.agent.health.devices)
     DEVICES_HEALTHY = "DevicesHealthy"
     UNINSTALLED = "Uninstalled"  # the agent withdrew this GPU and removed its files from the node
     # spec.migMode is what NVML reports (True), or why not yet (False: draining for the switch, waiting
@@ -177,7 +177,7 @@ class MigModeRequest(StrEnum):
 
 class GpuPartitionSpec(_Model):
     layout: list[LayoutEntry] = Field(default_factory=list)
-    # The MIG mode wanted (agent/modeswitch.py switches once the GPU is idle); None: leave it as it is.
+    # The MIG mode wanted (agent/modes/switch.py switches once the GPU is idle); None: leave it as it is.
     mig_mode: MigModeRequest | None = None
     # Partitionable inventory only: profiles whose free placements are offered to the scheduler as devices
     # to be cut on allocation. None or empty: only the instances that exist are offered.

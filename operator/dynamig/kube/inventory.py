@@ -43,7 +43,7 @@ What is published
 (``Static`` / ``DryRun`` policies).
 
 A device that needs NVML work before its pod may run (a placement to cut), and an instance the agent is
-retiring (``Instance.guarded``, see :mod:`dynamig.agent.lifecycle`), carries ``bindingConditions:
+retiring (``Instance.guarded``, see :mod:`dynamig.agent.layout.lifecycle`), carries ``bindingConditions:
 [mig.dynamig.io/ready]`` and ``bindingFailureConditions: [mig.dynamig.io/failed]``: the scheduler holds the
 pod's binding until the node agent reports the instance ready in the claim's ``status.devices``, or releases
 the allocation when it reports failure. Every other existing instance carries none and binds in the
@@ -144,8 +144,8 @@ class GpuInventory:
     # At most this many placements to cut per profile (the best-ranked ones); 0: every valid placement. Fewer
     # devices per node are what keeps kube-scheduler's cost flat at 1,000 nodes (docs/benchmarks.md).
     placements_per_profile: int = 0
-    # Placements kept for one claim each (preemption, agent/holds.py): no other device over their memory
-    # slices is offered (the held placement is, to be cut for that claim).
+    # Placements kept for one claim each (preemption, agent/bindings/holds.py): no other device over their
+    # memory slices is offered (the held placement is, to be cut for that claim).
     held: tuple[PlacedInstance, ...] = ()
 
     def layout(self, *states: Occupancy) -> Layout:

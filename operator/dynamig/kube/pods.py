@@ -1,6 +1,6 @@
 """Whether a pod bound to a device that cannot be served may be given back to its controller. Pure; shared
-by the node agent (a device its plugin cannot prepare, agent/stranded.py) and the operator (a device on a
-node whose agent went silent, operator/fencing.py).
+by the node agent (a device its plugin cannot prepare, agent/bindings/stranded.py) and the operator (a device
+on a node whose agent went silent, operator/fencing.py).
 
 A pod is given back by deleting it, so that its controller creates it again and the scheduler books it
 afresh: only a pod a controller owns and none of whose containers ever started (nothing of it ran, nothing

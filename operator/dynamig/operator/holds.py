@@ -9,8 +9,8 @@ The order, one step per round, each step restartable from what the API server st
    ``maxEvictionsPerHour`` when the hold is made.
 2. **Evict**, once the node agent shows the hold in ``status.holds``: from then on it answers failed every
    other claim's booking of the held slices and publishes the victims' instances guarded as they are freed
-   (agent/holds.py), so a freed slice is not handed to the next small pod. Victims still there, not being
-   deleted and with the uid the search saw, are evicted through the Eviction API every round until gone.
+   (agent/bindings/holds.py), so a freed slice is not handed to the next small pod. Victims still there, not
+   being deleted and with the uid the search saw, are evicted through the Eviction API every round until gone.
    A PodDisruptionBudget's refusal (429) releases the hold: the search runs again next round.
 3. **Release**, when the claim is allocated (served, wherever), deleted or replaced, or the hold expires.
 """

@@ -629,7 +629,7 @@ class Reconciler:
             if switch is not None:  # never beside a layout write (modes.py skips GPUs written this round)
                 spec.update(switch.spec())
                 annotations.update(switch.annotations(stamp))
-            if keep is not None:  # the whole GPU kept for a claim of whole GPUs (agent/holds.py)
+            if keep is not None:  # the whole GPU kept for a claim of whole GPUs (agent/bindings/holds.py)
                 stored = (raw.get("spec") or {}).get("holds") or []
                 others = [h for h in stored if h.get("profile") != WHOLE_PROFILE]
                 held = keep.hold(self.wall()).model_dump(mode="json", by_alias=True, exclude_none=True)

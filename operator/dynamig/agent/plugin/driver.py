@@ -54,7 +54,7 @@ class ClaimSource(Protocol):
 
 class StrandedClaims(Protocol):
     """Hears how each claim's prepare went, to give back the pods of one whose device stays unpreparable
-    (``dynamig.agent.stranded.StrandedPods``)."""
+    (``dynamig.agent.bindings.stranded.StrandedPods``)."""
 
     def prepared(self, claim_uid: str) -> None: ...
 

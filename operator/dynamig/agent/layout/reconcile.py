@@ -19,8 +19,9 @@ With ``keep_undesired=True`` (the partitionable inventory, where the scheduler b
 ``desired`` is a floor, not the whole layout: instances outside it stay (free ones remain bookable at zero
 wait); a free one is retired only when a missing desired instance needs its memory slices and nothing busy
 blocks that instance. A retired instance is ``draining``: the caller republishes it guarded (with binding
-conditions) and it is destroyed once it has been so for ``settle_seconds``, as in the instances inventory
-(see :mod:`dynamig.agent.lifecycle` for why a free instance published without conditions cannot go at once).
+conditions) and it is destroyed once it has been so for ``settle_seconds``, as in the instances
+inventory (see :mod:`dynamig.agent.layout.lifecycle` for why a free instance published without conditions
+cannot go at once).
 
 Because every input is observed afresh each round, a crash at any point converges on the next round.
 """
@@ -36,7 +37,7 @@ from dynamig.geometry.layout import check_layout
 from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, device_name, normalize_layout
 
 if TYPE_CHECKING:
-    from dynamig.agent.nvml_device import MigInstance
+    from dynamig.agent.nvml.device import MigInstance
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dynamig.agent.nvml_device import GpuInfo, MigInstance
-from dynamig.agent.reconcile import GpuPlan
+from dynamig.agent.layout.reconcile import GpuPlan
+from dynamig.agent.nvml.device import GpuInfo, MigInstance
 from dynamig.geometry.model import PlacedInstance, device_name
 from dynamig.kube.devices import MigDevice
 from dynamig.kube.gpupartition import (

@@ -8,7 +8,7 @@ while a copy is not synced. What the agent writes is written from fresh reads (t
 again before changing them), so a copy a moment behind the agent's own write costs a read, never a conflict.
 
 A watch that fails is tried again after a wait that doubles up to
-:data:`~dynamig.agent.kubeapi.API_RETRY_MAX_S` (2 s), however long the API server stays away. One dropped
+:data:`~dynamig.agent.kube.api.API_RETRY_MAX_S` (2 s), however long the API server stays away. One dropped
 stream resumes from its resourceVersion; a second failure in a row means the API server is out of reach,
 and the copy is listed again once it answers: that LIST proves it is back (``on_reconnect`` then starts a
 round at once, even one the agent's error back-off holds) and replaces what the copy missed.
@@ -28,7 +28,7 @@ from typing import Any
 from kubernetes_asyncio import watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from dynamig.agent.kubeapi import API_RETRY_MAX_S, backoff_delay
+from dynamig.agent.kube.api import API_RETRY_MAX_S, backoff_delay
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The MIG UUID each allocated device was given, as recorded apart from what NVML shows now. Pure.
 
-:mod:`dynamig.agent.uuidwatch` compares an allocated instance's MIG UUID with the one its claims were given.
-A round that first sees a claim allocated would otherwise take whatever NVML shows then, and miss an
+:mod:`dynamig.agent.bindings.uuidwatch` compares an allocated instance's MIG UUID with the one its claims were
+given. A round that first sees a claim allocated would otherwise take whatever NVML shows then, and miss an
 instance replaced between the allocation and that round. Two records outlive such a replacement:
 
 - the claim's ``status.devices[].data.migUUID``: the agent's answer (partitionable inventory) or the UUID it

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dynamig.agent.gpu_status import Problem
+from dynamig.agent.publishing.gpu_status import Problem
 from dynamig.geometry.model import Layout
 from dynamig.kube.gpupartition import Reason
 

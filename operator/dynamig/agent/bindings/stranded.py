@@ -25,7 +25,7 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from dynamig.agent.kubeapi import KubeApi
+from dynamig.agent.kube.api import KubeApi
 from dynamig.kube.events import AGENT_COMPONENT, event_body
 from dynamig.kube.pods import REASON_RESCHEDULED, REASON_STRANDED, verdict
 from dynamig.kube.times import now_rfc3339

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from dynamig.agent.nvml_fabric import nvlink_facts
+from dynamig.agent.nvml.fabric import nvlink_facts
 from dynamig.geometry.catalog import Catalog
 from dynamig.geometry.model import GpuModel, PlacedInstance, Profile
 from dynamig.kube.devices import NvlinkFacts, WholeGpuDevice

@@ -55,8 +55,8 @@ class AllocatedUuids:
     ) -> list[UuidChange]:
         """One GPU, whose device names start with ``prefix`` (``gpu<index>-``): ``uuids`` maps each instance
         that exists now to its MIG UUID, ``claims`` each allocated device to its holders, ``given`` the MIG
-        UUID a device was allocated with where that is recorded (:mod:`dynamig.agent.given_uuids`). Returns
-        the changes since the last call for that GPU, each reported once."""
+        UUID a device was allocated with where that is recorded (:mod:`dynamig.agent.bindings.given_uuids`).
+        Returns the changes since the last call for that GPU, each reported once."""
         given = given or {}
         changes: list[UuidChange] = []
         scope = {d for d in claims if d.startswith(prefix)} | {d for d in self._held if d.startswith(prefix)}

@@ -40,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from dynamig.agent.nvml_device import GpuInfo, NvmlDevices
+from dynamig.agent.nvml.device import GpuInfo, NvmlDevices
 from dynamig.agent.plugin import cdi
 from dynamig.agent.plugin.cdi_validation import check_spec, required_version
 from dynamig.agent.plugin.instances import MigInstances, PreparedInstance

@@ -7,11 +7,11 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dynamig.agent.gpu_status import GpuOutcome
-from dynamig.agent.kubeapi import KubeApi
+from dynamig.agent.bindings.uuidwatch import UuidChange
+from dynamig.agent.kube.api import KubeApi
 from dynamig.agent.metrics import AgentMetrics, GpuSample, InstanceSample
-from dynamig.agent.nvml_device import GpuInfo, MigInstance
-from dynamig.agent.uuidwatch import UuidChange
+from dynamig.agent.nvml.device import GpuInfo, MigInstance
+from dynamig.agent.publishing.gpu_status import GpuOutcome
 from dynamig.kube.apicalls import status_of
 from dynamig.kube.events import AGENT_COMPONENT, claim_ref, event_body, gpu_partition_ref
 from dynamig.kube.gpupartition import (

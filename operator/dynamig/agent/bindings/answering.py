@@ -4,7 +4,7 @@
   "ignore[s] all ordinary claims to the device" and kube-scheduler does not count it as allocated
   (pkg/scheduler/framework/plugins/dynamicresources/allocateddevices.go), so it neither blocks an ordinary
   answer (:func:`ordinary_holders`) nor is answered like one (:func:`admin_allocations`, then
-  :func:`dynamig.agent.binding.decide` with ``admin=True``).
+  :func:`dynamig.agent.bindings.decide.decide` with ``admin=True``).
 - Bookings not yet answered (:func:`booked_devices`): the publisher keeps them in the slices until they are
   (``build_inventory_slices(booked=...)`` in :mod:`dynamig.kube.inventory`).
 - The GPUs the round refuses (:func:`refusals`): an allocation on one is answered failed with the
@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from dynamig.agent.gpu_status import Problem, refusal
-from dynamig.agent.kubeapi import claim_ref, claim_results
-from dynamig.agent.modeswitch import wants_switch
-from dynamig.agent.nvml_device import GpuInfo
+from dynamig.agent.kube.api import claim_ref, claim_results
+from dynamig.agent.modes.switch import wants_switch
+from dynamig.agent.nvml.device import GpuInfo
+from dynamig.agent.publishing.gpu_status import Problem, refusal
 from dynamig.kube.answers import unanswered
 from dynamig.kube.gpupartition import GpuPartition, Reason
 from dynamig.kube.names import gpu_partition_name
@@ -59,9 +59,9 @@ def refusals(
     foreign: Mapping[str, str],
     no_partition: GpuPartition,
 ) -> Callable[[GpuInfo], Problem | None]:
-    """Why the round leaves a GPU alone (:func:`dynamig.agent.gpu_status.refusal`), as the answerer asks it
-    of the GPUs it observes afresh: its GpuPartition (``no_partition`` before one exists), the node's MIG
-    owner, or another driver publishing MIG devices of the GPU (``foreign``: GPU UUID -> driver). Pure."""
+    """Why the round leaves a GPU alone (:func:`dynamig.agent.publishing.gpu_status.refusal`), as the answerer
+    asks it of the GPUs it observes afresh: its GpuPartition (``no_partition`` before one exists), the node's
+    MIG owner, or another driver publishing MIG devices of the GPU (``foreign``: GPU UUID -> driver). Pure."""
 
     def refuse(gpu: GpuInfo) -> Problem | None:
         owner = node_owner
@@ -70,7 +70,7 @@ def refusals(
         part = parts.get(gpu_partition_name(node, gpu.index), no_partition)
         problem = refusal(gpu, part, owner)
         if problem is None and wants_switch(gpu, part.spec.mig_mode):
-            # withdrawn for a MIG mode switch (agent/modeswitch.py): a booking from an older slice fails
+            # withdrawn for a MIG mode switch (agent/modes/switch.py): a booking from an older slice fails
             wanted = part.spec.mig_mode.value if part.spec.mig_mode else ""
             return Reason.MIG_MODE_DRAINING, f"GPU {gpu.index} is being switched to MIG mode {wanted}"
         return problem

@@ -1,8 +1,8 @@
 """Carries out one GPU's reshape plan through NVML: destroys what may go now (read again right before, the
-decision :func:`dynamig.agent.lifecycle.destroys_now`'s), plans again from what really went, creates.
+decision :func:`dynamig.agent.layout.lifecycle.destroys_now`'s), plans again from what really went, creates.
 Returns what happened as data; the round turns it into status, Events and the published inventory.
 A layout whose NVML operations keep failing is retried on a back-off and reported failed after a few tries
-(:mod:`dynamig.agent.retry`)."""
+(:mod:`dynamig.agent.layout.retry`)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from dynamig.agent.gpu_status import Problem
-from dynamig.agent.kubeapi import KubeApi, allocated_devices
-from dynamig.agent.lifecycle import destroys_now
+from dynamig.agent.kube.api import KubeApi, allocated_devices
+from dynamig.agent.layout.lifecycle import destroys_now
+from dynamig.agent.layout.reconcile import GpuPlan, Observed, observe, plan_gpu, without_creates_over
+from dynamig.agent.layout.retry import Attempts, after_attempt, current, gave_up, holding
 from dynamig.agent.metrics import AgentMetrics
-from dynamig.agent.nvml_device import GpuInfo, MigInstance, NvmlDevices
-from dynamig.agent.reconcile import GpuPlan, Observed, observe, plan_gpu, without_creates_over
-from dynamig.agent.retry import Attempts, after_attempt, current, gave_up, holding
+from dynamig.agent.nvml.device import GpuInfo, MigInstance, NvmlDevices
+from dynamig.agent.publishing.gpu_status import Problem
 from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, device_name
 from dynamig.kube.apicalls import status_of
 from dynamig.kube.gpupartition import Reason

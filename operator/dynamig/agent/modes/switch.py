@@ -5,9 +5,9 @@ The operator writes ``spec.migMode`` (``Enabled`` or ``Disabled``) under a polic
 
 1. **withdraw**: every device of the GPU leaves the slice (the whole GPU going to MIG; the MIG instances and
    placements going whole), so the scheduler books nothing new there, and bookings not answered yet are
-   answered failed (``agent/answering.py``). Going whole, the free MIG instances are destroyed as any retired
-   instance is (``agent/lifecycle.py``: out of the slice, quiet for the settle period, read again just
-   before); allocated or busy ones stay until their pods end.
+   answered failed (``agent/bindings/answering.py``). Going whole, the free MIG instances are destroyed as any
+   retired instance is (``agent/layout/lifecycle.py``: out of the slice, quiet for the settle period, read
+   again just before); allocated or busy ones stay until their pods end.
 2. **settle**: the GPU stays withdrawn for the settle period (a booking from a slice published before the
    withdrawal may still be on its way), then the claims and the pods binding toward the node are read afresh:
    any allocation naming a device of the GPU, a prepared claim, a compute process or a pod in a binding cycle
@@ -34,8 +34,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from dynamig.agent.kubeapi import KubeApi, allocated_devices
-from dynamig.agent.nvml_device import GpuInfo, NvmlDevices
+from dynamig.agent.kube.api import KubeApi, allocated_devices
+from dynamig.agent.nvml.device import GpuInfo, NvmlDevices
 from dynamig.kube.gpupartition import (
     Condition,
     ConditionType,

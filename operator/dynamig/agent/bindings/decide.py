@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dynamig.agent.holds import REASON_PLACEMENT_HELD, held_against
-from dynamig.agent.reconcile import Observed, overlaps
+from dynamig.agent.bindings.holds import REASON_PLACEMENT_HELD, held_against
+from dynamig.agent.layout.reconcile import Observed, overlaps
 from dynamig.geometry.layout import check_layout
 from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, normalize_layout, placement_of
 from dynamig.kube.answers import answer_entry
@@ -62,10 +62,10 @@ class GpuState:
     observed: tuple[Observed, ...] = ()
     mig_uuids: dict[PlacedInstance, str] = field(default_factory=dict)  # whole instances only ("" unread)
     refused: tuple[str, str] | None = None  # (reason, message): the round leaves this GPU alone
-    holds: tuple[Hold, ...] = ()  # placements kept for one claim each (agent/holds.py)
+    holds: tuple[Hold, ...] = ()  # placements kept for one claim each (agent/bindings/holds.py)
     uuid: str = ""  # the GPU's
-    # The whole GPU kept for one claim of whole GPUs (agent/holds.py): with MIG mode off, or on until it
-    # switches (no other claim is booked on its instances meanwhile).
+    # The whole GPU kept for one claim of whole GPUs (agent/bindings/holds.py): with MIG mode off, or on until
+    # it switches (no other claim is booked on its instances meanwhile).
     whole_hold: Hold | None = None
 
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from dynamig.agent.gpu_status import GpuOutcome, gpu_status, mig_mode
-from dynamig.agent.holds import whole_hold
-from dynamig.agent.nvml_device import GpuInfo, WholeGpu
+from dynamig.agent.bindings.holds import whole_hold
+from dynamig.agent.nvml.device import GpuInfo, WholeGpu
+from dynamig.agent.publishing.gpu_status import GpuOutcome, gpu_status, mig_mode
 from dynamig.kube.gpupartition import (
     ConditionType,
     GpuPartition,
@@ -53,8 +53,8 @@ def whole_outcome(
     """What a GPU with MIG mode off contributes to a round: its whole device (unless work outside DRA holds
     it) and a status saying so. While a hold of the whole GPU stands (``now``: epoch seconds), the device is
     published guarded where the agent publishes the partitionable inventory (``inventory``: the API server
-    keeps binding conditions there), so only the claim it is kept for is answered ready (agent/holds.py); in
-    the instances inventory a hold keeps nothing."""
+    keeps binding conditions there), so only the claim it is kept for is answered ready
+    (agent/bindings/holds.py); in the instances inventory a hold keeps nothing."""
     device = whole.device
     name = device.name
     held = sorted(set(claims.get(name, ())))

@@ -5,7 +5,7 @@ A hold of the whole GPU (profile ``whole``, kind ``Whole``: the operator switche
 a claim of whole GPUs, or counts its free whole GPU for one) is kept the same way on the one device a GPU with
 MIG mode off has: the whole device is published guarded (with binding conditions) and every other claim's
 booking of it is answered failed (``PlacementHeld``), so the GPUs switched for a claim of several whole GPUs
-are not taken one by one by others while the rest switch (:func:`whole_hold`, agent/whole.py).
+are not taken one by one by others while the rest switch (:func:`whole_hold`, agent/modes/whole.py).
 
 While a hold stands on a GPU the agent:
 
@@ -19,7 +19,7 @@ While a hold stands on a GPU the agent:
   the held placement itself joins the desired layout, so the agent cuts it once the victims are gone.
 
 In the Partitionable inventory the waiting claim's own booking of the placement cuts it, as any booking
-does (free instances in the way are destroyed at the booking, :mod:`dynamig.agent.lifecycle`
+does (free instances in the way are destroyed at the booking, :mod:`dynamig.agent.layout.lifecycle`
 ``DESTROY_IN_WAY``).
 """
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from dynamig.agent.reconcile import overlaps
+from dynamig.agent.layout.reconcile import overlaps
 from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, normalize_layout
 from dynamig.kube.gpupartition import Hold
 

@@ -1,4 +1,4 @@
-"""The node agent's copy of the cluster's ResourceClaims (a :class:`~dynamig.agent.watchcache.WatchedList`).
+"""The node agent's copy of the cluster's ResourceClaims (a :class:`~dynamig.agent.kube.cache.WatchedList`).
 
 ResourceClaims cannot be selected by node on the server, so each agent sees every claim's changes. What
 keeps an agent's API cost independent of the cluster's size is what it does with them: rounds read this
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from dynamig.agent.kubeapi import RESOURCE_GROUP, RESOURCE_VERSION, KubeApi, allocated_devices
-from dynamig.agent.watchcache import Source, WatchedList
+from dynamig.agent.kube.api import RESOURCE_GROUP, RESOURCE_VERSION, KubeApi, allocated_devices
+from dynamig.agent.kube.cache import Source, WatchedList
 
 
 def allocated_on(claim: dict[str, Any] | None, driver: str, pool: str) -> bool:

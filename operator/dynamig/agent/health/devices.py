@@ -3,14 +3,15 @@
 A thread (:class:`XidWatcher`, as NVIDIA's device plugin runs its health check) registers every GPU for
 ``nvmlEventTypeXidCriticalError`` in one event set (``nvmlEventSetCreate``, ``nvmlDeviceRegisterEvents``) and
 waits on it (``nvmlEventSetWait``, one second at a time, ``NVML_ERROR_TIMEOUT`` when nothing came). Each XID
-is counted (``dynamig_xid_errors_total``) and classified (:mod:`dynamig.agent.xid`); a critical one becomes a
-:class:`Fault` of :class:`DeviceHealth` and wakes the agent's loop. The round then:
+is counted (``dynamig_xid_errors_total``) and classified (:mod:`dynamig.agent.health.xid`); a critical one
+becomes a :class:`Fault` of :class:`DeviceHealth` and wakes the agent's loop. The round then:
 
 - maps each fault to its devices (the MIG instance's device for an XID attributed to a GPU instance, every
   device of the GPU otherwise), with the GPU instances the round read;
 - has the publisher taint those devices in the node's slices (key ``mig.dynamig.io/xid``, value the XID,
-  ``NoSchedule`` unless the agent runs with ``--xid-effect=NoExecute``) where the API server keeps device
-  taints (asked once with a dry-run create, as :mod:`dynamig.agent.features` does), or leave them out;
+  ``NoSchedule`` unless the agent runs with ``--xid-effect=NoExecute``) where the API server keeps
+  device taints (asked once with a dry-run create, as :mod:`dynamig.agent.publishing.features` does), or
+  leave them out;
 - sets the GpuPartition's ``DevicesHealthy`` condition and posts a ``CriticalXid`` Warning Event per fault.
 
 A fault clears when the administrator says the GPU was recovered (the GpuPartition's annotation
@@ -34,10 +35,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 
 from dynamig import API_GROUP, DRIVER_NAME
-from dynamig.agent.gpu_status import GpuOutcome
-from dynamig.agent.kubeapi import KubeApi
-from dynamig.agent.nvml_device import GpuInfo
-from dynamig.agent.xid import (
+from dynamig.agent.health.xid import (
     APPLICATION_XIDS,
     TAINT_KEY,
     Taint,
@@ -46,6 +44,9 @@ from dynamig.agent.xid import (
     classify,
     with_health,
 )
+from dynamig.agent.kube.api import KubeApi
+from dynamig.agent.nvml.device import GpuInfo
+from dynamig.agent.publishing.gpu_status import GpuOutcome
 from dynamig.geometry.model import device_name
 from dynamig.kube.gpupartition import ConditionType, GpuPartition, set_condition
 from dynamig.kube.names import gpu_partition_name

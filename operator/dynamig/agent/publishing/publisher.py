@@ -19,15 +19,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dynamig import DRIVER_NAME
-from dynamig.agent.answering import booked_devices
-from dynamig.agent.booked import kept_booked, published_devices
-from dynamig.agent.kubeapi import KubeApi
+from dynamig.agent.bindings.answering import booked_devices
+from dynamig.agent.bindings.booked import kept_booked, published_devices
+from dynamig.agent.kube.api import KubeApi
 from dynamig.kube.apicalls import status_of
 from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY, GpuInventory, build_inventory_slices
 from dynamig.kube.slices import CONTENT_ANNOTATION, build_resource_slices
 
 if TYPE_CHECKING:
-    from dynamig.agent.devicehealth import DeviceHealth
+    from dynamig.agent.health.devices import DeviceHealth
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class SlicePublisher:
         self.publishes = 0
         # Owner of the slices (the Node, as for kubelet-registered drivers): deleting the node collects them.
         self.owner: dict[str, Any] | None = None
-        # Devices a critical XID made sick are tainted or left out (agent/devicehealth.py).
+        # Devices a critical XID made sick are tainted or left out (agent/health/devices.py).
         self.health: DeviceHealth | None = None
 
     def _ours(self, slices: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dynamig import DRIVER_NAME
-from dynamig.agent.kubeapi import KubeApi
+from dynamig.agent.kube.api import KubeApi
 from dynamig.kube.apicalls import status_of
 from dynamig.kube.gpupartition import Inventory
 from dynamig.kube.inventory import BINDING_FAILED, BINDING_READY

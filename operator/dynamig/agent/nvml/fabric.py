@@ -1,5 +1,5 @@
 """A GPU's NVLink links and its place in an NVLink fabric, read through NVML (the ``pynvml`` module interface)
-for every GPU the agent lists (:meth:`dynamig.agent.nvml_device.NvmlDevices.gpus`), whatever its MIG mode:
+for every GPU the agent lists (:meth:`dynamig.agent.nvml.device.NvmlDevices.gpus`), whatever its MIG mode:
 published on the device a GPU with MIG mode off is published as, so that a claim for several GPUs can
 select GPUs that NVLink joins, and reported in every GpuPartition's status, so that the operator switches
 MIG off only on a GPU whose links such a claim accepts. Every function does NVML I/O, reads only, and

@@ -1,4 +1,4 @@
-"""The copies an agent's rounds read instead of the API (:mod:`dynamig.agent.watchcache`): its Node, its
+"""The copies an agent's rounds read instead of the API (:mod:`dynamig.agent.kube.cache`): its Node, its
 GpuPartitions, its node's ResourceSlices (every driver's) and every ResourceClaim. A change to any of them
 starts a round at once (claims: only those allocated on this node's pool, ``claimcache``).
 
@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dynamig.agent.claimcache import ClaimCache
-from dynamig.agent.kubeapi import RESOURCE_GROUP, RESOURCE_VERSION, KubeApi
-from dynamig.agent.watchcache import Source, WatchedList
+from dynamig.agent.kube.api import RESOURCE_GROUP, RESOURCE_VERSION, KubeApi
+from dynamig.agent.kube.cache import Source, WatchedList
+from dynamig.agent.kube.claims import ClaimCache
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, NODE_LABEL, VERSION
 
 

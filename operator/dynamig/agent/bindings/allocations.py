@@ -1,8 +1,8 @@
 """Answers allocations of this node's devices that wait on binding conditions. Side effects: NVML, API.
 
 For each allocation with no answer yet (:func:`dynamig.kube.answers.unanswered`) the agent observes its
-GPUs afresh, decides (:func:`dynamig.agent.binding.decide`), carries out a cut (destroy the free instances
-in the way, create the instance at its placement) and writes the answer into the claim's
+GPUs afresh, decides (:func:`dynamig.agent.bindings.decide.decide`), carries out a cut (destroy the free
+instances in the way, create the instance at its placement) and writes the answer into the claim's
 ``status.devices[]``. It runs inside the agent's round, under the agent's lock, so no reshape of its own
 runs at the same time; a crash before the status write leaves the allocation unanswered and the next
 round answers it once (a cut that already happened is then simply ready).
@@ -20,8 +20,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
-from dynamig.agent.answering import admin_allocations, ordinary_holders
-from dynamig.agent.binding import (
+from dynamig.agent.bindings.answering import admin_allocations, ordinary_holders
+from dynamig.agent.bindings.decide import (
     REASON_NO_MIG_DEVICE,
     Cut,
     Enumerate,
@@ -32,12 +32,12 @@ from dynamig.agent.binding import (
     device_status,
     locate,
 )
-from dynamig.agent.gpu_status import Problem
-from dynamig.agent.holds import whole_hold
-from dynamig.agent.kubeapi import KubeApi
+from dynamig.agent.bindings.holds import whole_hold
+from dynamig.agent.kube.api import KubeApi
+from dynamig.agent.layout.reconcile import observe
 from dynamig.agent.metrics import AgentMetrics
-from dynamig.agent.nvml_device import GpuInfo, NvmlDevices
-from dynamig.agent.reconcile import observe
+from dynamig.agent.nvml.device import GpuInfo, NvmlDevices
+from dynamig.agent.publishing.gpu_status import Problem
 from dynamig.geometry.model import PlacedInstance, device_name
 from dynamig.kube.answers import Pending, data_entry, still_waits, unanswered, unreported
 from dynamig.kube.events import AGENT_COMPONENT, claim_ref, event_body

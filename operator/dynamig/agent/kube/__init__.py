@@ -1,0 +1,1 @@
+"""The agent's Kubernetes API calls and the watched copies its rounds read."""

@@ -1,0 +1,1 @@
+"""NVML: MIG discovery and changes, the profile table, NVLink facts, and the simulated driver's files."""
