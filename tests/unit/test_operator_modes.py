@@ -960,6 +960,7 @@ def test_a_claim_of_several_whole_gpus_keeps_the_gpus_it_lacks_on_its_node_while
     assert d.switches == () and d.keeps == ()
     small = next(v for v in d.verdicts if v.claim.claim.name == "small")
     assert small.reason is Reason.NO_CAPACITY and "among the 1 GPUs" in small.message, small  # gpu3: full
+    assert "node-a-gpu1, node-a-gpu2 kept whole for claims of whole GPUs" in small.message, small.message
     done = gpu("node-a-gpu0", mig="Disabled", ask="Disabled", annotations=asked)
     d = decide([_kept_for(done, "ml/big"), *kept, busy, gpu("node-b-gpu0")], [claim("big", count=3)], pol)
     assert [(s.gpu, s.claim) for s in d.switches] == [("node-a-gpu1", "ml/big")]

@@ -434,6 +434,12 @@ def decide_modes(inp: ModeInput) -> ModeDecision:
             verdicts[i] = _whole_claim(r, v, supply[i], models)
         elif v.reason in _NO_MIG_GPU and v.claim.requests:
             verdicts[i] = _mig_claim(r, v, verdicts, whole_claims, models)
+    held = [g.name for g in gpus if g.whole_hold and g.mode_target is ON]
+    if held:  # the planner left them out: say why a MIG claim gets no room there
+        for i, v in enumerate(verdicts):
+            if v.reason is Reason.NO_CAPACITY and v.claim.requests:
+                kept = f"{_names(held)} kept whole for claims of whole GPUs: nothing is cut there for it"
+                verdicts[i] = replace(v, message=f"{v.message}; {kept}")
     switches = tuple(r.switches)
     if r.dry_run:
         return ModeDecision(planned=switches, resets=resets, verdicts=tuple(verdicts))
