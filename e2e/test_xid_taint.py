@@ -20,6 +20,7 @@ fail.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import time
@@ -34,10 +35,11 @@ from kubernetes_asyncio import client
 from dynamig.agent.health.devices import CONDITION
 from dynamig.agent.health.xid import TAINT_KEY
 from dynamig.demo.cluster import ScenarioApi, allocated_device, claim_pod, exactly, resource_claim
-from dynamig.demo.inprocess import agent_running, quick_agent_settings
+from dynamig.demo.inprocess import agent_running, operator_running, quick_agent_settings
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.devcluster.versions import KubeTarget
 from dynamig.devcluster.waiting import event_posted
+from dynamig.operator.metrics import OperatorMetrics
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.matrix]
 
@@ -145,6 +147,7 @@ async def test_a_critical_xid_on_one_instance_keeps_new_claims_off_just_that_dev
         await k.delete_pods(["first", "second"])
 
 
+@pytest.mark.parametrize("asked_by", ["agent flag", "policy"])
 async def test_a_no_execute_xid_taint_moves_the_pod_off_its_device_and_spares_the_gpus_other_instance(
     crds: ControlPlane,
     kube_api: client.ApiClient,
@@ -152,21 +155,38 @@ async def test_a_no_execute_xid_taint_moves_the_pod_off_its_device_and_spares_th
     namespace: str,
     make_node: Callable[..., str],
     sim: ModuleType,
+    asked_by: str,
 ) -> None:
-    """The agent run with ``--xid-effect=NoExecute``: an XID 94 on the instance a pod holds taints that device
-    NoExecute, and kube-controller-manager's device-taint eviction controller evicts the pod (DRADeviceTaints:
-    on from 1.36); the pod on the GPU's other instance stays."""
+    """NoExecute asked by the agent's ``--xid-effect=NoExecute``, or by a policy's ``spec.health.xidEffect``
+    (the agent's flag left at NoSchedule; the operator writes the GPU's ``spec.xidEffect``): an XID 94 on the
+    instance a pod holds taints that device NoExecute, and kube-controller-manager's device-taint eviction
+    controller evicts the pod (DRADeviceTaints: on from 1.36); the pod on the GPU's other instance stays."""
     if kube_target.minor < 36 and "DRADeviceTaints" not in kube_target.feature_gates:
         pytest.skip(f"{kube_target.name} serves no device taints: the sick device is withdrawn instead")
     k = ScenarioApi(kube_api, namespace)
     await k.ensure_device_class()
     sim.configure(gpus=["H100-80GB"], state_file=None)
-    node = make_node("xidexec", labels={"dynamig.io/managed": "true"})
+    pool = uuid.uuid4().hex[:8]
+    node = make_node("xidexec", labels={"dynamig.io/managed": "true", "test-pool": pool})
     gpu = f"{node}-gpu0"
     where = {"kubernetes.io/hostname": node}
-    settings = dataclasses.replace(quick_agent_settings(node), xid_effect="NoExecute")
-    async with agent_running(kube_api, node, sim, settings):
+    by_flag = asked_by == "agent flag"
+    settings = dataclasses.replace(
+        quick_agent_settings(node), xid_effect="NoExecute" if by_flag else "NoSchedule"
+    )
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(agent_running(kube_api, node, sim, settings))
         await eventually(lambda: _created(k, gpu), f"{gpu} created", within_s=60)
+        if not by_flag:  # a Static policy: the operator changes no layout, and writes the taint effect
+            await stack.enter_async_context(operator_running(crds.kubeconfig_path, OperatorMetrics()))
+            policy = {"nodeSelector": {"matchLabels": {"test-pool": pool}}, "mode": "Static",
+                      "health": {"xidEffect": "NoExecute"}}  # fmt: skip
+            await k.create_policy(f"xid-{pool}", policy)
+
+            async def effect_written() -> bool | None:
+                return True if (await k.partition(gpu))["spec"].get("xidEffect") == "NoExecute" else None
+
+            await eventually(effect_written, f"{gpu}'s spec.xidEffect written by the operator", within_s=60)
         await k.set_layout(gpu, [("1g.10gb", 0), ("1g.10gb", 1)])
 
         async def both_published() -> bool | None:

@@ -229,3 +229,39 @@ def test_the_watcher_records_critical_xids_and_counts_every_one(nvml: ModuleType
         return registry.get_sample_value("dynamig_xid_errors_total", labels)
 
     assert count("31", "false") == 1.0 and count("94", "true") == 1.0
+
+
+def test_a_gpu_partition_naming_an_effect_overrides_the_agents_for_that_gpu_only() -> None:
+    """The operator writes the policy's spec.health.xidEffect to GpuPartition spec.xidEffect: a fault on that
+    GPU is tainted with it (in the slice, its content digest and the Event), the other GPU's with the
+    agent's own --xid-effect."""
+    at = 1_800_000_000.0
+    health = DeviceHealth("n1", clock=lambda: at)  # the agent's effect: NoSchedule
+    health.add(Fault("GPU-a", 94, "Contained ECC error", 1, 0, False, at))
+    health.add(Fault("GPU-b", 94, "Contained ECC error", 1, 0, False, at))
+    gpus: Any = [_Gpu(0, "GPU-a"), _Gpu(1, "GPU-b")]
+    parts = {
+        "n1-gpu0": GpuPartition.model_validate(
+            {"metadata": {"name": "n1-gpu0"}, "spec": {"xidEffect": "NoExecute"}}
+        ),
+        "n1-gpu1": _part("n1-gpu1"),
+    }
+    health.observe(gpus, {0: {1: "gpu0-1g10gb-s0"}, 1: {1: "gpu1-1g10gb-s0"}}, parts)
+    health.taints_served = True
+    body = build_resource_slices("n1", 1, _devices("gpu0-1g10gb-s0", "gpu1-1g10gb-s0"))
+    (tainted,) = health.apply(body, keep=())
+    effects = {d["name"]: d["taints"][0]["effect"] for d in tainted["spec"]["devices"]}
+    assert effects == {"gpu0-1g10gb-s0": "NoExecute", "gpu1-1g10gb-s0": "NoSchedule"}
+    for name, effect in (("n1-gpu0", "NoExecute"), ("n1-gpu1", "NoSchedule")):
+        outcome = GpuOutcome(name, status=GpuPartitionStatus())
+        health.report(outcome, parts[name])
+        (message,) = [e[2] for e in outcome.events if e[1] == "CriticalXid"]
+        assert f"tainted {effect}" in message, message
+    # The field gone again (the policy no longer sets it): the agent's effect.
+    health.observe(gpus, {}, {"n1-gpu0": _part("n1-gpu0"), "n1-gpu1": _part("n1-gpu1")})
+    (again,) = health.apply(body, keep=())
+    assert {d["taints"][0]["effect"] for d in again["spec"]["devices"]} == {"NoSchedule"}
+    assert (
+        again["metadata"]["annotations"][CONTENT_ANNOTATION]
+        != tainted["metadata"]["annotations"][CONTENT_ANNOTATION]
+    )  # a changed effect is a changed slice: published again

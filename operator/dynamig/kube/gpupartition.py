@@ -175,6 +175,13 @@ class MigModeRequest(StrEnum):
     DISABLED = "Disabled"
 
 
+class XidEffect(StrEnum):
+    """The effect of the DRA device taint a critical XID puts on the affected devices (agent/health)."""
+
+    NO_SCHEDULE = "NoSchedule"  # new claims avoid the device; pods on it stay
+    NO_EXECUTE = "NoExecute"  # the device-taint eviction controller also evicts the pods using it
+
+
 class GpuPartitionSpec(_Model):
     layout: list[LayoutEntry] = Field(default_factory=list)
     # The MIG mode wanted (agent/modes/switch.py switches once the GPU is idle); None: leave it as it is.
@@ -184,6 +191,8 @@ class GpuPartitionSpec(_Model):
     offered_profiles: list[str] | None = None
     auto_placements_per_profile: AutoPlacementsSpec | None = None  # written by the operator
     holds: list[Hold] = Field(default_factory=list)  # written by the operator (preemption)
+    # Written by the operator from its policy's spec.health.xidEffect; None: the agent's --xid-effect.
+    xid_effect: XidEffect | None = None
 
     def active_holds(self, now: float) -> tuple[Hold, ...]:
         """The holds not yet expired at ``now`` (epoch seconds). Pure."""

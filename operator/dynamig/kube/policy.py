@@ -22,6 +22,7 @@ from pydantic.alias_generators import to_camel
 from dynamig.geometry.catalog import Catalog
 from dynamig.geometry.layout import free_starts
 from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, normalize_layout
+from dynamig.kube.gpupartition import XidEffect
 from dynamig.planner.model import Policy, Strategy
 
 
@@ -142,6 +143,13 @@ class MigModeSpec(_Model):
         return self.policy is MigModeKind.DYNAMIC
 
 
+class HealthSpec(_Model):
+    """``spec.health``: how the node agents of the policy's GPUs show a critical XID to the scheduler."""
+
+    # The taint effect on the affected devices (GpuPartition spec.xidEffect); None: each agent's --xid-effect.
+    xid_effect: XidEffect | None = None
+
+
 class PolicySpec(_Model):
     node_selector: LabelSelector = Field(default_factory=LabelSelector)
     gpu_products: list[str] = Field(default_factory=list)
@@ -156,6 +164,7 @@ class PolicySpec(_Model):
     preemption: Preemption = Field(default_factory=Preemption)
     drain: Drain = Field(default_factory=Drain)
     mig_mode: MigModeSpec = Field(default_factory=MigModeSpec)
+    health: HealthSpec = Field(default_factory=HealthSpec)
 
     def baseline_layout(self, model_key: str) -> Layout | None:
         entries = self.baseline.get(model_key)

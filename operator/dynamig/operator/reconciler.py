@@ -73,6 +73,7 @@ from dynamig.operator.preemption import DryRunReport
 from dynamig.operator.settings import OperatorSettings
 from dynamig.operator.silent_nodes import SilentNodes
 from dynamig.operator.verdicts import ClaimVerdict, Reason, serves_whole
+from dynamig.operator.xid_effects import xid_effect_writes
 from dynamig.planner.offerlimit import AutoChoice, choose, needs_rewrite
 
 log = logging.getLogger(__name__)
@@ -394,8 +395,9 @@ class Reconciler:
                     "policy %s: placements per profile for agents on auto: %s (%d GPU nodes), to %d GPU(s)",
                     name, chosen.limit or "every placement", chosen.gpu_nodes, len(limits),
                 )  # fmt: skip
+            effects = xid_effect_writes(policy, mine, partitions)
             written = await self._apply_writes(
-                policy, decision.writes, decision.offers, partitions, now, limits, modes
+                policy, decision.writes, decision.offers, partitions, now, limits, modes, effects
             )
             await self._tell_claims(decision.verdicts, now)
             stored = (raw.get("status") or {}).get("recentEvictions") or []
@@ -595,6 +597,7 @@ class Reconciler:
         now: float,
         limits: Mapping[str, AutoChoice] | None = None,
         modes: ModeDecision | None = None,
+        effects: Mapping[str, str | None] | None = None,
     ) -> tuple[LayoutWrite, ...]:
         """Write each GPU's layout, offered profiles, automatic placements per profile and MIG mode (a switch
         asked by operator/modes.py, or a request withdrawn after ResetRequired) in one patch (one
@@ -607,7 +610,8 @@ class Reconciler:
         switches = {s.gpu: s for s in modes.switches} if modes is not None else {}
         resets = {r.gpu: r for r in modes.resets} if modes is not None else {}
         keeps = {k.gpu: k for k in modes.keeps} if modes is not None else {}
-        for gpu in dict.fromkeys([*layouts, *offered, *limits, *switches, *resets, *keeps]):
+        effects = effects or {}
+        for gpu in dict.fromkeys([*layouts, *offered, *limits, *switches, *resets, *keeps, *effects]):
             w, o, limit = layouts.get(gpu), offered.get(gpu), limits.get(gpu)
             switch, reset, keep = switches.get(gpu), resets.get(gpu), keeps.get(gpu)
             if switch is not None and switch.spec().get("offeredProfiles") is not None:
@@ -623,6 +627,8 @@ class Reconciler:
                 spec["offeredProfiles"] = list(o.profiles)
             if limit is not None:
                 spec["autoPlacementsPerProfile"] = {"limit": limit.limit, "gpuNodes": limit.gpu_nodes}
+            if gpu in effects:  # a merge patch removes the field on null: the agent's --xid-effect again
+                spec["xidEffect"] = effects[gpu]
             if reset is not None:
                 spec.update(reset.spec())
                 annotations.update(reset.annotations())
@@ -660,10 +666,13 @@ class Reconciler:
                         f"{gpu}: offeredProfiles write failed: {exc.reason}",
                     )
                 elif switch is None and reset is None and keep is None:
-                    log.warning("%s: autoPlacementsPerProfile write failed: %s", gpu, exc.reason)
+                    log.warning("%s: autoPlacementsPerProfile or xidEffect write failed: %s", gpu, exc.reason)
                 elif keep is not None and switch is None:
                     log.warning("%s: keeping it whole for %s failed: %s", gpu, keep.claim, exc.reason)
                 continue
+            if gpu in effects:
+                effect = effects[gpu] or "the agent's --xid-effect"
+                log.info("policy %s: %s: a critical XID taints its devices %s", policy.name, gpu, effect)
             if keep is not None:
                 text = f"{gpu} kept whole for claim {keep.claim} (a claim of whole GPUs) {keep.why}"
                 log.info("policy %s: %s", policy.name, text)

@@ -9,9 +9,10 @@ becomes a :class:`Fault` of :class:`DeviceHealth` and wakes the agent's loop. Th
 - maps each fault to its devices (the MIG instance's device for an XID attributed to a GPU instance, every
   device of the GPU otherwise), with the GPU instances the round read;
 - has the publisher taint those devices in the node's slices (key ``mig.dynamig.io/xid``, value the XID,
-  ``NoSchedule`` unless the agent runs with ``--xid-effect=NoExecute``) where the API server keeps
-  device taints (asked once with a dry-run create, as :mod:`dynamig.agent.publishing.features` does), or
-  leave them out;
+  the effect the GPU's GpuPartition names in ``spec.xidEffect``, which the operator writes from its policy's
+  ``spec.health.xidEffect``, else the agent's ``--xid-effect``, ``NoSchedule`` by default) where the API
+  server keeps device taints (asked once with a dry-run create, as :mod:`dynamig.agent.publishing.features`
+  does), or leave them out;
 - sets the GpuPartition's ``DevicesHealthy`` condition and posts a ``CriticalXid`` Warning Event per fault.
 
 A fault clears when the administrator says the GPU was recovered (the GpuPartition's annotation
@@ -113,10 +114,19 @@ class DeviceHealth:
     _faults: list[Fault] = field(default_factory=list)
     _cleared: list[tuple[str, str]] = field(default_factory=list)  # (GpuPartition, message) to report
     _index: dict[str, int] = field(default_factory=dict)  # GPU UUID -> index, from the last round
+    # GPU index -> the taint effect its GpuPartition asks (spec.xidEffect, written from the policy)
+    _effects: dict[int, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.effect not in EFFECTS:
             raise ValueError(f"XID taint effect {self.effect!r}: one of {', '.join(EFFECTS)}")
+
+    def effect_of(self, partition: str) -> str:
+        """The taint effect of the GPU whose GpuPartition is ``partition``: its own, else the agent's."""
+        for index, effect in self._effects.items():
+            if gpu_partition_name(self.node, index) == partition:
+                return effect
+        return self.effect
 
     # --- the watcher's side ----------------------------------------------------------------------
 
@@ -142,6 +152,11 @@ class DeviceHealth:
         """Resolve new faults to devices (``instances``: GPU index -> GI id -> device name, as the round read
         them) and clear those the GpuPartition's annotation or the quiet period clears."""
         self._index = {g.uuid: g.index for g in gpus}
+        self._effects = {}
+        for g in gpus:
+            part = parts.get(gpu_partition_name(self.node, g.index))
+            if part is not None and part.spec.xid_effect is not None:
+                self._effects[g.index] = part.spec.xid_effect.value
         now = self.clock()
         with self._lock:
             for f in self._faults:
@@ -176,7 +191,7 @@ class DeviceHealth:
             index = self._index.get(f.gpu_uuid)
             if not f.resolved or index is None:
                 continue
-            taint = Taint(f.xid, _rfc3339(f.at))
+            taint = Taint(f.xid, _rfc3339(f.at), self._effects.get(index, ""))
             if f.devices is None:
                 if index not in gpus or gpus[index].time_added <= taint.time_added:
                     gpus[index] = taint
@@ -217,7 +232,8 @@ class DeviceHealth:
             return
         with self._lock:
             mine = [f for f in self._faults if f.resolved and self._partition(f) == outcome.name]
-        how = "withdrawn from the node's slices" if self.taints_served is False else f"tainted {self.effect}"
+        effect = self.effect_of(outcome.name)
+        how = "withdrawn from the node's slices" if self.taints_served is False else f"tainted {effect}"
         for f in mine:
             if not f.reported:
                 outcome.events.append(("Warning", "CriticalXid", f"{f.text()}: {how} ({TAINT_KEY})"))

@@ -93,9 +93,16 @@ def affected_devices(
 class Taint:
     xid: int
     time_added: str  # RFC 3339
+    effect: str = ""  # the GPU's own (GpuPartition spec.xidEffect); "": the agent's
 
     def to_api(self, effect: str) -> dict[str, Any]:
-        return {"key": TAINT_KEY, "value": str(self.xid), "effect": effect, "timeAdded": self.time_added}
+        """The taint in a slice's device; ``effect``: the agent's, used where the taint names none."""
+        return {
+            "key": TAINT_KEY,
+            "value": str(self.xid),
+            "effect": self.effect or effect,
+            "timeAdded": self.time_added,
+        }
 
 
 def gpu_of_device(name: str) -> int | None:
@@ -148,7 +155,10 @@ def with_health(
             elif d["name"] in keep:
                 new_devices.append(d)
         annotations = dict((body.get("metadata") or {}).get("annotations") or {})
-        health = {n: (t.xid, t.time_added, effect if taint_here else "Withdrawn") for n, t in sick.items()}
+        health = {
+            n: (t.xid, t.time_added, (t.effect or effect) if taint_here else "Withdrawn")
+            for n, t in sick.items()
+        }
         annotations[CONTENT_ANNOTATION] = ordered_content_hash([annotations.get(CONTENT_ANNOTATION), health])
         out.append(
             {
