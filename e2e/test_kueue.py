@@ -11,6 +11,7 @@ serves it too. No kubelet: pods bind and never run.
 from __future__ import annotations
 
 import functools
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from types import ModuleType
@@ -23,6 +24,8 @@ from dynamig.demo.cluster import ScenarioApi
 from dynamig.demo.inprocess import agent_running, operator_running
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.devcluster.kueue import API, MANAGED_NAMESPACE_LABEL, QUEUE_LABEL, KueueProcess, kueue_running
+from dynamig.devcluster.waiting import event_posted
+from dynamig.operator.capacity_check import CONTROLLER, RETRY_ANNOTATION
 from dynamig.operator.metrics import OperatorMetrics
 from test_extended_resources import _claim, _classes_exist
 from test_partitionable import bound_node, partitionable
@@ -37,8 +40,8 @@ def kueue(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory)
         yield running
 
 
-def queued_pod(name: str, queue: str, pool: str) -> dict[str, Any]:
-    """A pod that asks one ``nvidia.com/mig-1g.10gb`` and names its Kueue LocalQueue. Pure."""
+def queued_pod(name: str, queue: str, pool: str, resource: str = RESOURCE) -> dict[str, Any]:
+    """A pod that asks one ``resource`` (``nvidia.com/mig-1g.10gb``) and names its Kueue LocalQueue. Pure."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -47,7 +50,7 @@ def queued_pod(name: str, queue: str, pool: str) -> dict[str, Any]:
             "nodeSelector": {"test-pool": pool},
             "terminationGracePeriodSeconds": 0,
             "containers": [
-                {"name": "main", "image": "example.invalid/app:1", "resources": {"limits": {RESOURCE: "1"}}}
+                {"name": "main", "image": "example.invalid/app:1", "resources": {"limits": {resource: "1"}}}
             ],
         },
     }
@@ -91,20 +94,31 @@ class Queues:
         await self.k.custom.create_cluster_custom_object(*API, "resourceflavors", flavor)
         return self
 
-    async def add(self, name: str, quota: int, cohort: str = "", reclaim: bool = False) -> None:
-        """A ClusterQueue ``name`` with ``quota`` of :data:`RESOURCE` (in ``cohort``, reclaiming its lent
-        quota by preemption when ``reclaim``) and its LocalQueue ``name``."""
+    async def add(
+        self,
+        name: str,
+        quota: int,
+        cohort: str = "",
+        reclaim: bool = False,
+        resource: str = RESOURCE,
+        checks: tuple[str, ...] = (),
+    ) -> None:
+        """A ClusterQueue ``name`` with ``quota`` of ``resource`` (in ``cohort``, reclaiming its lent quota
+        by preemption when ``reclaim``; its workloads waiting on the AdmissionChecks ``checks``) and its
+        LocalQueue ``name``."""
         spec: dict[str, Any] = {
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": self.k.ns}},
             "resourceGroups": [
                 {
-                    "coveredResources": [RESOURCE],
+                    "coveredResources": [resource],
                     "flavors": [
-                        {"name": self.flavor, "resources": [{"name": RESOURCE, "nominalQuota": quota}]}
+                        {"name": self.flavor, "resources": [{"name": resource, "nominalQuota": quota}]}
                     ],
                 }
             ],
         }
+        if checks:
+            spec["admissionChecksStrategy"] = {"admissionChecks": [{"name": c} for c in checks]}
         if cohort:
             spec["cohortName"] = cohort
         if reclaim:
@@ -135,7 +149,7 @@ async def _managed_a100(
     return pool, node, f"{node}-gpu0"
 
 
-async def _dynamic_policy(k: ScenarioApi, pool: str, gpu: str) -> None:
+async def _dynamic_policy(k: ScenarioApi, pool: str, gpu: str, profile: str = "1g.10gb") -> None:
     await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
     spec = {
         "nodeSelector": {"matchLabels": {"test-pool": pool}},
@@ -144,15 +158,16 @@ async def _dynamic_policy(k: ScenarioApi, pool: str, gpu: str) -> None:
         "cooldownSeconds": 0,  # pods admitted one by one: each may need its own cut (instances)
     }
     await k.create_policy(f"kq-{pool}", spec)
-    await eventually(lambda: _classes_exist(k, ["1g.10gb"]), "the profile DeviceClasses")
+    await eventually(lambda: _classes_exist(k, [profile]), "the profile DeviceClasses")
 
 
-async def _served(k: ScenarioApi, pod: str, node: str) -> None:
-    """``pod`` is bound to ``node`` with a ``1g.10gb`` of dynamig's from the claim the scheduler made."""
+async def _served(k: ScenarioApi, pod: str, node: str, profile: str = "1g.10gb") -> None:
+    """``pod`` is bound to ``node`` with a ``profile`` of dynamig's from the claim the scheduler made."""
     assert await eventually(functools.partial(bound_node, k, pod), f"{pod} bound", within_s=120) == node
     claim = await eventually(functools.partial(_claim, k, pod), f"{pod}'s extended-resource claim")
     (result,) = claim["status"]["allocation"]["devices"]["results"]
-    assert result["driver"] == "mig.dynamig.io" and "-1g10gb-" in result["device"], result
+    tag = f"-{profile.replace('.', '')}-"
+    assert result["driver"] == "mig.dynamig.io" and tag in result["device"], result
 
 
 @pytest.mark.parametrize("inventory", ["partitionable", "instances"])
@@ -233,3 +248,89 @@ async def test_a_team_reclaims_its_lent_quota_through_kueue_and_dynamig_serves_i
         assert await _admitted(k, team_a) == 1 and await _admitted(k, team_b) == 1
         await k.delete_pods(["a-own", "b-reclaims"])
         await k.delete_policy(f"kq-{pool}")
+
+
+BIG = "nvidia.com/mig-3g.40gb"
+
+
+async def _workload_of(k: ScenarioApi, pod: str) -> str | None:
+    """The name of the Workload Kueue made for ``pod``, or None."""
+    workloads = await k.custom.list_namespaced_custom_object(*API, k.ns, "workloads")
+    for w in workloads.get("items") or []:
+        if pod in [o["name"] for o in w["metadata"].get("ownerReferences") or []]:
+            return str(w["metadata"]["name"])
+    return None
+
+
+async def _bound_pods(k: ScenarioApi, pods: list[str], n: int) -> list[str] | None:
+    bound = [p for p in pods if await bound_node(k, p)]
+    return bound if len(bound) >= n else None
+
+
+@pytest.mark.parametrize("with_check", [False, True], ids=["plain-kueue", "mig-capacity-check"])
+async def test_the_mig_capacity_check_admits_only_what_the_gpus_can_hold(
+    with_check: bool,
+    kueue: KueueProcess,
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+) -> None:
+    """An A100-80GB holds two ``3g.40gb``; the ClusterQueue's quota allows three. A burst of three pods.
+    Plain Kueue admits all three by quota: two are cut for and bound, the third is admitted though no GPU
+    can hold it (ungated, unschedulable, its quota taken). With dynamig's AdmissionCheck
+    (``dynamig.io/mig-capacity``, bound 10 s) two are answered Ready and bound; the third's check stays
+    Pending, then Retry: Kueue never admits it and releases its quota. Either way, once a bound pod goes the
+    third is served."""
+    k = ScenarioApi(kube_api, namespace)
+    pool, node, gpu = await _managed_a100(k, sim, make_node, "kq-check" if with_check else "kq-plain")
+    check = f"mig-{pool}"
+    pods = ["a", "b", "c"]
+    async with (
+        Queues(k, pool) as queues,
+        agent_running(kube_api, node, sim, partitionable(node)),
+        operator_running(crds.kubeconfig_path, OperatorMetrics()),
+    ):
+        if with_check:
+            body = {"apiVersion": "/".join(API), "kind": "AdmissionCheck",
+                    "metadata": {"name": check, "annotations": {RETRY_ANNOTATION: "10"}},
+                    "spec": {"controllerName": CONTROLLER}}  # fmt: skip
+            await k.custom.create_cluster_custom_object(*API, "admissionchecks", body)
+        try:
+            cq = f"team-{pool}"
+            await queues.add(cq, quota=3, resource=BIG, checks=(check,) if with_check else ())
+            await _dynamic_policy(k, pool, gpu, "3g.40gb")
+            for name in pods:
+                await k.core.create_namespaced_pod(namespace, queued_pod(name, cq, pool, BIG))
+            bound = await eventually(lambda: _bound_pods(k, pods, 2), "two pods bound", within_s=120)
+            for name in bound:
+                await _served(k, name, node, "3g.40gb")
+            (third,) = [p for p in pods if p not in bound]
+            if with_check:
+                workload = await eventually(lambda: _workload_of(k, third), "the third pod's workload")
+                (retry, *_) = await event_posted(
+                    k.core, namespace, workload, "MigCapacityRetry", event_type="Warning", within_s=60
+                )
+                assert "quota released" in retry["message"] and "3g.40gb" in retry["message"], retry
+                assert await _admitted(k, cq) == 2, "the check keeps the third workload from admission"
+                assert await _gated(k, third), "never admitted, the third pod stays behind Kueue's gate"
+                unplaceable = 0
+            else:
+                await eventually(functools.partial(_admitted_count, k, cq, 3), "all three admitted by quota")
+                pod = await k.core.read_namespaced_pod(third, namespace)
+                assert not pod.spec.scheduling_gates and not pod.spec.node_name, pod.spec
+                unplaceable = 1
+            how = "with" if with_check else "without"
+            print(f"\nKueue {how} {CONTROLLER}: admitted though no GPU can hold it: {unplaceable} of 3")
+
+            t0 = time.monotonic()
+            await k.core.delete_namespaced_pod(bound[0], namespace, grace_period_seconds=0)
+            await eventually(lambda: _gone(k, bound[0]), "a bound pod gone", within_s=60)
+            await _served(k, third, node, "3g.40gb")
+            print(f"  a pod gone -> the third bound in {time.monotonic() - t0:.1f}s")
+            await k.delete_pods([bound[1], third])
+            await k.delete_policy(f"kq-{pool}")
+        finally:
+            if with_check:
+                await k.custom.delete_cluster_custom_object(*API, "admissionchecks", check)

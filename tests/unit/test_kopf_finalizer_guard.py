@@ -24,6 +24,7 @@ from dynamig.geometry.catalog import load_catalog
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, POLICY_PLURAL, VERSION
 from dynamig.operator.handlers import KopfChanged, _without_finalizers, build_registry
 from dynamig.operator.kubeio import KubeIO
+from dynamig.operator.kueue_checks import CRD as KUEUE_CRD
 from dynamig.operator.metrics import OperatorMetrics
 from dynamig.operator.reconciler import Reconciler
 from dynamig.operator.settings import OperatorSettings
@@ -53,16 +54,18 @@ def test_kopf_itself_adds_no_finalizer_for_the_daemons() -> None:
     registry = _registry()
     spawning = registry._spawning
     assert {type(h).__name__ for h in spawning._handlers} == {"DaemonHandler"}
-    assert len(spawning._handlers) == 2  # the policy loop and the Lease watchdog
+    assert len(spawning._handlers) == 3  # the policy loop, the Lease watchdog, Kueue's AdmissionChecks
     policy = _spawning_cause(GROUP, POLICY_PLURAL, "p")
     crd = _spawning_cause(
         "apiextensions.k8s.io", "customresourcedefinitions", f"{GPU_PARTITION_PLURAL}.{GROUP}"
     )
+    kueue = _spawning_cause("apiextensions.k8s.io", "customresourcedefinitions", KUEUE_CRD)
     # The daemons serve these objects (the decision is not vacuous) ...
-    assert list(spawning.iter_handlers(policy)) and list(spawning.iter_handlers(crd))
+    assert all(list(spawning.iter_handlers(cause)) for cause in (policy, crd, kueue))
     # ... and Kopf's reactor, asking the registry, adds no finalizer for them.
     assert spawning.requires_finalizer(policy) is False
     assert spawning.requires_finalizer(crd) is False
+    assert spawning.requires_finalizer(kueue) is False
     # Without the guard's rewrite Kopf would (the check above can fail).
     plain = kopf.OperatorRegistry()
     kopf.daemon(GROUP, VERSION, POLICY_PLURAL, registry=plain)(lambda **_: None)

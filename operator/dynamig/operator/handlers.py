@@ -30,6 +30,8 @@ from prometheus_client import disable_created_metrics
 from dynamig.geometry.catalog import Catalog, load_catalog
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, POLICY_PLURAL, VERSION
 from dynamig.operator.kubeio import KubeIO
+from dynamig.operator.kueue_checks import CRD as KUEUE_CRD
+from dynamig.operator.kueue_checks import KueueChecks
 from dynamig.operator.metrics import OperatorMetrics
 from dynamig.operator.reconciler import Reconciler
 from dynamig.operator.settings import OperatorSettings
@@ -69,6 +71,19 @@ def build_registry(reconciler: Reconciler, settings: OperatorSettings) -> kopf.O
         )  # fmt: skip
         async def agent_watchdog(stopped: kopf.DaemonStopped, **_: Any) -> None:
             await reconciler.watch_agents(stopped)
+
+    # Kueue's AdmissionCheck dynamig.io/mig-capacity: answered while Kueue's AdmissionCheck CRD exists.
+    checks = KueueChecks(reconciler.kube, reconciler.catalog, reconciler.wall)
+
+    def is_kueue_crd(name: str, **_: Any) -> bool:
+        return name == KUEUE_CRD
+
+    @kopf.daemon(  # type: ignore[untyped-decorator]
+        "apiextensions.k8s.io", "v1", "customresourcedefinitions",
+        registry=registry, when=is_kueue_crd, cancellation_timeout=10.0, id="kueue_checks",
+    )  # fmt: skip
+    async def kueue_checks(stopped: kopf.DaemonStopped, **_: Any) -> None:
+        await checks.run(stopped)
 
     def wake(**_: Any) -> None:
         reconciler.wake()

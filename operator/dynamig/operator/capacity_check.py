@@ -1,0 +1,298 @@
+"""Kueue's AdmissionCheck ``dynamig.io/mig-capacity``: whether the MIG slices a workload asks for fit the
+GPUs dynamig manages, before Kueue admits it. Pure.
+
+Kueue admits a workload by quota arithmetic: a ClusterQueue with a quota of three ``nvidia.com/mig-3g.40gb``
+admits three such pods even where the GPUs hold two, and the third waits unschedulable with its quota taken
+(the "admission and scheduling gap" Kueue documents). An AdmissionCheck whose ``spec.controllerName`` is
+:data:`CONTROLLER`, listed in a ClusterQueue's ``admissionChecksStrategy``, closes it: for each workload with
+its quota reserved and the check ``Pending`` the operator answers
+
+- ``Ready`` once every MIG slice its pod sets ask (``nvidia.com/mig-<profile>`` requests or limits, times the
+  pod set's count) fits the GPUs as they are: beside the instances allocated or in use and the placements
+  held there, the free ones re-cut as dynamig would; the workloads answered ``Ready`` in the last
+  :data:`READY_RESERVE_S` seconds are counted as placed first, for the time their pods take to be ungated,
+  scheduled and allocated (their own allocations count after that);
+- ``Retry`` (Kueue releases the quota and queues the workload again) when they have not fitted for the
+  check's bound (the AdmissionCheck's annotation :data:`RETRY_ANNOTATION`, default
+  :data:`DEFAULT_RETRY_S` seconds) since it went ``Pending``;
+- ``Rejected`` when a profile it asks is one no GPU dynamig manages has: no wait can make it fit;
+- otherwise it stays ``Pending``, its message saying what is short.
+
+It is a check of room, not a reservation: a pod outside Kueue may still take the room between the answer and
+the workload's pods (dynamig then serves them as any pending claim).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from dynamig.geometry.layout import free_starts
+from dynamig.geometry.model import GpuModel, PlacedInstance
+from dynamig.kube.times import parse_time
+from dynamig.operator.inventory import GpuView
+
+CONTROLLER = "dynamig.io/mig-capacity"
+RETRY_ANNOTATION = "dynamig.io/retry-after-seconds"
+DEFAULT_RETRY_S = 60.0
+READY_RESERVE_S = 30.0
+RESOURCE_PREFIX = "nvidia.com/mig-"
+
+
+class State(StrEnum):
+    PENDING = "Pending"
+    READY = "Ready"
+    RETRY = "Retry"
+    REJECTED = "Rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class PodSetAsk:
+    """What one pod set asks: MIG slices by profile (times its count), on nodes with these labels."""
+
+    name: str
+    node_selector: Mapping[str, str]
+    demand: Mapping[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedWorkload:
+    """A workload whose check of ours is listed in its status: where, since when, and what it asks."""
+
+    namespace: str
+    name: str
+    uid: str
+    check: str  # the AdmissionCheck's name
+    index: int  # its position in status.admissionChecks (the JSON patch's path)
+    state: State
+    since: float | None  # the check's lastTransitionTime (epoch seconds)
+    message: str
+    quota_reserved: bool
+    asks: tuple[PodSetAsk, ...]
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def demand(self) -> dict[str, int]:
+        """Profile -> slices, over every pod set."""
+        out: dict[str, int] = {}
+        for a in self.asks:
+            for p, n in a.demand.items():
+                out[p] = out.get(p, 0) + n
+        return dict(sorted(out.items()))
+
+
+def _quantity(raw: Any) -> int:
+    try:
+        return int(str(raw))
+    except ValueError:
+        return 0
+
+
+def pod_set_asks(pod_sets: Iterable[Mapping[str, Any]]) -> tuple[PodSetAsk, ...]:
+    """What each of ``pod_sets`` (a Workload's ``spec.podSets``) asks: each container's
+    ``nvidia.com/mig-<profile>`` request (else limit), summed over the pod's containers (init containers run
+    before them: the largest counts if larger), times the pod set's count; on the nodes its template's
+    ``nodeSelector`` names (Kueue adds the flavor's node labels there at admission). Pure."""
+    out: list[PodSetAsk] = []
+    for ps in pod_sets:
+        count = _quantity(ps.get("count", 1))
+        spec = ((ps.get("template") or {}).get("spec")) or {}
+        per_pod: dict[str, int] = {}
+        for c in spec.get("containers") or []:
+            for profile, n in _container_asks(c).items():
+                per_pod[profile] = per_pod.get(profile, 0) + n
+        for c in spec.get("initContainers") or []:
+            for profile, n in _container_asks(c).items():
+                per_pod[profile] = max(per_pod.get(profile, 0), n)
+        demand = {p: n * count for p, n in sorted(per_pod.items()) if n * count > 0}
+        selector = {str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()}
+        out.append(PodSetAsk(str(ps.get("name", "")), selector, demand))
+    return tuple(out)
+
+
+def pod_set_demand(pod_sets: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Profile -> MIG slices asked by ``pod_sets``, over all of them (:func:`pod_set_asks`). Pure."""
+    out: dict[str, int] = {}
+    for a in pod_set_asks(pod_sets):
+        for p, n in a.demand.items():
+            out[p] = out.get(p, 0) + n
+    return dict(sorted(out.items()))
+
+
+def _container_asks(container: Mapping[str, Any]) -> dict[str, int]:
+    resources = container.get("resources") or {}
+    asked = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+    return {
+        name.removeprefix(RESOURCE_PREFIX): _quantity(value)
+        for name, value in asked.items()
+        if name.startswith(RESOURCE_PREFIX)
+    }
+
+
+def checked_workloads(workloads: Iterable[Mapping[str, Any]], checks: Iterable[str]) -> list[CheckedWorkload]:
+    """The workloads that list one of ``checks`` (the names of our AdmissionChecks) in their status, oldest
+    first. Pure."""
+    ours = set(checks)
+    out: list[CheckedWorkload] = []
+    for w in workloads:
+        meta, status = w.get("metadata") or {}, w.get("status") or {}
+        reserved = any(
+            c.get("type") == "QuotaReserved" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
+        for i, entry in enumerate(status.get("admissionChecks") or []):
+            if entry.get("name") not in ours:
+                continue
+            try:
+                state = State(entry.get("state", "Pending"))
+            except ValueError:
+                continue
+            out.append(
+                CheckedWorkload(
+                    namespace=str(meta.get("namespace", "")),
+                    name=str(meta.get("name", "")),
+                    uid=str(meta.get("uid", "")),
+                    check=str(entry["name"]),
+                    index=i,
+                    state=state,
+                    since=parse_time(entry.get("lastTransitionTime")),
+                    message=str(entry.get("message") or ""),
+                    quota_reserved=reserved,
+                    asks=pod_set_asks((w.get("spec") or {}).get("podSets") or []),
+                )
+            )
+    return sorted(out, key=lambda c: (c.since or 0.0, c.key))
+
+
+@dataclass
+class Room:
+    """The GPUs' occupied placements, and what placing demand on them takes (mutable, one pass)."""
+
+    gpus: list[tuple[str, GpuModel, list[PlacedInstance]]] = field(default_factory=list)
+    labels: dict[str, Mapping[str, str]] = field(default_factory=dict)  # GPU -> its node's labels
+
+    @classmethod
+    def of(cls, views: Sequence[GpuView], node_labels: Mapping[str, Mapping[str, str]] | None = None) -> Room:
+        """The GPUs dynamig plans on (MIG mode on, usable), each with its allocated or busy instances and
+        its held placements (the rest of it can be re-cut), and its node's labels."""
+        room = cls()
+        for g in views:
+            if g.model is None or g.unusable or g.whole_hold:
+                continue
+            room.gpus.append((g.name, g.model, [*g.busy, *g.holds]))
+            room.labels[g.name] = (node_labels or {}).get(g.node, {})
+        return room
+
+    def profiles(self) -> frozenset[str]:
+        return frozenset(p.name for _, model, _ in self.gpus for p in model.profiles)
+
+    def place_all(self, asks: Sequence[PodSetAsk]) -> list[str] | None:
+        """Place every pod set's demand on the GPUs of its nodes, or nothing (None) when one does not fit."""
+        before = [(name, model, list(layout)) for name, model, layout in self.gpus]
+        used: list[str] = []
+        for a in asks:
+            got = self.place(a.demand, a.node_selector)
+            if got is None:
+                self.gpus = before
+                return None
+            used += got
+        return used
+
+    def place(
+        self, demand: Mapping[str, int], node_selector: Mapping[str, str] | None = None
+    ) -> list[str] | None:
+        """Place ``demand`` (largest profiles first, each on the GPU with the least room that takes it, at
+        its first free start) on GPUs whose node has every label of ``node_selector``; the GPUs used, or
+        None (and nothing placed) when some slice does not fit."""
+        trial = [(name, model, list(layout)) for name, model, layout in self.gpus]
+        used: list[str] = []
+        order = sorted(demand.items(), key=lambda kv: (-_slices(self, kv[0]), kv[0]))
+        for profile, n in order:
+            for _ in range(n):
+                best: tuple[int, int] | None = None  # (free memory slices, index)
+                for i, (name, model, layout) in enumerate(trial):
+                    if not _selects(node_selector, self.labels.get(name, {})):
+                        continue
+                    if not model.has_profile(profile) or not free_starts(model, layout, profile):
+                        continue
+                    free = model.memory_slices - sum(model.profile(p.profile).placement_size for p in layout)
+                    if best is None or free < best[0]:
+                        best = (free, i)
+                if best is None:
+                    return None
+                name, model, layout = trial[best[1]]
+                layout.append(PlacedInstance(free_starts(model, layout, profile)[0], profile))
+                used.append(name)
+        self.gpus = trial
+        return used
+
+
+def _selects(selector: Mapping[str, str] | None, labels: Mapping[str, str]) -> bool:
+    return not selector or all(labels.get(k) == v for k, v in selector.items())
+
+
+def _slices(room: Room, profile: str) -> int:
+    for _, model, _ in room.gpus:
+        if model.has_profile(profile):
+            return model.profile(profile).placement_size
+    return 0
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    state: State
+    message: str
+
+
+def _asks(demand: Mapping[str, int]) -> str:
+    return ", ".join(f"{n} x {p}" for p, n in demand.items()) or "no MIG slice"
+
+
+def answer(w: CheckedWorkload, room: Room, now: float, retry_after_s: float) -> Answer:
+    """What to set the check of ``w`` (quota reserved, check Pending) to; places its demand in ``room`` when
+    Ready. Pure but for ``room``."""
+    asks = _asks(w.demand)
+    unknown = sorted(set(w.demand) - room.profiles())
+    if unknown:
+        names = ", ".join(f"{RESOURCE_PREFIX}{p}" for p in unknown)
+        return Answer(State.REJECTED, f"{CONTROLLER}: asks {names}: no GPU dynamig manages has that profile")
+    used = room.place_all(w.asks)
+    if used is not None:
+        where = ", ".join(sorted(set(used))) or "no GPU needed"
+        return Answer(State.READY, f"{CONTROLLER}: room for {asks} ({where})")
+    waited = now - w.since if w.since is not None else 0.0
+    if waited >= retry_after_s:
+        return Answer(
+            State.RETRY,
+            f"{CONTROLLER}: no room for {asks} on the GPUs dynamig manages for {waited:.0f}s (bound "
+            f"{retry_after_s:.0f}s): quota released, to be tried again",
+        )
+    return Answer(
+        State.PENDING,
+        f"{CONTROLLER}: no room for {asks} on the GPUs dynamig manages yet (Retry after "
+        f"{retry_after_s:.0f}s)",
+    )
+
+
+def reserved(checked: Sequence[CheckedWorkload], now: float) -> list[CheckedWorkload]:
+    """The workloads answered Ready within the last :data:`READY_RESERVE_S` seconds. Pure."""
+    return [
+        c
+        for c in checked
+        if c.state is State.READY and c.since is not None and now - c.since < READY_RESERVE_S
+    ]
+
+
+def retry_after(check: Mapping[str, Any]) -> float:
+    """An AdmissionCheck's bound (its annotation :data:`RETRY_ANNOTATION`), or the default. Pure."""
+    raw = ((check.get("metadata") or {}).get("annotations") or {}).get(RETRY_ANNOTATION)
+    try:
+        value = float(raw) if raw is not None else DEFAULT_RETRY_S
+    except ValueError:
+        return DEFAULT_RETRY_S
+    return value if value > 0 else DEFAULT_RETRY_S

@@ -1,0 +1,150 @@
+"""Kueue's AdmissionCheck dynamig.io/mig-capacity: what a workload asks, whether it fits the GPUs, and the
+answer (``dynamig.operator.capacity_check``). Pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dynamig.geometry.catalog import load_catalog
+from dynamig.operator.capacity_check import (
+    CONTROLLER,
+    DEFAULT_RETRY_S,
+    RETRY_ANNOTATION,
+    Room,
+    State,
+    answer,
+    checked_workloads,
+    pod_set_demand,
+    reserved,
+    retry_after,
+)
+from dynamig.operator.inventory import parse_inventory
+
+CATALOG = load_catalog()
+NOW = 1_800_000_000.0
+T0 = "2027-01-15T08:00:00Z"  # NOW
+
+
+def container(**asks: str) -> dict[str, Any]:
+    return {"name": "c", "resources": {"limits": {f"nvidia.com/mig-{p}": n for p, n in asks.items()}}}
+
+
+def pod_set(count: int, *containers: dict[str, Any], init: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+    return {"name": "main", "count": count,
+            "template": {"spec": {"containers": list(containers), "initContainers": list(init)}}}  # fmt: skip
+
+
+def workload(name: str, *pod_sets: dict[str, Any], state: str = "Pending", at: str = T0,
+             reserved: bool = True, check: str = "mig") -> dict[str, Any]:  # fmt: skip
+    return {
+        "metadata": {"name": name, "namespace": "ml", "uid": f"u-{name}"},
+        "spec": {"podSets": list(pod_sets)},
+        "status": {
+            "conditions": [{"type": "QuotaReserved", "status": "True" if reserved else "False"}],
+            "admissionChecks": [
+                {"name": "other", "state": "Pending", "lastTransitionTime": at, "message": ""},
+                {"name": check, "state": state, "lastTransitionTime": at, "message": ""},
+            ],
+        },
+    }
+
+
+def a100(name: str, busy: tuple[tuple[str, int], ...] = ()) -> dict[str, Any]:
+    node, index = name.rsplit("-gpu", 1)
+    instances = [
+        {
+            "profile": p,
+            "start": s,
+            "deviceName": f"gpu{index}-{p.replace('.', '')}-s{s}",
+            "state": "allocated",
+        }
+        for p, s in busy
+    ]
+    return {
+        "metadata": {"name": name, "generation": 1},
+        "spec": {"layout": [{"profile": p, "start": s} for p, s in busy]},
+        "status": {"node": node, "gpuIndex": int(index), "model": "A100-80GB", "migMode": "Enabled",
+                   "observedGeneration": 1, "phase": "Stable", "instances": instances},
+    }  # fmt: skip
+
+
+def room(*parts: dict[str, Any]) -> Room:
+    return Room.of(parse_inventory(parts, CATALOG))
+
+
+def test_demand_sums_containers_takes_the_larger_init_container_and_multiplies_by_the_count() -> None:
+    sets = [
+        pod_set(2, container(**{"1g.10gb": "1"}), container(**{"1g.10gb": "1", "3g.40gb": "1"})),
+        pod_set(1, container(), init=(container(**{"1g.10gb": "3"}),)),
+    ]
+    assert pod_set_demand(sets) == {"1g.10gb": 7, "3g.40gb": 2}
+    assert pod_set_demand([pod_set(3, {"name": "c", "resources": {"limits": {"cpu": "1"}}})]) == {}
+
+
+def test_only_our_checks_are_read_oldest_first_with_their_index() -> None:
+    late = workload("late", pod_set(1, container(**{"3g.40gb": "1"})), at="2027-01-15T08:00:09Z")
+    early = workload("early", pod_set(1, container(**{"3g.40gb": "1"})))
+    foreign = workload("foreign", pod_set(1, container(**{"3g.40gb": "1"})), check="someone-else")
+    got = checked_workloads([late, early, foreign], ["mig"])
+    assert [(c.name, c.index, c.state, c.quota_reserved) for c in got] == [
+        ("early", 1, State.PENDING, True),
+        ("late", 1, State.PENDING, True),
+    ]
+    assert got[0].since == NOW and got[0].demand == {"3g.40gb": 1}
+
+
+def test_room_takes_what_fits_beside_the_busy_instances_and_nothing_when_one_slice_does_not() -> None:
+    r = room(a100("n-gpu0", busy=(("3g.40gb", 0),)))
+    assert r.place({"3g.40gb": 2}) is None
+    assert r.place({"3g.40gb": 1}) == ["n-gpu0"]  # the failed try placed nothing
+    assert r.place({"1g.10gb": 1}) is None  # slices 4-7 are taken now
+    two = room(a100("n-gpu0"), a100("n-gpu1", busy=(("4g.40gb", 0),)))
+    assert two.place({"3g.40gb": 1, "1g.10gb": 2}) is not None
+    assert two.place({"7g.80gb": 1}) is None  # gpu0 has two 1g.10gb or a 3g.40gb on it by now
+
+
+def test_the_answers() -> None:
+    asks = pod_set(1, container(**{"3g.40gb": "1"}))
+    (w,) = checked_workloads([workload("w", asks)], ["mig"])
+    r = room(a100("n-gpu0", busy=(("3g.40gb", 0), ("3g.40gb", 4))))
+    pending = answer(w, r, NOW + 10, 60.0)
+    assert pending.state is State.PENDING and "no room for 1 x 3g.40gb" in pending.message, pending
+    retry = answer(w, r, NOW + 60, 60.0)
+    assert retry.state is State.RETRY and "quota released" in retry.message and "60s" in retry.message
+    ready = answer(w, room(a100("n-gpu0", busy=(("3g.40gb", 0),))), NOW + 60, 60.0)
+    assert ready.state is State.READY and ready.message == f"{CONTROLLER}: room for 1 x 3g.40gb (n-gpu0)"
+    (odd,) = checked_workloads([workload("odd", pod_set(1, container(**{"2g.12gb": "1"})))], ["mig"])
+    rejected = answer(odd, r, NOW, 60.0)
+    assert rejected.state is State.REJECTED and "nvidia.com/mig-2g.12gb" in rejected.message
+
+
+def test_workloads_answered_ready_lately_are_counted_as_placed() -> None:
+    asks = pod_set(1, container(**{"3g.40gb": "1"}))
+    ready = checked_workloads([workload("a", asks, state="Ready"), workload("b", asks)], ["mig"])
+    assert [c.name for c in reserved(ready, NOW + 10)] == ["a"]
+    assert reserved(ready, NOW + 31) == []
+
+
+@pytest.mark.parametrize(("value", "bound"), [(None, DEFAULT_RETRY_S), ("15", 15.0), ("x", DEFAULT_RETRY_S),
+                                              ("-3", DEFAULT_RETRY_S)])  # fmt: skip
+def test_the_bound_comes_from_the_check_annotation(value: str | None, bound: float) -> None:
+    annotations = {RETRY_ANNOTATION: value} if value is not None else {}
+    assert retry_after({"metadata": {"name": "mig", "annotations": annotations}}) == bound
+
+
+def test_a_pod_set_fits_only_on_the_nodes_its_node_selector_names() -> None:
+    """Room on another node is no room: the pod set's nodeSelector (with the flavor's node labels Kueue adds)
+    keeps it to matching nodes, and a workload of two pod sets fits whole or not at all."""
+    labels = {"a": {"pool": "x"}, "b": {"pool": "y"}}
+    full = a100("a-gpu0", busy=(("3g.40gb", 0), ("3g.40gb", 4)))
+    r = Room.of(parse_inventory([full, a100("b-gpu0")], CATALOG), labels)
+    on_x = pod_set(1, container(**{"3g.40gb": "1"}))
+    on_x["template"]["spec"]["nodeSelector"] = {"pool": "x"}
+    (w,) = checked_workloads([workload("w", on_x)], ["mig"])
+    assert w.asks[0].node_selector == {"pool": "x"}
+    assert answer(w, r, NOW, 60.0).state is State.PENDING  # node b has room, but the pods may not go there
+    anywhere = pod_set(1, container(**{"3g.40gb": "1"}))
+    (both,) = checked_workloads([workload("both", anywhere, on_x)], ["mig"])
+    assert r.place_all(both.asks) is None and r.place({"7g.80gb": 1}) == ["b-gpu0"]  # nothing was kept
