@@ -318,8 +318,13 @@ async def test_the_mig_capacity_check_admits_only_what_the_gpus_can_hold(
                 unplaceable = 0
             else:
                 await eventually(functools.partial(_admitted_count, k, cq, 3), "all three admitted by quota")
-                pod = await k.core.read_namespaced_pod(third, namespace)
-                assert not pod.spec.scheduling_gates and not pod.spec.node_name, pod.spec
+
+                async def ungated() -> bool | None:  # Kueue's pod controller ungates it after admission
+                    pod = await k.core.read_namespaced_pod(third, namespace)
+                    return None if pod.spec.scheduling_gates else True
+
+                await eventually(ungated, "the third pod ungated by Kueue", within_s=30)
+                assert await bound_node(k, third) is None, "admitted, and no GPU can hold it"
                 unplaceable = 1
             how = "with" if with_check else "without"
             print(f"\nKueue {how} {CONTROLLER}: admitted though no GPU can hold it: {unplaceable} of 3")

@@ -16,7 +16,7 @@ from dynamig.operator.capacity_check import (
     State,
     answer,
     checked_workloads,
-    pod_set_demand,
+    pod_set_asks,
     reserved,
     retry_after,
 )
@@ -79,8 +79,10 @@ def test_demand_sums_containers_takes_the_larger_init_container_and_multiplies_b
         pod_set(2, container(**{"1g.10gb": "1"}), container(**{"1g.10gb": "1", "3g.40gb": "1"})),
         pod_set(1, container(), init=(container(**{"1g.10gb": "3"}),)),
     ]
-    assert pod_set_demand(sets) == {"1g.10gb": 7, "3g.40gb": 2}
-    assert pod_set_demand([pod_set(3, {"name": "c", "resources": {"limits": {"cpu": "1"}}})]) == {}
+    (w,) = checked_workloads([workload("w", *sets)], ["mig"])
+    assert w.demand == {"1g.10gb": 7, "3g.40gb": 2}
+    assert [a.demand for a in w.asks] == [{"1g.10gb": 4, "3g.40gb": 2}, {"1g.10gb": 3}]
+    assert pod_set_asks([pod_set(3, {"name": "c", "resources": {"limits": {"cpu": "1"}}})])[0].demand == {}
 
 
 def test_only_our_checks_are_read_oldest_first_with_their_index() -> None:

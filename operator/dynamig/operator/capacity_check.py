@@ -115,15 +115,6 @@ def pod_set_asks(pod_sets: Iterable[Mapping[str, Any]]) -> tuple[PodSetAsk, ...]
     return tuple(out)
 
 
-def pod_set_demand(pod_sets: Iterable[Mapping[str, Any]]) -> dict[str, int]:
-    """Profile -> MIG slices asked by ``pod_sets``, over all of them (:func:`pod_set_asks`). Pure."""
-    out: dict[str, int] = {}
-    for a in pod_set_asks(pod_sets):
-        for p, n in a.demand.items():
-            out[p] = out.get(p, 0) + n
-    return dict(sorted(out.items()))
-
-
 def _container_asks(container: Mapping[str, Any]) -> dict[str, int]:
     resources = container.get("resources") or {}
     asked = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}

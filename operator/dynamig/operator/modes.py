@@ -524,7 +524,7 @@ def _keep_order(claim: PendingClaim, gpus: Sequence[GpuView]) -> list[GpuView]:
 def _kept_nodes(r: _Round, claims: Sequence[PendingClaim], held: Mapping[str, str]) -> tuple[WholeKeep, ...]:
     """An idle node kept for each of ``claims`` (several whole GPUs each, nothing kept for them yet), as
     :func:`_keeps` says; ``held``: GPU -> the claim it is kept for already. Pure."""
-    if not claims or r.dry_run:
+    if not claims:
         return ()
     by_node: dict[str, list[GpuView]] = {}
     for g in r.gpus:

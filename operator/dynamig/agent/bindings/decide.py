@@ -143,6 +143,19 @@ def _admin(device: str, gpu: GpuState, placed: PlacedInstance) -> Ready | Enumer
     )
 
 
+def _kept_whole_for_another(device: str, gpu: GpuState, claim: str) -> Failed | None:
+    """Failed (PlacementHeld) when ``gpu`` is kept whole for a claim other than ``claim``: with MIG mode off
+    its whole device, with MIG mode on (until it switches) every device of it; None otherwise."""
+    hold = gpu.whole_hold
+    if hold is None or hold.claim == claim:
+        return None
+    return Failed(
+        REASON_PLACEMENT_HELD,
+        f"{device}: GPU {gpu.index} is kept whole for claim {hold.claim} (a claim of whole GPUs: its MIG "
+        f"mode is switched off for it) until {hold.expires_at}",
+    )
+
+
 def _whole_gpu(device: str, claim: str, index: int, gpus: Sequence[GpuState]) -> Ready | Failed:
     """The answer for a booking of a whole GPU (``gpu<index>``, MIG mode off): ready with the GPU's UUID,
     unless the GPU is kept whole for another claim (a hold of the whole GPU) or is no whole GPU now."""
@@ -153,14 +166,8 @@ def _whole_gpu(device: str, claim: str, index: int, gpus: Sequence[GpuState]) ->
         return Failed(gpu.refused[0], f"{device}: GPU {index} is left alone: {gpu.refused[1]}")
     if gpu.mig_enabled:
         return Failed(REASON_MIG_ENABLED, f"{device}: MIG mode is on on GPU {index}: it is no whole GPU now")
-    hold = gpu.whole_hold
-    if hold is not None and hold.claim != claim:
-        return Failed(
-            REASON_PLACEMENT_HELD,
-            f"{device}: the whole GPU is kept for claim {hold.claim} (a claim of whole GPUs, its MIG mode "
-            f"switched off for it) until {hold.expires_at}",
-        )
-    return Ready(index, PlacedInstance(0, WHOLE_PROFILE), gpu.uuid)
+    kept = _kept_whole_for_another(device, gpu, claim)
+    return kept if kept is not None else Ready(index, PlacedInstance(0, WHOLE_PROFILE), gpu.uuid)
 
 
 def decide(device: str, claim: str, gpus: Sequence[GpuState], *, admin: bool = False) -> Answer:
@@ -183,13 +190,9 @@ def decide(device: str, claim: str, gpus: Sequence[GpuState], *, admin: bool = F
     if admin:
         return _admin(device, gpu, placed)
     model = gpu.model
-    whole = gpu.whole_hold
-    if whole is not None and whole.claim != claim:
-        return Failed(
-            REASON_PLACEMENT_HELD,
-            f"{device}: GPU {gpu.index} is kept whole for claim {whole.claim} (a claim of whole GPUs: its "
-            f"MIG mode is switched off for it) until {whole.expires_at}",
-        )
+    refused = _kept_whole_for_another(device, gpu, claim)
+    if refused is not None:
+        return refused
     hold = held_against(model, placed, claim, gpu.holds)
     if hold is not None:
         return Failed(
