@@ -705,6 +705,8 @@ class FakeKube:
             tuple[dict[str, Any], str, str, str]
         ] = []  # (involvedObject, type, reason, message)
         self.writes: list[tuple[str, dict[str, Any], dict[str, str]]] = []
+        # the preempter's writes of spec.holds (operator/preempting.py)
+        self.hold_writes: list[tuple[str, list[dict[str, Any]]]] = []
 
     async def snapshot(self, lease_namespace: str | None = None) -> Snapshot:
         return self.snap
@@ -729,6 +731,16 @@ class FakeKube:
 
     async def serves_taint_rules(self) -> bool:
         return False
+
+    async def list_running_pods(self) -> tuple[dict[str, Any], ...]:
+        return self.snap.pods
+
+    async def list_disruption_budgets(self) -> tuple[dict[str, Any], ...]:
+        return ()
+
+    async def write_holds(self, name: str, holds: list[dict[str, Any]], rv: str) -> dict[str, Any]:
+        self.hold_writes.append((name, holds))
+        return {"metadata": {"resourceVersion": rv}}
 
 
 def round_snapshot(part: dict[str, Any]) -> Snapshot:
@@ -1002,3 +1014,58 @@ def test_an_idle_node_is_kept_for_a_claim_of_several_whole_gpus_whose_switch_mus
     assert not decide([budget, *small, *large, *middle], [claim("one")], pol).keeps
     dry = policy(DYNAMIC, mode="DryRun")
     assert not decide([budget, *small, *large, *middle], [claim("big", count=2)], dry).keeps
+
+
+def test_gpus_kept_for_a_claim_switched_for_on_another_node_are_released() -> None:
+    """A claim of two whole GPUs kept on node-c, where one GPU became busy, gets its switches on node-d,
+    which completes it: node-c's holds are released in the same round (not left for their 15 minutes),
+    and node-d's GPUs are kept for it instead."""
+    pol = policy(DYNAMIC, disruptionBudget={"maxGpusReshaping": 4})
+    kept = [_kept_for(gpu("node-c-gpu0"), "ml/big"), _kept_for(gpu("node-c-gpu1", instances=FULL), "ml/big")]
+    other = [gpu("node-d-gpu0"), gpu("node-d-gpu1")]
+    d = decide([*kept, *other], [claim("big", count=2)], pol)
+    on_d = [("node-d-gpu0", "ml/big"), ("node-d-gpu1", "ml/big")]
+    assert sorted((s.gpu, s.claim) for s in d.switches) == on_d
+    assert sorted((k.gpu, k.claim) for k in d.keeps) == on_d
+    assert sorted((x.gpu, x.claim, x.node) for x in d.releases) == [
+        ("node-c-gpu0", "ml/big", "node-d"),
+        ("node-c-gpu1", "ml/big", "node-d"),
+    ]
+    assert d.releases[0].why == "claim ml/big is kept on node node-d now"
+    # Where the kept node can still complete it, nothing is released: the switch goes there.
+    d = decide([_kept_for(gpu("node-c-gpu0"), "ml/big"), _kept_for(gpu("node-c-gpu1"), "ml/big"), *other],
+               [claim("big", count=2)], pol)  # fmt: skip
+    assert {s.gpu for s in d.switches} == {"node-c-gpu0", "node-c-gpu1"}
+    assert d.releases == ()
+
+
+async def test_a_round_takes_out_the_holds_of_a_claim_kept_on_another_node_now() -> None:
+    """The round writes node-c's holds without the claim's whole hold (another hold there stays), tells
+    each GPU why (WholeGpuReleased) and counts the releases as moved."""
+    c, p = claim("big", count=2)
+    drain = {"claim": "ml/other", "kind": "Drain", "profile": "3g.40gb", "start": 4,
+             "expiresAt": "2099-01-01T00:00:00Z"}  # fmt: skip
+    kept = [_kept_for(gpu("node-c-gpu0"), "ml/big"), _kept_for(gpu("node-c-gpu1", instances=FULL), "ml/big")]
+    kept[0]["spec"]["holds"].append(drain)
+    snap = Snapshot(
+        policies=(policy(DYNAMIC, disruptionBudget={"maxGpusReshaping": 4}),),
+        partitions=(*kept, gpu("node-d-gpu0"), gpu("node-d-gpu1")),
+        nodes=tuple(
+            {"metadata": {"name": n, "labels": {"kubernetes.io/hostname": n}}} for n in ("node-c", "node-d")
+        ),
+        pods=(p,),
+        claims=(c,),
+        device_classes=(DRIVER_CLASS,),
+    )
+    metrics = OperatorMetrics()
+    kube = FakeKube(snap)
+    rec = Reconciler(cast(KubeIO, kube), CATALOG, metrics, OperatorSettings())
+    await rec.round("fleet")
+    holds = {name: spec["holds"] for name, spec, _ in kube.writes if "holds" in spec}
+    assert holds["node-c-gpu0"] == [drain] and holds["node-c-gpu1"] == []
+    assert [h["claim"] for h in holds["node-d-gpu0"]] == ["ml/big"]
+    told = sorted(e[0]["name"] for e in kube.events if e[2] == "WholeGpuReleased")
+    assert told == ["node-c-gpu0", "node-c-gpu1"]
+    assert "kept on node node-d now" in next(e[3] for e in kube.events if e[2] == "WholeGpuReleased")
+    released = "dynamig_operator_preemption_holds_released_total"
+    assert metrics.registry.get_sample_value(released, {"policy": "fleet", "why": "moved"}) == 2

@@ -16,7 +16,7 @@ RESHAPE_RESULTS = ("written", "completed", "blocked", "failed")
 FENCE_ACTIONS = ("slice-withdrawn", "booking-failed", "pod-deleted", "pod-told")
 PREEMPTOR_RESULTS = ("would-preempt", "no-victims")
 EVICTION_RESULTS = ("evicted", "gone", "refused", "error")
-HOLD_ENDS = ("served", "gone", "expired", "refused", "off")
+HOLD_ENDS = ("served", "gone", "expired", "refused", "off", "moved")
 MIG_MODES = ("Disabled", "Enabled")  # the `to` of a MIG mode switch (GpuPartition spec.migMode)
 
 

@@ -153,9 +153,24 @@ class WholeKeep:
 
 
 @dataclass(frozen=True, slots=True)
+class WholeRelease:
+    """A GPU kept whole for a claim that is kept on another node now: its hold is taken out with the round,
+    rather than standing until it expires while the claim waits elsewhere."""
+
+    gpu: str
+    claim: str  # namespace/name
+    node: str  # where the claim is kept now
+
+    @property
+    def why(self) -> str:
+        return f"claim {self.claim} is kept on node {self.node} now"
+
+
+@dataclass(frozen=True, slots=True)
 class ModeDecision:
     switches: tuple[ModeSwitch, ...] = ()  # to write now (all for one claim, on one node)
     keeps: tuple[WholeKeep, ...] = ()  # GPUs to keep whole for a claim (holds written with the round)
+    releases: tuple[WholeRelease, ...] = ()  # holds of claims kept elsewhere now (taken out with the round)
     planned: tuple[ModeSwitch, ...] = ()  # DryRun: what Dynamic would write
     resets: tuple[ResetRequired, ...] = ()
     verdicts: tuple[ClaimVerdict, ...] = ()  # the round's verdicts, those a switch concerns rewritten
@@ -443,17 +458,21 @@ def decide_modes(inp: ModeInput) -> ModeDecision:
     switches = tuple(r.switches)
     if r.dry_run:
         return ModeDecision(planned=switches, resets=resets, verdicts=tuple(verdicts))
-    keeps = _keeps(r, [verdicts[i].claim for i in whole_claims], [supply[i] for i in whole_claims])
+    keeps, releases = _keeps(r, [verdicts[i].claim for i in whole_claims], [supply[i] for i in whole_claims])
     for i in whole_claims:
         held_for = [k.gpu for k in keeps if k.claim == verdicts[i].claim.claim.key]
         if held_for:
             v = verdicts[i]
             kept = f"{_names(held_for)} kept whole for it (no other claim is booked there while it waits)"
             verdicts[i] = replace(v, message=f"{v.message}; {kept}", warn=False)
-    return ModeDecision(switches=switches, keeps=keeps, resets=resets, verdicts=tuple(verdicts))
+    return ModeDecision(
+        switches=switches, keeps=keeps, releases=releases, resets=resets, verdicts=tuple(verdicts)
+    )
 
 
-def _keeps(r: _Round, claims: Sequence[PendingClaim], supplies: Sequence[_Supply]) -> tuple[WholeKeep, ...]:
+def _keeps(
+    r: _Round, claims: Sequence[PendingClaim], supplies: Sequence[_Supply]
+) -> tuple[tuple[WholeKeep, ...], tuple[WholeRelease, ...]]:
     """The GPUs to keep whole for each claim of whole GPUs no node serves now, so nobody else books them (the
     agent answers PlacementHeld and retires their free instances; the planner plans nothing there) while
     the GPUs it lacks switch, one round or budget at a time:
@@ -467,8 +486,10 @@ def _keeps(r: _Round, claims: Sequence[PendingClaim], supplies: Sequence[_Supply
       A node is idle when none of its GPUs is allocated, in use, held, switching on or unfit.
 
     A claim free whole GPUs serve at once gets none (the scheduler books them in its next cycle; a hold
-    would make it wait on binding conditions)."""
+    would make it wait on binding conditions). GPUs kept for a claim on another node than the one it is kept
+    on now (its switches went elsewhere: the kept GPUs could not be switched in time) are released."""
     out: list[WholeKeep] = []
+    releases: list[WholeRelease] = []
     by_name = {g.name: g for g in r.gpus}
     held = {g.name: g.whole_hold for g in r.gpus if g.whole_hold}  # GPU -> claim kept for, as decided
     for_idle: list[PendingClaim] = []
@@ -482,6 +503,7 @@ def _keeps(r: _Round, claims: Sequence[PendingClaim], supplies: Sequence[_Supply
                 for_idle.append(claim)
             continue
         node = by_name[(switched or switching or mine)[0]].node
+        releases += [WholeRelease(name, key, node) for name in mine if by_name[name].node != node]
         keep = [*switched, *(g.name for g in supply.gpus), *mine]
         keep = [n for n in dict.fromkeys(keep) if by_name[n].node == node]
         lacking = [
@@ -494,7 +516,7 @@ def _keeps(r: _Round, claims: Sequence[PendingClaim], supplies: Sequence[_Supply
             held[name] = key
             if by_name[name].whole_hold != key:
                 out.append(WholeKeep(name, key, claim.claim.uid))
-    return (*out, *_kept_nodes(r, for_idle, held))
+    return (*out, *_kept_nodes(r, for_idle, held)), tuple(releases)
 
 
 def _could_keep(r: _Round, claim: PendingClaim, g: GpuView) -> bool:

@@ -610,10 +610,14 @@ class Reconciler:
         switches = {s.gpu: s for s in modes.switches} if modes is not None else {}
         resets = {r.gpu: r for r in modes.resets} if modes is not None else {}
         keeps = {k.gpu: k for k in modes.keeps} if modes is not None else {}
+        releases = {x.gpu: x for x in modes.releases} if modes is not None else {}
         effects = effects or {}
-        for gpu in dict.fromkeys([*layouts, *offered, *limits, *switches, *resets, *keeps, *effects]):
+        for gpu in dict.fromkeys(
+            [*layouts, *offered, *limits, *switches, *resets, *keeps, *releases, *effects]
+        ):
             w, o, limit = layouts.get(gpu), offered.get(gpu), limits.get(gpu)
             switch, reset, keep = switches.get(gpu), resets.get(gpu), keeps.get(gpu)
+            release = releases.get(gpu) if keep is None else None
             if switch is not None and switch.spec().get("offeredProfiles") is not None:
                 o = None  # switching off: it offers nothing from now on
             raw = partitions.get(gpu) or {}
@@ -640,6 +644,11 @@ class Reconciler:
                 others = [h for h in stored if h.get("profile") != WHOLE_PROFILE]
                 held = keep.hold(self.wall()).model_dump(mode="json", by_alias=True, exclude_none=True)
                 spec["holds"] = [*others, held]
+            elif release is not None:  # kept for a claim kept on another node now
+                stored = (raw.get("spec") or {}).get("holds") or []
+                spec["holds"] = [
+                    h for h in stored if h.get("profile") != WHOLE_PROFILE or h.get("claim") != release.claim
+                ]
             try:
                 result = await self.kube.write_spec(gpu, spec, annotations, rv)
             except ApiException as exc:
@@ -665,6 +674,8 @@ class Reconciler:
                         "OffersFailed",
                         f"{gpu}: offeredProfiles write failed: {exc.reason}",
                     )
+                elif release is not None:
+                    log.warning("%s: releasing it for %s failed: %s", gpu, release.claim, exc.reason)
                 elif switch is None and reset is None and keep is None:
                     log.warning("%s: autoPlacementsPerProfile or xidEffect write failed: %s", gpu, exc.reason)
                 elif keep is not None and switch is None:
@@ -677,6 +688,11 @@ class Reconciler:
                 text = f"{gpu} kept whole for claim {keep.claim} (a claim of whole GPUs) {keep.why}"
                 log.info("policy %s: %s", policy.name, text)
                 await self._event_gpu(gpu, "Normal", "WholeGpuKept", text)
+            if release is not None:
+                text = f"{gpu} no longer kept whole for claim {release.claim}: {release.why}"
+                log.info("policy %s: %s", policy.name, text)
+                self.metrics.holds_released.labels(policy=policy.name, why="moved").inc()
+                await self._event_gpu(gpu, "Normal", "WholeGpuReleased", text)
             if reset is not None:
                 log.warning("%s", reset.message)
                 await self._event_policy(policy, "Warning", "MigModeResetRequired", reset.message)
