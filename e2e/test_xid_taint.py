@@ -39,6 +39,7 @@ from dynamig.demo.inprocess import agent_running, operator_running, quick_agent_
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.devcluster.versions import KubeTarget
 from dynamig.devcluster.waiting import event_posted
+from dynamig.kube.names import GROUP, POLICY_PLURAL, VERSION
 from dynamig.operator.metrics import OperatorMetrics
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.matrix]
@@ -222,6 +223,13 @@ async def test_a_no_execute_xid_taint_moves_the_pod_off_its_device_and_spares_th
         well = await k.core.read_namespaced_pod("well", namespace)
         assert well.metadata.deletion_timestamp is None, "the GPU's other instance keeps its pod"
         assert not devices[WELL].get("taints"), devices[WELL]
+        if not by_flag:  # the GPU leaves its only policy: the effect is withdrawn, the agent's flag again
+            await k.custom.delete_cluster_custom_object(GROUP, VERSION, POLICY_PLURAL, f"xid-{pool}")
+
+            async def effect_withdrawn() -> bool | None:
+                return True if "xidEffect" not in (await k.partition(gpu))["spec"] else None
+
+            await eventually(effect_withdrawn, f"{gpu}'s spec.xidEffect withdrawn", within_s=60)
 
 
 async def _created(k: ScenarioApi, gpu: str) -> dict[str, Any] | None:

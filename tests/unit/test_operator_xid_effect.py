@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from dynamig.geometry.catalog import load_catalog
 from dynamig.kube.policy import parse_policy
 from dynamig.operator.inventory import parse_inventory
-from dynamig.operator.xid_effects import xid_effect_writes
+from dynamig.operator.xid_effects import ungoverned_xid_effects, xid_effect_writes
 
 CATALOG = load_catalog()
 
@@ -65,3 +65,13 @@ def test_each_governed_gpu_gets_the_policys_effect_once(
     mine = parse_inventory(parts, CATALOG)
     by_name = {p["metadata"]["name"]: p for p in parts}
     assert xid_effect_writes(_policy(mode, **health), mine, by_name) == writes
+
+
+def test_a_gpu_no_policy_governs_has_its_effect_removed() -> None:
+    """A GPU that left every policy (not in the ownership map) keeps no spec.xidEffect: its agent's flag
+    applies again; a governed GPU, or one naming none, is left to the policy's own writes."""
+    parts = [_part("n-gpu0", "NoExecute"), _part("n-gpu1", "NoSchedule"), _part("n-gpu2")]
+    gpus = parse_inventory(parts, CATALOG)
+    by_name = {p["metadata"]["name"]: p for p in parts}
+    assert ungoverned_xid_effects(gpus, {"n-gpu1": "fleet"}, by_name) == ("n-gpu0",)
+    assert ungoverned_xid_effects(gpus, {g.name: "fleet" for g in gpus}, by_name) == ()

@@ -73,7 +73,7 @@ from dynamig.operator.preemption import DryRunReport
 from dynamig.operator.settings import OperatorSettings
 from dynamig.operator.silent_nodes import SilentNodes
 from dynamig.operator.verdicts import ClaimVerdict, Reason, serves_whole
-from dynamig.operator.xid_effects import xid_effect_writes
+from dynamig.operator.xid_effects import ungoverned_xid_effects, xid_effect_writes
 from dynamig.planner.offerlimit import AutoChoice, choose, needs_rewrite
 
 log = logging.getLogger(__name__)
@@ -315,7 +315,8 @@ class Reconciler:
     async def watch_agents(self, stopped: StopFlag) -> None:
         """The agents' watchdog, until ``stopped`` (the body of a Kopf daemon, so only the replica that leads
         runs it): reads the Leases and withdraws the nodes of silent agents whenever no policy round did so
-        lately, so a silent agent's node is withdrawn with no GpuPartitionPolicy at all."""
+        lately, so a silent agent's node is withdrawn with no GpuPartitionPolicy at all; with them, what the
+        operator wrote to GPUs no policy governs any more (a GPU without MIG's migMode, an xidEffect)."""
         failures = 0
         while not stopped.is_set():
             left = self._agents_due_in()
@@ -325,9 +326,11 @@ class Reconciler:
             try:
                 async with self._lock:
                     if self._agents_due_in() <= 0:  # a policy round may have read them meanwhile
-                        await self._check_agents(
-                            await self.kube.snapshot(self.settings.agent_lease_namespace)
-                        )
+                        snap = await self.kube.snapshot(self.settings.agent_lease_namespace)
+                        world = await self._check_agents(snap)
+                        # what GPUs that left the last policy still carry, which no policy round withdraws
+                        await self._without_mig(world, snap)
+                        await self._withdraw_xid_effects(world, snap)
                 failures = 0
             except Exception as exc:
                 if not (isinstance(exc, ApiException) or is_transient(exc)):
@@ -368,6 +371,7 @@ class Reconciler:
             world = await self._check_agents(snap)
             await self._keep_profile_classes(world, snap)
             await self._without_mig(world, snap)
+            await self._withdraw_xid_effects(world, snap)
             self._gpu_uids = {p["metadata"]["name"]: p["metadata"].get("uid", "") for p in snap.partitions}
             raw = next((p for p in snap.policies if p["metadata"]["name"] == name), None)
             policy = next((p for p in world.policies if p.name == name), None)
@@ -526,6 +530,21 @@ class Reconciler:
                 msg = "no policy serves this GPU without MIG whole any more: left alone"
             log.info("%s: %s", gpu, msg)
             await self._event_gpu(gpu, "Normal", "ServedWhole" if policy is not None else "LeftAlone", msg)
+
+    async def _withdraw_xid_effects(self, world: World, snap: Snapshot) -> None:
+        """Remove ``spec.xidEffect`` from each GPU no policy governs any more: its agent's ``--xid-effect``
+        applies again. A refused write is logged; the next round tries again."""
+        partitions = {p["metadata"]["name"]: p for p in snap.partitions}
+        for gpu in ungoverned_xid_effects(world.gpus, world.ownership.owner, partitions):
+            rv = str(((partitions.get(gpu) or {}).get("metadata") or {}).get("resourceVersion", ""))
+            try:
+                await self.kube.write_spec(gpu, {"xidEffect": None}, {}, rv)
+            except ApiException as exc:
+                log.warning("%s: spec.xidEffect removal failed: %s", gpu, exc.reason)
+                continue
+            msg = "no policy governs this GPU any more: a critical XID taints with the agent's --xid-effect"
+            log.info("%s: %s", gpu, msg)
+            await self._event_gpu(gpu, "Normal", "XidEffectWithdrawn", msg)
 
     async def _report_switches(self, policy: GpuPartitionPolicy, gpus: tuple[GpuView, ...]) -> None:
         """A ``MigModeSwitched`` Event once NVML reports a MIG mode this process asked for (on the GPU and

@@ -3,7 +3,9 @@ the GpuPartitions' ``spec.xidEffect`` the node agents taint with. Pure.
 
 The agent taints the devices an XID affects with its own ``--xid-effect`` unless the GpuPartition names one;
 the operator writes the policy's choice to each GPU the policy governs, in ``Dynamic`` and ``Static`` (a
-taint's effect changes no layout), not in ``DryRun``, and removes it where the policy no longer sets one.
+taint's effect changes no layout), not in ``DryRun``, and removes it where the policy no longer sets one, and
+from a GPU no policy governs any more (the field is the policies' to set: a GPU left alone taints with its
+agent's flag).
 """
 
 from __future__ import annotations
@@ -30,3 +32,15 @@ def xid_effect_writes(
         if have != value:
             out[g.name] = value
     return out
+
+
+def ungoverned_xid_effects(
+    gpus: Sequence[GpuView], owner: Mapping[str, str], partitions: Mapping[str, Mapping[str, Any]]
+) -> tuple[str, ...]:
+    """GPUs no policy governs (not in ``owner``) whose GpuPartition still names a ``spec.xidEffect``: to
+    remove. Pure."""
+    return tuple(
+        g.name
+        for g in gpus
+        if g.name not in owner and ((partitions.get(g.name) or {}).get("spec") or {}).get("xidEffect")
+    )
