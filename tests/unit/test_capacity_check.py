@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from dynamig.geometry.catalog import load_catalog
+from dynamig.kube.policy import parse_policies
 from dynamig.operator.capacity_check import (
     CONTROLLER,
     DEFAULT_RETRY_S,
@@ -17,6 +18,7 @@ from dynamig.operator.capacity_check import (
     answer,
     checked_workloads,
     pod_set_asks,
+    recuttable,
     reserved,
     retry_after,
 )
@@ -51,27 +53,31 @@ def workload(name: str, *pod_sets: dict[str, Any], state: str = "Pending", at: s
     }
 
 
-def a100(name: str, busy: tuple[tuple[str, int], ...] = ()) -> dict[str, Any]:
+def a100(
+    name: str, busy: tuple[tuple[str, int], ...] = (), free: tuple[tuple[str, int], ...] = ()
+) -> dict[str, Any]:
     node, index = name.rsplit("-gpu", 1)
     instances = [
         {
             "profile": p,
             "start": s,
             "deviceName": f"gpu{index}-{p.replace('.', '')}-s{s}",
-            "state": "allocated",
+            "state": state,
         }
-        for p, s in busy
+        for state, placed in (("allocated", busy), ("free", free))
+        for p, s in placed
     ]
     return {
         "metadata": {"name": name, "generation": 1},
-        "spec": {"layout": [{"profile": p, "start": s} for p, s in busy]},
+        "spec": {"layout": [{"profile": p, "start": s} for p, s in (*busy, *free)]},
         "status": {"node": node, "gpuIndex": int(index), "model": "A100-80GB", "migMode": "Enabled",
                    "observedGeneration": 1, "phase": "Stable", "instances": instances},
     }  # fmt: skip
 
 
 def room(*parts: dict[str, Any]) -> Room:
-    return Room.of(parse_inventory(parts, CATALOG))
+    """Every GPU re-cuttable, as under a Dynamic policy."""
+    return Room.of(parse_inventory(parts, CATALOG), recut={p["metadata"]["name"] for p in parts})
 
 
 def test_demand_sums_containers_takes_the_larger_init_container_and_multiplies_by_the_count() -> None:
@@ -141,7 +147,7 @@ def test_a_pod_set_fits_only_on_the_nodes_its_node_selector_names() -> None:
     keeps it to matching nodes, and a workload of two pod sets fits whole or not at all."""
     labels = {"a": {"pool": "x"}, "b": {"pool": "y"}}
     full = a100("a-gpu0", busy=(("3g.40gb", 0), ("3g.40gb", 4)))
-    r = Room.of(parse_inventory([full, a100("b-gpu0")], CATALOG), labels)
+    r = Room.of(parse_inventory([full, a100("b-gpu0")], CATALOG), labels, recut={"a-gpu0", "b-gpu0"})
     on_x = pod_set(1, container(**{"3g.40gb": "1"}))
     on_x["template"]["spec"]["nodeSelector"] = {"pool": "x"}
     (w,) = checked_workloads([workload("w", on_x)], ["mig"])
@@ -150,3 +156,30 @@ def test_a_pod_set_fits_only_on_the_nodes_its_node_selector_names() -> None:
     anywhere = pod_set(1, container(**{"3g.40gb": "1"}))
     (both,) = checked_workloads([workload("both", anywhere, on_x)], ["mig"])
     assert r.place_all(both.asks) is None and r.place({"7g.80gb": 1}) == ["b-gpu0"]  # nothing was kept
+
+
+def _policy(name: str, mode: str, pool: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "generation": 1, "creationTimestamp": "2027-01-01T00:00:00Z"},
+            "spec": {"mode": mode, "nodeSelector": {"matchLabels": {"pool": pool}}}}  # fmt: skip
+
+
+def test_only_gpus_a_dynamic_policy_governs_are_re_cut_elsewhere_only_free_instances_serve() -> None:
+    """A GPU under a Static or DryRun policy, or under none, is never cut for a workload: only a free
+    instance of the profile asked serves there, and each serves one slice."""
+    labels = {"a": {"pool": "dyn"}, "b": {"pool": "static"}, "c": {"pool": "dry"}, "d": {}}
+    parts = [a100("a-gpu0", busy=(("4g.40gb", 0),)), a100("b-gpu0", free=(("3g.40gb", 4),)),
+             a100("c-gpu0"), a100("d-gpu0", free=(("1g.10gb", 6),))]  # fmt: skip
+    views = parse_inventory(parts, CATALOG)
+    bad = {"metadata": {"name": "bad"}, "spec": {"mode": 7}}
+    modes = (("p1", "Dynamic", "dyn"), ("p2", "Static", "static"), ("p3", "DryRun", "dry"))
+    policies = parse_policies([*(_policy(*m) for m in modes), bad])
+    recut = recuttable(policies, views, labels)
+    assert recut == {"a-gpu0"}  # the malformed policy is left out, not fatal
+    r = Room.of(views, labels, recut=recut)
+    assert r.place({"3g.40gb": 1}) == ["a-gpu0"]  # a-gpu0 cut beside its 4g.40gb (the least room)
+    assert r.place({"3g.40gb": 1}) == ["b-gpu0"]  # b-gpu0's free 3g.40gb as it is
+    assert r.place({"3g.40gb": 1}) is None  # c-gpu0 is idle, but nothing is cut under DryRun
+    assert r.place({"1g.10gb": 1}) == ["d-gpu0"] and r.place({"1g.10gb": 1}) is None  # no policy: as it is
+    # With every GPU under a Dynamic policy, c-gpu0 takes the 3g.40gb.
+    everywhere = Room.of(views, labels, recut={p["metadata"]["name"] for p in parts})
+    assert everywhere.place({"3g.40gb": 3}) is not None

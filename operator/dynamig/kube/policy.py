@@ -11,12 +11,13 @@ GPU as lost, with the winner's name, in their status.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from dynamig.geometry.catalog import Catalog
@@ -24,6 +25,8 @@ from dynamig.geometry.layout import free_starts
 from dynamig.geometry.model import GpuModel, Layout, PlacedInstance, normalize_layout
 from dynamig.kube.gpupartition import XidEffect
 from dynamig.planner.model import Policy, Strategy
+
+log = logging.getLogger(__name__)
 
 
 class Mode(StrEnum):
@@ -222,6 +225,18 @@ def parse_policy(obj: Mapping[str, Any]) -> GpuPartitionPolicy:
     if data.get("spec") is None:
         data["spec"] = {}
     return GpuPartitionPolicy.model_validate(data)
+
+
+def parse_policies(objs: Iterable[Mapping[str, Any]]) -> tuple[GpuPartitionPolicy, ...]:
+    """Every well-formed policy of ``objs``; a malformed one is logged and left out (the operator's rounds
+    report it on the policy)."""
+    out: list[GpuPartitionPolicy] = []
+    for raw in objs:
+        try:
+            out.append(parse_policy(raw))
+        except ValidationError as exc:
+            log.warning("skipping malformed policy %s: %s", (raw.get("metadata") or {}).get("name"), exc)
+    return tuple(out)
 
 
 # ------------------------------------------------------------------------------------------ catalog checks

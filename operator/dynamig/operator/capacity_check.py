@@ -9,9 +9,11 @@ its quota reserved and the check ``Pending`` the operator answers
 
 - ``Ready`` once every MIG slice its pod sets ask (``nvidia.com/mig-<profile>`` requests or limits, times the
   pod set's count) fits the GPUs as they are: beside the instances allocated or in use and the placements
-  held there, the free ones re-cut as dynamig would; the workloads answered ``Ready`` in the last
-  :data:`READY_RESERVE_S` seconds are counted as placed first, for the time their pods take to be ungated,
-  scheduled and allocated (their own allocations count after that);
+  held there, the free ones re-cut as dynamig would on GPUs a ``Dynamic`` policy governs, and only a free
+  instance of the profile asked on any other GPU (``Static``, ``DryRun``, no policy: nothing is cut there);
+  the workloads answered ``Ready`` in the last :data:`READY_RESERVE_S` seconds are counted as placed first,
+  for the time their pods take to be ungated, scheduled and allocated (their own allocations count after
+  that);
 - ``Retry`` (Kueue releases the quota and queues the workload again) when they have not fitted for the
   check's bound (the AdmissionCheck's annotation :data:`RETRY_ANNOTATION`, default
   :data:`DEFAULT_RETRY_S` seconds) since it went ``Pending``;
@@ -24,13 +26,14 @@ the workload's pods (dynamig then serves them as any pending claim).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from dynamig.geometry.layout import free_starts
 from dynamig.geometry.model import GpuModel, PlacedInstance
+from dynamig.kube.policy import GpuPartitionPolicy, Mode, resolve_ownership
 from dynamig.kube.times import parse_time
 from dynamig.operator.inventory import GpuView
 
@@ -160,36 +163,62 @@ def checked_workloads(workloads: Iterable[Mapping[str, Any]], checks: Iterable[s
     return sorted(out, key=lambda c: (c.since or 0.0, c.key))
 
 
+_Gpu = tuple[str, GpuModel, list[PlacedInstance]]  # name, model, the placements taken on it
+
+
 @dataclass
 class Room:
     """The GPUs' occupied placements, and what placing demand on them takes (mutable, one pass)."""
 
-    gpus: list[tuple[str, GpuModel, list[PlacedInstance]]] = field(default_factory=list)
+    gpus: list[_Gpu] = field(default_factory=list)
     labels: dict[str, Mapping[str, str]] = field(default_factory=dict)  # GPU -> its node's labels
+    # GPUs no Dynamic policy re-cuts (Static, DryRun, none): only their free instances serve, as they are
+    fixed: dict[str, list[PlacedInstance]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, views: Sequence[GpuView], node_labels: Mapping[str, Mapping[str, str]] | None = None) -> Room:
+    def of(
+        cls,
+        views: Sequence[GpuView],
+        node_labels: Mapping[str, Mapping[str, str]] | None = None,
+        *,
+        recut: Container[str],
+    ) -> Room:
         """The GPUs dynamig plans on (MIG mode on, usable), each with its allocated or busy instances and
-        its held placements (the rest of it can be re-cut), and its node's labels."""
+        its held placements, and its node's labels. The rest of a GPU in ``recut`` (one a Dynamic policy
+        governs) can be re-cut; on any other GPU only its free instances outside the holds serve."""
         room = cls()
         for g in views:
             if g.model is None or g.unusable or g.whole_hold:
                 continue
             room.gpus.append((g.name, g.model, [*g.busy, *g.holds]))
             room.labels[g.name] = (node_labels or {}).get(g.node, {})
+            if g.name not in recut:
+                held = 0
+                for h in g.holds:
+                    held |= g.model.profile(h.profile).mask(h.start)
+                room.fixed[g.name] = [
+                    i
+                    for i in g.actual
+                    if i not in g.busy and not g.model.profile(i.profile).mask(i.start) & held
+                ]
         return room
 
     def profiles(self) -> frozenset[str]:
         return frozenset(p.name for _, model, _ in self.gpus for p in model.profiles)
 
+    def _copy(self) -> tuple[list[_Gpu], dict[str, list[PlacedInstance]]]:
+        """The GPUs' layouts and the fixed GPUs' free instances, copied for a trial."""
+        gpus = [(n, m, list(layout)) for n, m, layout in self.gpus]
+        return gpus, {k: list(v) for k, v in self.fixed.items()}
+
     def place_all(self, asks: Sequence[PodSetAsk]) -> list[str] | None:
         """Place every pod set's demand on the GPUs of its nodes, or nothing (None) when one does not fit."""
-        before = [(name, model, list(layout)) for name, model, layout in self.gpus]
+        before = self._copy()
         used: list[str] = []
         for a in asks:
             got = self.place(a.demand, a.node_selector)
             if got is None:
-                self.gpus = before
+                self.gpus, self.fixed = before
                 return None
             used += got
         return used
@@ -197,19 +226,25 @@ class Room:
     def place(
         self, demand: Mapping[str, int], node_selector: Mapping[str, str] | None = None
     ) -> list[str] | None:
-        """Place ``demand`` (largest profiles first, each on the GPU with the least room that takes it, at
-        its first free start) on GPUs whose node has every label of ``node_selector``; the GPUs used, or
-        None (and nothing placed) when some slice does not fit."""
-        trial = [(name, model, list(layout)) for name, model, layout in self.gpus]
+        """Place ``demand`` (largest profiles first, each on the GPU with the least room that takes it: at
+        its first free start, or on a GPU no policy re-cuts in a free instance of that profile) on GPUs whose
+        node has every label of ``node_selector``; the GPUs used, or None (and nothing placed) when some
+        slice does not fit."""
+        trial, spare = self._copy()
         used: list[str] = []
         order = sorted(demand.items(), key=lambda kv: (-_slices(self, kv[0]), kv[0]))
         for profile, n in order:
             for _ in range(n):
                 best: tuple[int, int] | None = None  # (free memory slices, index)
                 for i, (name, model, layout) in enumerate(trial):
+                    if not model.has_profile(profile):
+                        continue
                     if not _selects(node_selector, self.labels.get(name, {})):
                         continue
-                    if not model.has_profile(profile) or not free_starts(model, layout, profile):
+                    if name in spare:
+                        if not any(f.profile == profile for f in spare[name]):
+                            continue
+                    elif not free_starts(model, layout, profile):
                         continue
                     free = model.memory_slices - sum(model.profile(p.profile).placement_size for p in layout)
                     if best is None or free < best[0]:
@@ -217,10 +252,24 @@ class Room:
                 if best is None:
                     return None
                 name, model, layout = trial[best[1]]
-                layout.append(PlacedInstance(free_starts(model, layout, profile)[0], profile))
+                if name in spare:
+                    taken = next(f for f in spare[name] if f.profile == profile)
+                    spare[name].remove(taken)
+                    layout.append(taken)
+                else:
+                    layout.append(PlacedInstance(free_starts(model, layout, profile)[0], profile))
                 used.append(name)
-        self.gpus = trial
+        self.gpus, self.fixed = trial, spare
         return used
+
+
+def recuttable(
+    policies: Sequence[GpuPartitionPolicy], views: Sequence[GpuView], labels: Mapping[str, Mapping[str, str]]
+) -> frozenset[str]:
+    """The GPUs of ``views`` a ``Dynamic`` policy governs: those dynamig re-cuts for waiting pods. Pure."""
+    ownership = resolve_ownership(policies, [g.identity(labels.get(g.node, {})) for g in views])
+    dynamic = {p.name for p in policies if p.spec.mode is Mode.DYNAMIC}
+    return frozenset(gpu for gpu, owner in ownership.owner.items() if owner in dynamic)
 
 
 def _selects(selector: Mapping[str, str] | None, labels: Mapping[str, str]) -> bool:

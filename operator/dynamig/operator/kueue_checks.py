@@ -19,6 +19,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from dynamig import DRIVER_NAME
 from dynamig.geometry.catalog import Catalog
+from dynamig.kube.policy import parse_policies
 from dynamig.kube.times import now_rfc3339
 from dynamig.operator.capacity_check import (
     CONTROLLER,
@@ -28,6 +29,7 @@ from dynamig.operator.capacity_check import (
     State,
     answer,
     checked_workloads,
+    recuttable,
     reserved,
     retry_after,
 )
@@ -83,7 +85,7 @@ class KueueChecks:
         snap = await self.kube.snapshot()
         views = parse_inventory(snap.partitions, self.catalog, allocated_devices(snap.claims, DRIVER_NAME))
         labels = {str(n["metadata"]["name"]): dict(n["metadata"].get("labels") or {}) for n in snap.nodes}
-        room = Room.of(views, labels)
+        room = Room.of(views, labels, recut=recuttable(parse_policies(snap.policies), views, labels))
         now = self.wall()
         for c in reserved(checked, now):
             room.place_all(c.asks)  # answered Ready lately: their pods may not hold their slices yet

@@ -42,7 +42,7 @@ from dynamig.kube.policy import (
     Mode,
     Ownership,
     check_spec_against_catalog,
-    parse_policy,
+    parse_policies,
     resolve_ownership,
     warm_pool_shortfall,
 )
@@ -162,12 +162,7 @@ def parse_world(
     """Parse a snapshot into a :class:`World`; with ``now`` (epoch seconds), GPUs of nodes whose agent
     Lease ran out are unusable, judged by ``seen`` (when the reader saw each Lease renewed; without it, by
     the Leases' own times, bounded by ``now``). Leases of nodes that no longer exist are not judged. Pure."""
-    policies: list[GpuPartitionPolicy] = []
-    for raw in snap.policies:
-        try:
-            policies.append(parse_policy(raw))
-        except ValidationError as exc:
-            log.warning("skipping malformed policy %s: %s", raw.get("metadata", {}).get("name"), exc)
+    policies = parse_policies(snap.policies)
     node_labels = {
         str(n["metadata"]["name"]): dict(n["metadata"].get("labels") or {})
         for n in snap.nodes
