@@ -23,7 +23,7 @@ import pynvml
 import pytest
 from nvml_doc import define_doc, define_value, doc_block, enum_doc, plain, typedef_member_doc
 
-from dynamig.backends import simfabric
+from dynamig.backends import simfabric, simstate
 from dynamig.backends import simnvml as nv
 from dynamig.backends.nvml import fresh_simulated_nvml
 from dynamig.geometry.catalog import load_catalog
@@ -90,7 +90,7 @@ def a_link_the_gpu_lacks_is_invalid() -> None:
         with pytest.raises(pynvml.NVMLError_InvalidArgument):
             nv.nvmlDeviceGetNvLinkState(h100, link)
     with pytest.raises(pynvml.NVMLError_InvalidArgument):  # no GPU 5: not a device
-        nv.nvmlDeviceGetNvLinkState(nv._gpu_handle(5), 0)
+        nv.nvmlDeviceGetNvLinkState(simstate.gpu_handle(5), 0)
 
 
 def no_nvlink_not_supported() -> None:

@@ -146,7 +146,9 @@ def node_cluster_uuid(gpu_uuids: list[str]) -> str:
 
 def nvlink_state(nv: types.ModuleType, device: Any, link: int) -> int:
     """``nvmlDeviceGetNvLinkState`` of simulator ``nv``: ``NVML_FEATURE_ENABLED`` or ``..._DISABLED``."""
-    r = nv._read(device, nv._KIND_GPU)
+    from dynamig.backends import simstate  # here, not at the top: simstate imports this module
+
+    r = nv._read(device, simstate.KIND_GPU)
     links = nvlink_links(r.model)
     if not links:
         raise _error(NVML_ERROR_NOT_SUPPORTED)
@@ -158,8 +160,10 @@ def nvlink_state(nv: types.ModuleType, device: Any, link: int) -> int:
 def fabric_info(nv: types.ModuleType, device: Any, info_ref: Any, *, versioned: bool = False) -> int:
     """``nvmlDeviceGetGpuFabricInfo`` (``versioned``: ``...InfoV``) of simulator ``nv``: fills the structure
     ``info_ref`` points at (or is) and returns ``NVML_SUCCESS``, as ``pynvml``'s wrapper does."""
-    r = nv._read(device, nv._KIND_GPU)
-    info = nv._deref(info_ref)  # InvalidArgument for NULL
+    from dynamig.backends import simstate  # here, not at the top: simstate imports this module
+
+    r = nv._read(device, simstate.KIND_GPU)
+    info = simstate.deref(info_ref)  # InvalidArgument for NULL
     if versioned and getattr(info, "version", None) not in _VERSIONS:
         raise _error(NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
     if not fabric_supported(r.model):

@@ -75,7 +75,7 @@ from dynamig.geometry.generation import RESET_SWITCHED, Generation, generation
 from dynamig.geometry.model import GpuModel
 
 if TYPE_CHECKING:
-    from dynamig.backends.simnvml import _Gpu
+    from dynamig.backends.simstate import Gpu as _Gpu
 
 # Seconds a MIG mode switch takes, by NVML architecture (see the module docstring).
 DEFAULT_SWITCH_LATENCY_S: dict[int, float] = {
@@ -227,7 +227,9 @@ def settle(gpus: Sequence[_Gpu], now: float | None = None) -> None:
 
 def get_mig_mode(nv: types.ModuleType, device: Any) -> list[int]:
     """``nvmlDeviceGetMigMode`` of simulator ``nv``: ``[current, pending]``."""
-    r = nv._read(device, nv._KIND_GPU, nv._KIND_MIG)
+    from dynamig.backends import simstate  # here, not at the top: simstate imports this module
+
+    r = nv._read(device, simstate.KIND_GPU, simstate.KIND_MIG)
     if r.gi is not None or not mig_capable(r.model):
         raise _error(NVML_ERROR_NOT_SUPPORTED)
     return [r.gpu.mig_current, r.gpu.mig_pending]
@@ -237,11 +239,13 @@ def set_mig_mode(nv: types.ModuleType, device: Any, mode: int) -> int:
     """``nvmlDeviceSetMigMode`` of simulator ``nv``. Returns ``activationStatus``: ``NVML_SUCCESS``,
     ``NVML_ERROR_IN_USE`` or ``NVML_ERROR_RESET_REQUIRED``; raises for the call's own errors. See the module
     docstring."""
+    from dynamig.backends import simstate  # here, not at the top: simstate imports this module
+
     sim = nv._initialized()
     if mode not in (NVML_DEVICE_MIG_DISABLE, NVML_DEVICE_MIG_ENABLE):
         raise _error(NVML_ERROR_INVALID_ARGUMENT)
     with sim.mutate() as state:
-        r = nv._resolve(state, device, nv._KIND_GPU)
+        r = simstate.resolve(state, device, simstate.KIND_GPU)
         gpu = r.gpu
         if not mig_capable(r.model):
             raise _error(NVML_ERROR_NOT_SUPPORTED)

@@ -30,7 +30,9 @@ Event sets and XID critical-error events (``nvmlEventSetCreate``, ``nvmlDeviceRe
 reset a VM does not expose; an idle GPU required) and GPUs with no MIG (e.g. ``L4-24GB``) are
 :mod:`dynamig.backends.simmode`'s, re-exported here. NVLink links and the NVLink fabric
 (``nvmlDeviceGetNvLinkState``, ``nvmlDeviceGetGpuFabricInfo`` / ``...InfoV``: links per model, the fabric on
-Hopper and later NVSwitch systems) are :mod:`dynamig.backends.simfabric`'s.
+Hopper and later NVSwitch systems) are :mod:`dynamig.backends.simfabric`'s. The records of the simulated
+machine, their persistence and the handles that name them are :mod:`dynamig.backends.simstate`'s; this
+module holds the NVML session and the functions.
 
 Not in ``pynvml`` (simulation control): :func:`configure`, :func:`attach_process`, :func:`detach_process`,
 :func:`set_gpu_lost`, :func:`reload_driver`, :func:`set_mig_enumeration_delay`, :func:`inject_xid`,
@@ -53,15 +55,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
-import json
 import sys
 import threading
 import time
 import types
 import uuid
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,13 +83,10 @@ from pynvml import (
     NVML_GPU_INSTANCE_PROFILE_COUNT,
     NVML_SUCCESS,
     NVMLError,
-    c_nvmlComputeInstance_t,
     c_nvmlComputeInstanceInfo_t,
     c_nvmlComputeInstanceProfileInfo_t,
     c_nvmlComputeInstanceProfileInfo_v2_t,
-    c_nvmlDevice_t,
     c_nvmlDeviceAttributes,
-    c_nvmlGpuInstance_t,
     c_nvmlGpuInstanceInfo_t,
     c_nvmlGpuInstanceProfileInfo_t,
     c_nvmlGpuInstanceProfileInfo_v2_t,
@@ -102,11 +98,13 @@ from pynvml import (
 )
 
 from dynamig.backends import simfabric, simmode
-from dynamig.backends.simevents import SUPPORTED_EVENT_TYPES, EventSets, XidRecord
+from dynamig.backends import simstate as st
+from dynamig.backends.simevents import SUPPORTED_EVENT_TYPES, XidRecord
 from dynamig.backends.simmode import DEFAULT_SWITCH_LATENCY_S as DEFAULT_SWITCH_LATENCY_S  # re-exported
 from dynamig.backends.simmode import NON_MIG_PRODUCTS as NON_MIG_PRODUCTS
 from dynamig.backends.simmode import require_mig as _require_mig
-from dynamig.fileio import write_atomic
+from dynamig.backends.simstate import STATE_FORMAT as STATE_FORMAT  # re-exported
+from dynamig.backends.simstate import SimEvent as SimEvent
 from dynamig.geometry.layout import (
     RULE_DISALLOWED_START,
     RULE_OUT_OF_RANGE,
@@ -115,7 +113,7 @@ from dynamig.geometry.layout import (
     free_starts,
     remaining_capacity,
 )
-from dynamig.geometry.model import GpuModel, PlacedInstance, Profile
+from dynamig.geometry.model import PlacedInstance, Profile
 
 # This very module (or copy of it: backends/nvml.py fresh_simulated_nvml): what simmode acts on.
 _THIS = sys.modules[__name__]
@@ -131,9 +129,7 @@ for _name, _value in vars(pynvml).items():
 del _name, _value
 
 MIB = 1024 * 1024
-STATE_FORMAT = "dynamig-simnvml/v1"
 DRIVER_VERSION = "580.65.06"
-_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "simnvml.dynamig.io")
 _VENDOR_NVIDIA = 0x10DE
 _SUCCESS: int = int(NVML_SUCCESS)
 
@@ -147,10 +143,6 @@ _CI_ENUMS_BY_GI_SLICES = {
     7: (0x0, 0x1, 0x2, 0x3, 0x4),
 }
 
-# Handle addresses: never dereferenced, they only encode what they name.
-_HANDLE_BASE = 0x5EED << 40
-_KIND_GPU, _KIND_MIG, _KIND_GI, _KIND_CI = 1, 2, 3, 4
-
 
 # pynvml asks the C library for the text of codes it has no string for; without the library the text would
 # be "NVML Error with code 23". Give it the library's wording for the codes the simulation raises.
@@ -162,235 +154,22 @@ for _code, _text in (
 del _code, _text
 
 
-def _error(code: int) -> Exception:
-    err: Exception = NVMLError(code)  # pynvml maps the code to its NVMLError_* subclass
-    return err
-
-
-# --- state ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Process:
-    pid: int
-    used_bytes: int
-
-
-@dataclass
-class _ComputeInstance:
-    id: int
-    profile_id: int
-    start: int
-    size: int
-    uuid: str
-    processes: list[_Process] = field(default_factory=list)
-    enumerable_at: float = 0.0  # wall-clock time from which its MIG device is enumerated (0: at once)
-
-
-@dataclass
-class _GpuInstance:
-    id: int
-    profile_id: int
-    start: int
-    size: int
-    compute_instances: list[_ComputeInstance] = field(default_factory=list)
-
-
-@dataclass
-class _Gpu(simmode.MigModeState, simfabric.FabricState):  # MIG mode fields: simmode's; NVLink: simfabric's
-    index: int
-    model: str
-    uuid: str
-    lost: bool = False
-    gpu_instances: list[_GpuInstance] = field(default_factory=list)
-    processes: list[_Process] = field(default_factory=list)  # on the whole GPU (MIG off)
-
-
-@dataclass(frozen=True, slots=True)
-class SimEvent:
-    """One entry of the append-only simulation history."""
-
-    seq: int
-    timestamp: float
-    # create-gi destroy-gi create-ci destroy-ci attach-process detach-process set-mig-mode gpu-reset gpu-lost
-    # xid
-    kind: str
-    gpu_index: int
-    gpu_uuid: str
-    gi_id: int | None = None
-    ci_id: int | None = None
-    profile: str | None = None
-    profile_id: int | None = None
-    start: int | None = None
-    size: int | None = None
-    mig_uuid: str | None = None
-    pid: int | None = None
-    value: int | None = None  # MIG mode for set-mig-mode, 1/0 for gpu-lost, the XID for xid
-
-
-@dataclass
-class _State:
-    gpus: list[_Gpu]
-    history: list[SimEvent] = field(default_factory=list)
-    serial: int = 0
-    driver_epoch: int = 0  # bumped by reload_driver(): NVML sessions from before it are stale
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "format": STATE_FORMAT,
-            "serial": self.serial,
-            "driver_epoch": self.driver_epoch,
-            "gpus": [asdict(g) for g in self.gpus],
-            "history": [asdict(e) for e in self.history],
-        }
-
-    @staticmethod
-    def from_json(doc: dict[str, Any]) -> _State:
-        if doc.get("format") != STATE_FORMAT:
-            raise ValueError(f"not a simulated NVML state file (format {doc.get('format')!r})")
-        gpus = []
-        for g in doc["gpus"]:
-            gis = []
-            for gi in g.pop("gpu_instances"):
-                cis = []
-                for ci in gi.pop("compute_instances"):
-                    procs = [_Process(**p) for p in ci.pop("processes")]
-                    cis.append(_ComputeInstance(**ci, processes=procs))
-                gis.append(_GpuInstance(**gi, compute_instances=cis))
-            procs = [_Process(**p) for p in g.pop("processes", [])]
-            gpus.append(_Gpu(**g, gpu_instances=gis, processes=procs))
-        history = [SimEvent(**e) for e in doc["history"]]
-        return _State(gpus, history, int(doc["serial"]), int(doc.get("driver_epoch", 0)))
-
-
-class _Simulator:
-    """The simulated machine: its configuration and (cached) state. Methods do file I/O when persisted."""
-
-    def __init__(
-        self,
-        gpus: Sequence[str],
-        state_file: Path | None,
-        create_latency_s: float,
-        destroy_latency_s: float,
-        gpu_fields: list[dict[str, Any]],
-        seed: str,
-    ) -> None:
-        self.state_file = state_file
-        self.create_latency_s = create_latency_s
-        self.mig_enumeration_delay_s = 0.0  # a new compute instance's MIG device is listed this much later
-        self.failures: list[_Failure] = []  # injected errors (fail_next), in this process only
-        self.events = EventSets()  # event sets are handles of this process, as NVML's
-        self.destroy_latency_s = destroy_latency_s
-        self.renumber_minor = False  # set_minor_renumbering(), in this process only
-        self._lock = threading.RLock()
-        self._stamp: tuple[int, int, int] | None = None
-        fresh = _State(
-            [
-                _Gpu(i, key, "GPU-" + str(uuid.uuid5(_NAMESPACE, f"{seed}/gpu{i}/{key}")), **fields)
-                for i, (key, fields) in enumerate(zip(gpus, gpu_fields, strict=True))
-            ]
-        )
-        if state_file is None:
-            self._state = fresh
-            return
-        with self._file_lock():
-            if state_file.exists():
-                self._state = self._load()
-                existing = [g.model for g in self._state.gpus]
-                if gpus and existing != list(gpus):
-                    raise ValueError(
-                        f"state file {state_file} describes GPUs {existing}, not {list(gpus)}; "
-                        "use another file or reset=True"
-                    )
-            else:
-                self._state = fresh
-                self._save()
-
-    # -- persistence ---------------------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _file_lock(self) -> Iterator[None]:
-        assert self.state_file is not None
-        self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.state_file.with_name(self.state_file.name + ".lock"), "a+b") as lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
-
-    def _file_stamp(self) -> tuple[int, int, int] | None:
-        assert self.state_file is not None
-        try:
-            st = self.state_file.stat()
-        except FileNotFoundError:
-            return None
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
-
-    def _load(self) -> _State:
-        assert self.state_file is not None
-        stamp = self._file_stamp()
-        state = _State.from_json(json.loads(self.state_file.read_bytes()))
-        self._stamp = stamp
-        return state
-
-    def _save(self) -> None:
-        assert self.state_file is not None
-        data = json.dumps(self._state.to_json(), indent=1, sort_keys=True).encode()
-        write_atomic(self.state_file, data, mode=0o600)  # only the user's own processes share the GPUs
-        self._stamp = self._file_stamp()
-
-    def state(self) -> _State:
-        """Current state for reading (re-read from the file when another process changed it)."""
-        with self._lock:
-            if self.state_file is not None:
-                stamp = self._file_stamp()
-                if stamp is None:
-                    raise FileNotFoundError(f"simulated NVML state file {self.state_file} disappeared")
-                if stamp != self._stamp:
-                    self._state = self._load()
-            simmode.settle(self._state.gpus)  # MIG mode switches that have completed since
-            return self._state
-
-    @contextlib.contextmanager
-    def mutate(self) -> Iterator[_State]:
-        """Read-modify-write under the thread and file locks; saved only when the body does not raise."""
-        with self._lock:
-            if self.state_file is None:
-                simmode.settle(self._state.gpus)
-                yield self._state
-                return
-            with self._file_lock():
-                self._state = self._load()
-                simmode.settle(self._state.gpus)
-                try:
-                    yield self._state
-                except BaseException:
-                    self._stamp = None  # drop any half-made change: the next read reloads the file
-                    raise
-                self._save()
-
-    def record(self, state: _State, kind: str, gpu: _Gpu, **fields: Any) -> None:
-        state.serial += 1
-        state.history.append(SimEvent(state.serial, time.time(), kind, gpu.index, gpu.uuid, **fields))
-
-
-_SIM: _Simulator | None = None
+_SIM: st.Simulator | None = None
 _INIT_COUNT = 0
 _INIT_EPOCH = 0  # driver epoch this process's NVML session was initialised in
 _MODULE_LOCK = threading.RLock()
 
 
-def _sim() -> _Simulator:
+def _sim() -> st.Simulator:
     if _SIM is None:
-        raise _error(NVML_ERROR_LIBRARY_NOT_FOUND)
+        raise st.error(NVML_ERROR_LIBRARY_NOT_FOUND)
     return _SIM
 
 
-def _initialized() -> _Simulator:
+def _initialized() -> st.Simulator:
     sim = _sim()
     if _INIT_COUNT <= 0 or sim.state().driver_epoch != _INIT_EPOCH:
-        raise _error(NVML_ERROR_UNINITIALIZED)
+        raise st.error(NVML_ERROR_UNINITIALIZED)
     return sim
 
 
@@ -432,7 +211,7 @@ def configure(
         seed = str(path.resolve()) if path is not None else ""
     fields = simmode.gpu_fields(gpus, mig_enabled, vm, switch_latency_s)  # KeyError, ValueError
     with _MODULE_LOCK:
-        _SIM = _Simulator(gpus, path, create_latency_s, destroy_latency_s, fields, seed)
+        _SIM = st.Simulator(gpus, path, create_latency_s, destroy_latency_s, fields, seed)
         _INIT_COUNT = 0
 
 
@@ -444,7 +223,7 @@ def reset() -> None:
         _INIT_COUNT = 0
 
 
-def _find_mig(state: _State, mig_uuid: str) -> tuple[_Gpu, _GpuInstance, _ComputeInstance]:
+def _find_mig(state: st.State, mig_uuid: str) -> tuple[st.Gpu, st.GpuInstance, st.ComputeInstance]:
     for gpu in state.gpus:
         for gi in gpu.gpu_instances:
             for ci in gi.compute_instances:
@@ -453,7 +232,7 @@ def _find_mig(state: _State, mig_uuid: str) -> tuple[_Gpu, _GpuInstance, _Comput
     raise KeyError(f"no simulated MIG device {mig_uuid}")
 
 
-def _process_owner(state: _State, uuid_: str) -> tuple[_Gpu, Any, dict[str, Any]]:
+def _process_owner(state: st.State, uuid_: str) -> tuple[st.Gpu, Any, dict[str, Any]]:
     """(GPU, the record holding the processes, its history fields) of a MIG device or a whole GPU. KeyError
     if no such device."""
     gpu = next((g for g in state.gpus if g.uuid == uuid_), None)
@@ -473,7 +252,7 @@ def attach_process(uuid_: str, pid: int, used_memory_mib: int = 256) -> None:
             raise ValueError(f"GPU {uuid_}: MIG mode is on or switching; processes run on MIG devices")
         if any(p.pid == pid for p in owner.processes):
             return
-        owner.processes.append(_Process(pid, used_memory_mib * MIB))
+        owner.processes.append(st.Process(pid, used_memory_mib * MIB))
         sim.record(state, "attach-process", gpu, pid=pid, **ids)
 
 
@@ -534,8 +313,8 @@ def inject_xid(index: int, xid: int, *, gi_id: int | None = None, ci_id: int | N
     with sim.mutate() as state:
         gpu = state.gpus[index]
         if gi_id is not None:
-            gi = _find_gi(gpu, gi_id) if gpu.mig_current == NVML_DEVICE_MIG_ENABLE else None
-            if gi is None or (ci_id is not None and _find_ci(gi, ci_id) is None):
+            gi = st.find_gi(gpu, gi_id) if gpu.mig_current == NVML_DEVICE_MIG_ENABLE else None
+            if gi is None or (ci_id is not None and st.find_ci(gi, ci_id) is None):
                 raise KeyError(f"GPU {index} has no MIG instance GI {gi_id} / CI {ci_id}")
         sim.record(state, "xid", gpu, gi_id=gi_id, ci_id=ci_id, value=int(xid))
         return state.serial
@@ -549,20 +328,12 @@ def _xids() -> list[XidRecord]:
     ]
 
 
-@dataclass
-class _Failure:
-    function: str
-    code: int
-    remaining: int
-    match: dict[str, Any]
-
-
 def fail_next(function: str, code: int, *, times: int = 1, **match: Any) -> None:
     """The next ``times`` calls of ``function`` (a pynvml name this module serves; only those that check
     :func:`_injected`) whose keyword arguments include ``match`` raise NVML error ``code`` instead (e.g. a
     transient ``NVML_ERROR_UNKNOWN`` on one profile enum). In this process only. Side effect: module state.
     """
-    _sim().failures.append(_Failure(function, code, times, dict(match)))
+    _sim().failures.append(st.Failure(function, code, times, dict(match)))
 
 
 def clear_failures() -> None:
@@ -579,10 +350,10 @@ def _injected(function: str, **args: Any) -> None:
         if f.function == function and f.remaining > 0 and all(args.get(k) == v for k, v in f.match.items()):
             f.remaining -= 1
             sim.failures = [x for x in sim.failures if x.remaining > 0]
-            raise _error(f.code)
+            raise st.error(f.code)
 
 
-def _enumerated(ci: _ComputeInstance) -> bool:
+def _enumerated(ci: st.ComputeInstance) -> bool:
     return ci.enumerable_at <= time.time()
 
 
@@ -599,123 +370,8 @@ def snapshot() -> dict[str, Any]:
 # --- handles -------------------------------------------------------------------------------------------
 
 
-def _address(kind: int, gpu: int, gi: int = 0, ci: int = 0) -> int:
-    return _HANDLE_BASE | kind << 36 | gpu << 24 | gi << 12 | ci
-
-
-def _handle(ptr_type: Any, address: int) -> Any:
-    return ctypes.cast(ctypes.c_void_p(address), ptr_type)
-
-
-def _gpu_handle(index: int) -> Any:
-    return _handle(c_nvmlDevice_t, _address(_KIND_GPU, index))
-
-
-def _mig_handle(index: int, gi: int, ci: int) -> Any:
-    return _handle(c_nvmlDevice_t, _address(_KIND_MIG, index, gi, ci))
-
-
-def _gi_handle(index: int, gi: int) -> Any:
-    return _handle(c_nvmlGpuInstance_t, _address(_KIND_GI, index, gi))
-
-
-def _ci_handle(index: int, gi: int, ci: int) -> Any:
-    return _handle(c_nvmlComputeInstance_t, _address(_KIND_CI, index, gi, ci))
-
-
-def _decode(handle: Any) -> tuple[int, int, int, int]:
-    if handle is None:
-        raise _error(NVML_ERROR_INVALID_ARGUMENT)
-    try:
-        address = ctypes.cast(handle, ctypes.c_void_p).value
-    except (ctypes.ArgumentError, TypeError):
-        raise _error(NVML_ERROR_INVALID_ARGUMENT) from None
-    if address is None or address & ~((1 << 40) - 1) != _HANDLE_BASE:
-        raise _error(NVML_ERROR_INVALID_ARGUMENT)
-    return (address >> 36) & 0xF, (address >> 24) & 0xFFF, (address >> 12) & 0xFFF, address & 0xFFF
-
-
-@dataclass(frozen=True, slots=True)
-class _Resolved:
-    state: _State
-    gpu: _Gpu
-    model: GpuModel
-    gi: _GpuInstance | None = None
-    ci: _ComputeInstance | None = None
-
-
-def _gpu_of(state: _State, index: int) -> _Gpu:
-    if not 0 <= index < len(state.gpus):
-        raise _error(NVML_ERROR_INVALID_ARGUMENT)
-    gpu = state.gpus[index]
-    if gpu.lost:
-        raise _error(NVML_ERROR_GPU_IS_LOST)
-    return gpu
-
-
-def _find_gi(gpu: _Gpu, gi_id: int) -> _GpuInstance | None:
-    return next((g for g in gpu.gpu_instances if g.id == gi_id), None)
-
-
-def _find_ci(gi: _GpuInstance, ci_id: int) -> _ComputeInstance | None:
-    return next((c for c in gi.compute_instances if c.id == ci_id), None)
-
-
-def _resolve(state: _State, handle: Any, *kinds: int) -> _Resolved:
-    """What ``handle`` names in ``state``; InvalidArgument if it is stale or of another kind."""
-    kind, index, gi_id, ci_id = _decode(handle)
-    if kind not in kinds:
-        raise _error(NVML_ERROR_INVALID_ARGUMENT)
-    gpu = _gpu_of(state, index)
-    model = simmode.gpu_model(gpu.model)
-    if kind == _KIND_GPU:
-        return _Resolved(state, gpu, model)
-    gi = _find_gi(gpu, gi_id)
-    if gi is None:
-        raise _error(NVML_ERROR_INVALID_ARGUMENT)
-    if kind == _KIND_GI:
-        return _Resolved(state, gpu, model, gi)
-    ci = _find_ci(gi, ci_id)
-    if ci is None:
-        raise _error(NVML_ERROR_INVALID_ARGUMENT)
-    return _Resolved(state, gpu, model, gi, ci)
-
-
-def _read(handle: Any, *kinds: int) -> _Resolved:
-    return _resolve(_initialized().state(), handle, *kinds)
-
-
-def _profile_by_id(model: GpuModel, profile_id: int) -> Profile:
-    try:
-        return model.profile_by_id(profile_id)
-    except KeyError:
-        raise _error(NVML_ERROR_INVALID_ARGUMENT) from None
-
-
-def _layout(model: GpuModel, gpu: _Gpu) -> list[PlacedInstance]:
-    return [PlacedInstance(gi.start, model.profile_by_id(gi.profile_id).name) for gi in gpu.gpu_instances]
-
-
-def _deref(ref: Any) -> Any:
-    """The ctypes object behind ``byref(x)``, ``pointer(x)`` or ``x`` itself."""
-    if ref is None:
-        raise _error(NVML_ERROR_INVALID_ARGUMENT)
-    inner = getattr(ref, "_obj", None)  # ctypes.byref(...) -> CArgObject
-    if inner is not None:
-        return inner
-    if isinstance(ref, ctypes._Pointer):
-        return ref.contents
-    return ref
-
-
-def _capacity(array_ref: Any) -> tuple[Any, int]:
-    """(indexable target, capacity) of an out-array passed as an array, byref(array) or pointer."""
-    target = getattr(array_ref, "_obj", array_ref)
-    if isinstance(target, ctypes.Array):
-        return target, len(target)
-    if isinstance(target, ctypes._Pointer):
-        return target, 1 << 30  # a bare pointer: the caller vouches for the size
-    raise _error(NVML_ERROR_INVALID_ARGUMENT)
+def _read(handle: Any, *kinds: int) -> st.Resolved:
+    return st.resolve(_initialized().state(), handle, *kinds)
 
 
 # --- library and device queries ------------------------------------------------------------------------
@@ -739,7 +395,7 @@ def nvmlShutdown() -> None:
     global _INIT_COUNT
     sim = _sim()
     if _INIT_COUNT <= 0:
-        raise _error(NVML_ERROR_UNINITIALIZED)
+        raise st.error(NVML_ERROR_UNINITIALIZED)
     with _MODULE_LOCK:
         if sim.state().driver_epoch != _INIT_EPOCH:
             _INIT_COUNT = 0
@@ -757,54 +413,54 @@ def nvmlDeviceGetCount() -> int:
 
 
 def nvmlDeviceGetHandleByIndex(index: int) -> Any:
-    _gpu_of(_initialized().state(), index)
-    return _gpu_handle(index)
+    st.gpu_of(_initialized().state(), index)
+    return st.gpu_handle(index)
 
 
 def nvmlDeviceGetHandleByUUID(uuid_: str | bytes) -> Any:
     text = uuid_.decode() if isinstance(uuid_, bytes) else str(uuid_)
     state = _initialized().state()
     if any(g.lost for g in state.gpus):
-        raise _error(NVML_ERROR_GPU_IS_LOST)  # nvml.h: "if any GPU has fallen off the bus"
+        raise st.error(NVML_ERROR_GPU_IS_LOST)  # nvml.h: "if any GPU has fallen off the bus"
     for gpu in state.gpus:
         if gpu.uuid == text:
-            return _gpu_handle(_gpu_of(state, gpu.index).index)
+            return st.gpu_handle(st.gpu_of(state, gpu.index).index)
         for gi in gpu.gpu_instances:
             for ci in gi.compute_instances:
                 if ci.uuid == text and _enumerated(ci):
-                    _gpu_of(state, gpu.index)
-                    return _mig_handle(gpu.index, gi.id, ci.id)
-    raise _error(NVML_ERROR_NOT_FOUND)
+                    st.gpu_of(state, gpu.index)
+                    return st.mig_handle(gpu.index, gi.id, ci.id)
+    raise st.error(NVML_ERROR_NOT_FOUND)
 
 
 def nvmlDeviceGetIndex(handle: Any) -> int:
-    return _read(handle, _KIND_GPU).gpu.index
+    return _read(handle, st.KIND_GPU).gpu.index
 
 
 def nvmlDeviceGetMinorNumber(handle: Any) -> int:
-    gpu = _read(handle, _KIND_GPU).gpu
+    gpu = _read(handle, st.KIND_GPU).gpu
     return gpu.index if gpu.minor is None else gpu.minor
 
 
 def nvmlDeviceGetName(handle: Any) -> str:
-    r = _read(handle, _KIND_GPU, _KIND_MIG)
+    r = _read(handle, st.KIND_GPU, st.KIND_MIG)
     if r.gi is None:
         return r.model.product_name
     return f"{r.model.product_name} MIG {r.model.profile_by_id(r.gi.profile_id).name}"
 
 
 def nvmlDeviceGetUUID(handle: Any) -> str:
-    r = _read(handle, _KIND_GPU, _KIND_MIG)
+    r = _read(handle, st.KIND_GPU, st.KIND_MIG)
     return r.gpu.uuid if r.ci is None else r.ci.uuid
 
 
 def nvmlDeviceGetSerial(handle: Any) -> str:
-    r = _read(handle, _KIND_GPU)
+    r = _read(handle, st.KIND_GPU)
     return f"{1320000000000 + r.gpu.index}"
 
 
 def nvmlDeviceGetPciInfo(handle: Any) -> Any:
-    r = _read(handle, _KIND_GPU)
+    r = _read(handle, st.KIND_GPU)
     info = nvmlPciInfo_t()
     # Eight-GPU boards spread over buses 0x17..0xE7; larger simulated nodes continue in further PCI domains.
     domain, slot = divmod(r.gpu.index, 14)
@@ -824,21 +480,21 @@ nvmlDeviceGetPciInfo_v3 = nvmlDeviceGetPciInfo
 
 
 def nvmlDeviceGetArchitecture(handle: Any) -> int:
-    return simmode.architecture(_read(handle, _KIND_GPU).model)[0]
+    return simmode.architecture(_read(handle, st.KIND_GPU).model)[0]
 
 
 def nvmlDeviceGetCudaComputeCapability(handle: Any) -> tuple[int, int]:
-    return simmode.architecture(_read(handle, _KIND_GPU, _KIND_MIG).model)[1]
+    return simmode.architecture(_read(handle, st.KIND_GPU, st.KIND_MIG).model)[1]
 
 
-def _used_bytes(gpu: _Gpu, gi: _GpuInstance | None = None) -> int:
+def _used_bytes(gpu: st.Gpu, gi: st.GpuInstance | None = None) -> int:
     gis = [gi] if gi is not None else gpu.gpu_instances
     whole = sum(p.used_bytes for p in gpu.processes) if gi is None else 0
     return whole + sum(p.used_bytes for g in gis for c in g.compute_instances for p in c.processes)
 
 
 def nvmlDeviceGetMemoryInfo(handle: Any, version: int | None = None) -> Any:
-    r = _read(handle, _KIND_GPU, _KIND_MIG)
+    r = _read(handle, st.KIND_GPU, st.KIND_MIG)
     if r.gi is None:
         total, used = r.model.memory_mib * MIB, _used_bytes(r.gpu)
     else:
@@ -851,9 +507,9 @@ def nvmlDeviceGetMemoryInfo(handle: Any, version: int | None = None) -> Any:
 
 
 def nvmlDeviceGetAttributes(handle: Any) -> Any:
-    r = _read(handle, _KIND_GPU, _KIND_MIG)
+    r = _read(handle, st.KIND_GPU, st.KIND_MIG)
     if r.gi is None or r.ci is None:
-        raise _error(NVML_ERROR_NOT_SUPPORTED)  # nvml.h: "currently only supports MIG device handles"
+        raise st.error(NVML_ERROR_NOT_SUPPORTED)  # nvml.h: "currently only supports MIG device handles"
     attrs = c_nvmlDeviceAttributes()
     p = r.model.profile_by_id(r.gi.profile_id)
     gi_slices, ci_slices = p.compute_slices, _CI_SLICES[r.ci.profile_id]
@@ -924,37 +580,37 @@ def set_fabric(
 
 
 def nvmlDeviceIsMigDeviceHandle(device: Any) -> Any:
-    kind = _decode(device)[0]
-    _read(device, _KIND_GPU, _KIND_MIG)
-    return ctypes.c_uint(1 if kind == _KIND_MIG else 0)  # pynvml returns the c_uint itself
+    kind = st.decode(device)[0]
+    _read(device, st.KIND_GPU, st.KIND_MIG)
+    return ctypes.c_uint(1 if kind == st.KIND_MIG else 0)  # pynvml returns the c_uint itself
 
 
 def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(migDevice: Any) -> Any:
-    return _gpu_handle(_read(migDevice, _KIND_MIG).gpu.index)
+    return st.gpu_handle(_read(migDevice, st.KIND_MIG).gpu.index)
 
 
 def nvmlDeviceGetGpuInstanceId(device: Any) -> int:
-    r = _read(device, _KIND_GPU, _KIND_MIG)
+    r = _read(device, st.KIND_GPU, st.KIND_MIG)
     if r.gi is None:
-        raise _error(NVML_ERROR_INVALID_ARGUMENT)
+        raise st.error(NVML_ERROR_INVALID_ARGUMENT)
     return r.gi.id
 
 
 def nvmlDeviceGetComputeInstanceId(device: Any) -> int:
-    r = _read(device, _KIND_GPU, _KIND_MIG)
+    r = _read(device, st.KIND_GPU, st.KIND_MIG)
     if r.ci is None:
-        raise _error(NVML_ERROR_INVALID_ARGUMENT)
+        raise st.error(NVML_ERROR_INVALID_ARGUMENT)
     return r.ci.id
 
 
 def nvmlDeviceGetMaxMigDeviceCount(device: Any) -> int:
-    r = _read(device, _KIND_GPU)
+    r = _read(device, st.KIND_GPU)
     if r.gpu.mig_current != NVML_DEVICE_MIG_ENABLE:
         return 0  # nvml.h: "Returns zero if MIG is not supported or enabled."
     return r.model.compute_slices
 
 
-def _mig_devices(gpu: _Gpu) -> list[tuple[_GpuInstance, _ComputeInstance]]:
+def _mig_devices(gpu: st.Gpu) -> list[tuple[st.GpuInstance, st.ComputeInstance]]:
     return [
         (gi, ci)
         for gi in sorted(gpu.gpu_instances, key=lambda g: g.id)
@@ -963,19 +619,19 @@ def _mig_devices(gpu: _Gpu) -> list[tuple[_GpuInstance, _ComputeInstance]]:
 
 
 def nvmlDeviceGetMigDeviceHandleByIndex(device: Any, index: int) -> Any:
-    r = _read(device, _KIND_GPU)
+    r = _read(device, st.KIND_GPU)
     _require_mig(r.gpu)
     if index < 0 or index >= r.model.compute_slices:
-        raise _error(NVML_ERROR_INVALID_ARGUMENT)
+        raise st.error(NVML_ERROR_INVALID_ARGUMENT)
     devices = _mig_devices(r.gpu)
     if index >= len(devices) or not _enumerated(devices[index][1]):
-        raise _error(NVML_ERROR_NOT_FOUND)  # nvml.h: "if no valid MIG device was found at index"
+        raise st.error(NVML_ERROR_NOT_FOUND)  # nvml.h: "if no valid MIG device was found at index"
     gi, ci = devices[index]
-    return _mig_handle(r.gpu.index, gi.id, ci.id)
+    return st.mig_handle(r.gpu.index, gi.id, ci.id)
 
 
 def nvmlDeviceGetComputeRunningProcesses(handle: Any) -> list[Any]:
-    r = _read(handle, _KIND_GPU, _KIND_MIG)
+    r = _read(handle, st.KIND_GPU, st.KIND_MIG)
     if r.ci is not None:
         assert r.gi is not None
         owners = [(r.gi, r.ci)]
@@ -1016,18 +672,18 @@ def _fill_gi_profile_info(info: Any, p: Profile, *, with_name: bool) -> Any:
 
 def nvmlDeviceGetGpuInstanceProfileInfo(device: Any, profile: int, version: int = 2) -> Any:
     """By NVML enum. Version 2 (``...InfoV``) needs MIG enabled, as on the real driver."""
-    r = _read(device, _KIND_GPU)
+    r = _read(device, st.KIND_GPU)
     _injected("nvmlDeviceGetGpuInstanceProfileInfo", profile=profile)
     if version not in (1, 2):
-        raise _error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        raise st.error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
     if not 0 <= profile < NVML_GPU_INSTANCE_PROFILE_COUNT:
-        raise _error(NVML_ERROR_INVALID_ARGUMENT)
+        raise st.error(NVML_ERROR_INVALID_ARGUMENT)
     if version == 2:
         _require_mig(r.gpu)
     try:
         p = r.model.profile_by_enum(profile)
     except KeyError:
-        raise _error(NVML_ERROR_NOT_SUPPORTED) from None
+        raise st.error(NVML_ERROR_NOT_SUPPORTED) from None
     if version == 2:
         return _fill_gi_profile_info(c_nvmlGpuInstanceProfileInfo_v2_t(), p, with_name=True)
     return _fill_gi_profile_info(c_nvmlGpuInstanceProfileInfo_t(), p, with_name=False)
@@ -1037,9 +693,9 @@ nvmlDeviceGetGpuInstanceProfileInfoV = nvmlDeviceGetGpuInstanceProfileInfo
 
 
 def nvmlDeviceGetGpuInstanceProfileInfoById(device: Any, profileId: int) -> Any:
-    r = _read(device, _KIND_GPU)
+    r = _read(device, st.KIND_GPU)
     _require_mig(r.gpu)
-    p = _profile_by_id(r.model, profileId)
+    p = st.profile_by_id(r.model, profileId)
     return _fill_gi_profile_info(c_nvmlGpuInstanceProfileInfo_v2_t(), p, with_name=True)
 
 
@@ -1054,18 +710,18 @@ def nvmlDeviceGetGpuInstancePossiblePlacements(
 ) -> int:
     """All placements of the profile, whether or not MIG is enabled or they are free (nvml.h ``_v2``)."""
     _injected("nvmlDeviceGetGpuInstancePossiblePlacements", profileId=profileId)
-    r = _read(device, _KIND_GPU)
+    r = _read(device, st.KIND_GPU)
     if not simmode.mig_capable(r.model):
-        raise _error(NVML_ERROR_NOT_SUPPORTED)  # nvml.h: "If device doesn't support MIG"
-    p = _profile_by_id(r.model, profileId)
-    count = _deref(countRef)
+        raise st.error(NVML_ERROR_NOT_SUPPORTED)  # nvml.h: "If device doesn't support MIG"
+    p = st.profile_by_id(r.model, profileId)
+    count = st.deref(countRef)
     if placementsRef is None:
         count.value = len(p.placement_starts)
         return _SUCCESS
-    target, capacity = _capacity(placementsRef)  # count is output only (nvml.h _v2)
+    target, capacity = st.capacity(placementsRef)  # count is output only (nvml.h _v2)
     if capacity < len(p.placement_starts):
         count.value = len(p.placement_starts)
-        raise _error(NVML_ERROR_INSUFFICIENT_SIZE)
+        raise st.error(NVML_ERROR_INSUFFICIENT_SIZE)
     for i, start in enumerate(p.placement_starts):
         target[i].start = start
         target[i].size = p.placement_size
@@ -1074,10 +730,10 @@ def nvmlDeviceGetGpuInstancePossiblePlacements(
 
 
 def nvmlDeviceGetGpuInstanceRemainingCapacity(device: Any, profileId: int) -> int:
-    r = _read(device, _KIND_GPU)
+    r = _read(device, st.KIND_GPU)
     _require_mig(r.gpu)
-    p = _profile_by_id(r.model, profileId)
-    return remaining_capacity(r.model, _layout(r.model, r.gpu), p.name)
+    p = st.profile_by_id(r.model, profileId)
+    return remaining_capacity(r.model, st.layout(r.model, r.gpu), p.name)
 
 
 def _create_gi(device: Any, profile_id: int, start: int | None, size: int | None) -> Any:
@@ -1085,35 +741,35 @@ def _create_gi(device: Any, profile_id: int, start: int | None, size: int | None
     if sim.create_latency_s > 0:
         time.sleep(sim.create_latency_s)
     with sim.mutate() as state:
-        r = _resolve(state, device, _KIND_GPU)
+        r = st.resolve(state, device, st.KIND_GPU)
         _require_mig(r.gpu)
-        p = _profile_by_id(r.model, profile_id)
-        layout = _layout(r.model, r.gpu)
+        p = st.profile_by_id(r.model, profile_id)
+        layout = st.layout(r.model, r.gpu)
         if start is None:
             starts = free_starts(r.model, layout, p.name)
             if not starts:
-                raise _error(NVML_ERROR_INSUFFICIENT_RESOURCES)
+                raise st.error(NVML_ERROR_INSUFFICIENT_RESOURCES)
             start = starts[0]
         elif size != p.placement_size:
-            raise _error(NVML_ERROR_INVALID_ARGUMENT)
+            raise st.error(NVML_ERROR_INVALID_ARGUMENT)
         violation = check_layout(r.model, [*layout, PlacedInstance(start, p.name)])
         if violation is not None:
             if violation.rule in (RULE_UNKNOWN_PROFILE, RULE_OUT_OF_RANGE, RULE_DISALLOWED_START):
-                raise _error(NVML_ERROR_INVALID_ARGUMENT)
-            raise _error(NVML_ERROR_INSUFFICIENT_RESOURCES)  # overlap, instance cap, media engines
+                raise st.error(NVML_ERROR_INVALID_ARGUMENT)
+            raise st.error(NVML_ERROR_INSUFFICIENT_RESOURCES)  # overlap, instance cap, media engines
         used = {g.id for g in r.gpu.gpu_instances}
         gi_id = next(i for i in range(1, 4096) if i not in used)
-        r.gpu.gpu_instances.append(_GpuInstance(gi_id, p.profile_id, start, p.placement_size))
+        r.gpu.gpu_instances.append(st.GpuInstance(gi_id, p.profile_id, start, p.placement_size))
         sim.record(
             state, "create-gi", r.gpu,
             gi_id=gi_id, profile=p.name, profile_id=p.profile_id, start=start, size=p.placement_size,
         )  # fmt: skip
-        return _gi_handle(r.gpu.index, gi_id)
+        return st.gi_handle(r.gpu.index, gi_id)
 
 
 def nvmlDeviceCreateGpuInstanceWithPlacement(device: Any, profileId: int, placement: Any) -> Any:
     _injected("nvmlDeviceCreateGpuInstanceWithPlacement", profileId=profileId)
-    pl = _deref(placement)
+    pl = st.deref(placement)
     return _create_gi(device, profileId, int(pl.start), int(pl.size))
 
 
@@ -1122,34 +778,34 @@ def nvmlDeviceCreateGpuInstance(device: Any, profileId: int) -> Any:
 
 
 def nvmlDeviceGetGpuInstances(device: Any, profileId: int, gpuInstancesRef: Any, countRef: Any) -> int:
-    r = _read(device, _KIND_GPU)
+    r = _read(device, st.KIND_GPU)
     _require_mig(r.gpu)
-    _profile_by_id(r.model, profileId)
-    count = _deref(countRef)
-    target, capacity = _capacity(gpuInstancesRef)
+    st.profile_by_id(r.model, profileId)
+    count = st.deref(countRef)
+    target, capacity = st.capacity(gpuInstancesRef)
     found = sorted((g for g in r.gpu.gpu_instances if g.profile_id == profileId), key=lambda g: g.id)
     if len(found) > capacity:
         count.value = len(found)
-        raise _error(NVML_ERROR_INSUFFICIENT_SIZE)
+        raise st.error(NVML_ERROR_INSUFFICIENT_SIZE)
     for i, gi in enumerate(found):
-        target[i] = _gi_handle(r.gpu.index, gi.id)
+        target[i] = st.gi_handle(r.gpu.index, gi.id)
     count.value = len(found)
     return _SUCCESS
 
 
 def nvmlDeviceGetGpuInstanceById(device: Any, gpuInstanceId: int) -> Any:
-    r = _read(device, _KIND_GPU)
+    r = _read(device, st.KIND_GPU)
     _require_mig(r.gpu)
-    if _find_gi(r.gpu, gpuInstanceId) is None:
-        raise _error(NVML_ERROR_NOT_FOUND)
-    return _gi_handle(r.gpu.index, gpuInstanceId)
+    if st.find_gi(r.gpu, gpuInstanceId) is None:
+        raise st.error(NVML_ERROR_NOT_FOUND)
+    return st.gi_handle(r.gpu.index, gpuInstanceId)
 
 
 def nvmlGpuInstanceGetInfo(gpuInstance: Any) -> Any:
-    r = _read(gpuInstance, _KIND_GI)
+    r = _read(gpuInstance, st.KIND_GI)
     assert r.gi is not None
     info = c_nvmlGpuInstanceInfo_t()
-    info.device = _gpu_handle(r.gpu.index)
+    info.device = st.gpu_handle(r.gpu.index)
     info.id = r.gi.id
     info.profileId = r.gi.profile_id
     info.placement.start = r.gi.start
@@ -1162,10 +818,10 @@ def nvmlGpuInstanceDestroy(gpuInstance: Any) -> int:
     if sim.destroy_latency_s > 0:
         time.sleep(sim.destroy_latency_s)
     with sim.mutate() as state:
-        r = _resolve(state, gpuInstance, _KIND_GI)
+        r = st.resolve(state, gpuInstance, st.KIND_GI)
         assert r.gi is not None
         if r.gi.compute_instances:
-            raise _error(NVML_ERROR_IN_USE)  # CIs (and so any processes) still on it
+            raise st.error(NVML_ERROR_IN_USE)  # CIs (and so any processes) still on it
         r.gpu.gpu_instances.remove(r.gi)
         p = r.model.profile_by_id(r.gi.profile_id)
         sim.record(
@@ -1209,24 +865,24 @@ def nvmlGpuInstanceGetComputeInstanceProfileInfo(
     engProfile: int,
     version: int = 2,
 ) -> Any:
-    r = _read(device, _KIND_GI)
+    r = _read(device, st.KIND_GI)
     assert r.gi is not None
     if version not in (1, 2):
-        raise _error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        raise st.error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
     if not 0 <= profile < NVML_COMPUTE_INSTANCE_PROFILE_COUNT:
-        raise _error(NVML_ERROR_INVALID_ARGUMENT)
+        raise st.error(NVML_ERROR_INVALID_ARGUMENT)
     if engProfile != NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED:
-        raise _error(NVML_ERROR_NOT_SUPPORTED)
+        raise st.error(NVML_ERROR_NOT_SUPPORTED)
     gi_profile = r.model.profile_by_id(r.gi.profile_id)
     if profile not in _ci_enums(gi_profile):
-        raise _error(NVML_ERROR_NOT_SUPPORTED)
+        raise st.error(NVML_ERROR_NOT_SUPPORTED)
     return _ci_profile_info(gi_profile, profile, version)
 
 
 nvmlGpuInstanceGetComputeInstanceProfileInfoV = nvmlGpuInstanceGetComputeInstanceProfileInfo
 
 
-def _ci_free_starts(gi_profile: Profile, gi: _GpuInstance, slices: int) -> list[int]:
+def _ci_free_starts(gi_profile: Profile, gi: st.GpuInstance, slices: int) -> list[int]:
     taken = 0
     for ci in gi.compute_instances:
         taken |= ((1 << ci.size) - 1) << ci.start
@@ -1238,41 +894,41 @@ def _ci_free_starts(gi_profile: Profile, gi: _GpuInstance, slices: int) -> list[
 
 
 def nvmlGpuInstanceGetComputeInstanceRemainingCapacity(gpuInstance: Any, profileId: int) -> int:
-    r = _read(gpuInstance, _KIND_GI)
+    r = _read(gpuInstance, st.KIND_GI)
     assert r.gi is not None
     gi_profile = r.model.profile_by_id(r.gi.profile_id)
     if profileId not in _ci_enums(gi_profile):
-        raise _error(NVML_ERROR_INVALID_ARGUMENT)
+        raise st.error(NVML_ERROR_INVALID_ARGUMENT)
     return len(_ci_free_starts(gi_profile, r.gi, _CI_SLICES[profileId]))
 
 
 def nvmlGpuInstanceCreateComputeInstance(gpuInstance: Any, profileId: int) -> Any:
     sim = _initialized()
     with sim.mutate() as state:
-        r = _resolve(state, gpuInstance, _KIND_GI)
+        r = st.resolve(state, gpuInstance, st.KIND_GI)
         gi = r.gi
         assert gi is not None
         gi_profile = r.model.profile_by_id(gi.profile_id)
         if profileId not in _ci_enums(gi_profile):
-            raise _error(NVML_ERROR_INVALID_ARGUMENT)
+            raise st.error(NVML_ERROR_INVALID_ARGUMENT)
         slices = _CI_SLICES[profileId]
         starts = _ci_free_starts(gi_profile, gi, slices)
         if not starts:
-            raise _error(NVML_ERROR_INSUFFICIENT_RESOURCES)
+            raise st.error(NVML_ERROR_INSUFFICIENT_RESOURCES)
         used = {c.id for c in gi.compute_instances}
         ci_id = next(i for i in range(4096) if i not in used)
-        mig_uuid = "MIG-" + str(uuid.uuid5(_NAMESPACE, f"{r.gpu.uuid}/mig/{state.serial + 1}"))
+        mig_uuid = "MIG-" + str(uuid.uuid5(st.NAMESPACE, f"{r.gpu.uuid}/mig/{state.serial + 1}"))
         delay = _sim().mig_enumeration_delay_s
         ready_at = time.time() + delay if delay > 0 else 0.0
         gi.compute_instances.append(
-            _ComputeInstance(ci_id, profileId, starts[0], slices, mig_uuid, enumerable_at=ready_at)
+            st.ComputeInstance(ci_id, profileId, starts[0], slices, mig_uuid, enumerable_at=ready_at)
         )
         sim.record(
             state, "create-ci", r.gpu,
             gi_id=gi.id, ci_id=ci_id, profile=gi_profile.name, profile_id=gi_profile.profile_id,
             start=gi.start, size=gi.size, mig_uuid=mig_uuid,
         )  # fmt: skip
-        return _ci_handle(r.gpu.index, gi.id, ci_id)
+        return st.ci_handle(r.gpu.index, gi.id, ci_id)
 
 
 def nvmlGpuInstanceGetComputeInstances(
@@ -1281,37 +937,37 @@ def nvmlGpuInstanceGetComputeInstances(
     computeInstancesRef: Any,
     countRef: Any,
 ) -> int:
-    r = _read(gpuInstance, _KIND_GI)
+    r = _read(gpuInstance, st.KIND_GI)
     gi = r.gi
     assert gi is not None
     if profileId not in _ci_enums(r.model.profile_by_id(gi.profile_id)):
-        raise _error(NVML_ERROR_INVALID_ARGUMENT)
-    count = _deref(countRef)
-    target, capacity = _capacity(computeInstancesRef)
+        raise st.error(NVML_ERROR_INVALID_ARGUMENT)
+    count = st.deref(countRef)
+    target, capacity = st.capacity(computeInstancesRef)
     found = sorted((c for c in gi.compute_instances if c.profile_id == profileId), key=lambda c: c.id)
     if len(found) > capacity:
         count.value = len(found)
-        raise _error(NVML_ERROR_INSUFFICIENT_SIZE)
+        raise st.error(NVML_ERROR_INSUFFICIENT_SIZE)
     for i, ci in enumerate(found):
-        target[i] = _ci_handle(r.gpu.index, gi.id, ci.id)
+        target[i] = st.ci_handle(r.gpu.index, gi.id, ci.id)
     count.value = len(found)
     return _SUCCESS
 
 
 def nvmlGpuInstanceGetComputeInstanceById(gpuInstance: Any, computeInstanceId: int) -> Any:
-    r = _read(gpuInstance, _KIND_GI)
+    r = _read(gpuInstance, st.KIND_GI)
     assert r.gi is not None
-    if _find_ci(r.gi, computeInstanceId) is None:
-        raise _error(NVML_ERROR_NOT_FOUND)
-    return _ci_handle(r.gpu.index, r.gi.id, computeInstanceId)
+    if st.find_ci(r.gi, computeInstanceId) is None:
+        raise st.error(NVML_ERROR_NOT_FOUND)
+    return st.ci_handle(r.gpu.index, r.gi.id, computeInstanceId)
 
 
 def nvmlComputeInstanceGetInfo(computeInstance: Any) -> Any:
-    r = _read(computeInstance, _KIND_CI)
+    r = _read(computeInstance, st.KIND_CI)
     assert r.gi is not None and r.ci is not None
     info = c_nvmlComputeInstanceInfo_t()
-    info.device = _gpu_handle(r.gpu.index)  # nvml.h: "Parent device", not the MIG device
-    info.gpuInstance = _gi_handle(r.gpu.index, r.gi.id)
+    info.device = st.gpu_handle(r.gpu.index)  # nvml.h: "Parent device", not the MIG device
+    info.gpuInstance = st.gi_handle(r.gpu.index, r.gi.id)
     info.id = r.ci.id
     info.profileId = r.ci.profile_id
     info.placement.start = r.ci.start
@@ -1325,11 +981,11 @@ nvmlComputeInstanceGetInfo_v2 = nvmlComputeInstanceGetInfo
 def nvmlComputeInstanceDestroy(computeInstance: Any) -> int:
     sim = _initialized()
     with sim.mutate() as state:
-        r = _resolve(state, computeInstance, _KIND_CI)
+        r = st.resolve(state, computeInstance, st.KIND_CI)
         gi, ci = r.gi, r.ci
         assert gi is not None and ci is not None
         if ci.processes:
-            raise _error(NVML_ERROR_IN_USE)
+            raise st.error(NVML_ERROR_IN_USE)
         gi.compute_instances.remove(ci)
         p = r.model.profile_by_id(gi.profile_id)
         sim.record(
@@ -1348,13 +1004,13 @@ def nvmlEventSetCreate() -> Any:
 
 
 def nvmlDeviceGetSupportedEventTypes(handle: Any) -> int:
-    _read(handle, _KIND_GPU)
+    _read(handle, st.KIND_GPU)
     return SUPPORTED_EVENT_TYPES
 
 
 def nvmlDeviceRegisterEvents(handle: Any, eventTypes: int, eventSet: Any) -> None:
     sim = _initialized()
-    r = _resolve(sim.state(), handle, _KIND_GPU)
+    r = st.resolve(sim.state(), handle, st.KIND_GPU)
     sim.events.register(eventSet, r.gpu.index, int(eventTypes), sim.state().serial)
 
 
@@ -1365,7 +1021,7 @@ def nvmlEventSetWait_v2(eventSet: Any, timeoutms: int) -> Any:
         gpus = sim.state().gpus
         return 0 <= index < len(gpus) and gpus[index].lost
 
-    return sim.events.wait(eventSet, timeoutms, _xids, lost, _gpu_handle)
+    return sim.events.wait(eventSet, timeoutms, _xids, lost, st.gpu_handle)
 
 
 nvmlEventSetWait = nvmlEventSetWait_v2
