@@ -178,6 +178,19 @@ def test_whole_gpu_policy_never_splits_a_gpu(a100: GpuModel) -> None:
     assert result.held_slice_h > result.served_slice_h
 
 
+def test_the_first_start_of_every_started_job_is_reported_and_makes_its_mean(a100: GpuModel) -> None:
+    """``simulate(..., starts)`` gets one entry per started job, at or after its arrival, and the time to
+    running the result reports is the mean over them and the never-started jobs' waits to the horizon."""
+    trace = small_trace("fragmentation")
+    starts: dict[str, float] = {}
+    result = simulate(trace, FirstFitAllocator(Cluster(trace.cluster), CFG.reshape_latency_s), CFG, starts)
+    arrived = [j for j in trace.jobs if j.arrival <= trace.horizon]
+    assert len(starts) == result.started > 0
+    assert all(starts[j.name] >= j.arrival for j in arrived if j.name in starts)
+    waits = [starts.get(j.name, trace.horizon) - j.arrival for j in arrived]
+    assert sum(waits) / len(waits) == pytest.approx(result.wait_mean_s)
+
+
 def test_first_fit_only_ever_builds_valid_layouts(a100: GpuModel) -> None:
     trace = small_trace("fragmentation")
     alloc = FirstFitAllocator(Cluster(trace.cluster, log=True), CFG.reshape_latency_s)

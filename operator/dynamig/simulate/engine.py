@@ -169,8 +169,14 @@ def _kind_table(
     return out
 
 
-def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None) -> RunResult:
-    """Replay ``trace`` on ``allocator``'s cluster until the horizon. Side effect: mutates the allocator."""
+def simulate(
+    trace: Trace,
+    allocator: Allocator,
+    config: SimConfig | None = None,
+    starts: dict[str, float] | None = None,
+) -> RunResult:
+    """Replay ``trace`` on ``allocator``'s cluster until the horizon. Side effect: mutates the allocator, and
+    fills ``starts`` (when given) with each started job's first start time."""
     cfg = config or SimConfig()
     wall0 = time.perf_counter()
     horizon = trace.horizon
@@ -251,6 +257,8 @@ def simulate(trace: Trace, allocator: Allocator, config: SimConfig | None = None
             begin = now + alloc.delay
             if name not in started:  # time to running: to the first start (a victim's restart is not one)
                 started.add(name)
+                if starts is not None:
+                    starts[name] = begin
                 waits.append(begin - job.arrival)
                 alloc_waits.append(now - job.arrival)
                 tally.started(job, begin - job.arrival)
