@@ -12,10 +12,12 @@ from dynamig.kube.policy import parse_policies
 from dynamig.operator.capacity_check import (
     CONTROLLER,
     DEFAULT_RETRY_S,
+    READY_RESERVE_S,
     RETRY_ANNOTATION,
     Room,
     State,
     answer,
+    bound_pods,
     checked_workloads,
     pod_set_asks,
     recuttable,
@@ -128,11 +130,34 @@ def test_the_answers() -> None:
     assert rejected.state is State.REJECTED and "nvidia.com/mig-2g.12gb" in rejected.message
 
 
-def test_workloads_answered_ready_lately_are_counted_as_placed() -> None:
-    asks = pod_set(1, container(**{"3g.40gb": "1"}))
-    ready = checked_workloads([workload("a", asks, state="Ready"), workload("b", asks)], ["mig"])
-    assert [c.name for c in reserved(ready, NOW + 10)] == ["a"]
-    assert reserved(ready, NOW + 31) == []
+def test_workloads_answered_ready_hold_their_room_until_their_pods_are_bound() -> None:
+    """A workload answered Ready and still admitted is counted as placed until all its pods are bound (then
+    their allocations count), for at most READY_RESERVE_S; its pods are those its owner (a Job) owns, or the
+    owner itself (a plain pod); finished pods and other namespaces' pods do not count."""
+    asks = pod_set(2, container(**{"3g.40gb": "1"}))
+    job = [{"uid": "job-a", "controller": True, "kind": "Job"}]
+    a = workload("a", asks, state="Ready")
+    a["metadata"]["ownerReferences"] = job
+    single = workload("solo", pod_set(1, container(**{"1g.10gb": "1"})), state="Ready")
+    single["metadata"]["ownerReferences"] = [{"uid": "pod-solo", "controller": True, "kind": "Pod"}]
+    gone = workload("gone", asks, state="Ready", reserved=False)  # evicted or finished: quota released
+    checked = checked_workloads([a, single, gone, workload("b", asks)], ["mig"])
+    assert {c.name: (c.owner_uid, c.pods) for c in checked} == {
+        "a": ("job-a", 2), "solo": ("pod-solo", 1), "gone": ("", 2), "b": ("", 2)
+    }  # fmt: skip
+
+    def pod(uid: str, ns: str = "ml", node: str = "n", phase: str = "Running", owner: str = "job-a") -> Any:
+        return {"metadata": {"uid": uid, "namespace": ns, "ownerReferences": [{"uid": owner}]},
+                "spec": {"nodeName": node}, "status": {"phase": phase}}  # fmt: skip
+
+    assert [c.name for c in reserved(checked, NOW + 10, {})] == ["a", "solo"]
+    one = [pod("p1"), pod("p2", node=""), pod("p3", ns="other"), pod("p4", phase="Succeeded")]
+    assert bound_pods(checked, one) == {"ml/a": 1}
+    assert [c.name for c in reserved(checked, NOW + 10, bound_pods(checked, one))] == ["a", "solo"]
+    both = [pod("p1"), pod("p2", phase="Pending"), pod("pod-solo", owner="")]
+    assert bound_pods(checked, both) == {"ml/a": 2, "ml/solo": 1}
+    assert reserved(checked, NOW + 10, bound_pods(checked, both)) == []
+    assert reserved(checked, NOW + READY_RESERVE_S + 1, {}) == []  # pods that never come hold nothing
 
 
 @pytest.mark.parametrize(("value", "bound"), [(None, DEFAULT_RETRY_S), ("15", 15.0), ("x", DEFAULT_RETRY_S),

@@ -11,9 +11,9 @@ its quota reserved and the check ``Pending`` the operator answers
   pod set's count) fits the GPUs as they are: beside the instances allocated or in use and the placements
   held there, the free ones re-cut as dynamig would on GPUs a ``Dynamic`` policy governs, and only a free
   instance of the profile asked on any other GPU (``Static``, ``DryRun``, no policy: nothing is cut there);
-  the workloads answered ``Ready`` in the last :data:`READY_RESERVE_S` seconds are counted as placed first,
-  for the time their pods take to be ungated, scheduled and allocated (their own allocations count after
-  that);
+  the workloads answered ``Ready`` whose pods are not all bound yet (so their slices are not allocated yet)
+  are counted as placed first, for at most :data:`READY_RESERVE_S` seconds (a pod that never comes does not
+  hold the room for ever); once bound, their pods' own allocations count instead;
 - ``Retry`` (Kueue releases the quota and queues the workload again) when they have not fitted for the
   check's bound (the AdmissionCheck's annotation :data:`RETRY_ANNOTATION`, default
   :data:`DEFAULT_RETRY_S` seconds) since it went ``Pending``;
@@ -40,7 +40,7 @@ from dynamig.operator.inventory import GpuView
 CONTROLLER = "dynamig.io/mig-capacity"
 RETRY_ANNOTATION = "dynamig.io/retry-after-seconds"
 DEFAULT_RETRY_S = 60.0
-READY_RESERVE_S = 30.0
+READY_RESERVE_S = 300.0
 RESOURCE_PREFIX = "nvidia.com/mig-"
 
 
@@ -74,6 +74,8 @@ class CheckedWorkload:
     message: str
     quota_reserved: bool
     asks: tuple[PodSetAsk, ...]
+    owner_uid: str = ""  # its controller owner's uid (a Job's, or the Pod's for a plain pod)
+    pods: int = 0  # the pods its pod sets count
 
     @property
     def key(self) -> str:
@@ -139,6 +141,9 @@ def checked_workloads(workloads: Iterable[Mapping[str, Any]], checks: Iterable[s
             c.get("type") == "QuotaReserved" and c.get("status") == "True"
             for c in status.get("conditions") or []
         )
+        pod_sets = (w.get("spec") or {}).get("podSets") or []
+        refs = meta.get("ownerReferences") or []
+        owner = str(next((r.get("uid", "") for r in refs if r.get("controller")), ""))
         for i, entry in enumerate(status.get("admissionChecks") or []):
             if entry.get("name") not in ours:
                 continue
@@ -157,7 +162,9 @@ def checked_workloads(workloads: Iterable[Mapping[str, Any]], checks: Iterable[s
                     since=parse_time(entry.get("lastTransitionTime")),
                     message=str(entry.get("message") or ""),
                     quota_reserved=reserved,
-                    asks=pod_set_asks((w.get("spec") or {}).get("podSets") or []),
+                    asks=pod_set_asks(pod_sets),
+                    owner_uid=owner,
+                    pods=sum(_quantity(ps.get("count", 1)) for ps in pod_sets),
                 )
             )
     return sorted(out, key=lambda c: (c.since or 0.0, c.key))
@@ -319,12 +326,39 @@ def answer(w: CheckedWorkload, room: Room, now: float, retry_after_s: float) -> 
     )
 
 
-def reserved(checked: Sequence[CheckedWorkload], now: float) -> list[CheckedWorkload]:
-    """The workloads answered Ready within the last :data:`READY_RESERVE_S` seconds. Pure."""
+def bound_pods(checked: Sequence[CheckedWorkload], pods: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Workload key -> how many of its pods are bound to a node and not finished: the pods in its namespace
+    that its controller owner also owns (a Job's), or that owner itself (a plain Pod's workload). Pure."""
+    by_owner = {(c.namespace, c.owner_uid): c.key for c in checked if c.owner_uid}
+    out: dict[str, int] = {}
+    for pod in pods:
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        if not spec.get("nodeName") or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        ns = str(meta.get("namespace", ""))
+        uids = {str(meta.get("uid", ""))} | {str(r.get("uid", "")) for r in meta.get("ownerReferences") or []}
+        for uid in uids:
+            key = by_owner.get((ns, uid))
+            if key is not None:
+                out[key] = out.get(key, 0) + 1
+                break
+    return out
+
+
+def reserved(
+    checked: Sequence[CheckedWorkload], now: float, bound: Mapping[str, int]
+) -> list[CheckedWorkload]:
+    """The workloads answered Ready and still admitted whose pods are not all bound yet (``bound``: workload
+    key -> its pods bound, :func:`bound_pods`), for at most :data:`READY_RESERVE_S` seconds since the
+    answer. Pure."""
     return [
         c
         for c in checked
-        if c.state is State.READY and c.since is not None and now - c.since < READY_RESERVE_S
+        if c.state is State.READY
+        and c.quota_reserved
+        and c.since is not None
+        and now - c.since < READY_RESERVE_S
+        and bound.get(c.key, 0) < c.pods
     ]
 
 

@@ -151,6 +151,10 @@ class KubeIO:
         """Every pod in phase Running (the snapshot has the Pending ones): preemption's possible victims."""
         return await self._list_core("list_pod_for_all_namespaces", field_selector="status.phase=Running")
 
+    async def list_pods_in(self, namespace: str) -> tuple[dict[str, Any], ...]:
+        """Every pod of ``namespace``, whatever its phase (the AdmissionCheck's Ready workloads' pods)."""
+        return await self._list_core("list_namespaced_pod", namespace=namespace)
+
     async def list_namespace_labels(self) -> dict[str, dict[str, str]]:
         """Every namespace's labels, by name (preemption's ``namespaceSelector``)."""
         return {

@@ -28,6 +28,7 @@ from dynamig.operator.capacity_check import (
     Room,
     State,
     answer,
+    bound_pods,
     checked_workloads,
     recuttable,
     reserved,
@@ -82,13 +83,21 @@ class KueueChecks:
         checked = checked_workloads(workloads, bounds)
         if not any(c.state is State.PENDING and c.quota_reserved for c in checked):
             return 0
+        now = self.wall()
+        # Answered Ready lately and still admitted: of those, the ones whose pods are not all bound yet hold
+        # their room. Their pods are read before the claims, so a pod seen bound has its allocation counted.
+        waiting = reserved(checked, now, {})
+        if waiting:
+            pods: list[dict[str, Any]] = []
+            for ns in sorted({c.namespace for c in waiting}):
+                pods += await self.kube.list_pods_in(ns)
+            waiting = reserved(waiting, now, bound_pods(waiting, pods))
         snap = await self.kube.snapshot()
         views = parse_inventory(snap.partitions, self.catalog, allocated_devices(snap.claims, DRIVER_NAME))
         labels = {str(n["metadata"]["name"]): dict(n["metadata"].get("labels") or {}) for n in snap.nodes}
         room = Room.of(views, labels, recut=recuttable(parse_policies(snap.policies), views, labels))
-        now = self.wall()
-        for c in reserved(checked, now):
-            room.place_all(c.asks)  # answered Ready lately: their pods may not hold their slices yet
+        for c in waiting:
+            room.place_all(c.asks)
         written = 0
         for c in checked:
             if c.state is not State.PENDING or not c.quota_reserved:
