@@ -10,6 +10,7 @@ serves it too. No kubelet: pods bind and never run.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 import uuid
@@ -339,3 +340,82 @@ async def test_the_mig_capacity_check_admits_only_what_the_gpus_can_hold(
         finally:
             if with_check:
                 await k.custom.delete_cluster_custom_object(*API, "admissionchecks", check)
+
+
+async def test_a_burst_under_the_capacity_check_is_admitted_no_faster_than_the_gpu_holds_it(
+    kueue: KueueProcess,
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+) -> None:
+    """A scripted burst: six pods asking a ``3g.40gb`` each, a quota of six, one A100-80GB that holds two,
+    dynamig's AdmissionCheck on (bound 10 s). Sampled every 0.2 s while the pods are served two at a time
+    (a bound pod goes, the next is admitted): never more than two pods are ungated at once, every ungated pod
+    is bound soon after (no admitted pod waits for room), and all six are served in the end."""
+    k = ScenarioApi(kube_api, namespace)
+    pool, node, gpu = await _managed_a100(k, sim, make_node, "kq-burst")
+    check = f"mig-{pool}"
+    pods = [f"burst-{i}" for i in range(6)]
+    ungated_at: dict[str, float] = {}
+    waited: dict[str, float] = {}  # pod -> seconds from ungated to bound, as sampled
+    most = 0
+
+    async def sample(stop: asyncio.Event) -> None:
+        nonlocal most
+        while not stop.is_set():
+            listed = await k.core.list_namespaced_pod(namespace)
+            now = time.monotonic()
+            live = [p for p in listed.items if p.metadata.name in pods and not p.metadata.deletion_timestamp]
+            ungated = [p for p in live if not p.spec.scheduling_gates]
+            most = max(most, len(ungated))
+            for p in ungated:
+                ungated_at.setdefault(p.metadata.name, now)
+                if p.spec.node_name and p.metadata.name not in waited:
+                    waited[p.metadata.name] = now - ungated_at[p.metadata.name]
+            await asyncio.sleep(0.2)
+
+    async with (
+        Queues(k, pool) as queues,
+        agent_running(kube_api, node, sim, partitionable(node)),
+        operator_running(crds.kubeconfig_path, OperatorMetrics()),
+    ):
+        body = {"apiVersion": "/".join(API), "kind": "AdmissionCheck",
+                "metadata": {"name": check, "annotations": {RETRY_ANNOTATION: "10"}},
+                "spec": {"controllerName": CONTROLLER}}  # fmt: skip
+        await k.custom.create_cluster_custom_object(*API, "admissionchecks", body)
+        stop = asyncio.Event()
+        sampler = asyncio.create_task(sample(stop))
+        try:
+            cq = f"team-{pool}"
+            await queues.add(cq, quota=6, resource=BIG, checks=(check,))
+            await _dynamic_policy(k, pool, gpu, "3g.40gb")
+            for name in pods:
+                await k.core.create_namespaced_pod(namespace, queued_pod(name, cq, pool, BIG))
+            served: list[str] = []
+            while len(served) < len(pods):
+                need = min(2, len(pods) - len(served))
+                waiting = [p for p in pods if p not in served]
+                bound = await eventually(
+                    functools.partial(_bound_pods, k, waiting, need),
+                    f"{need} more pod(s) bound ({len(served)} served so far)",
+                    within_s=180,
+                )
+                going = bound[0]
+                await k.core.delete_namespaced_pod(going, namespace, grace_period_seconds=0)
+                await eventually(functools.partial(_gone, k, going), f"{going} gone", within_s=60)
+                served.append(going)
+            stop.set()
+            await sampler
+            print(f"\nburst of 6 on a GPU holding 2: at most {most} ungated at once; ungated -> bound "
+                  f"{max(waited.values()):.1f}s at most")  # fmt: skip
+            assert most <= 2, f"{most} pods admitted at once where the GPU holds 2"
+            assert sorted(served) == sorted(pods)
+            assert waited and max(waited.values()) < 30, waited  # admitted with room: cut and bound at once
+            await k.delete_policy(f"kq-{pool}")
+        finally:
+            stop.set()
+            if not sampler.done():
+                sampler.cancel()
+            await k.custom.delete_cluster_custom_object(*API, "admissionchecks", check)
