@@ -263,6 +263,14 @@ async def _workload_of(k: ScenarioApi, pod: str) -> str | None:
     return None
 
 
+async def _capacity_check(k: ScenarioApi, name: str, retry_s: int) -> None:
+    """dynamig's AdmissionCheck ``name`` (``dynamig.io/mig-capacity``), answering Retry after ``retry_s``."""
+    body = {"apiVersion": "/".join(API), "kind": "AdmissionCheck",
+            "metadata": {"name": name, "annotations": {RETRY_ANNOTATION: str(retry_s)}},
+            "spec": {"controllerName": CONTROLLER}}  # fmt: skip
+    await k.custom.create_cluster_custom_object(*API, "admissionchecks", body)
+
+
 async def _bound_pods(k: ScenarioApi, pods: list[str], n: int) -> list[str] | None:
     bound = [p for p in pods if await bound_node(k, p)]
     return bound if len(bound) >= n else None
@@ -294,10 +302,7 @@ async def test_the_mig_capacity_check_admits_only_what_the_gpus_can_hold(
         operator_running(crds.kubeconfig_path, OperatorMetrics()),
     ):
         if with_check:
-            body = {"apiVersion": "/".join(API), "kind": "AdmissionCheck",
-                    "metadata": {"name": check, "annotations": {RETRY_ANNOTATION: "10"}},
-                    "spec": {"controllerName": CONTROLLER}}  # fmt: skip
-            await k.custom.create_cluster_custom_object(*API, "admissionchecks", body)
+            await _capacity_check(k, check, retry_s=10)
         try:
             cq = f"team-{pool}"
             await queues.add(cq, quota=3, resource=BIG, checks=(check,) if with_check else ())
@@ -381,10 +386,7 @@ async def test_a_burst_under_the_capacity_check_is_admitted_no_faster_than_the_g
         agent_running(kube_api, node, sim, partitionable(node)),
         operator_running(crds.kubeconfig_path, OperatorMetrics()),
     ):
-        body = {"apiVersion": "/".join(API), "kind": "AdmissionCheck",
-                "metadata": {"name": check, "annotations": {RETRY_ANNOTATION: "10"}},
-                "spec": {"controllerName": CONTROLLER}}  # fmt: skip
-        await k.custom.create_cluster_custom_object(*API, "admissionchecks", body)
+        await _capacity_check(k, check, retry_s=10)
         stop = asyncio.Event()
         sampler = asyncio.create_task(sample(stop))
         try:
