@@ -33,7 +33,7 @@ from dynamig.operator.demand import (
 )
 from dynamig.operator.extended import class_changes, offered_profiles, whole_offered
 from dynamig.operator.kubeio import Snapshot
-from dynamig.operator.reconciler import parse_world
+from dynamig.operator.world import parse_world
 
 A100 = load_catalog().model("A100-80GB")
 H100 = load_catalog().model("H100-80GB")

@@ -23,8 +23,8 @@ from dynamig.operator.decide import RoundInput, decide_round
 from dynamig.operator.inventory import nvlink_by_model, parse_inventory
 from dynamig.operator.kubeio import Snapshot
 from dynamig.operator.modes import ModeDecision, ModeInput, decide_modes
-from dynamig.operator.reconciler import World, parse_world
 from dynamig.operator.verdicts import Reason
+from dynamig.operator.world import World, parse_world
 
 CATALOG = load_catalog()
 H100 = CATALOG.model("H100-80GB")

@@ -23,8 +23,9 @@ from dynamig.geometry.catalog import load_catalog
 from dynamig.kube.heartbeat import lease_body
 from dynamig.operator.kubeio import KubeIO, Snapshot
 from dynamig.operator.metrics import OperatorMetrics
-from dynamig.operator.reconciler import Reconciler, _differs, _replacing, parse_world
+from dynamig.operator.reconciler import Reconciler, _differs, _replacing
 from dynamig.operator.settings import OperatorSettings
+from dynamig.operator.world import parse_world
 
 PROFILE = 'device.attributes["mig.dynamig.io"].profile'
 

@@ -137,8 +137,8 @@ def plan_uninstall(
     """The steps of :func:`dynamig.operator.teardown.uninstall`, computed instead of taken. Pure."""
     from dynamig.kube.gpupartition import layout_summary, parse_gpu_partition
     from dynamig.operator.extended import class_changes
-    from dynamig.operator.reconciler import parse_world
     from dynamig.operator.teardown import OWN_FINALIZER_PREFIXES, _node_of, left_layout
+    from dynamig.operator.world import parse_world
 
     world = parse_world(snap, catalog, now)
     layouts: dict[str, str] = {}

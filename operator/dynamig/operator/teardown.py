@@ -38,7 +38,7 @@ from dynamig.kube.names import (
 )
 from dynamig.operator.extended import class_changes
 from dynamig.operator.kubeio import KubeIO
-from dynamig.operator.reconciler import World, parse_world
+from dynamig.operator.world import World, parse_world
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """What ``plan``, ``verify`` and ``export`` print, computed from raw API dicts. Pure: no I/O.
 
-``plan`` runs the operator's own round (:func:`dynamig.operator.reconciler.parse_world` and
+``plan`` runs the operator's own round (:func:`dynamig.operator.world.parse_world` and
 :func:`dynamig.operator.decide.decide_round`) on a snapshot and reports the decision instead of writing it;
 under a policy that preempts, also the operator's victim search (:func:`dynamig.operator.preemption.dry_run`)
 and the placements held.
@@ -32,7 +32,7 @@ from dynamig.operator.holds import Ledger, enforced, holds_of, refusal
 from dynamig.operator.inventory import GpuView
 from dynamig.operator.kubeio import Snapshot
 from dynamig.operator.preemption import DryRunReport, Told, dry_run
-from dynamig.operator.reconciler import World, parse_world
+from dynamig.operator.world import World, parse_world
 from dynamig.textable import align
 
 
