@@ -183,6 +183,24 @@ def test_a_pod_set_fits_only_on_the_nodes_its_node_selector_names() -> None:
     assert r.place_all(both.asks) is None and r.place({"7g.80gb": 1}) == ["b-gpu0"]  # nothing was kept
 
 
+def test_a_pod_set_fits_only_on_the_nodes_its_required_node_affinity_admits() -> None:
+    """A required node affinity narrows the nodes as kube-scheduler's filter does: any term, every
+    expression of it (matchFields on the node's name too)."""
+    labels = {"a": {"zone": "z1", "pool": "x"}, "b": {"zone": "z2", "pool": "x"}}
+    r = Room.of(
+        parse_inventory([a100("a-gpu0"), a100("b-gpu0")], CATALOG), labels, recut={"a-gpu0", "b-gpu0"}
+    )
+    ps = pod_set(1, container(**{"7g.80gb": "1"}))
+    in_z2 = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z2"]}]}
+    required = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [in_z2]}}
+    ps["template"]["spec"]["affinity"] = {"nodeAffinity": required}
+    (w,) = checked_workloads([workload("w", ps, ps)], ["mig"])
+    assert w.asks[0].node_terms and r.place_all(w.asks[:1]) == ["b-gpu0"]
+    assert r.place_all(w.asks[1:]) is None  # b-gpu0 is taken; a-gpu0 is in zone z1
+    by_name = [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a"]}]}]
+    assert r.place({"7g.80gb": 1}, {"pool": "x"}, by_name) == ["a-gpu0"]
+
+
 def _policy(name: str, mode: str, pool: str) -> dict[str, Any]:
     return {"metadata": {"name": name, "generation": 1, "creationTimestamp": "2027-01-01T00:00:00Z"},
             "spec": {"mode": mode, "nodeSelector": {"matchLabels": {"pool": pool}}}}  # fmt: skip

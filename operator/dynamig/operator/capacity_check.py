@@ -35,6 +35,7 @@ from dynamig.geometry.layout import free_starts
 from dynamig.geometry.model import GpuModel, PlacedInstance
 from dynamig.kube.policy import GpuPartitionPolicy, Mode, resolve_ownership
 from dynamig.kube.times import parse_time
+from dynamig.operator.demand import fits_node, required_terms
 from dynamig.operator.inventory import GpuView
 
 CONTROLLER = "dynamig.io/mig-capacity"
@@ -53,11 +54,13 @@ class State(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class PodSetAsk:
-    """What one pod set asks: MIG slices by profile (times its count), on nodes with these labels."""
+    """What one pod set asks: MIG slices by profile (times its count), on nodes with these labels and
+    matching its required node affinity (any of ``node_terms``)."""
 
     name: str
     node_selector: Mapping[str, str]
     demand: Mapping[str, int]
+    node_terms: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +119,7 @@ def pod_set_asks(pod_sets: Iterable[Mapping[str, Any]]) -> tuple[PodSetAsk, ...]
                 per_pod[profile] = max(per_pod.get(profile, 0), n)
         demand = {p: n * count for p, n in sorted(per_pod.items()) if n * count > 0}
         selector = {str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()}
-        out.append(PodSetAsk(str(ps.get("name", "")), selector, demand))
+        out.append(PodSetAsk(str(ps.get("name", "")), selector, demand, required_terms(spec)))
     return tuple(out)
 
 
@@ -179,6 +182,7 @@ class Room:
 
     gpus: list[_Gpu] = field(default_factory=list)
     labels: dict[str, Mapping[str, str]] = field(default_factory=dict)  # GPU -> its node's labels
+    nodes: dict[str, str] = field(default_factory=dict)  # GPU -> its node
     # GPUs no Dynamic policy re-cuts (Static, DryRun, none): only their free instances serve, as they are
     fixed: dict[str, list[PlacedInstance]] = field(default_factory=dict)
 
@@ -199,6 +203,7 @@ class Room:
                 continue
             room.gpus.append((g.name, g.model, [*g.busy, *g.holds]))
             room.labels[g.name] = (node_labels or {}).get(g.node, {})
+            room.nodes[g.name] = g.node
             if g.name not in recut:
                 held = 0
                 for h in g.holds:
@@ -223,7 +228,7 @@ class Room:
         before = self._copy()
         used: list[str] = []
         for a in asks:
-            got = self.place(a.demand, a.node_selector)
+            got = self.place(a.demand, a.node_selector, a.node_terms)
             if got is None:
                 self.gpus, self.fixed = before
                 return None
@@ -231,12 +236,15 @@ class Room:
         return used
 
     def place(
-        self, demand: Mapping[str, int], node_selector: Mapping[str, str] | None = None
+        self,
+        demand: Mapping[str, int],
+        node_selector: Mapping[str, str] | None = None,
+        node_terms: Sequence[Mapping[str, Any]] = (),
     ) -> list[str] | None:
         """Place ``demand`` (largest profiles first, each on the GPU with the least room that takes it: at
         its first free start, or on a GPU no policy re-cuts in a free instance of that profile) on GPUs whose
-        node has every label of ``node_selector``; the GPUs used, or None (and nothing placed) when some
-        slice does not fit."""
+        node has every label of ``node_selector`` and matches a term of ``node_terms`` (a required node
+        affinity, if any); the GPUs used, or None (and nothing placed) when some slice does not fit."""
         trial, spare = self._copy()
         used: list[str] = []
         order = sorted(demand.items(), key=lambda kv: (-_slices(self, kv[0]), kv[0]))
@@ -246,7 +254,9 @@ class Room:
                 for i, (name, model, layout) in enumerate(trial):
                     if not model.has_profile(profile):
                         continue
-                    if not _selects(node_selector, self.labels.get(name, {})):
+                    if not fits_node(
+                        node_selector or {}, node_terms, self.nodes.get(name, ""), self.labels.get(name, {})
+                    ):
                         continue
                     if name in spare:
                         if not any(f.profile == profile for f in spare[name]):
@@ -277,10 +287,6 @@ def recuttable(
     ownership = resolve_ownership(policies, [g.identity(labels.get(g.node, {})) for g in views])
     dynamic = {p.name for p in policies if p.spec.mode is Mode.DYNAMIC}
     return frozenset(gpu for gpu, owner in ownership.owner.items() if owner in dynamic)
-
-
-def _selects(selector: Mapping[str, str] | None, labels: Mapping[str, str]) -> bool:
-    return not selector or all(labels.get(k) == v for k, v in selector.items())
 
 
 def _slices(room: Room, profile: str) -> int:

@@ -178,16 +178,13 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRef:
             unschedulable = cond.get("reason") == "Unschedulable"
             scheduler_error = cond.get("reason") == "SchedulerError"
             message = str(cond.get("message") or "")
-    affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ) or {}
     return PodRef(
         namespace=str(meta.get("namespace", "")),
         name=str(meta["name"]),
         uid=str(meta.get("uid", "")),
         unschedulable=unschedulable and not spec.get("nodeName"),
         node_selector=dict(spec.get("nodeSelector") or {}),
-        required_terms=tuple(affinity.get("nodeSelectorTerms") or ()),
+        required_terms=required_terms(spec),
         scheduling_message=message,
         scheduler_error=scheduler_error and not spec.get("nodeName"),
     )
@@ -267,11 +264,30 @@ def _expr_matches(expr: Mapping[str, Any], labels: Mapping[str, str], node_name:
 
 def pod_fits_node(pod: PodRef, node_name: str, labels: Mapping[str, str]) -> bool:
     """The pod's nodeSelector and required node affinity against one node. Pure."""
-    if any(labels.get(k) != v for k, v in pod.node_selector.items()):
+    return fits_node(pod.node_selector, pod.required_terms, node_name, labels)
+
+
+def required_terms(spec: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
+    """The ``nodeSelectorTerms`` of a pod spec's required node affinity (empty: none). Pure."""
+    affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    return tuple(affinity.get("nodeSelectorTerms") or ())
+
+
+def fits_node(
+    node_selector: Mapping[str, str],
+    terms: Sequence[Mapping[str, Any]],
+    node_name: str,
+    labels: Mapping[str, str],
+) -> bool:
+    """A nodeSelector and the terms of a required node affinity (any term, all of its expressions) against
+    one node, as kube-scheduler's NodeAffinity filter reads them. Pure."""
+    if any(labels.get(k) != v for k, v in node_selector.items()):
         return False
-    if not pod.required_terms:
+    if not terms:
         return True
-    for term in pod.required_terms:
+    for term in terms:
         exprs = term.get("matchExpressions") or []
         fields = term.get("matchFields") or []
         if not exprs and not fields:
