@@ -360,6 +360,20 @@ class AllocationWatch:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="allocation-watch")
 
+    async def seen_allocated(self, claims: Iterable[str], within_s: float = 30.0) -> dict[str, float]:
+        """When the watch first saw each of ``claims`` allocated, once it has seen them all: its polls lag
+        the API on a busy machine, so a claim read allocated directly may not be in :attr:`first_allocated`
+        yet."""
+        names = set(claims)
+
+        async def seen() -> dict[str, float] | None:
+            self.raise_if_stopped()
+            got = {n: self.first_allocated[n] for n in names if n in self.first_allocated}
+            return got if len(got) == len(names) else None
+
+        what = f"the allocation watch to see {len(names)} claim(s) allocated"
+        return await eventually(seen, what, within_s)
+
     def raise_if_stopped(self) -> None:
         """Raise what ended the watch early, so a wait on its figures fails with the cause, not a timeout."""
         if self._task is not None and self._task.done():

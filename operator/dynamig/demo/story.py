@@ -366,7 +366,9 @@ async def _burst_training_release(
         return {p: d for p, d in devices.items() if d} if all(devices.values()) else None
 
     devices = await eventually(all_allocated, "every inference pod allocated", within)
-    report.timed("burst to last allocation", max(watch.first_allocated.values()) - burst_at)
+    names = [str((await api.claim_of(p) or {})["metadata"]["name"]) for p in inference]
+    seen = await watch.seen_allocated(names, within)
+    report.timed("burst to last allocation", max(seen.values()) - burst_at)
     waits = await _bound_waits(watch, created_at, within)
     report.timed("burst: pod created to bound, p50", percentile(waits, 50))
     report.timed("burst: pod created to bound, slowest", max(waits))
