@@ -17,12 +17,13 @@ from dynamig.operator.capacity_check import (
     Room,
     State,
     answer,
+    answered_lately,
     bound_pods,
     checked_workloads,
     pod_set_asks,
     recuttable,
-    reserved,
     retry_after,
+    unbound,
 )
 from dynamig.operator.inventory import parse_inventory
 
@@ -150,14 +151,15 @@ def test_workloads_answered_ready_hold_their_room_until_their_pods_are_bound() -
         return {"metadata": {"uid": uid, "namespace": ns, "ownerReferences": [{"uid": owner}]},
                 "spec": {"nodeName": node}, "status": {"phase": phase}}  # fmt: skip
 
-    assert [c.name for c in reserved(checked, NOW + 10, {})] == ["a", "solo"]
+    lately = answered_lately(checked, NOW + 10)
+    assert [c.name for c in lately] == ["a", "solo"]
     one = [pod("p1"), pod("p2", node=""), pod("p3", ns="other"), pod("p4", phase="Succeeded")]
     assert bound_pods(checked, one) == {"ml/a": 1}
-    assert [c.name for c in reserved(checked, NOW + 10, bound_pods(checked, one))] == ["a", "solo"]
+    assert [c.name for c in unbound(lately, bound_pods(checked, one))] == ["a", "solo"]
     both = [pod("p1"), pod("p2", phase="Pending"), pod("pod-solo", owner="")]
     assert bound_pods(checked, both) == {"ml/a": 2, "ml/solo": 1}
-    assert reserved(checked, NOW + 10, bound_pods(checked, both)) == []
-    assert reserved(checked, NOW + READY_RESERVE_S + 1, {}) == []  # pods that never come hold nothing
+    assert unbound(lately, bound_pods(checked, both)) == []
+    assert answered_lately(checked, NOW + READY_RESERVE_S + 1) == []  # pods that never come hold nothing
 
 
 @pytest.mark.parametrize(("value", "bound"), [(None, DEFAULT_RETRY_S), ("15", 15.0), ("x", DEFAULT_RETRY_S),

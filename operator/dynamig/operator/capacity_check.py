@@ -35,7 +35,7 @@ from dynamig.geometry.layout import free_starts
 from dynamig.geometry.model import GpuModel, PlacedInstance
 from dynamig.kube.policy import GpuPartitionPolicy, Mode, resolve_ownership
 from dynamig.kube.times import parse_time
-from dynamig.operator.demand import fits_node, required_terms
+from dynamig.operator.demand import fits_node, quantity, required_terms, spec_requests
 from dynamig.operator.inventory import GpuView
 
 CONTROLLER = "dynamig.io/mig-capacity"
@@ -94,43 +94,23 @@ class CheckedWorkload:
         return dict(sorted(out.items()))
 
 
-def _quantity(raw: Any) -> int:
-    try:
-        return int(str(raw))
-    except ValueError:
-        return 0
-
-
 def pod_set_asks(pod_sets: Iterable[Mapping[str, Any]]) -> tuple[PodSetAsk, ...]:
     """What each of ``pod_sets`` (a Workload's ``spec.podSets``) asks: each container's
     ``nvidia.com/mig-<profile>`` request (else limit), summed over the pod's containers (init containers run
     before them: the largest counts if larger), times the pod set's count; on the nodes its template's
-    ``nodeSelector`` names (Kueue adds the flavor's node labels there at admission). Pure."""
+    ``nodeSelector`` (Kueue adds the flavor's node labels there at admission) and required node affinity
+    admit. Pure."""
     out: list[PodSetAsk] = []
     for ps in pod_sets:
-        count = _quantity(ps.get("count", 1))
+        count = quantity(ps.get("count", 1))
         spec = ((ps.get("template") or {}).get("spec")) or {}
-        per_pod: dict[str, int] = {}
-        for c in spec.get("containers") or []:
-            for profile, n in _container_asks(c).items():
-                per_pod[profile] = per_pod.get(profile, 0) + n
-        for c in spec.get("initContainers") or []:
-            for profile, n in _container_asks(c).items():
-                per_pod[profile] = max(per_pod.get(profile, 0), n)
-        demand = {p: n * count for p, n in sorted(per_pod.items()) if n * count > 0}
+        per_pod = spec_requests(spec, lambda name: name.startswith(RESOURCE_PREFIX))
+        demand = {
+            name.removeprefix(RESOURCE_PREFIX): n * count for name, n in sorted(per_pod.items()) if count > 0
+        }
         selector = {str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()}
         out.append(PodSetAsk(str(ps.get("name", "")), selector, demand, required_terms(spec)))
     return tuple(out)
-
-
-def _container_asks(container: Mapping[str, Any]) -> dict[str, int]:
-    resources = container.get("resources") or {}
-    asked = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
-    return {
-        name.removeprefix(RESOURCE_PREFIX): _quantity(value)
-        for name, value in asked.items()
-        if name.startswith(RESOURCE_PREFIX)
-    }
 
 
 def checked_workloads(workloads: Iterable[Mapping[str, Any]], checks: Iterable[str]) -> list[CheckedWorkload]:
@@ -167,7 +147,7 @@ def checked_workloads(workloads: Iterable[Mapping[str, Any]], checks: Iterable[s
                     quota_reserved=reserved,
                     asks=pod_set_asks(pod_sets),
                     owner_uid=owner,
-                    pods=sum(_quantity(ps.get("count", 1)) for ps in pod_sets),
+                    pods=sum(quantity(ps.get("count", 1)) for ps in pod_sets),
                 )
             )
     return sorted(out, key=lambda c: (c.since or 0.0, c.key))
@@ -351,12 +331,9 @@ def bound_pods(checked: Sequence[CheckedWorkload], pods: Iterable[Mapping[str, A
     return out
 
 
-def reserved(
-    checked: Sequence[CheckedWorkload], now: float, bound: Mapping[str, int]
-) -> list[CheckedWorkload]:
-    """The workloads answered Ready and still admitted whose pods are not all bound yet (``bound``: workload
-    key -> its pods bound, :func:`bound_pods`), for at most :data:`READY_RESERVE_S` seconds since the
-    answer. Pure."""
+def answered_lately(checked: Sequence[CheckedWorkload], now: float) -> list[CheckedWorkload]:
+    """The workloads answered Ready, still admitted, in the last :data:`READY_RESERVE_S` seconds: those
+    that may hold room their pods do not hold yet. Pure."""
     return [
         c
         for c in checked
@@ -364,8 +341,13 @@ def reserved(
         and c.quota_reserved
         and c.since is not None
         and now - c.since < READY_RESERVE_S
-        and bound.get(c.key, 0) < c.pods
     ]
+
+
+def unbound(checked: Sequence[CheckedWorkload], bound: Mapping[str, int]) -> list[CheckedWorkload]:
+    """Those of ``checked`` whose pods are not all bound yet (``bound``: workload key -> its pods bound,
+    :func:`bound_pods`): their room is counted as taken. Pure."""
+    return [c for c in checked if bound.get(c.key, 0) < c.pods]
 
 
 def retry_after(check: Mapping[str, Any]) -> float:

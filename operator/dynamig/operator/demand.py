@@ -42,7 +42,7 @@ selecting on them accepts the model when some GPU of it can serve; which GPU can
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -190,7 +190,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRef:
     )
 
 
-def _quantity(value: Any) -> int:
+def quantity(value: Any) -> int:
     """An extended resource's quantity (whole numbers only: the API refuses fractions of them)."""
     try:
         return int(str(value))
@@ -198,16 +198,15 @@ def _quantity(value: Any) -> int:
         return 0
 
 
-def pod_extended_requests(pod: Mapping[str, Any], served: Mapping[str, str]) -> dict[str, int]:
-    """The pod's requests for the extended resources in ``served`` (resource -> DeviceClass): its containers'
-    requests summed, or an init container's when larger (init containers run one at a time, before the
-    others), as the scheduler counts a pod's requests. Pure."""
-    spec = pod.get("spec") or {}
+def spec_requests(spec: Mapping[str, Any], wanted: Callable[[str], bool]) -> dict[str, int]:
+    """A pod spec's requests for the extended resources ``wanted`` accepts: its containers' requests summed,
+    or an init container's when larger (init containers run one at a time, before the others), as the
+    scheduler counts a pod's requests. Pure."""
 
     def requests(container: Mapping[str, Any]) -> dict[str, int]:
         res = container.get("resources") or {}
         asked = {**(res.get("limits") or {}), **(res.get("requests") or {})}  # requests default to limits
-        return {name: _quantity(q) for name, q in asked.items() if name in served}
+        return {name: quantity(q) for name, q in asked.items() if wanted(name)}
 
     total: dict[str, int] = {}
     for c in spec.get("containers") or []:
@@ -217,6 +216,12 @@ def pod_extended_requests(pod: Mapping[str, Any], served: Mapping[str, str]) -> 
         for name, n in requests(c).items():
             total[name] = max(total.get(name, 0), n)
     return {name: n for name, n in total.items() if n > 0}
+
+
+def pod_extended_requests(pod: Mapping[str, Any], served: Mapping[str, str]) -> dict[str, int]:
+    """The pod's requests for the extended resources in ``served`` (resource -> DeviceClass), as
+    :func:`spec_requests` counts them. Pure."""
+    return spec_requests(pod.get("spec") or {}, served.__contains__)
 
 
 def pod_claim_names(pod: Mapping[str, Any]) -> tuple[str, ...]:

@@ -19,6 +19,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from dynamig import DRIVER_NAME
 from dynamig.geometry.catalog import Catalog
+from dynamig.kube.apicalls import is_transient, status_of
 from dynamig.kube.policy import parse_policies
 from dynamig.kube.times import now_rfc3339
 from dynamig.operator.capacity_check import (
@@ -28,11 +29,12 @@ from dynamig.operator.capacity_check import (
     Room,
     State,
     answer,
+    answered_lately,
     bound_pods,
     checked_workloads,
     recuttable,
-    reserved,
     retry_after,
+    unbound,
 )
 from dynamig.operator.inventory import allocated_devices, parse_inventory
 from dynamig.operator.kubeio import KubeIO
@@ -62,8 +64,12 @@ class KueueChecks:
         while not stopped:
             try:
                 await self.pass_once()
-            except ApiException as exc:
-                log.warning("%s: a pass failed (%s %s); trying again", CONTROLLER, exc.status, exc.reason)
+            except Exception as exc:
+                # An API answer or an unreachable API server: the next pass reads everything again (a raise
+                # would end the daemon until Kopf's backoff restarts it).
+                if not (isinstance(exc, ApiException) or is_transient(exc)):
+                    raise
+                log.warning("%s: a pass failed (%s); trying again", CONTROLLER, status_of(exc) or repr(exc))
             await asyncio.sleep(PASS_SECONDS)
 
     async def pass_once(self) -> int:
@@ -86,12 +92,12 @@ class KueueChecks:
         now = self.wall()
         # Answered Ready lately and still admitted: of those, the ones whose pods are not all bound yet hold
         # their room. Their pods are read before the claims, so a pod seen bound has its allocation counted.
-        waiting = reserved(checked, now, {})
+        waiting = answered_lately(checked, now)
         if waiting:
             pods: list[dict[str, Any]] = []
             for ns in sorted({c.namespace for c in waiting}):
                 pods += await self.kube.list_pods_in(ns)
-            waiting = reserved(waiting, now, bound_pods(waiting, pods))
+            waiting = unbound(waiting, bound_pods(waiting, pods))
         snap = await self.kube.snapshot()
         views = parse_inventory(snap.partitions, self.catalog, allocated_devices(snap.claims, DRIVER_NAME))
         labels = {str(n["metadata"]["name"]): dict(n["metadata"].get("labels") or {}) for n in snap.nodes}
