@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PROTO_DIR := operator/dynamig/agent/plugin/proto
 GEN_DIR := operator/dynamig/agent/plugin/_generated
 
-.PHONY: setup demo test lint typecheck imports controlplane matrixplanes node helm holdscheduler cdivalidate promtool kueue proto bench clean lock release image
+.PHONY: setup demo test lint typecheck imports controlplane matrixplanes node helm holdscheduler cdivalidate promtool kueue ocitools proto bench clean lock release publish image
 
 # The Kubernetes targets besides the primary one (hack/lib/k8s-module.sh) that `make test` runs the tests
 # marked `matrix` against (dynamig.devcluster.versions.MATRIX names them all).
@@ -50,6 +50,11 @@ cdivalidate:
 kueue:
 	@bash hack/build-kueue.sh >/dev/null
 
+# The local OCI registry (CNCF distribution), cosign and syft: the release is published, signed, verified
+# and pulled from a registry in the tests, and its SBOM is syft's.
+ocitools:
+	@for t in registry cosign syft; do bash hack/build-oci-tool.sh $$t >/dev/null || exit 1; done
+
 # Prometheus' promtool: the tests evaluate the alert rules and the DCGM join with Prometheus' own engine.
 promtool:
 	@bash hack/build-promtool.sh >/dev/null
@@ -70,7 +75,7 @@ typecheck: $(STAMP) proto
 imports: $(STAMP)
 	$(BIN)/lint-imports
 
-test: setup node helm cdivalidate promtool kueue holdscheduler matrixplanes lint typecheck imports
+test: setup node helm cdivalidate promtool kueue ocitools holdscheduler matrixplanes lint typecheck imports
 	$(BIN)/pytest -q -p no:cacheprovider
 	@for t in $(MATRIX_TARGETS); do echo "== Kubernetes $$t: the tests marked matrix"; \
 	  $(BIN)/pytest -q -p no:cacheprovider -m matrix --k8s=$$t || exit 1; done
@@ -91,6 +96,12 @@ lock: $(STAMP)
 # into dist/release/, from a clean tree (ALLOW_DIRTY=1 builds from a dirty one, its revision marked -dirty).
 release: $(STAMP) helm
 	@bash hack/release.sh
+
+# What `make release` wrote, pushed to an OCI registry (DEST=host[:port]/path) and, with COSIGN_KEY, signed,
+# its SBOM attached as a signed attestation (hack/publish.sh; docs/install.md: mirroring a release).
+publish:
+	@test -n "$(DEST)" || { echo "make publish DEST=<registry>/<path> [COSIGN_KEY=cosign.key]" >&2; exit 2; }
+	@bash hack/publish.sh "$(DEST)"
 
 # The image from the Dockerfile without a Docker engine (buildah, on a Python base built from Debian packages;
 # needs root): dist/dynamig-image-<version>.oci.tar, its manifest digest in .digest beside it. Rebuilt only

@@ -1,25 +1,29 @@
-"""The released chart installed for real: the image built here, the chart's pods run by a real kubelet.
+"""The released chart installed for real, from a registry: the release published, verified, pulled by digest.
 
 Real: the control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager, plus a second
-kube-controller-manager with the DaemonSet and root-CA-publisher controllers the first leaves out), a
-kubelet and containerd 2.x with runc (CDI on), the image built from the Dockerfile by
-``hack/build-image.sh`` (cached by its inputs) and imported into the node's containerd under the name the
-values give, the chart package written by ``hack/release.sh``, and helm installing, upgrading and
-uninstalling it. The agent (DaemonSet), the operator (Deployment) and the pre-delete hook (Job) run as pods
-from that image with their own ServiceAccount tokens. Simulated: the GPUs (``agent.nvml.mode: simulated``:
-simnvml inside the agent's container, its MIG state and the driver's device nodes and capability files in a
-host directory the chart mounts). This node has no pod network (no CNI), so the values put the chart's pods
-on the host network and point them at the API server's address (``apiServer.host``), as a cluster without
-kube-proxy would; every other value is one a user writes.
+kube-controller-manager with the DaemonSet and root-CA-publisher controllers the first leaves out), a kubelet
+and containerd 2.x with runc (CDI on), what ``make release`` writes (``hack/release.sh``: the image built from
+the Dockerfile by ``hack/build-image.sh``, cached by its inputs; the chart package; the image's SBOM made by
+syft), a local OCI registry (CNCF distribution, built from its Go module) that ``hack/publish.sh`` pushes the
+image and the chart to and signs them in with cosign (a key pair the test makes; the SBOM attached as a signed
+attestation), cosign verifying both signatures and the attestation, the node's containerd pulling the image by
+digest from that registry, and helm installing the chart from it (``oci://``), upgrading and uninstalling it.
+The agent (DaemonSet), the operator (Deployment) and the pre-delete hook (Job) run as pods from that image
+with their own ServiceAccount tokens. Simulated: the GPUs (``agent.nvml.mode: simulated``: simnvml inside the
+agent's container, its MIG state and the driver's device nodes and capability files in a host directory the
+chart mounts). This node has no pod network (no CNI), so the values put the chart's pods on the host network
+and point them at the API server's address (``apiServer.host``), as a cluster without kube-proxy would; every
+other value is one a user writes.
 
-One test, in steps, each timed and printed: image, release, install (pods Ready, tokens, probes), a workload
-on its MIG slice, ``helm upgrade`` to a second build of the image (the agent rolls with maxSurge 0, the
-workload keeps its container and instance), ``helm uninstall`` (the hook Job's pod runs to completion inside
-helm's default 5-minute timeout; the node is left clean).
+One test, in steps, each timed and printed: release, publish, verify, install (pods Ready, tokens, probes, the
+image pulled from the registry by digest), a workload on its MIG slice, ``helm upgrade`` to a second build of
+the image (the agent rolls with maxSurge 0, the workload keeps its container and instance), ``helm uninstall``
+(the hook Job's pod runs to completion inside helm's default 5-minute timeout; the node is left clean).
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -37,6 +41,7 @@ import pytest
 import yaml
 
 from dynamig.demo.cluster import claim_pod, first_available, resource_claim
+from dynamig.devcluster.binaries import BinariesNotFoundError, build_tool
 from dynamig.devcluster.controlplane import ControlPlane
 from dynamig.devcluster.helmrelease import (
     RELEASE_NAME_ANNOTATION,
@@ -44,7 +49,6 @@ from dynamig.devcluster.helmrelease import (
     adopt_crds,
     forget_release,
 )
-from dynamig.devcluster.images import IMAGE_HOST
 from dynamig.devcluster.node import (
     ContainerReport,
     RealNode,
@@ -55,6 +59,7 @@ from dynamig.devcluster.node import (
 from dynamig.devcluster.processes import Component, free_port, stop_all
 from dynamig.devcluster.progress import run_streaming
 from dynamig.devcluster.pytest_plugin import unique_name
+from dynamig.devcluster.registry import LocalRegistry
 from dynamig.devcluster.rest import ApiError
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, VERSION
 
@@ -62,8 +67,8 @@ pytestmark = pytest.mark.controlplane
 
 ROOT = Path(__file__).resolve().parents[1]
 DYNAMIG_VERSION: str = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-IMAGE_REPOSITORY = f"{IMAGE_HOST}/dynamig"  # built here, imported into the node: never pulled
 UPGRADE_TAG = f"{DYNAMIG_VERSION}-second-build"
+COSIGN_PASSWORD = "dynamig-e2e"  # unlocks the test's own signing key
 DYNAMIG_CRDS = ("gpupartitions.dynamig.io", "gpupartitionpolicies.dynamig.io")
 DEVICE_CLASS = "mig.dynamig.io"
 GPUS = "A100-80GB:1"
@@ -112,17 +117,55 @@ def build_image(revision: str | None = None) -> Path:
     return Path(result.stdout.strip().splitlines()[-1])
 
 
-def release_chart(out: Path, helm: str) -> Path:
-    """The chart package ``make release`` writes (hack/release.sh; this tree may be dirty; the image the test
-    built and imported already, so the release leaves it out)."""
-    proc = subprocess.run(
-        ["bash", str(ROOT / "hack" / "release.sh")],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+def make_release(out: Path, helm: str) -> Path:
+    """What ``make release`` writes into ``out`` (hack/release.sh; this tree may be dirty): the image, the
+    chart package, the image's SBOM."""
+    if os.geteuid() != 0:
+        pytest.fail("building the image needs root (mmdebstrap, buildah's chroot isolation)")
+    result = run_streaming(
+        ["bash", str(ROOT / "hack" / "release.sh")], cwd=ROOT, timeout=1800,
         env={**os.environ, "RELEASE_DIR": str(out), "ALLOW_DIRTY": "1", "DYNAMIG_HELM": helm,
-             "PYTHON": sys.executable, "RELEASE_IMAGE": "0"},
+             "PYTHON": sys.executable},
+    )  # fmt: skip
+    if result.returncode != 0:
+        pytest.fail(f"hack/release.sh failed ({result.returncode}):\n{result.stderr_tail}")
+    return out
+
+
+def publish(release: Path, registry: LocalRegistry, helm: str, key: Path) -> tuple[str, str, str]:
+    """``hack/publish.sh`` of ``release`` to ``registry``, signed with ``key``: (image reference by digest,
+    chart reference, chart digest)."""
+    proc = subprocess.run(
+        ["bash", str(ROOT / "hack" / "publish.sh"), registry.host, str(release)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, "PLAIN_HTTP": "1", "DYNAMIG_HELM": helm, "COSIGN_KEY": str(key),
+             "COSIGN_PASSWORD": COSIGN_PASSWORD},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out / f"dynamig-{DYNAMIG_VERSION}.tgz"
+    lines = dict(line.split(" ", 1) for line in proc.stdout.strip().splitlines())
+    chart_ref, _version, chart_digest = lines["chart"].split()
+    return lines["image"], chart_ref, chart_digest
+
+
+def cosign_key_pair(cosign: str, directory: Path) -> tuple[Path, Path]:
+    """A cosign key pair made here (cosign.key encrypted with COSIGN_PASSWORD, cosign.pub)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [cosign, "generate-key-pair"], cwd=directory, capture_output=True, text=True, timeout=60, check=True,
+        env={**os.environ, "COSIGN_PASSWORD": COSIGN_PASSWORD},
+    )  # fmt: skip
+    return directory / "cosign.key", directory / "cosign.pub"
+
+
+def cosign_verify(cosign: str, public_key: Path, ref: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    """``cosign verify`` (or ``verify-attestation`` with ``extra``) of ``ref`` against ``public_key``, with no
+    transparency log (none is written: see hack/publish.sh), over plain HTTP."""
+    command = "verify-attestation" if extra else "verify"
+    return subprocess.run(
+        [cosign, command, "--key", str(public_key), "--insecure-ignore-tlog=true",
+         "--allow-http-registry=true", "--output", "json", *extra, ref],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
 
 
 class Cluster:
@@ -246,11 +289,35 @@ def chart_node(control_plane: ControlPlane) -> Iterator[RealNode]:
             control_plane.delete_node(node.name)
 
 
-def user_values(cp: ControlPlane, node: RealNode, release: str, sim_dir: Path) -> dict[str, Any]:
-    """What a platform team writes for this node (paths, image, one operator replica pinned to it), plus
-    simulated GPUs and the host-network settings a node without a pod network needs."""
+@pytest.fixture(scope="module")
+def oci_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry]:
+    """The local OCI registry the release is published to (CNCF distribution, plain HTTP on loopback)."""
+    try:
+        binary = build_tool("build-oci-tool.sh", "registry")
+    except BinariesNotFoundError as exc:
+        pytest.fail(f"the registry could not be built from its Go module: {exc}")
+    registry = LocalRegistry(binary, tmp_path_factory.mktemp("registry")).start()
+    try:
+        yield registry
+    finally:
+        registry.stop()
+
+
+@pytest.fixture(scope="module")
+def cosign() -> str:
+    try:
+        return str(build_tool("build-oci-tool.sh", "cosign"))
+    except BinariesNotFoundError as exc:
+        pytest.fail(f"cosign could not be built from its Go module: {exc}")
+
+
+def user_values(cp: ControlPlane, node: RealNode, release: str, sim_dir: Path, image: str) -> dict[str, Any]:
+    """What a platform team writes for this node (paths, the image by digest from their registry, one operator
+    replica pinned to it), plus simulated GPUs and the host-network settings a node without a pod network
+    needs."""
+    repository, digest = image.split("@")
     return {
-        "image": {"repository": IMAGE_REPOSITORY, "tag": DYNAMIG_VERSION},
+        "image": {"repository": repository, "digest": digest},
         # No kube-proxy and no CNI here: the pods reach the API server on the host's loopback address.
         "apiServer": {"host": "127.0.0.1", "port": int(cp.server_url.rsplit(":", 1)[1])},
         "operator": {
@@ -273,8 +340,13 @@ def user_values(cp: ControlPlane, node: RealNode, release: str, sim_dir: Path) -
     }
 
 
-def test_the_released_chart_runs_upgrades_and_uninstalls_on_a_real_node(
-    chart_node: RealNode, control_plane: ControlPlane, helm: str, tmp_path: Path
+def test_the_published_chart_installs_from_a_registry_upgrades_and_uninstalls_on_a_real_node(
+    chart_node: RealNode,
+    control_plane: ControlPlane,
+    helm: str,
+    oci_registry: LocalRegistry,
+    cosign: str,
+    tmp_path: Path,
 ) -> None:
     cp, node, steps = control_plane, chart_node, Steps()
     release = unique_name("dynamig")  # holds the chart name: the fullname is the release name
@@ -294,16 +366,50 @@ def test_the_released_chart_runs_upgrades_and_uninstalls_on_a_real_node(
 
     existing_class = cp.kubectl("get", "deviceclass", DEVICE_CLASS, "--ignore-not-found", "-o", "name").stdout
     try:
-        # ---- 1. the image, in the node's containerd under the name the values give ------------------------
-        with steps.step("image: build (or reuse) and import into the node's containerd"):
-            archive = build_image()
-            digest = node.import_image(archive, f"{IMAGE_REPOSITORY}:{DYNAMIG_VERSION}")
-            print(f"  {archive} -> {IMAGE_REPOSITORY}:{DYNAMIG_VERSION} ({digest})")
+        # ---- 1. make release: the image, the chart package, the image's SBOM (syft) ----------------------
+        with steps.step("release: hack/release.sh builds (or reuses) the image, packages the chart, SBOM"):
+            dist = make_release(tmp_path / "release", helm)
+            archive = dist / f"dynamig-image-{DYNAMIG_VERSION}.oci.tar"
+            digest = (dist / f"dynamig-image-{DYNAMIG_VERSION}.oci.tar.digest").read_text().strip()
+            sbom = json.loads((dist / f"dynamig-{DYNAMIG_VERSION}.spdx.json").read_text())
+            assert sbom["spdxVersion"] == "SPDX-2.3", sbom.get("spdxVersion")
 
-        # ---- 2. the release's chart package ---------------------------------------------------------------
-        with steps.step("release: hack/release.sh writes the chart package"):
-            chart = release_chart(tmp_path / "release", helm)
-            assert chart.is_file(), chart
+        # ---- 2. published to the registry and signed; the node has not got the image ----------------------
+        with steps.step("publish: hack/publish.sh pushes image and chart, signs both, attests the SBOM"):
+            key, public_key = cosign_key_pair(cosign, tmp_path / "keys")
+            image, chart_ref, chart_digest = publish(dist, oci_registry, helm, key)
+            repository = f"{oci_registry.host}/dynamig"
+            assert image == f"{repository}@{digest}", (image, digest)  # pushed as built
+            assert chart_ref == f"oci://{oci_registry.host}/charts/dynamig", chart_ref
+            assert not [i for i in node.images() if i.startswith(repository)], node.images()
+            print(f"  image {image}\n  chart {chart_ref}:{DYNAMIG_VERSION} ({chart_digest})")
+
+        # ---- 3. what an admission controller or an auditor checks before the install ----------------------
+        with steps.step("verify: cosign verifies the image's and the chart's signatures and the SBOM"):
+            chart_by_digest = f"{oci_registry.host}/charts/dynamig@{chart_digest}"
+            for ref, signed_digest in ((image, digest), (chart_by_digest, chart_digest)):
+                verified = cosign_verify(cosign, public_key, ref)
+                assert verified.returncode == 0, verified.stdout + verified.stderr
+                payloads = json.loads(verified.stdout)  # each signature verified (cosign prints only those)
+                signed = {p["critical"]["image"]["docker-manifest-digest"] for p in payloads}
+                kinds = {p["critical"]["type"] for p in payloads}
+                assert signed == {signed_digest}, payloads
+                assert "https://sigstore.dev/cosign/sign/v1" in kinds, payloads
+                print(f"  {ref}: {len(payloads)} verified payload(s) {sorted(kinds)}")
+            # The attestation carries the release's SBOM, byte for byte as JSON.
+            attested = cosign_verify(cosign, public_key, image, "--type", "spdxjson")
+            assert attested.returncode == 0, attested.stdout + attested.stderr
+            (envelope,) = [json.loads(line) for line in attested.stdout.splitlines() if line.strip()]
+            statement = json.loads(base64.b64decode(envelope["payload"]))
+            assert statement["predicateType"] == "https://spdx.dev/Document", statement["predicateType"]
+            assert statement["predicate"] == sbom
+            assert statement["subject"][0]["digest"]["sha256"] == digest.removeprefix("sha256:")
+            # The check can fail: a key pair that did not sign refuses both.
+            _, other_key = cosign_key_pair(cosign, tmp_path / "other-keys")
+            for ref in (image, chart_by_digest):
+                refused = cosign_verify(cosign, other_key, ref)
+                assert refused.returncode != 0, refused.stdout
+            print(f"  signatures of {image} and {chart_by_digest} verified; SBOM attestation verified")
 
         # ---- 3. helm install: the agent and the operator run as pods and go Ready -------------------------
         with steps.step("helm install --wait: agent and operator pods Ready"):
@@ -333,17 +439,13 @@ def test_the_released_chart_runs_upgrades_and_uninstalls_on_a_real_node(
                     f"{RELEASE_NAME_ANNOTATION}={release}", f"{RELEASE_NAMESPACE_ANNOTATION}={release}",
                 )  # fmt: skip
             values = tmp_path / "values.yaml"
-            values.write_text(yaml.safe_dump(user_values(cp, node, release, sim_dir)))
+            values.write_text(yaml.safe_dump(user_values(cp, node, release, sim_dir, image)))
             print(values.read_text())
+            # The node pulls from the registry as from a mirror its admin configured (plain HTTP on loopback).
+            node.trust_registry(oci_registry.host)
+            chart = (chart_ref, "--version", DYNAMIG_VERSION, "--plain-http")
             done = run_helm(
-                "install",
-                release,
-                str(chart),
-                "--create-namespace",
-                "-f",
-                str(values),
-                "--wait",
-                "--timeout=5m",
+                "install", release, *chart, "--create-namespace", "-f", str(values), "--wait", "--timeout=5m"
             )
             assert done.returncode == 0, done.stdout + done.stderr
             agent = wait_until(lambda: k.ready_pod("agent"), "the agent pod Ready", 60)
@@ -360,10 +462,17 @@ def test_the_released_chart_runs_upgrades_and_uninstalls_on_a_real_node(
                 assert bound["node"]["name"] == node.name, claims  # what the node admission policy reads
                 (status,) = pod["status"]["containerStatuses"]
                 assert status["ready"] and status["started"] and status["restartCount"] == 0, status
-                assert status["imageID"] == image_id(archive), (status, archive)  # the image built here
+                assert status["imageID"] == image, (status, image)  # pulled from the registry by digest
+                assert spec["containers"][0]["image"] == image, spec["containers"][0]
                 print(
                     f"  {pod['metadata']['name']}: token of {claims['sub']}, bound to {bound['node']['name']}"
                 )
+            assert image in node.images(), node.images()
+            gets = oci_registry.manifest_gets("dynamig")
+            pulls = [g for g in gets if g.user_agent.startswith("containerd")]
+            assert pulls and {g.reference for g in pulls} == {digest}, pulls
+            assert all(g.status == 200 for g in pulls), pulls
+            print(f"  containerd pulled {image}: {len(pulls)} manifest GET(s)")
             # The probes the kubelet runs answer on the pods' (host) ports.
             for port, path in (
                 (spec_port(agent, "metrics"), "/readyz"),
@@ -405,21 +514,27 @@ def test_the_released_chart_runs_upgrades_and_uninstalls_on_a_real_node(
             container = workload_container(k, workload_ns, "tenant")
 
         # ---- 5. helm upgrade to a second build: the agent rolls, the workload stays -----------------------
-        with steps.step("image: a second build (another revision) imported"):
+        with steps.step("image: a second build (another revision) pushed to the registry"):
             second = build_image(revision=f"{DYNAMIG_VERSION}-second-build")
-            second_digest = node.import_image(second, f"{IMAGE_REPOSITORY}:{UPGRADE_TAG}")
+            second_digest = (second.parent / "digest").read_text().strip()
             assert second_digest != digest and image_id(second) != image_id(archive), "another image"
+            subprocess.run(
+                ["skopeo", "copy", "--quiet", "--preserve-digests", "--dest-tls-verify=false",
+                 f"oci-archive:{second}", f"docker://{repository}:{UPGRADE_TAG}"],
+                capture_output=True, text=True, timeout=300, check=True,
+            )  # fmt: skip
+            second_image = f"{repository}@{second_digest}"
 
         with steps.step("helm upgrade --wait: the agent rolls (maxSurge 0), the workload keeps its instance"):
             events = len(nvml_history(state))
             with PodWatch(k, "agent") as agents:
                 done = run_helm(
-                    "upgrade", release, str(chart), "-f", str(values), "--set", f"image.tag={UPGRADE_TAG}",
+                    "upgrade", release, *chart, "-f", str(values), "--set", f"image.digest={second_digest}",
                     "--wait", "--timeout=5m",
                 )  # fmt: skip
                 assert done.returncode == 0, done.stdout + done.stderr
                 new_agent = wait_until(
-                    lambda: ready_with_image(k, "agent", UPGRADE_TAG), "the upgraded agent Ready", 120
+                    lambda: ready_with_image(k, "agent", second_image), "the upgraded agent Ready", 120
                 )
             ds = k.get(f"/apis/apps/v1/namespaces/{release}/daemonsets/{release}-agent")
             assert ds is not None
@@ -429,8 +544,8 @@ def test_the_released_chart_runs_upgrades_and_uninstalls_on_a_real_node(
             assert agents.most_at_once == 1, f"two agent pods at once on one node: {agents.seen}"
             assert new_agent["metadata"]["uid"] != agent["metadata"]["uid"]
             (new_status,) = new_agent["status"]["containerStatuses"]
-            assert new_status["imageID"] == image_id(second), new_status  # the second build runs
-            assert {s["image"] for s in agents.seen.values()} >= {f"{IMAGE_REPOSITORY}:{UPGRADE_TAG}"}
+            assert new_status["imageID"] == second_image, new_status  # the second build runs
+            assert {s["image"] for s in agents.seen.values()} >= {second_image}
             assert workload_container(k, workload_ns, "tenant") == container, (
                 "the workload kept its container"
             )
@@ -617,6 +732,6 @@ def instance_of(k: Cluster, gpu: str, ns: str, pod_name: str) -> dict[str, Any]:
     raise AssertionError(f"{result['device']} not in {gpu}'s status: {part['status']['instances']}")
 
 
-def ready_with_image(k: Cluster, component: str, tag: str) -> dict[str, Any] | None:
+def ready_with_image(k: Cluster, component: str, image: str) -> dict[str, Any] | None:
     pod = k.ready_pod(component)
-    return pod if pod and pod["spec"]["containers"][0]["image"].endswith(f":{tag}") else None
+    return pod if pod and pod["spec"]["containers"][0]["image"] == image else None

@@ -6,13 +6,13 @@
 #                                       defaults filled in, the base image pinned by digest, the lock files
 #   dynamig-image-<version>.oci.tar    the image built from that context (hack/build-image.sh: buildah, on a
 #     (and .digest)                    Python base made from Debian packages), its manifest digest beside it
-#   dynamig-<version>.spdx.json         SPDX 2.3 SBOM of the image: the Python packages it installs and the
-#                                       Debian packages of its root filesystem
+#   dynamig-<version>.spdx.json         SPDX 2.3 SBOM of the image made by syft: the Python packages it
+#                                       installs and the Debian packages of its root filesystem
 #   SHA256SUMS
 # Refuses a dirty tree (the artefacts would not match any commit) unless ALLOW_DIRTY=1, and then marks the
 # revision "-dirty". RELEASE_DIR overrides the output folder; PYTHON the interpreter (default: .venv's).
-# RELEASE_IMAGE=0 leaves the image out (its SBOM then lists the Python packages only): building it needs
-# root, the Debian mirror and PyPI.
+# RELEASE_IMAGE=0 leaves the image and its SBOM out: building it needs root, the Debian mirror and PyPI.
+# hack/publish.sh pushes these artefacts to an OCI registry and signs them.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -86,9 +86,16 @@ if [ "${RELEASE_IMAGE:-1}" != 0 ]; then
   image=("$(DYNAMIG_REVISION="$revision" bash hack/build-image.sh --out "$out")")
 fi
 
-created="$(date -u -d "@$commit_time" +%Y-%m-%dT%H:%M:%SZ)"
-"$python" hack/sbom.py requirements/runtime.lock pyproject.toml "$revision" "$created" \
-  "$out/dynamig-$version.spdx.json" "${image[@]}"
+if [ ${#image[@]} -gt 0 ]; then
+  # The image's SBOM as scanners expect it: syft's catalogue of what the image's file system holds (the
+  # Python distributions in its site-packages, the Debian packages in its dpkg database).
+  syft="$(bash hack/build-oci-tool.sh syft)"
+  log "SBOM of the image (syft)"
+  SYFT_CHECK_FOR_APP_UPDATE=false "$syft" scan --quiet "oci-archive:${image[0]}" \
+    --source-name dynamig --source-version "$version" -o "spdx-json=$out/dynamig-$version.spdx.json"
+else
+  log "no image (RELEASE_IMAGE=0): no SBOM"
+fi
 
 sums="$(mktemp)"
 (cd "$out" && find . -maxdepth 1 -type f -printf '%f\n' | sort | xargs sha256sum) > "$sums"

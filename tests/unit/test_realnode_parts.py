@@ -78,6 +78,7 @@ def test_containerd_config_keeps_everything_under_the_work_dir_with_cdi_on(tmp_p
     assert runc_options == {"BinaryName": str(runc), "SystemdCgroup": False}
     images = doc["plugins"]["io.containerd.cri.v1.images"]
     assert images["pinned_images"]["sandbox"] == "dynamig.local/pause:1"
+    assert images["registry"]["config_path"] == str(tmp_path / "c" / "certs.d")  # RealNode.trust_registry
     relaxed = tomllib.loads(containerd_config(tmp_path / "c", runc, tmp_path / "cdi", restrict_oom=False))
     assert relaxed["plugins"]["io.containerd.cri.v1.runtime"]["restrict_oom_score_adj"] is False
 

@@ -137,15 +137,15 @@ def find_binaries(
     return built
 
 
-def build_tool(script: str) -> Path:
-    """Run ``hack/<script>``, which builds one Go tool from its module once (cached; a no-op afterwards) and
-    prints the binary's path last, and return that path. Side effect: may build (minutes on a cold cache),
-    its progress lines passed through to this process's stderr as they come.
+def build_tool(script: str, *args: str) -> Path:
+    """Run ``hack/<script> [args]``, which builds one Go tool from its module once (cached; a no-op
+    afterwards) and prints the binary's path last, and return that path. Side effect: may build (minutes on
+    a cold cache), its progress lines passed through to this process's stderr as they come.
     Raises :class:`BinariesNotFoundError` with the end of the script's log when it fails."""
     root = find_repo_root()
     if root is None:
         raise BinariesNotFoundError(f"hack/{script} needs a dynamig source checkout")
-    proc = run_streaming(["bash", str(root / "hack" / script)], cwd=root, timeout=1800)
+    proc = run_streaming(["bash", str(root / "hack" / script), *args], cwd=root, timeout=1800)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         raise BinariesNotFoundError(

@@ -240,6 +240,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.devmapper", "io.containerd.sna
   # Never pulled: built here and imported (dynamig.devcluster.images).
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = "{PAUSE_IMAGE}"
+  # A registry is reached as its hosts.toml there says (RealNode.trust_registry); read at each pull.
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = "{work / "certs.d"}"
 
 [plugins.'io.containerd.cri.v1.runtime']
   # The kubelet asks for negative OOM score adjustments (the sandbox's -998); lowering one needs
@@ -515,6 +518,20 @@ class RealNode:
                 self._progress(f"imported {name} ({fields[2]})")
                 return fields[2]
         raise NodeError(f"{archive} imported, but containerd lists no image {name}")
+
+    def trust_registry(self, host: str) -> None:
+        """Lets this node's containerd pull from the plain-HTTP registry at ``host`` (``127.0.0.1:5000``): a
+        ``hosts.toml`` under the registry configuration directory, as an admin writes one for a mirror.
+        containerd reads it at the next pull; nothing restarts."""
+        hosts = self.containerd_dir / "certs.d" / host
+        hosts.mkdir(parents=True, exist_ok=True)
+        (hosts / "hosts.toml").write_text(
+            f'server = "http://{host}"\n\n[host."http://{host}"]\n  capabilities = ["pull", "resolve"]\n'
+        )
+
+    def images(self) -> list[str]:
+        """The references of the images this node's containerd holds (``ctr images ls``)."""
+        return [line.split()[0] for line in self.ctr("images", "ls").stdout.splitlines()[1:] if line.strip()]
 
     def _start_kubelet(self, cgroup_mode: str) -> None:
         cluster = self.cluster
