@@ -502,7 +502,7 @@ CASES.append(
         (gpu("node-a-gpu0"), gpu("node-a-gpu1", instances=()), gpu("node-b-gpu1", mig="Disabled")),
         (claim("big", count=2),),
         DYNAMIC,
-        (("node-a-gpu1", "Disabled", "ml/big"),),
+        (("node-a-gpu1", "Disabled", "ml/big"), ("node-a-gpu0", "Disabled", "ml/big")),
         {
             "big": Told(
                 Reason.WAITING_FOR_WHOLE_GPU, False, ("only 1 of them free on node node-b", "switching")
@@ -528,13 +528,45 @@ CASES += [
         spec={"disruptionBudget": {"maxGpusReshaping": 4}},
     ),
     Case(
-        "four-whole-gpus-together-as-far-as-the-disruption-budget-allows",
-        (*(gpu(f"node-a-gpu{i}") for i in range(4)),),
-        (claim("big", count=4),),
+        # The node's GPUs a claim lacks switch together as one change of the disruption budget (default 1).
+        "eight-whole-gpus-switched-together-as-one-change-of-the-budget",
+        (*(gpu(f"node-a-gpu{i}") for i in range(8)),),
+        (claim("big", count=8),),
         DYNAMIC,
-        (("node-a-gpu0", "Disabled", "ml/big"), ("node-a-gpu1", "Disabled", "ml/big")),
-        {"big": Told(Reason.WAITING_FOR_WHOLE_GPU, False, ("switching node-a-gpu0", "node-a-gpu1"))},
-        spec={"disruptionBudget": {"maxGpusReshaping": 2}},
+        tuple((f"node-a-gpu{i}", "Disabled", "ml/big") for i in range(8)),
+        {"big": Told(Reason.WAITING_FOR_WHOLE_GPU, False, ("switching node-a-gpu0", "node-a-gpu7"))},
+    ),
+    Case(
+        # A claim's switch under way on a node is its change: the GPUs it still lacks there join it...
+        "a-claim-s-switch-under-way-is-joined-not-charged-again",
+        (
+            gpu(
+                "node-a-gpu0",
+                ask="Disabled",
+                annotations={MIG_MODE_FOR_ANNOTATION: "ml/big", MIG_MODE_REQUESTED_ANNOTATION: "Disabled"},
+            ),
+            *(gpu(f"node-a-gpu{i}") for i in (1, 2)),
+        ),
+        (claim("big", count=3),),
+        DYNAMIC,
+        (("node-a-gpu1", "Disabled", "ml/big"), ("node-a-gpu2", "Disabled", "ml/big")),
+        {"big": Told(Reason.WAITING_FOR_WHOLE_GPU, False, ("switching node-a-gpu1", "node-a-gpu2"))},
+    ),
+    Case(
+        # ...while another claim's change spends the budget of one.
+        "another-claim-s-switch-spends-the-budget",
+        (
+            gpu(
+                "node-z-gpu0",
+                ask="Disabled",
+                annotations={MIG_MODE_FOR_ANNOTATION: "ml/other", MIG_MODE_REQUESTED_ANNOTATION: "Disabled"},
+            ),
+            *(gpu(f"node-a-gpu{i}") for i in (0, 1)),
+        ),
+        (claim("big", count=2),),
+        DYNAMIC,
+        (),
+        {"big": Told(Reason.WAITING_FOR_WHOLE_GPU, False, ("the disruption budget allows 1",))},
     ),
     Case(
         "four-whole-gpus-together-down-to-the-mig-floor",
@@ -945,10 +977,10 @@ def test_gpus_switched_for_a_claim_of_whole_gpus_are_kept_whole_for_it() -> None
 
 
 def test_a_claim_of_several_whole_gpus_keeps_the_gpus_it_lacks_on_its_node_while_one_switches() -> None:
-    """Under a disruption budget of one GPU, a claim of three whole GPUs gets one switch a round; the node's
-    other idle GPUs it lacks are kept whole for it from the first round, so MIG claims do not take them
-    one by one while it waits; a GPU busy with a MIG workload is not kept."""
-    pol = policy(DYNAMIC)
+    """Under a floor of MIG GPUs that lets one GPU switch at a time, a claim of three whole GPUs gets one
+    switch a round; the node's other idle GPUs it lacks are kept whole for it from the first round, so MIG
+    claims do not take them one by one while it waits; a GPU busy with a MIG workload is not kept."""
+    pol = policy({**DYNAMIC, "minMigGpus": 3})
     parts = [gpu(f"node-a-gpu{i}") for i in range(3)] + [gpu("node-a-gpu3", instances=FULL)]
     d = decide(parts, [claim("big", count=3)], pol)
     assert [(s.gpu, s.claim) for s in d.switches] == [("node-a-gpu0", "ml/big")]
@@ -961,7 +993,7 @@ def test_a_claim_of_several_whole_gpus_keeps_the_gpus_it_lacks_on_its_node_while
     assert "node-a-gpu0, node-a-gpu1, node-a-gpu2 kept whole for it" in v.message, v.message
 
     # The next round: gpu0 switching, gpu1 and gpu2 kept (MIG mode still on): a MIG claim is planned on none
-    # of them, nothing more is kept, and the switches go on where the claim is kept once the budget frees
+    # of them, nothing more is kept, and the switches go on where the claim is kept once the floor allows
     # (node-b's idle GPU is no choice: the claim needs three on one node).
     asked = {MIG_MODE_REQUESTED_ANNOTATION: "Disabled", MIG_MODE_FOR_ANNOTATION: "ml/big",
              MIG_MODE_WRITTEN_ANNOTATION: stamp(NOW - 1)}  # fmt: skip

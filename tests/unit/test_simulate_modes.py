@@ -436,20 +436,34 @@ def test_gpus_switched_for_a_multi_gpu_claim_are_kept_whole_for_it() -> None:
     assert_no_switch_under_a_job(alloc)
 
 
-def test_a_multi_gpu_claim_keeps_the_gpus_it_lacks_while_one_switches_at_a_time() -> None:
+def test_a_multi_gpu_claim_gets_its_node_s_gpus_switched_together_as_one_change_of_the_budget() -> None:
     # node a's one GPU runs a long 7g job; node b's two GPUs are idle. A 2-GPU whole claim at 1, a budget of
-    # one GPU switching: b0 is switched in the round at 3 (done 13) and b1, which waits its turn, is kept
-    # whole for the claim from that round (the operator's _keeps), so the 1g job at 5 gets no slice of it;
-    # b1 is switched in the round after b0 is done (13 + the batch window), and the pair runs at 25
+    # one: b0 and b1 are switched in the round at 3, together (the operator counts a claim's switches on a
+    # node as one change: dynamig.operator.inventory.switch_changes), both kept whole for the claim, so the 1g
+    # job at 5 gets no slice of either; the pair runs when they are done (3 + the switch), not one switch and
+    # a batch window later (one after the other: 25)
     spec = ClusterSpec((NodeSpec("a", 1, "A100-80GB"), NodeSpec("b", 2, "A100-80GB")))
     jobs = [mig("m1", 0.0, 5000.0, "7g.80gb"), whole("w", 1.0, 100.0, count=2), mig("m3", 5.0, 100.0)]
     alloc = modes_alloc(spec, ModeSettings(switch_s=SWITCH, max_switching=1))
     result = run(spec, jobs, alloc)
     offs = [(e.time, e.gpu) for e in alloc.cluster.log or [] if e.op == "mig-off"]
-    assert offs == [(3.0, 1), (3.0 + SWITCH + CFG.window_s, 2)], offs
-    assert wait_of(result, "whole-multi") == pytest.approx(3.0 + 2 * SWITCH + CFG.window_s - 1.0)
+    assert offs == [(3.0, 1), (3.0, 2)], offs
+    assert wait_of(result, "whole-multi") == pytest.approx(3.0 + SWITCH - 1.0)
     assigned = [(e.job, e.gpu) for e in alloc.cluster.log or [] if e.op == "assign"]
     assert ("m3", 2) not in assigned[: assigned.index(("w", 1)) + 1], assigned  # not before the pair
+    assert_no_switch_under_a_job(alloc)
+
+
+def test_a_claim_s_switches_spend_the_budget_for_another_claim() -> None:
+    # two idle nodes of two GPUs; two 2-GPU whole claims at 1 and 1.5, a budget of one: w1's two switches at 3
+    # are one change, which spends the budget, so w2's wait for their end (3 + the switch) before its own
+    spec = ClusterSpec((NodeSpec("a", 2, "A100-80GB"), NodeSpec("b", 2, "A100-80GB")))
+    jobs = [whole("w1", 1.0, 100.0, count=2), whole("w2", 1.5, 100.0, count=2)]
+    alloc = modes_alloc(spec, ModeSettings(switch_s=SWITCH, max_switching=1))
+    run(spec, jobs, alloc)
+    offs = [(e.time, e.gpu) for e in alloc.cluster.log or [] if e.op == "mig-off"]
+    assert [t for t, _ in offs[:2]] == [3.0, 3.0], offs
+    assert len(offs) == 4 and all(t >= 3.0 + SWITCH for t, _ in offs[2:]), offs
     assert_no_switch_under_a_job(alloc)
 
 

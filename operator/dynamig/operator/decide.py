@@ -27,7 +27,7 @@ never planned for MIG: it is ``WaitingForWholeGpu``, a Normal Event while a GPU 
 off can serve it on an eligible node (the scheduler allocates it), a Warning while none can (dynamig does not
 switch MIG mode under a ``Fixed`` policy; under a ``Dynamic`` one, ``operator/modes.py`` adds what it switches
 for the claim, or why it cannot). A claim that also has MIG requests is planned for them only while such a GPU
-exists. A GPU switching its MIG mode counts against the disruption budget.
+exists. MIG mode switches count against the disruption budget (``inventory.switch_changes``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from dynamig.kube.gpupartition import layout_summary
 from dynamig.kube.policy import GpuPartitionPolicy, Mode, SpecProblem
 from dynamig.operator.booking import Fleet, booking_verdict
 from dynamig.operator.demand import PendingClaim
-from dynamig.operator.inventory import GpuView
+from dynamig.operator.inventory import GpuView, switch_changes
 from dynamig.operator.verdicts import (
     ClaimVerdict,
     Reason,
@@ -346,8 +346,8 @@ def decide_round(inp: RoundInput) -> RoundDecision:
     # Frozen GPUs were planned as they are; say why each may not change this round.
     held: dict[str, str] = {g.name: _why_frozen(g, inp.now, spec.cooldown_seconds) for g in frozen_gpus}
     budget = spec.disruption_budget.max_gpus_reshaping
-    # A GPU switching its MIG mode (unusable meanwhile) counts against the budget as a reshaping one does.
-    in_flight = sum(1 for g in usable if g.reshaping) + sum(1 for g in inp.gpus if g.switching is not None)
+    # MIG mode switches (their GPUs unusable meanwhile) count against the budget as reshaping GPUs do.
+    in_flight = sum(1 for g in usable if g.reshaping) + len(switch_changes(inp.gpus))
     cooldown = spec.cooldown_seconds
     # Claim-serving changes first, then baseline / warm-pool drift.
     for w in sorted(planned, key=lambda w: (not w.claims, w.gpu)):

@@ -339,3 +339,10 @@ def parse_inventory(
     gone (``dynamig.kube.heartbeat.silent_agents``): its GPUs are unusable and not in flight. Pure."""
     views = [_gpu_view(parse_gpu_partition(dict(o)), o, catalog, allocated or {}, silent or {}) for o in objs]
     return tuple(sorted(views, key=lambda v: (v.node, v.index, v.name)))
+
+
+def switch_changes(gpus: Iterable[GpuView]) -> set[tuple[str, str]]:
+    """The MIG mode switches under way as the disruption budget counts them: one change per node and claim
+    switched for (a claim's GPUs on a node are idle and kept for it, and switch together), one per GPU where
+    no claim is recorded. Pure."""
+    return {(g.node, g.mode_for or g.name) for g in gpus if g.switching is not None}

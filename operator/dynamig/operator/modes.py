@@ -24,7 +24,9 @@ switched; ``decide`` says so); models whose switch resets the GPU (Ampere,
 switching to); the per-GPU ``cooldownSeconds`` since the operator last wrote ``spec.migMode`` (annotation
 ``dynamig.io/mig-mode-written-at``); the switches of one round all for one claim on one node (a claim of
 several whole GPUs gets the GPUs it lacks on its node switched together); and the disruption budget,
-which GPUs switching count against as reshaping ones do.
+which switches count against as reshaping GPUs do, the GPUs one claim has switched on one node as one change
+(they are idle and kept for that claim: an eight-GPU claim's switches under a budget of one run together,
+not one after another).
 
 A GPU whose agent answered ``ResetRequired`` (a platform that exposes no GPU reset: a pass-through VM) is
 never asked for that mode again: the operator records the mode in the annotation
@@ -60,6 +62,7 @@ from dynamig.operator.inventory import (
     MIG_MODE_RESET_ANNOTATION,
     MIG_MODE_WRITTEN_ANNOTATION,
     GpuView,
+    switch_changes,
 )
 from dynamig.operator.verdicts import ClaimVerdict, Reason, serves_whole
 from dynamig.planner.reserve import IdleNode, WaitingClaim, keep_idle_nodes
@@ -234,6 +237,7 @@ class _Round:
     inp: ModeInput
     gpus: list[GpuView]
     budget_left: int
+    changes: set[tuple[str, str]]  # (node, claim) of the switches counted against the budget
     mig: int  # governed GPUs with MIG mode on, or switching on
     whole: int  # governed GPUs with MIG mode off, or switching off
     reset_nodes: dict[tuple[str, str, MigModeRequest], str]  # (node, model, mode) -> GPU that answered it
@@ -325,7 +329,7 @@ class _Round:
                 f"for {first.claim} first; planned again next round",
                 True,
             )
-        if self.budget_left <= 0:
+        if self.budget_left <= 0 and (node, claim) not in self.changes:
             budget = self.policy.spec.disruption_budget.max_gpus_reshaping
             return (
                 f"the disruption budget allows {budget} GPU(s) reshaping or switching at once, and that many "
@@ -352,7 +356,9 @@ class _Round:
         )
         s = ModeSwitch(g.name, g.node, g.model.key, to, claim.claim.key, destroys, message)
         self.switches.append(s)
-        self.budget_left -= 1
+        if (g.node, s.claim) not in self.changes:  # the claim's switches on a node are one change
+            self.changes.add((g.node, s.claim))
+            self.budget_left -= 1
         if to is OFF:
             self.mig, self.whole = self.mig - 1, self.whole + 1
         else:
@@ -413,7 +419,8 @@ def decide_modes(inp: ModeInput) -> ModeDecision:
         if g.model is not None
     ]
     in_flight = sum(1 for g in gpus if not g.unusable and g.reshaping)
-    in_flight += sum(1 for g in gpus if g.switching is not None)
+    changes = switch_changes(gpus)
+    in_flight += len(changes)
     reset_nodes: dict[tuple[str, str, MigModeRequest], str] = {}
     for g in gpus:
         assert g.model is not None
@@ -424,6 +431,7 @@ def decide_modes(inp: ModeInput) -> ModeDecision:
         inp=inp,
         gpus=gpus,
         budget_left=policy.spec.disruption_budget.max_gpus_reshaping - in_flight - len(inp.decision.writes),
+        changes=changes,
         mig=sum(1 for g in gpus if g.mode_target is ON),
         whole=sum(1 for g in gpus if g.mode_target is OFF),
         reset_nodes=reset_nodes,

@@ -14,8 +14,9 @@ demand and serves the job's MIG alternatives, as before.
 - ``dynamig-modes`` (``DynamigModesAllocator``): dynamig's MIG side plus the operator's MIG mode on demand
   (``dynamig.operator.modes``, policy ``spec.migMode.policy: Dynamic``), as a round after the batch window:
   claims oldest first, the switches of a round for one claim (a claim of several whole GPUs gets those it
-  lacks on its node switched together), at most ``ModeSettings.max_switching`` GPUs switching
-  at once (the disruption budget, ``maxGpusReshaping``, 1 by default, which switching GPUs count against).
+  lacks on its node switched together), at most ``ModeSettings.max_switching`` changes under way (the
+  disruption budget, ``maxGpusReshaping``, 1 by default: the GPUs switched for one claim on one node are one
+  change, as ``dynamig.operator.inventory.switch_changes`` counts them).
   *Off* for a claim of whole GPUs (``WHOLE_ONLY``; a claim that also accepts a MIG profile is MIG demand,
   as ``dynamig.operator.demand`` sorts it) that the free GPUs with MIG mode off (and those switching off,
   those switching for it counted first) cannot take on one node: an idle MIG GPU (no instance held,
@@ -90,7 +91,7 @@ class ModeSettings:
     cooldown_s: float = 600.0  # spec.migMode.cooldownSeconds
     min_mig_gpus: int = 0  # spec.migMode.minMigGpus
     min_whole_gpus: int = 0  # spec.migMode.minWholeGpus
-    max_switching: int = 1  # spec.disruptionBudget.maxGpusReshaping: GPUs switching at once
+    max_switching: int = 1  # spec.disruptionBudget.maxGpusReshaping: changes under way (keep: GPUs)
     allow_reset: bool = (
         True  # spec.migMode.allowReset (false in the CRD; the A100 replay switches nothing without)
     )
@@ -448,12 +449,26 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
         self.touch([gpu])
         return done
 
+    def _changes(self) -> int:
+        """What the switches under way spend of the disruption budget: one per node and claim, as the operator
+        counts them (the keep proposal counts GPUs)."""
+        if self.keep_whole:
+            return len(self._switching)
+        return len({(g.node_pos, g.mode_for) for g in self._switching})
+
+    def _joins(self, job: Job, node: int) -> bool:
+        """Whether switches for ``job`` on ``node`` are under way: more of them spend nothing more."""
+        return not self.keep_whole and any(
+            g.node_pos == node and g.mode_for == job.name for g in self._switching
+        )
+
     def _mode_round(self, now: float, pending: Sequence[Job]) -> Replan:
         """One MIG mode round over the jobs still waiting (oldest first): the switches for one job. Side
         effect: the switches, the holds."""
         if not self.keep_whole:
             self._keep_idle_nodes(now, pending)
-        if len(self._switching) >= self.modes.max_switching:
+        joinable = {g.mode_for for g in self._switching} if not self.keep_whole else set()
+        if self._changes() >= self.modes.max_switching and not any(j.name in joinable for j in pending):
             return Replan()  # the budget is spent: the switch under way ends with a READY, and a round
         whole_claims = [j for j in pending if j.whole == WHOLE_ONLY]
         mig_claims = [j for j in pending if j.whole != WHOLE_ONLY and j.name not in self._claims]
@@ -484,8 +499,8 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
                 if idle is None:
                     idle = self._idle_mig(now)
                 done, wait = self._off_for(job, supply[job.name], taken, idle, mig_n, now)
-            elif job.name in self._claims:
-                continue
+            elif job.name in self._claims or self._changes() >= self.modes.max_switching:
+                continue  # (the budget spent: only a claim's own switches under way are joined)
             else:
                 shape = (job.alternatives, job.count, job.gpu_types)
                 if shape in tried:
@@ -504,7 +519,7 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
             if done is not None:
                 # the switch written is itself a change: the next round runs a batch window later, where the
                 # budget leaves room for another switch (otherwise the switch's end starts it)
-                more = len(self._switching) < self.modes.max_switching
+                more = self._changes() < self.modes.max_switching
                 return Replan((done,), now + self.window_s if more else None)
             if wait is not None and wait < math.inf:
                 retry = wait if retry is None else min(retry, wait)
@@ -584,14 +599,11 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
             else {self.cluster.gpus[p].node_pos for p, j in self._whole_held.items() if j == job.name}
         )
         node = min(complete, key=lambda n: (n not in kept_on, need - have_on.get(n, 0), names[n]))
-        # the GPUs the job lacks on the node, switched together within the budget and the MIG floor
-        room = min(
-            need - have_on.get(node, 0),
-            self.modes.max_switching - len(self._switching),
-            mig_n - self.modes.min_mig_gpus,
-        )
+        # the GPUs the job lacks on the node, switched together (one change of the budget), to the MIG floor
+        budget = self._joins(job, node) or self._changes() < self.modes.max_switching
+        room = min(need - have_on.get(node, 0), mig_n - self.modes.min_mig_gpus) if budget else 0
         if room <= 0:
-            return None, None  # the floor of MIG GPUs
+            return None, None  # the floor of MIG GPUs, or another claim's switches (their end starts a round)
         done = now
         order = sorted(
             by_node[node], key=lambda g: (self._whole_held.get(g.pos) != job.name, len(g.instances), g.index)
@@ -633,7 +645,7 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
                 fit.append(g)
             elif blocked < math.inf:
                 wait = blocked if wait is None else min(wait, blocked)
-        room = min(short, self.modes.max_switching - len(self._switching), mig_n - self.modes.min_mig_gpus)
+        room = min(short, self.modes.max_switching - self._changes(), mig_n - self.modes.min_mig_gpus)
         if len(fit) < short or room <= 0:
             return None, wait
         done = now
