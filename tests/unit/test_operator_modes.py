@@ -688,6 +688,25 @@ def test_a_gpu_switching_off_is_not_planned_for_mig_and_holds_the_disruption_bud
     assert v.reason is Reason.WAITING_FOR_BUDGET and "disruption budget" in v.message
 
 
+def test_a_claim_s_switches_on_a_node_hold_one_change_of_the_reshape_budget() -> None:
+    """Two GPUs switching off for one claim on one node are one change: under a budget of two, a re-cut
+    still goes ahead beside them; two switches for two claims spend the budget."""
+    big = {MIG_MODE_FOR_ANNOTATION: "ml/big", MIG_MODE_REQUESTED_ANNOTATION: "Disabled"}
+    free = gpu("node-b-gpu0", instances=(), layout=[])
+    pol = parse_policy(policy(DYNAMIC, disruptionBudget={"maxGpusReshaping": 2}))
+    claims = pending((slice_claim("infer"),))
+
+    def writes(parts: Sequence[dict[str, Any]]) -> list[str]:
+        gpus = tuple(parse_inventory(parts, CATALOG))
+        return [w.gpu for w in decide_round(RoundInput(pol, (), gpus, claims, NOW, {}, CATALOG)).writes]
+
+    one = [gpu(f"node-a-gpu{i}", ask="Disabled", annotations=big) for i in (0, 1)]
+    assert writes([*one, free]) == ["node-b-gpu0"]
+    other = {MIG_MODE_FOR_ANNOTATION: "ml/other", MIG_MODE_REQUESTED_ANNOTATION: "Disabled"}
+    two = [one[0], gpu("node-a-gpu1", ask="Disabled", annotations=other)]
+    assert writes([*two, free]) == []
+
+
 def test_a_whole_gpu_asked_to_switch_on_serves_no_whole_claim() -> None:
     (g,) = parse_inventory([gpu("node-a-gpu0", mig="Disabled", ask="Enabled")], CATALOG)
     assert not g.whole and g.switching is MigModeRequest.ENABLED
