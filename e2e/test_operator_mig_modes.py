@@ -9,8 +9,10 @@ and the node (no kubelet: pods bind, never run).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
+import datetime
 import functools
 import time
 import uuid
@@ -25,6 +27,7 @@ from dynamig.demo.cluster import PROFILE_ATTRIBUTE, ScenarioApi, exactly, resour
 from dynamig.demo.inprocess import agent_running, mig_modes, operator_running, quick_agent_settings
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.kube.gpupartition import Inventory
+from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, VERSION
 from dynamig.operator.inventory import MIG_MODE_FOR_ANNOTATION
 from dynamig.operator.metrics import OperatorMetrics
 
@@ -361,3 +364,73 @@ async def test_a_claim_of_two_whole_gpus_gets_its_node_s_gpus_switched_together_
         assert await k.node_of("small") is None  # never given a slice of either GPU
         cuts = [e for e in sim.history() if e.kind == "create-gi"]
         assert cuts == [], cuts
+
+
+@pytest.mark.parametrize("inventory", [Inventory.PARTITIONABLE, Inventory.INSTANCES])
+async def test_a_mig_gpu_kept_whole_keeps_its_free_instances_until_its_switch_is_asked(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+    inventory: Inventory,
+) -> None:
+    """An H100 with two free 3g.40gb instances is kept whole for a claim of whole GPUs (spec.holds, kind
+    Whole, as the operator writes it while the claim's switch waits for the budget or a cooldown). The agent
+    books nobody else there (the instances inventory withdraws the free instances from the slice) but destroys
+    nothing: a keep that ends without a switch gives them back as they were. Once spec.migMode asks for MIG
+    mode off, they are destroyed and the GPU switched. The agent alone, the operator's writes made by hand."""
+    k = ScenarioApi(kube_api, namespace)
+    await k.ensure_device_class()
+    sim.configure(gpus=["H100-80GB"], state_file=None)
+    node = make_node("kept", labels={"dynamig.io/managed": "true"})
+    settings = dataclasses.replace(quick_agent_settings(node), inventory=inventory)
+    name = f"{node}-gpu0"
+    async with agent_running(kube_api, node, sim, settings):
+        await eventually(functools.partial(k.stable, name), "the GpuPartition", within_s=60)
+        generation = await k.set_layout(name, [("3g.40gb", 0), ("3g.40gb", 4)])
+
+        async def cut() -> list[str] | None:
+            part = await k.stable(name)
+            instances = ((part or {}).get("status") or {}).get("instances") or []
+            if part is None or part["status"]["observedGeneration"] < generation or len(instances) != 2:
+                return None
+            names = [i["deviceName"] for i in instances]
+            return names if set(names) <= set(await k.published(node)) else None
+
+        devices = await eventually(cut, "two 3g.40gb instances cut and published", within_s=60)
+        before = len(sim.history())
+        expires = datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=15)
+        hold = {"claim": f"{namespace}/big", "kind": "Whole", "profile": "whole", "start": 0,
+                "expiresAt": expires.strftime("%Y-%m-%dT%H:%M:%SZ")}  # fmt: skip
+        await k.custom.patch_cluster_custom_object(
+            GROUP, VERSION, GPU_PARTITION_PLURAL, name, {"spec": {"holds": [hold]}},
+            _content_type="application/merge-patch+json",
+        )  # fmt: skip
+
+        async def withdrawn() -> bool | None:
+            published = await k.published(node)
+            if inventory is Inventory.INSTANCES:
+                return True if not set(devices) & set(published) else None
+            guarded = [d for n, d in published.items() if n in devices and d.get("bindingConditions")]
+            return True if len(guarded) == len(devices) else None
+
+        await eventually(withdrawn, "the kept GPU's free instances booked by nobody else", within_s=30)
+        await asyncio.sleep(3.0)  # ten agent rounds, ten settle periods
+        since = sim.history()[before:]
+        assert not [e for e in since if e.kind.startswith("destroy")], since
+        assert len((await k.partition(name))["status"]["instances"]) == 2
+
+        # The operator asks for the switch: now the instances go and the GPU's MIG mode is switched off.
+        await k.custom.patch_cluster_custom_object(
+            GROUP, VERSION, GPU_PARTITION_PLURAL, name,
+            {"spec": {"migMode": "Disabled", "layout": [], "offeredProfiles": []}},
+            _content_type="application/merge-patch+json",
+        )  # fmt: skip
+
+        async def switched() -> bool | None:
+            return True if mig_modes(sim) == [0] else None
+
+        await eventually(switched, "MIG mode off", within_s=60)
+        destroyed = [e for e in sim.history()[before:] if e.kind == "destroy-gi"]
+        assert len(destroyed) == 2, destroyed

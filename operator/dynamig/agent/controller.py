@@ -611,10 +611,13 @@ class NodeAgent:
         model, keep = gpu.model, self.partitionable and not leaving and not switching
         active = part.spec.active_holds(time.time())
         holds = () if leaving or switching else valid_holds(model, active)
-        # Going whole, or kept whole for a claim of whole GPUs until it switches (agent/bindings/holds.py):
-        # nothing desired, so the free instances are retired (withdrawn, settled, destroyed).
-        going_whole = switching or (not leaving and whole_hold(active) is not None)
-        desired = () if going_whole else held_desired(model, part.spec.desired(), holds, self.partitionable)
+        # Going whole: nothing desired, so the free instances are retired (withdrawn, settled, destroyed).
+        # Kept whole for a claim of whole GPUs until its switch is asked (agent/bindings/holds.py): the free
+        # instances are withdrawn but kept, so a keep that ends without a switch (the claim served
+        # elsewhere, the hold expired) gives them back as they were.
+        kept_whole = not leaving and not switching and whole_hold(active) is not None
+        going_whole = switching or kept_whole
+        desired = () if switching else held_desired(model, part.spec.desired(), holds, self.partitionable)
         settle, now = self.settings.settle_seconds, self.clock()
         observed = self.reshaper.observe(instances, claims)
         for o in observed:
@@ -642,6 +645,8 @@ class NodeAgent:
             self.metrics.reshape_duration.labels(node).observe(max(0.0, self.clock() - started))
 
         published, offer = (set() if switching else set(plan.publish)), None
+        if kept_whole:  # only what is allocated or in use stays published
+            published &= {o.placed for o in observed if o.busy}
         auto = part.spec.auto_placements_per_profile
         limit = in_force(self.settings.placements_per_profile, auto.choice() if auto else None)
         if keep:
