@@ -75,9 +75,9 @@ typecheck: $(STAMP) proto
 imports: $(STAMP)
 	$(BIN)/lint-imports
 
-# The other targets' control planes (matrixplanes) are built beside the first pytest run, at the lowest CPU
-# priority, rather than before it (hack/run-tests.sh).
-test: setup node helm cdivalidate promtool kueue ocitools holdscheduler lint typecheck imports
+# promtool, ocitools, kueue, holdscheduler and the other targets' control planes (matrixplanes) are built
+# beside the first pytest run, at the lowest CPU priority, rather than before it (hack/run-tests.sh).
+test: setup node helm cdivalidate lint typecheck imports
 	@bash hack/run-tests.sh $(BIN)/pytest $(MATRIX_TARGETS)
 
 bench: setup

@@ -121,7 +121,7 @@ def run_release(repo: Path, out: Path, helm: str, **env: str) -> subprocess.Comp
         cwd=repo,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=1800,  # a first run builds the image, and syft if make test is still building it
         check=False,
         env={
             **os.environ,
