@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+from dynamig.backends.nvml import fresh_simulated_nvml
 from dynamig.demo.cluster import PROFILE_ATTRIBUTE, ScenarioApi, exactly, resource_claim
 from dynamig.demo.inprocess import agent_running, mig_modes, operator_running, quick_agent_settings
 from dynamig.devcluster import ControlPlane, eventually
@@ -193,6 +194,20 @@ async def test_a_policy_serving_gpus_without_mig_has_an_l4_served_whole(
         assert [e for e in sim.history() if e.kind == "set-mig-mode"] == []  # nothing to switch on an L4
 
 
+async def _pair_template(k: ScenarioApi) -> None:
+    """The ResourceClaimTemplate ``pair``: two whole GPUs on one node."""
+    pair = resource_claim("pair", exactly(f'{PROFILE_ATTRIBUTE} == "whole"', count=2))
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "pair"},
+        "spec": {"spec": pair["spec"]},
+    }
+    await k.custom.create_namespaced_custom_object(
+        "resource.k8s.io", "v1", k.ns, "resourceclaimtemplates", template
+    )
+
+
 @dataclasses.dataclass
 class _PairOnTwoH100s:
     """A node of two simulated H100s (``mig_enabled``, ``switch_latency_s`` per GPU) under a policy whose MIG
@@ -227,16 +242,7 @@ class _PairOnTwoH100s:
         node = make_node(self.node_name, labels={"dynamig.io/managed": "true", "test-pool": pool})
         where = {"test-pool": pool}
         settings = dataclasses.replace(quick_agent_settings(node), inventory=inventory)
-        pair = resource_claim("pair", exactly(f'{PROFILE_ATTRIBUTE} == "whole"', count=2))
-        template = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": "pair"},
-            "spec": {"spec": pair["spec"]},
-        }
-        await k.custom.create_namespaced_custom_object(
-            "resource.k8s.io", "v1", k.ns, "resourceclaimtemplates", template
-        )
+        await _pair_template(k)
         async with (
             agent_running(kube_api, node, sim, settings),
             operator_running(crds.kubeconfig_path, OperatorMetrics()),
@@ -434,3 +440,82 @@ async def test_a_mig_gpu_kept_whole_keeps_its_free_instances_until_its_switch_is
         await eventually(switched, "MIG mode off", within_s=60)
         destroyed = [e for e in sim.history()[before:] if e.kind == "destroy-gi"]
         assert len(destroyed) == 2, destroyed
+
+
+async def test_whole_gpus_kept_on_a_node_the_claim_cannot_use_are_released_when_it_switches_elsewhere(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+) -> None:
+    """Node a: two idle H100s with MIG on. Node b: three, gpu0 of which a pod asking one whole GPU on b gets
+    switched off for it (30 s) under a disruption budget of one. A pod asking two whole GPUs, made while that
+    switch spends the budget, gets node a kept for it (spec.holds, kind Whole: a's GPUs are the only idle
+    node's). A critical XID on a's gpu0 leaves a unable to complete the pair; once the budget is free, the
+    pair's GPUs are switched on b and it binds there, and a's holds are released then (Event
+    WholeGpuReleased), not left to their 15 min expiry; a's GPUs are never switched."""
+    k = ScenarioApi(kube_api, namespace)
+    await k.ensure_device_class()
+    await k.claim_template("whole", ["whole"])
+    await _pair_template(k)
+    pool = uuid.uuid4().hex[:8]
+    labels = {"dynamig.io/managed": "true", "test-pool": pool}
+    node_a, node_b = make_node("stale-a", labels=labels), make_node("stale-b", labels=labels)
+    sim_a = fresh_simulated_nvml()
+    sim_a.configure(gpus=["H100-80GB"] * 2, state_file=None, seed=node_a, switch_latency_s=[2, 2])
+    sim.configure(gpus=["H100-80GB"] * 3, state_file=None, seed=node_b, switch_latency_s=[30, 2, 2])
+    async with (
+        agent_running(kube_api, node_a, sim_a, quick_agent_settings(node_a)),
+        agent_running(kube_api, node_b, sim, quick_agent_settings(node_b)),
+        operator_running(crds.kubeconfig_path, OperatorMetrics()),
+    ):
+        gpus_a = [f"{node_a}-gpu{i}" for i in (0, 1)]
+        for gpu in (*gpus_a, *(f"{node_b}-gpu{i}" for i in (0, 1, 2))):
+            await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
+        budget = {"disruptionBudget": {"maxGpusReshaping": 1}}
+        await k.create_policy(f"stale-{pool}", {**_policy(pool, cooldownSeconds=0), **budget})
+        await k.pod("single", "whole", {"kubernetes.io/hostname": node_b})
+
+        async def asked_on_b() -> bool | None:
+            spec = (await k.partition(f"{node_b}-gpu0"))["spec"]
+            return True if spec.get("migMode") == "Disabled" else None
+
+        await eventually(asked_on_b, "b's gpu0 asked to switch off for the single pod", within_s=30)
+        await k.pod("train", "pair", {"test-pool": pool})
+        train = await eventually(functools.partial(k.claim_of, "train"), "the pair's claim", within_s=30)
+        key = f"{k.ns}/{train['metadata']['name']}"
+
+        async def kept_on_a() -> bool | None:
+            for gpu in gpus_a:
+                holds = (await k.partition(gpu))["spec"].get("holds") or []
+                if [(h["claim"], h["kind"]) for h in holds] != [(key, "Whole")]:
+                    return None
+            return True
+
+        await eventually(kept_on_a, "node a kept whole for the pair while the budget is spent", within_s=30)
+        assert await k.node_of("single") is None, "b's gpu0 is still switching"
+        for gpu in gpus_a:
+            assert (await k.partition(gpu))["spec"].get("migMode") is None, gpu
+
+        sim_a.inject_xid(0, 48)  # a double-bit ECC error: gpu0 of a is unfit, a cannot hold the pair
+
+        bound = await eventually(functools.partial(k.node_of, "train"), "the pair bound", within_s=120)
+        assert bound == node_b, bound
+        claim = await k.claim_of("train")
+        assert claim is not None
+        got = sorted(r["device"] for r in claim["status"]["allocation"]["devices"]["results"])
+        assert got == ["gpu1", "gpu2"], got
+        assert await k.node_of("single") == node_b
+
+        async def released() -> dict[str, Any] | None:
+            if (await k.partition(gpus_a[1]))["spec"].get("holds"):
+                return None
+            for e in await k.events(gpus_a[1], namespace="default"):
+                if e["reason"] == "WholeGpuReleased" and key in (e["message"] or ""):
+                    return e
+            return None
+
+        event = await eventually(released, "a's gpu1 released from the pair's hold", within_s=30)
+        print(f"released: {event['message']}")
+        assert mig_modes(sim_a) == [1, 1]
