@@ -25,14 +25,8 @@ from pathlib import Path
 
 from dynamig.geometry.catalog import load_catalog
 from dynamig.simulate import alibaba
-from dynamig.simulate.engine import RunResult, SimConfig, simulate
-from dynamig.simulate.runner import (
-    DynamigSettings,
-    allocator_factories,
-    cluster_models,
-    total_compute_slices,
-)
-from dynamig.simulate.static_layouts import average_mix
+from dynamig.simulate.engine import RunResult, SimConfig
+from dynamig.simulate.runner import DynamigSettings, run_with_starts, total_compute_slices
 from dynamig.simulate.trace import Job, Trace
 
 PEERS = ("first-fit", "nvidia-dynamic-mig", "hami-reserve")
@@ -47,19 +41,6 @@ def floats(text: str) -> list[float]:
 def group(job: Job) -> tuple[str, int, str]:
     """(restricted GPU type or "-", GPUs, first-choice profile)."""
     return (",".join(job.gpu_types) or "-", job.count, job.preferred)
-
-
-def run_cell(trace: Trace, cfg: SimConfig) -> dict[str, tuple[RunResult, dict[str, float]]]:
-    """Every policy on ``trace``: its result and each started job's first start."""
-    models = cluster_models(trace.cluster)
-    mixes = {m.key: average_mix(trace, m) for m in models}
-    factories, _ = allocator_factories(trace.cluster, mixes, cfg, DynamigSettings(), (*PEERS, "dynamig"))
-    out = {}
-    for _, make in factories:
-        starts: dict[str, float] = {}
-        result = simulate(trace, make(), cfg, starts)
-        out[result.policy] = (result, starts)
-    return out
 
 
 def explain(
@@ -124,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
             for order in (x.strip() for x in args.node_orders.split(",") if x.strip()):
                 cfg = SimConfig(node_order=order, reshape_latency_s=args.create_latency_s)
-                got = run_cell(trace, cfg)
+                got = run_with_starts(trace, cfg, DynamigSettings(), (*PEERS, "dynamig"))
                 table.append({n: r for n, (r, _) in got.items()})
                 dyn, dyn_starts = got["dynamig"]
                 peer = min(PEERS, key=lambda n: got[n][0].wait_mean_s)

@@ -10,7 +10,9 @@ GPU only). Options: ``--models`` (catalog keys, one run each; A100: a switch res
 not), ``--loads``, ``--node-orders``, ``--policies``, ``--split-shares`` (one ``whole-split:<share>`` and one
 ``whole-split-nodes:<share>`` per share), ``--switch-s`` (a MIG mode switch, default 10), ``--cooldown-s``
 (600), ``--max-switching`` (GPUs switching at once, the disruption budget: 1), ``--no-allow-reset``,
-``--create-latency-s`` (6), ``--out`` (``results.json`` and ``tables.md``).
+``--create-latency-s`` (6), ``--out`` (``results.json`` and ``tables.md``), ``--explain`` (each cell's served
+difference between ``dynamig-modes`` and all-MIG ``dynamig``, job by job: both run once more, recording
+starts).
 
 Printed per model: one row per (node order, load, policy, job kind): jobs, started, time to running p50 /
 p95 over every job that arrived (one never started waits until the horizon), served slice-hours (a whole GPU
@@ -27,10 +29,18 @@ import time
 from pathlib import Path
 
 from dynamig.geometry.catalog import load_catalog
+from dynamig.geometry.model import GpuModel
 from dynamig.simulate import alibaba, report
 from dynamig.simulate.engine import SimConfig
 from dynamig.simulate.modes import ModeSettings
-from dynamig.simulate.runner import DynamigSettings, TraceReport, run_trace, total_compute_slices
+from dynamig.simulate.runner import (
+    DynamigSettings,
+    TraceReport,
+    run_trace,
+    run_with_starts,
+    total_compute_slices,
+)
+from dynamig.simulate.trace import WHOLE_ONLY, Trace
 
 POLICIES = ",".join(
     (
@@ -50,6 +60,48 @@ def floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
 
+def explain_served(trace: Trace, cfg: SimConfig, dyn: DynamigSettings, model: GpuModel) -> list[str]:
+    """Where ``dynamig-modes`` serves more or less than all-MIG ``dynamig``, job by job: the jobs of several
+    whole GPUs that one started before the horizon and the other did not (each charged, as served slice-h
+    are, its GPUs' compute slices until it ends or the horizon does), and what the other jobs serve."""
+    runs = run_with_starts(trace, cfg, dyn, ("dynamig", "dynamig-modes"))
+    served = {name: result.served_slice_h for name, (result, _) in runs.items()}
+    mig, modes = runs["dynamig"][1], runs["dynamig-modes"][1]
+    horizon = trace.horizon
+
+    def slice_h(job_name: str, begin: float) -> float:
+        job = by_name[job_name]
+        until = horizon if job.duration is None else min(horizon, begin + job.duration)
+        return job.count * model.compute_slices * max(0.0, until - begin) / 3600
+
+    by_name = {j.name: j for j in trace.jobs}
+    multi = [j for j in trace.jobs if j.whole == WHOLE_ONLY and j.count > 1]
+    lines = [
+        f"    served slice-h: dynamig-modes {served['dynamig-modes']:,.0f}, all-MIG {served['dynamig']:,.0f} "
+        f"({served['dynamig-modes'] - served['dynamig']:+,.0f})"
+    ]
+    gap = 0.0
+    for label, ran, other in (("all-MIG", mig, modes), ("dynamig-modes", modes, mig)):
+        for j in sorted((j for j in multi if j.name in ran and j.name not in other), key=lambda j: j.arrival):
+            charge = slice_h(j.name, ran[j.name])
+            gap += charge if label == "dynamig-modes" else -charge
+            lines.append(
+                f"    {j.count}-GPU job {j.name}, arrived at {j.arrival:,.0f}s of {horizon:,.0f}s: "
+                f"started under {label} only, {ran[j.name] - j.arrival:,.0f}s after it arrived "
+                f"({charge:,.0f} slice-h)"
+            )
+    both = sum(
+        slice_h(j.name, modes[j.name]) - slice_h(j.name, mig[j.name])
+        for j in multi
+        if j.name in mig and j.name in modes
+    )
+    rest = served["dynamig-modes"] - served["dynamig"] - gap - both
+    lines.append(
+        f"    multi-GPU jobs started under both: {both:+,.0f} slice-h; every other job: {rest:+,.0f} slice-h"
+    )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--alibaba", type=Path, default=Path("../shared/data/alibaba-gpu-v2023"))
@@ -66,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-single-fallback", action="store_true")
     p.add_argument("--create-latency-s", type=float, default=6.0)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--explain", action="store_true", help="explain each cell's served difference job by job")
     args = p.parse_args(argv)
 
     modes = ModeSettings(
@@ -117,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
                 mine.append(rep)
+                if args.explain:
+                    print("\n".join([f"  {order} @{load:g}:", *explain_served(trace, cfg, dyn, model)]))
         reports += mine
         print(
             f"\n== {key}, {cluster.gpu_count} GPUs, whole-GPU demand, switch {args.switch_s:g}s, "

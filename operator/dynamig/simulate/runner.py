@@ -365,6 +365,21 @@ def run_trace(
     )
 
 
+def run_with_starts(
+    trace: Trace, cfg: SimConfig, dyn: DynamigSettings, policies: Sequence[str]
+) -> dict[str, tuple[RunResult, dict[str, float]]]:
+    """Each of ``policies`` on ``trace`` (by its result's name): its result and each started job's first
+    start, for the benches that explain a difference job by job. Deterministic."""
+    mixes = {m.key: average_mix(trace, m) for m in cluster_models(trace.cluster)}
+    factories, _ = allocator_factories(trace.cluster, mixes, cfg, dyn, policies)
+    out: dict[str, tuple[RunResult, dict[str, float]]] = {}
+    for _, make in factories:
+        starts: dict[str, float] = {}
+        result = simulate(trace, make(), cfg, starts)
+        out[result.policy] = (result, starts)
+    return out
+
+
 # -- the paper's protocol: sampled tasks, no departures ----------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class PaperRun:
