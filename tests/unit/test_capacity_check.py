@@ -24,6 +24,7 @@ from dynamig.operator.capacity_check import (
     recuttable,
     retry_after,
     unbound,
+    unbound_asks,
 )
 from dynamig.operator.inventory import parse_inventory
 
@@ -154,12 +155,51 @@ def test_workloads_answered_ready_hold_their_room_until_their_pods_are_bound() -
     lately = answered_lately(checked, NOW + 10)
     assert [c.name for c in lately] == ["a", "solo"]
     one = [pod("p1"), pod("p2", node=""), pod("p3", ns="other"), pod("p4", phase="Succeeded")]
-    assert bound_pods(checked, one) == {"ml/a": 1}
+    assert bound_pods(checked, one) == {"ml/a": {"": 1}}
     assert [c.name for c in unbound(lately, bound_pods(checked, one))] == ["a", "solo"]
+    # a's one bound pod has its own allocation counted: only the other pod's 3g.40gb is held (was both)
+    assert [x.demand for x in unbound_asks(lately[0], bound_pods(checked, one)["ml/a"])] == [{"3g.40gb": 1}]
+    assert [x.demand for x in unbound_asks(lately[1], {})] == [{"1g.10gb": 1}]
     both = [pod("p1"), pod("p2", phase="Pending"), pod("pod-solo", owner="")]
-    assert bound_pods(checked, both) == {"ml/a": 2, "ml/solo": 1}
+    assert bound_pods(checked, both) == {"ml/a": {"": 2}, "ml/solo": {"": 1}}
     assert unbound(lately, bound_pods(checked, both)) == []
+    assert unbound_asks(lately[0], {"": 2}) == ()
     assert answered_lately(checked, NOW + READY_RESERVE_S + 1) == []  # pods that never come hold nothing
+
+
+def test_a_partly_bound_workload_holds_the_room_of_its_unbound_pods_in_each_pod_set() -> None:
+    """A Job's pods carry the pod set Kueue admitted them in (label kueue.x-k8s.io/podset), a pod group's
+    in annotation kueue.x-k8s.io/role-hash: each bound pod frees its own pod set's share (its allocation
+    counts instead). A bound pod that names no pod set frees nothing where the workload has several."""
+    workers = {**pod_set(3, container(**{"1g.10gb": "2"})), "name": "workers"}
+    driver = {**pod_set(1, container(**{"3g.40gb": "1"})), "name": "driver"}
+    w = workload("train", driver, workers, state="Ready")
+    w["metadata"]["ownerReferences"] = [{"uid": "job-t", "controller": True, "kind": "Job"}]
+    (c,) = checked_workloads([w], ["mig"])
+    assert [(a.name, a.count, a.demand) for a in c.asks] == [
+        ("driver", 1, {"3g.40gb": 1}), ("workers", 3, {"1g.10gb": 6})
+    ]  # fmt: skip
+
+    def pod(uid: str, pod_set: str = "", role: str = "") -> Any:
+        meta: dict[str, Any] = {"uid": uid, "namespace": "ml", "ownerReferences": [{"uid": "job-t"}]}
+        if pod_set:
+            meta["labels"] = {"kueue.x-k8s.io/podset": pod_set}
+        if role:
+            meta["annotations"] = {"kueue.x-k8s.io/role-hash": role}
+        return {"metadata": meta, "spec": {"nodeName": "n"}, "status": {"phase": "Running"}}
+
+    bound = bound_pods([c], [pod("w1", "workers"), pod("d", role="driver"), pod("x")])
+    assert bound == {"ml/train": {"workers": 1, "driver": 1, "": 1}}
+    assert [(a.name, a.count, a.demand) for a in unbound_asks(c, bound["ml/train"])] == [
+        ("workers", 2, {"1g.10gb": 4})
+    ]
+    assert unbound([c], bound) == [c]  # three of four bound
+    # gpu0 holds the bound pods' allocations (w1's two 1g.10gb, the driver's 3g.40gb); gpu1 is empty
+    r = room(a100("n-gpu0", busy=(("1g.10gb", 0), ("1g.10gb", 1), ("3g.40gb", 4))), a100("n-gpu1"))
+    assert r.place_all(c.asks) is None  # the whole workload again beside its own allocations: no room
+    held = r.place_all(unbound_asks(c, bound["ml/train"]))
+    assert held == ["n-gpu0", "n-gpu0", "n-gpu1", "n-gpu1"], held  # the four 1g.10gb not bound yet
+    assert r.place({"3g.40gb": 1}) == ["n-gpu1"]  # and the rest of gpu1 is the next workload's
 
 
 @pytest.mark.parametrize(("value", "bound"), [(None, DEFAULT_RETRY_S), ("15", 15.0), ("x", DEFAULT_RETRY_S),

@@ -11,9 +11,9 @@ its quota reserved and the check ``Pending`` the operator answers
   pod set's count) fits the GPUs as they are: beside the instances allocated or in use and the placements
   held there, the free ones re-cut as dynamig would on GPUs a ``Dynamic`` policy governs, and only a free
   instance of the profile asked on any other GPU (``Static``, ``DryRun``, no policy: nothing is cut there);
-  the workloads answered ``Ready`` whose pods are not all bound yet (so their slices are not allocated yet)
-  are counted as placed first, for at most :data:`READY_RESERVE_S` seconds (a pod that never comes does not
-  hold the room for ever); once bound, their pods' own allocations count instead;
+  the slices of the pods not bound yet of the workloads answered ``Ready`` (not allocated yet) are counted
+  as placed first, for at most :data:`READY_RESERVE_S` seconds (a pod that never comes does not hold the
+  room for ever); a bound pod's own allocation counts instead (a pod's pod set: as Kueue labels it);
 - ``Retry`` (Kueue releases the quota and queues the workload again) when they have not fitted for the
   check's bound (the AdmissionCheck's annotation :data:`RETRY_ANNOTATION`, default
   :data:`DEFAULT_RETRY_S` seconds) since it went ``Pending``;
@@ -27,7 +27,7 @@ the workload's pods (dynamig then serves them as any pending claim).
 from __future__ import annotations
 
 from collections.abc import Container, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -43,6 +43,8 @@ RETRY_ANNOTATION = "dynamig.io/retry-after-seconds"
 DEFAULT_RETRY_S = 60.0
 READY_RESERVE_S = 300.0
 RESOURCE_PREFIX = "nvidia.com/mig-"
+POD_SET_LABEL = "kueue.x-k8s.io/podset"  # on a Job's pods: the admitted workload's pod set
+ROLE_HASH_ANNOTATION = "kueue.x-k8s.io/role-hash"  # on a pod group's pods: its pod set's name
 
 
 class State(StrEnum):
@@ -61,6 +63,16 @@ class PodSetAsk:
     node_selector: Mapping[str, str]
     demand: Mapping[str, int]
     node_terms: tuple[Mapping[str, Any], ...] = ()
+    count: int = 1  # its pods
+
+    def unbound(self, bound: int) -> PodSetAsk | None:
+        """What its pods not bound yet ask (``bound`` of its pods are: their allocations count instead), or
+        None when all are. Pure."""
+        left = self.count - bound
+        if left <= 0 or self.count <= 0:
+            return None
+        demand = {p: n // self.count * left for p, n in self.demand.items()}
+        return replace(self, demand=demand, count=left)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +121,7 @@ def pod_set_asks(pod_sets: Iterable[Mapping[str, Any]]) -> tuple[PodSetAsk, ...]
             name.removeprefix(RESOURCE_PREFIX): n * count for name, n in sorted(per_pod.items()) if count > 0
         }
         selector = {str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()}
-        out.append(PodSetAsk(str(ps.get("name", "")), selector, demand, required_terms(spec)))
+        out.append(PodSetAsk(str(ps.get("name", "")), selector, demand, required_terms(spec), count))
     return tuple(out)
 
 
@@ -312,23 +324,46 @@ def answer(w: CheckedWorkload, room: Room, now: float, retry_after_s: float) -> 
     )
 
 
-def bound_pods(checked: Sequence[CheckedWorkload], pods: Iterable[Mapping[str, Any]]) -> dict[str, int]:
-    """Workload key -> how many of its pods are bound to a node and not finished: the pods in its namespace
-    that its controller owner also owns (a Job's), or that owner itself (a plain Pod's workload). Pure."""
+def bound_pods(
+    checked: Sequence[CheckedWorkload], pods: Iterable[Mapping[str, Any]]
+) -> dict[str, dict[str, int]]:
+    """Workload key -> pod set -> how many of its pods are bound to a node and not finished: the pods in its
+    namespace that its controller owner also owns (a Job's), or that owner itself (a plain Pod's workload),
+    each in the pod set Kueue names on it (label :data:`POD_SET_LABEL` on a Job's pods, annotation
+    :data:`ROLE_HASH_ANNOTATION` on a pod group's; "" when neither is there). Pure."""
     by_owner = {(c.namespace, c.owner_uid): c.key for c in checked if c.owner_uid}
-    out: dict[str, int] = {}
+    out: dict[str, dict[str, int]] = {}
     for pod in pods:
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
         if not spec.get("nodeName") or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue
         ns = str(meta.get("namespace", ""))
         uids = {str(meta.get("uid", ""))} | {str(r.get("uid", "")) for r in meta.get("ownerReferences") or []}
+        pod_set = str(
+            (meta.get("labels") or {}).get(POD_SET_LABEL)
+            or (meta.get("annotations") or {}).get(ROLE_HASH_ANNOTATION)
+            or ""
+        )
         for uid in uids:
             key = by_owner.get((ns, uid))
             if key is not None:
-                out[key] = out.get(key, 0) + 1
+                sets = out.setdefault(key, {})
+                sets[pod_set] = sets.get(pod_set, 0) + 1
                 break
     return out
+
+
+def unbound_asks(c: CheckedWorkload, bound: Mapping[str, int]) -> tuple[PodSetAsk, ...]:
+    """What ``c``'s pods not bound yet ask (``bound``: pod set -> its pods bound, :func:`bound_pods`): the
+    room it still holds, its bound pods' allocations counting instead. A bound pod that names no pod set is
+    one of the only pod set's, or (several pod sets) of none: its room stays held. Pure."""
+    out: list[PodSetAsk] = []
+    for a in c.asks:
+        unnamed = bound.get("", 0) if len(c.asks) == 1 else 0
+        left = a.unbound(bound.get(a.name, 0) + unnamed)
+        if left is not None:
+            out.append(left)
+    return tuple(out)
 
 
 def answered_lately(checked: Sequence[CheckedWorkload], now: float) -> list[CheckedWorkload]:
@@ -344,10 +379,12 @@ def answered_lately(checked: Sequence[CheckedWorkload], now: float) -> list[Chec
     ]
 
 
-def unbound(checked: Sequence[CheckedWorkload], bound: Mapping[str, int]) -> list[CheckedWorkload]:
-    """Those of ``checked`` whose pods are not all bound yet (``bound``: workload key -> its pods bound,
-    :func:`bound_pods`): their room is counted as taken. Pure."""
-    return [c for c in checked if bound.get(c.key, 0) < c.pods]
+def unbound(
+    checked: Sequence[CheckedWorkload], bound: Mapping[str, Mapping[str, int]]
+) -> list[CheckedWorkload]:
+    """Those of ``checked`` whose pods are not all bound yet (``bound``: :func:`bound_pods`): the room of
+    their unbound pods (:func:`unbound_asks`) is counted as taken. Pure."""
+    return [c for c in checked if sum(bound.get(c.key, {}).values()) < c.pods]
 
 
 def retry_after(check: Mapping[str, Any]) -> float:

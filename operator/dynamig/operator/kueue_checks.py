@@ -35,6 +35,7 @@ from dynamig.operator.capacity_check import (
     recuttable,
     retry_after,
     unbound,
+    unbound_asks,
 )
 from dynamig.operator.inventory import allocated_devices, parse_inventory
 from dynamig.operator.kubeio import KubeIO
@@ -91,19 +92,22 @@ class KueueChecks:
             return 0
         now = self.wall()
         # Answered Ready lately and still admitted: of those, the ones whose pods are not all bound yet hold
-        # their room. Their pods are read before the claims, so a pod seen bound has its allocation counted.
+        # the room of the pods not bound. Pods are read before the claims, so a pod seen bound has its
+        # allocation counted (and only that).
         waiting = answered_lately(checked, now)
+        bound: dict[str, dict[str, int]] = {}
         if waiting:
             pods: list[dict[str, Any]] = []
             for ns in sorted({c.namespace for c in waiting}):
                 pods += await self.kube.list_pods_in(ns)
-            waiting = unbound(waiting, bound_pods(waiting, pods))
+            bound = bound_pods(waiting, pods)
+            waiting = unbound(waiting, bound)
         snap = await self.kube.snapshot()
         views = parse_inventory(snap.partitions, self.catalog, allocated_devices(snap.claims, DRIVER_NAME))
         labels = {str(n["metadata"]["name"]): dict(n["metadata"].get("labels") or {}) for n in snap.nodes}
         room = Room.of(views, labels, recut=recuttable(parse_policies(snap.policies), views, labels))
         for c in waiting:
-            room.place_all(c.asks)
+            room.place_all(unbound_asks(c, bound.get(c.key, {})))
         written = 0
         for c in checked:
             if c.state is not State.PENDING or not c.quota_reserved:
