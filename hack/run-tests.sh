@@ -33,7 +33,8 @@ done
 ) > "$log" 2>&1 &
 builds=$!
 
-"$pytest" -q -p no:cacheprovider
+# the slowest tests are named at the end: where a run's time goes
+"$pytest" -q -p no:cacheprovider --durations=25
 rc=$?
 if ! wait "$builds"; then
   echo "a build beside the tests failed (the tools, or the control planes of ${versions[*]}); the end of $log:" >&2
