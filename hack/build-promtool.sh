@@ -18,7 +18,10 @@ step_begin "go mod tidy (github.com/prometheus/prometheus $PROMETHEUS_VERSION)"
 (cd "$work" && go mod tidy >&2)
 step_end
 step_begin "go build promtool $PROMETHEUS_VERSION"
-(cd "$work" && go build -trimpath -tags netgo -ldflags='-s -w' -o "$BIN.tmp" github.com/prometheus/prometheus/cmd/promtool >&2)
+# remove_all_sd: Prometheus' own tag that leaves out every service-discovery plugin (cloud SDKs); the rule
+# checks and tests need none, and the build takes less than half the CPU time (227 s against 501 s here).
+(cd "$work" && go build -trimpath -tags netgo,remove_all_sd -ldflags='-s -w' -o "$BIN.tmp" \
+  github.com/prometheus/prometheus/cmd/promtool >&2)
 mv "$BIN.tmp" "$BIN"
 step_end
 step_end
