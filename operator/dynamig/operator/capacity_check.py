@@ -69,7 +69,7 @@ class PodSetAsk:
         """What its pods not bound yet ask (``bound`` of its pods are: their allocations count instead), or
         None when all are. Pure."""
         left = self.count - bound
-        if left <= 0 or self.count <= 0:
+        if left <= 0:  # a pod set of no pods (count 0) has nothing left either
             return None
         demand = {p: n // self.count * left for p, n in self.demand.items()}
         return replace(self, demand=demand, count=left)
