@@ -75,10 +75,11 @@ typecheck: $(STAMP) proto
 imports: $(STAMP)
 	$(BIN)/lint-imports
 
-# promtool, ocitools, kueue, holdscheduler and the other targets' control planes (matrixplanes) are built
-# beside the first pytest run, at the lowest CPU priority, rather than before it (hack/run-tests.sh).
-test: setup node helm cdivalidate lint typecheck imports
-	@bash hack/run-tests.sh $(BIN)/pytest $(MATRIX_TARGETS)
+# Everything the tests need is built beside them rather than before them (hack/run-tests.sh): the control
+# plane, node, helm and cdivalidate beside lint, typecheck, imports and the unit tests; promtool, ocitools,
+# kueue, holdscheduler and matrixplanes beside the rest, at the lowest CPU priority.
+test: $(STAMP) proto
+	@MAKE="$(MAKE)" bash hack/run-tests.sh $(BIN)/pytest $(MATRIX_TARGETS)
 
 bench: setup
 	$(BIN)/python bench/planner_bench.py
