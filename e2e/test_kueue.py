@@ -26,7 +26,15 @@ from dynamig.demo.inprocess import agent_running, operator_running
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.devcluster.kueue import API, MANAGED_NAMESPACE_LABEL, QUEUE_LABEL, KueueProcess, kueue_running
 from dynamig.devcluster.waiting import event_posted
-from dynamig.operator.capacity_check import CONTROLLER, RETRY_ANNOTATION
+from dynamig.operator.capacity_check import (
+    CONTROLLER,
+    POD_SET_LABEL,
+    RETRY_ANNOTATION,
+    State,
+    bound_pods,
+    checked_workloads,
+    unbound_asks,
+)
 from dynamig.operator.metrics import OperatorMetrics
 from test_extended_resources import _claim, _classes_exist
 from test_partitionable import bound_node, partitionable
@@ -420,4 +428,95 @@ async def test_a_burst_under_the_capacity_check_is_admitted_no_faster_than_the_g
             stop.set()
             if not sampler.done():
                 sampler.cancel()
+            await k.custom.delete_cluster_custom_object(*API, "admissionchecks", check)
+
+
+def queued_job(name: str, queue: str, pool: str, pods: int, resource: str = BIG) -> dict[str, Any]:
+    """A Job of ``pods`` pods run at once, each asking one ``resource``, in Kueue's LocalQueue ``queue``
+    (Kueue's webhook suspends it until its workload is admitted). Pure."""
+    template = queued_pod(name, queue, pool, resource)
+    template["spec"]["restartPolicy"] = "Never"
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": {QUEUE_LABEL: queue}},
+        "spec": {
+            "parallelism": pods,
+            "completions": pods,
+            "template": {"metadata": {"labels": {"app": name}}, "spec": template["spec"]},
+        },
+    }
+
+
+async def _job_pods(k: ScenarioApi, job: str, n: int) -> list[dict[str, Any]] | None:
+    """``job``'s pods (as the API serves them, plain dicts) once ``n`` are bound, else None."""
+    listed = await k.core.list_namespaced_pod(k.ns, label_selector=f"batch.kubernetes.io/job-name={job}")
+    pods = [k.core.api_client.sanitize_for_serialization(p) for p in listed.items]
+    return pods if sum(1 for p in pods if p["spec"].get("nodeName")) >= n else None
+
+
+async def _job_workload(k: ScenarioApi, job: str) -> dict[str, Any] | None:
+    """The Workload Kueue made for Job ``job``, or None."""
+    workloads = await k.custom.list_namespaced_custom_object(*API, k.ns, "workloads")
+    for w in workloads.get("items") or []:
+        if any(o["kind"] == "Job" and o["name"] == job for o in w["metadata"].get("ownerReferences") or []):
+            return dict(w)
+    return None
+
+
+async def test_a_kueue_job_under_the_capacity_check_is_served_and_its_bound_pods_count_as_its_pod_set(
+    kueue: KueueProcess,
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+) -> None:
+    """Kueue's ``batch/job`` integration: a Job of two pods asking a ``3g.40gb`` each, a quota of three, one
+    A100-80GB that holds two, dynamig's AdmissionCheck on (bound 10 s). Its workload is answered Ready, the
+    job controller makes its pods, dynamig cuts for and binds both. Kueue labels each pod with its pod set
+    (:data:`POD_SET_LABEL`), and the check's reading of the real objects attributes both bound pods to that
+    pod set, so the workload holds no room beside their allocations. A second Job of one pod fits the quota
+    but no GPU: its check answers Retry and Kueue never unsuspends it."""
+    k = ScenarioApi(kube_api, namespace)
+    batch = client.BatchV1Api(kube_api)
+    pool, node, gpu = await _managed_a100(k, sim, make_node, "kq-job")
+    check = f"mig-{pool}"
+    async with (
+        Queues(k, pool) as queues,
+        agent_running(kube_api, node, sim, partitionable(node)),
+        operator_running(crds.kubeconfig_path, OperatorMetrics()),
+    ):
+        await _capacity_check(k, check, retry_s=10)
+        try:
+            cq = f"team-{pool}"
+            await queues.add(cq, quota=3, resource=BIG, checks=(check,))
+            await _dynamic_policy(k, pool, gpu, "3g.40gb")
+            await batch.create_namespaced_job(namespace, queued_job("train", cq, pool, pods=2))
+            pods = await eventually(lambda: _job_pods(k, "train", 2), "the Job's pods bound", within_s=120)
+            for pod in pods:
+                await _served(k, pod["metadata"]["name"], node, "3g.40gb")
+            workload = await eventually(lambda: _job_workload(k, "train"), "the Job's workload")
+            (pod_set,) = [ps["name"] for ps in workload["spec"]["podSets"]]
+            assert [p["metadata"]["labels"].get(POD_SET_LABEL) for p in pods] == [pod_set, pod_set], pods
+            (checked,) = checked_workloads([workload], [check])
+            assert checked.state is State.READY, checked
+            key = f"{namespace}/{workload['metadata']['name']}"
+            assert bound_pods([checked], pods) == {key: {pod_set: 2}}
+            assert unbound_asks(checked, {pod_set: 2}) == (), "both pods bound: it holds no more room"
+
+            await batch.create_namespaced_job(namespace, queued_job("more", cq, pool, pods=1))
+            more = await eventually(lambda: _job_workload(k, "more"), "the second Job's workload")
+            (retry, *_) = await event_posted(
+                k.core, namespace, more["metadata"]["name"], "MigCapacityRetry", event_type="Warning",
+                within_s=60,
+            )  # fmt: skip
+            assert "3g.40gb" in retry["message"], retry
+            job = await batch.read_namespaced_job("more", namespace)
+            assert job.spec.suspend, "never admitted, the second Job stays suspended"
+            assert await _job_pods(k, "more", 0) == [], "a suspended Job has no pods"
+            for name in ("train", "more"):
+                await batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
+            await k.delete_policy(f"kq-{pool}")
+        finally:
             await k.custom.delete_cluster_custom_object(*API, "admissionchecks", check)

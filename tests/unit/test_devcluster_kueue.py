@@ -26,6 +26,13 @@ webhooks:
   sideEffects: None
 - admissionReviewVersions: [v1]
   clientConfig:
+    service: {name: webhook-service, namespace: system, path: /mutate-jobset-x-k8s-io-v1alpha2-jobset}
+  failurePolicy: Fail
+  name: mjobset.kb.io
+  rules: [{apiGroups: [jobset.x-k8s.io], apiVersions: [v1alpha2], operations: [CREATE], resources: [jobsets]}]
+  sideEffects: None
+- admissionReviewVersions: [v1]
+  clientConfig:
     service: {name: webhook-service, namespace: system, path: /mutate--v1-pod}
   failurePolicy: Fail
   name: mpod.kb.io
@@ -48,19 +55,21 @@ webhooks:
 """
 
 
-def test_webhooks_call_the_local_process_and_pods_only_in_opted_in_namespaces() -> None:
+def test_webhooks_call_the_local_process_and_pods_and_jobs_only_in_opted_in_namespaces() -> None:
     hooks = local_webhooks(MANIFESTS, "https://127.0.0.1:9443", b"CA PEM")
     assert [h["kind"] for h in hooks] == ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"]
     mutating, validating = hooks
-    # the Job webhook is dropped: the batch/job integration does not run, and a Fail hook with no handler
-    # would refuse every Job in the cluster
-    assert [w["name"] for w in mutating["webhooks"]] == ["mpod.kb.io"]
-    (pod,) = mutating["webhooks"]
+    # the JobSet webhook is dropped: that integration does not run, and a Fail hook with no handler would
+    # refuse every JobSet in the cluster
+    assert [w["name"] for w in mutating["webhooks"]] == ["mjob.kb.io", "mpod.kb.io"]
+    job, pod = mutating["webhooks"]
     assert pod["clientConfig"] == {
         "url": "https://127.0.0.1:9443/mutate--v1-pod",
         "caBundle": base64.b64encode(b"CA PEM").decode(),
     }
-    assert pod["namespaceSelector"] == {"matchLabels": {MANAGED_NAMESPACE_LABEL: "true"}}
+    assert job["clientConfig"]["url"] == "https://127.0.0.1:9443/mutate-batch-v1-job"
+    for hook in (pod, job):
+        assert hook["namespaceSelector"] == {"matchLabels": {MANAGED_NAMESPACE_LABEL: "true"}}
     (cq,) = validating["webhooks"]
     assert cq["clientConfig"]["url"].endswith("/validate-kueue-x-k8s-io-v1beta2-clusterqueue")
     assert "namespaceSelector" not in cq  # cluster-scoped Kueue objects: every one is Kueue's
@@ -71,10 +80,12 @@ def test_webhooks_call_the_local_process_and_pods_only_in_opted_in_namespaces() 
     assert "service" not in yaml.safe_dump_all(hooks)
 
 
-def test_configuration_runs_the_pod_integration_locally_without_leader_election(tmp_path: Path) -> None:
+def test_configuration_runs_the_pod_and_job_integrations_locally_without_leader_election(
+    tmp_path: Path,
+) -> None:
     cfg = kueue_config(9443, 8081, tmp_path)
     assert cfg["webhook"] == {"port": 9443, "host": "127.0.0.1", "certDir": str(tmp_path)}
-    assert cfg["integrations"] == {"frameworks": ["pod"]}
+    assert cfg["integrations"] == {"frameworks": ["pod", "batch/job"]}
     assert cfg["internalCertManagement"] == {"enable": False}
     assert cfg["leaderElection"] == {"leaderElect": False}
     assert cfg["managedJobsNamespaceSelector"] == {"matchLabels": {MANAGED_NAMESPACE_LABEL: "true"}}

@@ -5,11 +5,12 @@ MIG slices under Kueue quotas.
 Kueue admits through webhooks. In a cluster they are a Service in ``kueue-system`` with certificates Kueue
 rotates itself; here no Service routes, so the release's webhook manifests are rewritten to call the process
 at ``https://127.0.0.1:<port>`` with the control plane's own serving certificate (its SANs hold 127.0.0.1) and
-CA, Kueue's certificate management off. Only the webhooks of what runs are kept: Kueue's own objects and
-plain pods (the ``pod`` integration, the one that manages a pod asking ``nvidia.com/mig-*`` with a
-``kueue.x-k8s.io/queue-name`` label). The pod webhooks are ``failurePolicy: Fail``, so they are limited to
-namespaces labelled :data:`MANAGED_NAMESPACE_LABEL`: the other tests sharing the control plane never call
-them, and nothing breaks when Kueue stops.
+CA, Kueue's certificate management off. Only the webhooks of what runs are kept: Kueue's own objects, plain
+pods (the ``pod`` integration, the one that manages a pod asking ``nvidia.com/mig-*`` with a
+``kueue.x-k8s.io/queue-name`` label) and Jobs (``batch/job``: a Job with that label, its pods one pod set).
+The pod and Job webhooks are ``failurePolicy: Fail``, so they are limited to namespaces labelled
+:data:`MANAGED_NAMESPACE_LABEL`: the other tests sharing the control plane never call them, and nothing
+breaks when Kueue stops.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ BUILD_SCRIPT = "build-kueue.sh"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 MANAGED_NAMESPACE_LABEL = "dynamig.io/kueue-managed"
 API = ("kueue.x-k8s.io", "v1beta2")
-WEBHOOK_PATHS_KEPT = ("-v1-pod", "-kueue-x-k8s-io-")  # plain pods and Kueue's own objects
-POD_WEBHOOK_SUFFIX = "-v1-pod"
+WEBHOOK_PATHS_KEPT = ("-v1-pod", "-batch-v1-job", "-kueue-x-k8s-io-")  # pods, Jobs, Kueue's own objects
+# Webhooks of objects in any namespace (pods, Jobs): held to the namespaces that opt in.
+NAMESPACED_WEBHOOK_SUFFIXES = ("-v1-pod", "-batch-v1-job")
 # Where Kueue reads its metrics server's certificate when it does not manage certificates itself: a fixed
 # path in cmd/kueue/main.go (v0.17.0), not a setting; the process exits when the files are missing.
 METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
@@ -61,14 +63,14 @@ def kueue_config(webhook_port: int, health_port: int, cert_dir: Path) -> dict[st
         "webhook": {"port": webhook_port, "host": "127.0.0.1", "certDir": str(cert_dir)},
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False},
-        "integrations": {"frameworks": ["pod"]},
+        "integrations": {"frameworks": ["pod", "batch/job"]},
         "managedJobsNamespaceSelector": {"matchLabels": {MANAGED_NAMESPACE_LABEL: "true"}},
     }
 
 
 def local_webhooks(manifests: str, base_url: str, ca_pem: bytes) -> list[dict[str, Any]]:
     """The release's webhook configurations, rewritten to call ``base_url`` and trust ``ca_pem``, with only
-    the webhooks of plain pods (held to managed namespaces) and of Kueue's own objects. Pure."""
+    the webhooks of plain pods and Jobs (held to managed namespaces) and of Kueue's own objects. Pure."""
     ca_bundle = base64.b64encode(ca_pem).decode()
     out: list[dict[str, Any]] = []
     for doc in yaml.safe_load_all(manifests):
@@ -80,7 +82,7 @@ def local_webhooks(manifests: str, base_url: str, ca_pem: bytes) -> list[dict[st
             if not any(part in path for part in WEBHOOK_PATHS_KEPT):
                 continue
             hook = dict(hook, clientConfig={"url": f"{base_url}{path}", "caBundle": ca_bundle})
-            if path.endswith(POD_WEBHOOK_SUFFIX):
+            if path.endswith(NAMESPACED_WEBHOOK_SUFFIXES):
                 hook["namespaceSelector"] = {"matchLabels": {MANAGED_NAMESPACE_LABEL: "true"}}
             hooks.append(hook)
         name = f"dynamig-test-kueue-{doc['kind'].removesuffix('WebhookConfiguration').lower()}"
