@@ -24,7 +24,7 @@ from dynamig.devcluster.rest import ApiError, RestClient
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.layout import enumerate_layouts
 from dynamig.geometry.model import GpuModel, device_name
-from dynamig.kube.devices import device_class
+from dynamig.kube.devices import WholeGpuDevice, device_class
 from dynamig.kube.inventory import (
     BINDING_FAILED,
     BINDING_READY,
@@ -313,3 +313,60 @@ def test_a_free_instance_binds_in_the_scheduling_cycle_and_a_retiring_one_waits_
         assert alloc["devices"]["results"][0]["bindingConditions"] == [BINDING_READY]
         time.sleep(2)  # the scheduler holds this one until the agent answers
         assert not api.request("GET", f"{pods}/retiring")["spec"].get("nodeName")
+
+
+def test_a_whole_gpu_offered_beside_its_slices_shares_their_counters(
+    control_plane: ControlPlane, make_node: Callable[..., str], namespace: str
+) -> None:
+    """GpuPartition ``spec.offerWhole``: gpu0 (a free 2g.20gb, MIG on) publishes its whole device beside
+    its placements; gpu1 has an allocated instance, so its whole GPU is not offered. The scheduler books the
+    whole gpu0 (binding conditions: the agent switches MIG off first); then no slice of gpu0 can be booked,
+    since the whole device consumes every counter of its set, while gpu1's free placements still can."""
+    api, node, owner = booking_node(control_plane, make_node, "gpu-whole-offer")
+    model = CAT.model("A100-80GB")
+    gpus = [
+        GpuInventory(
+            i,
+            model,
+            f"GPU-offer-{i}",
+            instances=(
+                Instance("2g.20gb", 0, Occupancy.FREE if i == 0 else Occupancy.ALLOCATED, f"MIG-{i}"),
+            ),
+            whole=WholeGpuDevice(i, model.product_name, f"GPU-offer-{i}", 80 << 30).to_api(),
+        )
+        for i in range(2)
+    ]
+    slices = build_inventory_slices(node, 1, gpus)
+    devices = [d for sl in slices for d in sl["spec"].get("devices", [])]
+    names = [d["name"] for d in devices]
+    assert "gpu0" in names and "gpu1" not in names, names
+    assert names[-1] == "gpu0", "offered last, after every MIG device"
+    ns = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    with published(api, slices, owner):
+        api.request("POST", ns, claim("whole", f'{attr("profile")} == "whole"'))
+        api.request("POST", pods, claim_pod("whole", {"kubernetes.io/hostname": node}, claim="whole"))
+
+        def allocation(name: str) -> dict[str, Any] | None:
+            return (api.request("GET", f"{ns}/{name}").get("status") or {}).get("allocation")
+
+        (result,) = wait(lambda: allocation("whole"), "claim whole allocated")["devices"]["results"]
+        assert result["device"] == "gpu0" and result["bindingConditions"] == [BINDING_READY], result
+
+        on_gpu0 = f'{attr("profile")} == "1g.10gb" && {attr("gpuIndex")} == 0'
+        api.request("POST", ns, claim("slice0", on_gpu0))
+        api.request("POST", pods, claim_pod("slice0", {"kubernetes.io/hostname": node}, claim="slice0"))
+        on_gpu1 = f'{attr("profile")} == "1g.10gb" && {attr("gpuIndex")} == 1'
+        api.request("POST", ns, claim("slice1", on_gpu1))
+        api.request("POST", pods, claim_pod("slice1", {"kubernetes.io/hostname": node}, claim="slice1"))
+
+        def unschedulable(pod: str) -> dict[str, Any] | None:
+            conditions = (api.request("GET", f"{pods}/{pod}").get("status") or {}).get("conditions") or []
+            return next(
+                (c for c in conditions if c["type"] == "PodScheduled" and c["status"] == "False"), None
+            )
+
+        cond = wait(lambda: unschedulable("slice0"), "pod slice0 unschedulable")
+        assert "cannot allocate all claims" in cond["message"], cond
+        other = wait(lambda: allocation("slice1"), "claim slice1 allocated")
+        assert other["devices"]["results"][0]["device"].startswith("gpu1-1g10gb-"), other

@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.layout import check_layout, enumerate_layouts
 from dynamig.geometry.model import GpuModel, PlacedInstance, device_name
+from dynamig.kube.devices import WholeGpuDevice
 from dynamig.kube.inventory import (
     BINDING_FAILED,
     BINDING_READY,
@@ -510,3 +511,29 @@ def test_a_placement_cap_keeps_the_best_ranked_placements_and_every_free_instanc
             first.setdefault((d.gpu_index, d.profile), d.name)
     assert {(d.gpu_index, d.profile): d.name for d in placements} == first
     assert len(capped) < len(every)
+
+
+@pytest.mark.parametrize("model", MODELS, ids=IDS)
+def test_a_whole_gpu_offered_beside_its_slices_excludes_every_one_of_them(model: GpuModel) -> None:
+    """``GpuInventory.whole`` (GpuPartition ``spec.offerWhole``): the whole GPU fits its counter set alone
+    and beside no other device of the GPU, so the scheduler books either it or slices, never both; it is
+    guarded (the agent switches MIG off first), last; and it is not offered beside an allocated or busy
+    instance (it could never fit)."""
+    whole = WholeGpuDevice(0, model.product_name, "GPU-0").to_api()
+    small = min(model.profiles, key=lambda p: (p.placement_size, p.name))
+    one = Instance(small.name, small.placement_starts[0], Occupancy.FREE, "MIG-f")
+    gpu = GpuInventory(0, model, "GPU-0", instances=(one,), whole=whole)
+    sets, devices = read_slices(build_inventory_slices("node-a", 1, [gpu]))
+    (offer,) = [d for d in devices if d["name"] == "gpu0"]
+    assert devices[-1] is offer and len(devices) > 1
+    assert offer["bindingConditions"] == [BINDING_READY]
+    assert offer["bindingFailureConditions"] == [BINDING_FAILED]
+    counter_set, whole_use = consumed(offer)
+    assert counter_set == "gpu0" and whole_use == sets["gpu0"], "every counter, at full value"
+    assert fits(sets["gpu0"], [whole_use])
+    for d in devices[:-1]:
+        assert not fits(sets["gpu0"], [whole_use, consumed(d)[1]]), d["name"]
+    for occupancy in (Occupancy.ALLOCATED, Occupancy.BUSY):
+        taken = dataclasses.replace(gpu, instances=(dataclasses.replace(one, occupancy=occupancy),))
+        _, devices = read_slices(build_inventory_slices("node-a", 1, [taken]))
+        assert "gpu0" not in [d["name"] for d in devices], occupancy

@@ -186,6 +186,9 @@ class GpuPartitionSpec(_Model):
     layout: list[LayoutEntry] = Field(default_factory=list)
     # The MIG mode wanted (agent/modes/switch.py switches once the GPU is idle); None: leave it as it is.
     mig_mode: MigModeRequest | None = None
+    # Partitionable inventory, MIG on, mig_mode None: the whole GPU is published beside the MIG devices
+    # (sharing their counters); a booking of it switches MIG off (agent/modes/booked.py). None: false.
+    offer_whole: bool | None = None
     # Partitionable inventory only: profiles whose free placements are offered to the scheduler as devices
     # to be cut on allocation. None or empty: only the instances that exist are offered.
     offered_profiles: list[str] | None = None

@@ -39,6 +39,12 @@ What is published
   reduced counters then say exactly "fits beside the busy instances", with no device the scheduler could
   hand out.
 
+* the ``whole`` GPU (``GpuInventory.whole``, GpuPartition ``spec.offerWhole``): the GPU as one device
+  (``gpu<index>``, profile ``whole``) beside its MIG devices, consuming every counter of its set at full
+  value, so the scheduler books it only while nothing of the GPU is allocated, and nothing of the GPU while
+  it is; last, guarded (the agent switches MIG off before answering). Only on a GPU with no allocated or
+  busy instance and no held placement.
+
 ``allowed_profiles`` governs new placements only: an empty set offers just the existing free instances
 (``Static`` / ``DryRun`` policies).
 
@@ -147,6 +153,9 @@ class GpuInventory:
     # Placements kept for one claim each (preemption, agent/bindings/holds.py): no other device over their
     # memory slices is offered (the held placement is, to be cut for that claim).
     held: tuple[PlacedInstance, ...] = ()
+    # The whole GPU's device (a resource.k8s.io/v1 Device: name, attributes, capacity), offered beside the
+    # MIG devices sharing their counters; None: not offered (see the module docstring).
+    whole: Mapping[str, Any] | None = None
 
     def layout(self, *states: Occupancy) -> Layout:
         return tuple(sorted(i.placed for i in self.instances if i.occupancy in states))
@@ -340,12 +349,49 @@ def _over_held(g: GpuInventory, placed: PlacedInstance) -> bool:
     return any(h != placed and g.model.profile(h.profile).mask(h.start) & mask for h in g.held)
 
 
-def counter_sets(gpus: Sequence[GpuInventory], devices: Sequence[OfferedDevice]) -> list[dict[str, Any]]:
-    """The ``CounterSet`` objects for ``devices``: per GPU the counters they consume, less what the busy
-    instances hold. A GPU none of whose devices is published gets no set. Pure."""
+@dataclass(frozen=True, slots=True)
+class WholeOffer:
+    """The whole GPU offered beside its MIG devices: it consumes every counter of the GPU's set."""
+
+    gpu_index: int
+    device: Mapping[str, Any]
+    counters: Mapping[str, int]
+
+    def to_api(self) -> dict[str, Any]:
+        """The ``Device``: its counters, and binding conditions (the agent switches MIG off first)."""
+        return {
+            **self.device,
+            "consumesCounters": [
+                {
+                    "counterSet": counter_set_name(self.gpu_index),
+                    "counters": {k: {"value": str(v)} for k, v in self.counters.items()},
+                }
+            ],
+            "bindingConditions": [BINDING_READY],
+            "bindingFailureConditions": [BINDING_FAILED],
+        }
+
+
+def whole_offers(gpus: Sequence[GpuInventory]) -> tuple[WholeOffer, ...]:
+    """The whole GPUs offered beside their MIG devices, by GPU index: each GPU with ``whole`` set and no
+    allocated or busy instance and no held placement. Pure."""
+    return tuple(
+        WholeOffer(g.index, g.whole, counter_capacity(g.model))
+        for g in sorted(gpus, key=lambda g: g.index)
+        if g.whole is not None and not g.held and not g.layout(Occupancy.ALLOCATED, Occupancy.BUSY)
+    )
+
+
+def counter_sets(
+    gpus: Sequence[GpuInventory], devices: Sequence[OfferedDevice], whole: Sequence[WholeOffer] = ()
+) -> list[dict[str, Any]]:
+    """The ``CounterSet`` objects for ``devices`` and the ``whole`` GPUs offered: per GPU the counters they
+    consume, less what the busy instances hold. A GPU none of whose devices is published gets no set.
+    Pure."""
     out = []
     for g in sorted(gpus, key=lambda g: g.index):
         consumed = {k for d in devices if d.gpu_index == g.index for k in d.counters}
+        consumed |= {k for w in whole if w.gpu_index == g.index for k in w.counters}
         if not consumed:
             continue
         capacity = counter_capacity(g.model)
@@ -410,11 +456,14 @@ def build_inventory_slices(
 ) -> list[dict[str, Any]]:
     """The ResourceSlices (resource.k8s.io/v1) that publish the node's inventory as pool ``node`` at
     ``generation``, every ``booked`` device kept: counter-set slices first, then device slices in rank order
-    (see the module docstring), then the ``whole`` GPUs' devices (MIG mode off: no counters, nothing to cut).
-    Always at least one device slice, so the pool and its generation stay visible. Pure."""
+    (see the module docstring), then the whole GPUs offered beside their MIG devices, then the ``whole``
+    GPUs' devices (MIG mode off: no counters, nothing to cut). Always at least one device slice, so the pool
+    and its generation stay visible. Pure."""
     devices = published_devices_of(gpus, booked)
-    sets = counter_sets(gpus, devices)
-    api_devices = [d.to_api() for d in devices] + sorted(whole, key=lambda d: str(d["name"]))
+    offers = whole_offers(gpus)
+    sets = counter_sets(gpus, devices, offers)
+    api_devices = [d.to_api() for d in devices] + [o.to_api() for o in offers]
+    api_devices += sorted(whole, key=lambda d: str(d["name"]))
     for d in api_devices:
         if len(d["name"]) > DNS_LABEL_MAX:
             raise InventoryError(f"device name {d['name']!r} is longer than {DNS_LABEL_MAX} characters")
