@@ -54,6 +54,7 @@ from dynamig.agent.kube.watch import NodeCopies, node_copies
 from dynamig.agent.layout.reconcile import plan_gpu
 from dynamig.agent.layout.reshape import Reshaper
 from dynamig.agent.metrics import AgentMetrics
+from dynamig.agent.modes.booked import booked_by, offers_whole, requested_mode
 from dynamig.agent.modes.switch import ModeSwitcher, Step, switch_status, switch_step, wants_switch
 from dynamig.agent.modes.whole import whole_outcome
 from dynamig.agent.nvml.device import GpuInfo, MigInstance, NvmlDevices
@@ -484,7 +485,12 @@ class NodeAgent:
             whole = tuple(h for h in active if h.whole)
             return whole if gpu.model is None else (*valid_holds(gpu.model, active), *whole)
 
-        for _, answer in await self.answerer.answer_all(view.raw_claims, unavailable, refuse, holds_of):
+        def offers(gpu: GpuInfo) -> bool:
+            part = view.parts.get(gpu_partition_name(self.settings.node, gpu.index))
+            return part is not None and offers_whole(gpu, part, self.partitionable)
+
+        answers = await self.answerer.answer_all(view.raw_claims, unavailable, refuse, holds_of, offers)
+        for _, answer in answers:
             outcome = "ready" if isinstance(answer, Ready) else "failed"
             self.metrics.binding_answers.labels(self.settings.node, outcome).inc()
         if view.gpus and self.partitionable:  # the instances inventory gives MIG UUIDs in its slices
@@ -568,7 +574,10 @@ class NodeAgent:
         uninstalling nothing is offered, so free instances beyond spec.layout are not kept for bookings."""
         node, inventory = self.settings.node, self.support.inventory if self.support else None
         problem = refusal(gpu, part, owner)
-        request = None if leaving else part.spec.mig_mode
+        # A booking of the whole GPU offered beside its slices asks MIG off as spec.migMode would
+        # (agent/modes/booked.py); the switch is for that booking, which holds nothing back.
+        booked = () if leaving else booked_by(gpu, part, self.partitionable, claims)
+        request = None if leaving else requested_mode(gpu, part, self.partitionable, claims)
         switchable = problem is None or problem[0] in (Reason.MIG_DISABLED, Reason.MIG_MODE_PENDING)
         # A switch starts from the mode NVML reports current: whole -> MIG from the whole GPU, MIG -> whole by
         # retiring the instances (never for a pending disable someone else asked while MIG is on).
@@ -654,9 +663,12 @@ class NodeAgent:
             retiring |= guarded_by_holds(model, (i.placed for i in instances), holds)
             if going_whole:  # kept whole for a claim: its free instances are booked by nobody else
                 retiring |= {i.placed for i in instances}
+            beside = None  # the whole GPU offered beside its slices
+            if offers_whole(gpu, part, self.partitionable) and not going_whole:
+                beside = (await asyncio.to_thread(self.devices.whole_device, gpu)).to_api()
             offer = partitionable_offer(
                 gpu, part, instances, claims, self.prepared, retiring, self.settings.guard_free_instances,
-                limit[0], [h.placed() for h in holds],
+                limit[0], [h.placed() for h in holds], beside,
             )  # fmt: skip
             published = set(offer.unguarded)
             if offer.problem:
@@ -692,8 +704,10 @@ class NodeAgent:
                 step = (Step.WAIT, f"switching MIG off once its {len(instances)} MIG instance(s) are gone")
             else:
                 step = await self.modes.step(
-                    gpu, request, claims, self.prepared, 0, self.settings.settle_seconds
+                    gpu, request, claims, self.prepared, 0, self.settings.settle_seconds, booked
                 )
+            if booked:
+                step = (step[0], f"{step[1]} (the whole GPU is booked for {', '.join(booked)})")
         return self._switched(outcome, part, step)
 
     def _switched(self, outcome: GpuOutcome, part: GpuPartition, step: tuple[Step, str]) -> GpuOutcome:

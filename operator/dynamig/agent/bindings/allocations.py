@@ -28,6 +28,7 @@ from dynamig.agent.bindings.decide import (
     Failed,
     GpuState,
     Ready,
+    SwitchFirst,
     decide,
     device_status,
     locate,
@@ -54,6 +55,7 @@ REASON_NOBODY_WAITS = "NobodyWaits"  # the booking's pod is gone: a failed answe
 Refuse = Callable[[GpuInfo], Problem | None]  # why the round leaves a GPU alone, or None
 # the placements kept for one claim each on a GPU, and the hold of the whole GPU (profile whole) if any
 HoldsOf = Callable[[GpuInfo], tuple[Hold, ...]]
+OffersWhole = Callable[[GpuInfo], bool]  # MIG on, the whole GPU offered beside its slices
 
 
 class AllocationAnswerer:
@@ -79,6 +81,7 @@ class AllocationAnswerer:
         # the round holds the agent's lock meanwhile), before the allocation is answered failed.
         self.uuid_reads, self.uuid_retry_s = max(1, uuid_reads), uuid_retry_s
         self.progress: Callable[[], None] = lambda: None  # told after each booking handled (the heartbeat)
+        self._switching: set[tuple[str, str]] = set()  # (claim, device): told once, waiting on a switch
 
     async def answer_all(
         self,
@@ -86,19 +89,29 @@ class AllocationAnswerer:
         unavailable: str | None = None,
         refuse: Refuse | None = None,
         holds: HoldsOf | None = None,
+        offers_whole: OffersWhole | None = None,
     ) -> list[tuple[Pending, Ready | Failed]]:
         """Answer every unanswered allocation in ``claims``: ``failed`` with ``unavailable`` as the reason
         when the node's GPUs cannot be read (the pod is booked again elsewhere instead of waiting for the
         scheduler's binding timeout), with the refusal's reason on a GPU ``refuse`` names, and on slices
-        ``holds`` keeps for another claim. Call under the agent's lock. Returns the answers written."""
+        ``holds`` keeps for another claim. A booking of a whole GPU that ``offers_whole`` beside its MIG
+        slices is left unanswered until the round has switched MIG off. Call under the agent's lock. Returns
+        the answers written."""
         written: list[tuple[Pending, Ready | Failed]] = []
         admin = admin_allocations(claims, self.driver, self.node)
-        view = _GpuJudges(refuse, holds)
-        for p in unanswered(claims, self.driver, self.node, BINDING_READY, BINDING_FAILED):
+        view = _GpuJudges(refuse, holds, offers_whole)
+        pending = unanswered(claims, self.driver, self.node, BINDING_READY, BINDING_FAILED)
+        self._switching &= {(p.claim, p.device) for p in pending}
+        for p in pending:
             answer = await self._answer(p, claims, unavailable, view, (p.claim, p.device) in admin)
             self.progress()
             if answer is None:
                 log.info("claim %s no longer waits on %s; nothing cut, nothing to answer", p.claim, p.device)
+                continue
+            if isinstance(answer, SwitchFirst):
+                if (p.claim, p.device) not in self._switching:
+                    self._switching.add((p.claim, p.device))
+                    log.info("claim %s booked the whole GPU %s: answered once MIG is off", p.claim, p.device)
                 continue
             entry = device_status(
                 self.driver,
@@ -185,7 +198,7 @@ class AllocationAnswerer:
         unavailable: str | None,
         judges: _GpuJudges,
         admin: bool,
-    ) -> Ready | Failed | None:
+    ) -> Ready | Failed | SwitchFirst | None:
         """Decide, and cut or read the MIG UUID again when that is the answer; an NVML error on the way is a
         failed answer, never silence. None: the booking is gone (read just before a destroy)."""
         if not p.reserved:
@@ -200,7 +213,7 @@ class AllocationAnswerer:
         try:
             gpus, states = await self._observe(claims, judges)
             answer = decide(p.device, p.claim, states, admin=admin)
-            while isinstance(answer, Cut) and answer.destroy:
+            while isinstance(answer, Cut | SwitchFirst) and answer.destroy:
                 # The round's claims are a snapshot: since it was read the booking may have gone (its pod
                 # deleted), and the scheduler may have given an instance in the way to another pod, which
                 # binds at once. So the claims are read again from the API server right before each destroy
@@ -211,9 +224,9 @@ class AllocationAnswerer:
                     return None
                 gpus, states = await self._observe(fresh, judges)
                 answer = decide(p.device, p.claim, states, admin=admin)
-                if isinstance(answer, Cut) and answer.destroy:
+                if isinstance(answer, Cut | SwitchFirst) and answer.destroy:
                     refused = await self._destroy_in_the_way(
-                        answer, gpus[answer.gpu_index], answer.destroy[0]
+                        p.device, gpus[answer.gpu_index], answer.destroy[0]
                     )
                     if refused is not None:
                         return refused
@@ -239,6 +252,7 @@ class AllocationAnswerer:
             observed = observe(instances, holders, self.prepared)
             refused = judges.refuse(gpu) if judges is not None and judges.refuse is not None else None
             held = judges.holds(gpu) if judges is not None and judges.holds is not None else ()
+            whole = judges is not None and judges.offers_whole is not None and judges.offers_whole(gpu)
             placements = tuple(h for h in held if not h.whole)
             states.append(
                 GpuState(
@@ -251,6 +265,7 @@ class AllocationAnswerer:
                     placements,
                     gpu.uuid,
                     whole_hold(held),
+                    whole,
                 )
             )
         return {g.index: g for g in gpus}, states
@@ -279,10 +294,9 @@ class AllocationAnswerer:
             "NOT_FOUND), so there is no MIG UUID to hand out; the instance stays, the scheduler books again",
         )
 
-    async def _destroy_in_the_way(self, cut: Cut, gpu: GpuInfo, p: PlacedInstance) -> Failed | None:
-        """Destroy the free instance ``p`` in ``cut``'s way; a failed answer when NVML refuses (nothing busy
-        is destroyed: NVML's own in-use check stands behind the decision's)."""
-        what = device_name(gpu.index, cut.create.profile, cut.create.start)
+    async def _destroy_in_the_way(self, what: str, gpu: GpuInfo, p: PlacedInstance) -> Failed | None:
+        """Destroy the free instance ``p`` in the way of the booked device ``what``; a failed answer when NVML
+        refuses (nothing busy is destroyed: NVML's own in-use check stands behind the decision's)."""
         try:
             await asyncio.to_thread(self.devices.destroy, gpu, p)
         except self.devices.error_type as exc:
@@ -326,6 +340,7 @@ class _GpuJudges:
 
     refuse: Refuse | None = None
     holds: HoldsOf | None = None
+    offers_whole: OffersWhole | None = None
 
 
 def _slices_free(gpu: GpuState, placed: PlacedInstance) -> bool:

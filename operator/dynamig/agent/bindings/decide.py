@@ -67,6 +67,9 @@ class GpuState:
     # The whole GPU kept for one claim of whole GPUs (agent/bindings/holds.py): with MIG mode off, or on until
     # it switches (no other claim is booked on its instances meanwhile).
     whole_hold: Hold | None = None
+    # MIG mode on, and the whole GPU offered beside its slices (GpuPartition spec.offerWhole): a booking of it
+    # waits for the round to switch MIG off (agent/modes/booked.py).
+    offers_whole: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +110,17 @@ class Failed:
     message: str
 
 
-Answer = Ready | Cut | Enumerate | Failed
+@dataclass(frozen=True, slots=True)
+class SwitchFirst:
+    """The whole GPU booked while its MIG mode is on, offered beside its slices: destroy its free instances
+    (``destroy``), as a cut destroys those in its way; not answered yet: the round switches MIG off for the
+    booking (:mod:`dynamig.agent.modes.booked`), then it is ready."""
+
+    gpu_index: int
+    destroy: Layout = ()
+
+
+Answer = Ready | Cut | Enumerate | Failed | SwitchFirst
 
 
 def locate(device: str, gpus: Sequence[GpuState]) -> tuple[GpuState, PlacedInstance] | None:
@@ -156,18 +169,30 @@ def _kept_whole_for_another(device: str, gpu: GpuState, claim: str) -> Failed | 
     )
 
 
-def _whole_gpu(device: str, claim: str, index: int, gpus: Sequence[GpuState]) -> Ready | Failed:
+def _whole_gpu(device: str, claim: str, index: int, gpus: Sequence[GpuState]) -> Ready | Failed | SwitchFirst:
     """The answer for a booking of a whole GPU (``gpu<index>``, MIG mode off): ready with the GPU's UUID,
-    unless the GPU is kept whole for another claim (a hold of the whole GPU) or is no whole GPU now."""
+    unless the GPU is kept whole for another claim (a hold of the whole GPU) or is no whole GPU now; with
+    MIG mode on, :class:`SwitchFirst` where the GPU offers its whole device beside its slices."""
     gpu = next((g for g in gpus if g.index == index), None)
     if gpu is None:
         return Failed(REASON_UNKNOWN_DEVICE, f"{device}: no GPU {index} on this node")
-    if gpu.refused is not None and gpu.refused[0] not in WHOLE_SERVED:
+    kept = _kept_whole_for_another(device, gpu, claim)
+    # Switching MIG off for this booking: its pending mode is the switch under way, not a refusal.
+    switch = gpu.mig_enabled and gpu.offers_whole and kept is None
+    served = WHOLE_SERVED | ({Reason.MIG_MODE_PENDING} if switch else set())
+    if gpu.refused is not None and gpu.refused[0] not in served:
         return Failed(gpu.refused[0], f"{device}: GPU {index} is left alone: {gpu.refused[1]}")
+    if switch:
+        busy = [b for o in gpu.observed if (b := _holders_besides(o, claim)).busy]
+        if busy:  # work arrived on the GPU since the booking was made: booked again elsewhere
+            what = f"{busy[0].placed.profile}@{busy[0].placed.start}"
+            return Failed(REASON_PLACEMENT_TAKEN, f"{device}: {what} on GPU {index}: {busy[0].busy_reason()}")
+        return SwitchFirst(index, normalize_layout([o.placed for o in gpu.observed]))
+    if kept is not None:
+        return kept
     if gpu.mig_enabled:
         return Failed(REASON_MIG_ENABLED, f"{device}: MIG mode is on on GPU {index}: it is no whole GPU now")
-    kept = _kept_whole_for_another(device, gpu, claim)
-    return kept if kept is not None else Ready(index, PlacedInstance(0, WHOLE_PROFILE), gpu.uuid)
+    return Ready(index, PlacedInstance(0, WHOLE_PROFILE), gpu.uuid)
 
 
 def decide(device: str, claim: str, gpus: Sequence[GpuState], *, admin: bool = False) -> Answer:

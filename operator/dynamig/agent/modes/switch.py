@@ -145,11 +145,16 @@ def gpu_users(
     claims: Mapping[str, Sequence[str]],
     prepared: Collection[str],
     processes: int,
+    booked: Collection[str] = (),
 ) -> list[str]:
-    """What uses GPU ``index``: claims allocated a device of it, prepared devices, compute processes. Pure."""
+    """What uses GPU ``index``: claims allocated a device of it, prepared devices, compute processes; not
+    the ``booked`` claims' booking of its whole device, which the switch is for
+    (:mod:`dynamig.agent.modes.booked`). Pure."""
     prefix, whole = f"gpu{index}-", whole_device_name(index)
     out = []
     for dev, holders in sorted(claims.items()):
+        if dev == whole and set(holders) <= set(booked):
+            continue
         if holders and (dev == whole or dev.startswith(prefix)):
             out.append(f"{dev} allocated to {', '.join(sorted(set(holders)))}")
     out += [f"{dev} prepared for a pod" for dev in sorted(prepared) if dev == whole or dev.startswith(prefix)]
@@ -192,18 +197,20 @@ class ModeSwitcher:
         prepared: Collection[str],
         processes: int,
         settle_s: float,
+        booked: Collection[str] = (),
     ) -> tuple[Step, str]:
-        """Decide, and switch when it is time (after reading the claims and binding pods afresh)."""
+        """Decide, and switch when it is time (after reading the claims and binding pods afresh); ``booked``:
+        the claims whose booking of the whole device the switch is for, and their pods, hold nothing back."""
         if not wants_switch(gpu, request):
             self.forget(gpu)
             return switch_step(gpu, request, (), None, settle_s, None)
         withdrawn = self.withdrawn(gpu, request)
         record = self._switches[gpu.uuid]
-        users = gpu_users(gpu.index, claims, prepared, processes)
+        users = gpu_users(gpu.index, claims, prepared, processes, booked)
         step, why = switch_step(gpu, request, users, withdrawn, settle_s, record.last)
         if step is not Step.SWITCH:
             return step, why
-        fresh = await self._fresh_users(gpu)
+        fresh = await self._fresh_users(gpu, booked)
         if fresh:
             return (
                 Step.WAIT,
@@ -224,11 +231,17 @@ class ModeSwitcher:
             )
         return Step.SWITCHING, f"MIG mode {'on' if enable else 'off'} requested: NVML activation {status}"
 
-    async def _fresh_users(self, gpu: GpuInfo) -> list[str]:
-        """What uses the GPU by a read made just now: pods binding toward the node first, then claims."""
-        binding = await self.api.pods_binding_to(self.node)
+    async def _fresh_users(self, gpu: GpuInfo, booked: Collection[str] = ()) -> list[str]:
+        """What uses the GPU by a read made just now: pods binding toward the node first, then claims (the
+        ``booked`` claims' booking of the whole device aside).
+
+        For a switch a booking of the whole device asks, pods binding toward the node are not read: that
+        booking consumed every counter of the GPU, so the scheduler allocated it only with nothing else of
+        the GPU allocated or in flight, and has allocated nothing of the GPU since (its pod is one of those
+        binding, waiting on this very switch)."""
+        binding = [] if booked else await self.api.pods_binding_to(self.node)
         holders = allocated_devices(await self.api.list_claims(), self.driver, self.node)
-        out = gpu_users(gpu.index, holders, (), 0)
+        out = gpu_users(gpu.index, holders, (), 0, booked)
         if binding:
             out.append(
                 "pods binding to this node may hold an allocation from an older slice: "

@@ -589,10 +589,18 @@ class NvmlDevices:
         return ACTIVATION.get(status, f"error {status}")
 
     def whole(self, gpu: GpuInfo) -> WholeGpu:
-        """A GPU with MIG mode off as one device: its memory, architecture, CUDA compute capability, active
-        NVLink links and NVLink fabric clique (as ``gpu`` was listed with them), and the compute processes
-        running on it. Reads only; a fact NVML does not give (NOT_SUPPORTED on an
-        older driver, or on a GPU without NVLink) is left out rather than failing the GPU."""
+        """A GPU with MIG mode off as one device (:meth:`whole_device`), and the compute processes running
+        on it. Reads only."""
+        device = self.whole_device(gpu)
+        with self._lock:
+            processes = len(self.nvml.nvmlDeviceGetComputeRunningProcesses(self._handle(gpu)))
+        return WholeGpu(device, processes)
+
+    def whole_device(self, gpu: GpuInfo) -> WholeGpuDevice:
+        """The GPU as one device: its memory, architecture, CUDA compute capability, active NVLink links and
+        NVLink fabric clique (as ``gpu`` was listed with them); whatever its MIG mode (a MIG GPU offers it
+        beside its slices). Reads only; a fact NVML does not give (NOT_SUPPORTED on an older driver, or on a
+        GPU without NVLink) is left out rather than failing the GPU."""
         nv = self.nvml
         with self._lock:
             h = self._handle(gpu)
@@ -609,9 +617,8 @@ class NvmlDevices:
                 capability = f"{int(major)}.{int(minor)}"
             except nv.NVMLError:
                 capability = ""
-            processes = len(nv.nvmlDeviceGetComputeRunningProcesses(h))
         device = WholeGpuDevice(gpu.index, gpu.product, gpu.uuid, memory, arch, capability)
-        return WholeGpu(device.with_nvlink(gpu.nvlink), processes)
+        return device.with_nvlink(gpu.nvlink)
 
 
 # nvml.h nvmlReturn_t values nvmlDeviceSetMigMode's activationStatus takes, by name.

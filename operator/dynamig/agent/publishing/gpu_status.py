@@ -305,12 +305,14 @@ def partitionable_offer(
     guard_free: bool,
     placements_per_profile: int = 0,
     held: Sequence[PlacedInstance] = (),
+    whole: Mapping[str, Any] | None = None,
 ) -> Offer:
     """This GPU's partitionable inventory: free instances bookable at once unless ``retiring``, not yet
     listed by NVML as a MIG device (no UUID to answer with), or all of them with ``guard_free``: those are
     published guarded; allocated ones counted; busy ones unbookable; the best ``placements_per_profile``
     placements of each offered profile (0: all). Over the ``held`` placements nothing is offered but they
-    themselves: allocated instances there count as busy, free ones are not offered."""
+    themselves: allocated instances there count as busy, free ones are not offered. ``whole``: the whole
+    GPU's device, offered beside (``GpuInventory.whole``)."""
     assert gpu.model is not None
     model = gpu.model
     over_held = {
@@ -341,7 +343,7 @@ def partitionable_offer(
     offered = frozenset(p for p in part.spec.offered_profiles or () if gpu.model.has_profile(p))
     inv = GpuInventory(
         gpu.index, gpu.model, gpu.uuid, gpu.product, tuple(items), offered, placements_per_profile,
-        tuple(held),
+        tuple(held), whole,
     )  # fmt: skip
     try:
         devices = offered_devices([inv])

@@ -1,0 +1,116 @@
+"""A whole GPU offered beside its MIG slices (GpuPartition ``spec.offerWhole``), on the real scheduler: the
+scheduler chooses, and a booking of the whole GPU waits on binding conditions while the agent switches MIG
+off.
+
+Real: etcd, kube-apiserver, kube-scheduler (DRA allocation with partitionable devices and binding
+conditions), kube-controller-manager, the node agent's whole loop over the NVML code path. Simulated: the GPU
+(simnvml: an H100-80GB with MIG mode on; mode switches as nvml.h documents them, ``dynamig.backends.simmode``,
+whose history is the ground truth for what NVML was asked) and the node (no kubelet: pods bind, never run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+
+from dynamig.demo.cluster import ScenarioApi
+from dynamig.demo.inprocess import agent_running, mig_modes, quick_agent_settings
+from dynamig.devcluster import ControlPlane, eventually
+from dynamig.kube.gpupartition import Inventory
+from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, VERSION
+
+pytestmark = pytest.mark.controlplane
+
+FREE_1G = "gpu0-1g10gb-s0"
+
+
+async def _published(k: ScenarioApi, node: str, *names: str) -> dict[str, dict[str, Any]] | None:
+    devices = await k.published(node)
+    return devices if set(names) <= set(devices) else None
+
+
+async def _ready_answer(k: ScenarioApi, pod: str) -> dict[str, Any] | None:
+    claim = await k.claim_of(pod)
+    for entry in ((claim or {}).get("status") or {}).get("devices") or []:
+        for c in entry.get("conditions") or []:
+            if c["type"] == "mig.dynamig.io/ready" and c["status"] == "True":
+                return dict(entry)
+    return None
+
+
+async def test_a_booking_of_the_whole_gpu_offered_beside_its_slices_switches_mig_off_before_the_pod_binds(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+) -> None:
+    """An H100 with MIG on and a free 1g.10gb, ``spec.offerWhole``: its whole device ``gpu0`` is published
+    beside the slices, with every counter of the GPU and binding conditions. A whole-GPU pod is booked on it
+    and waits (not bound) while the agent retires the free instance and switches MIG off through NVML; then
+    the booking is answered ready with the GPU's UUID and the pod binds. A slice pod made after the booking
+    never gets a slice of that GPU."""
+    k = ScenarioApi(kube_api, namespace)
+    await k.ensure_device_class()
+    sim.configure(gpus=["H100-80GB"], state_file=None)
+    node = make_node("offer", labels={"dynamig.io/managed": "true"})
+    gpu, where = f"{node}-gpu0", {"kubernetes.io/hostname": node}
+    settings = dataclasses.replace(quick_agent_settings(node), inventory=Inventory.PARTITIONABLE)
+    async with agent_running(kube_api, node, sim, settings):
+        await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
+        spec = {"layout": [{"profile": "1g.10gb", "start": 0}], "offeredProfiles": ["1g.10gb"]}
+        await k.custom.patch_cluster_custom_object(
+            GROUP, VERSION, GPU_PARTITION_PLURAL, gpu, {"spec": {**spec, "offerWhole": True}},
+            _content_type="application/merge-patch+json",
+        )  # fmt: skip
+        devices = await eventually(
+            functools.partial(_published, k, node, "gpu0", FREE_1G), "the whole GPU beside its slices"
+        )
+        whole = devices["gpu0"]
+        assert whole["bindingConditions"] == ["mig.dynamig.io/ready"], whole
+        (use,) = whole["consumesCounters"]
+        assert use["counterSet"] == "gpu0" and {f"mem-{i}" for i in range(8)} <= set(use["counters"]), use
+        assert whole["attributes"]["mig.dynamig.io/profile"] == {"string": "whole"}
+        assert mig_modes(sim) == [1]
+
+        await k.claim_template("whole", ["whole"])
+        await k.claim_template("slice", ["1g.10gb"])
+        created = time.monotonic()
+        await k.pod("train", "whole", where)
+        claim = await eventually(lambda: k.claim_of("train"), "the whole-GPU pod's claim")
+
+        async def booked() -> dict[str, Any] | None:
+            c = await k.claim_of("train")
+            alloc = ((c or {}).get("status") or {}).get("allocation")
+            return alloc["devices"]["results"][0] if alloc else None
+
+        result = await eventually(booked, "the whole GPU booked")
+        assert result["device"] == "gpu0" and result["bindingConditions"] == ["mig.dynamig.io/ready"], result
+        await k.pod("small", "slice", where)
+
+        entry = await eventually(
+            functools.partial(_ready_answer, k, "train"), "the booking answered ready", within_s=60
+        )
+        assert mig_modes(sim) == [0], "MIG off before the answer"
+        assert entry["data"]["profile"] == "whole", entry
+        assert await eventually(functools.partial(k.node_of, "train"), "the whole-GPU pod bound") == node
+        print(f"\nwhole GPU offered beside its slices: pod created -> MIG off, bound in "
+              f"{time.monotonic() - created:.1f}s")  # fmt: skip
+        part = await k.partition(gpu)
+        assert part["status"]["wholeGpu"]["state"] == "allocated", part["status"]
+        assert claim["metadata"]["name"] in " ".join(part["status"]["wholeGpu"]["claims"])
+        history = [e.kind for e in sim.history()]
+        assert history.count("set-mig-mode") == 1, history
+        assert history.index("set-mig-mode") > max(
+            i for i, kind in enumerate(history) if kind.startswith("destroy")
+        )
+        await eventually(functools.partial(k.unschedulable, "small"), "the slice pod waits: no slice is left")
+        assert await k.node_of("small") is None
+        await k.delete_pods(["train", "small"])
