@@ -158,6 +158,12 @@ def claim(name: str, selector: str) -> dict[str, Any]:
     return resource_claim(name, exactly(selector))
 
 
+def scheduled_false(api: RestClient, pod: str) -> dict[str, Any] | None:
+    """The ``PodScheduled=False`` condition of the pod at API path ``pod``, or None."""
+    conditions = (api.request("GET", pod).get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == "PodScheduled" and c["status"] == "False"), None)
+
+
 def attr(name: str) -> str:
     return f'device.attributes["{DRIVER}"].{name}'
 
@@ -230,13 +236,7 @@ def test_scheduler_books_the_first_ranked_device_and_waits_for_ready(
         api.request("POST", ns, claim("beside", f"{on_gpu1} && {attr('placementStart')} == 2"))
         api.request("POST", pods, claim_pod("beside", {"kubernetes.io/hostname": node}, claim="beside"))
 
-        def scheduled_false(pod: str) -> dict[str, Any] | None:
-            conditions = (api.request("GET", f"{pods}/{pod}").get("status") or {}).get("conditions") or []
-            return next(
-                (c for c in conditions if c["type"] == "PodScheduled" and c["status"] == "False"), None
-            )
-
-        cond = wait(lambda: scheduled_false("overlap"), "pod overlap unschedulable")
+        cond = wait(lambda: scheduled_false(api, f"{pods}/overlap"), "pod overlap unschedulable")
         assert "cannot allocate all claims" in cond["message"], cond
         beside = wait(
             lambda: (api.request("GET", f"{ns}/beside").get("status") or {}).get("allocation"), "beside"
@@ -268,7 +268,7 @@ def test_scheduler_books_the_first_ranked_device_and_waits_for_ready(
         # Busy outside DRA: nothing on gpu0's slices 0-3 is offered, so a claim for it cannot be booked.
         api.request("POST", ns, claim("busy", f"{attr('gpuIndex')} == 0 && {attr('placementStart')} < 4"))
         api.request("POST", pods, claim_pod("busy", {"kubernetes.io/hostname": node}, claim="busy"))
-        cond = wait(lambda: scheduled_false("busy"), "pod busy unschedulable")
+        cond = wait(lambda: scheduled_false(api, f"{pods}/busy"), "pod busy unschedulable")
         assert "cannot allocate all claims" in cond["message"], cond
 
 
@@ -360,13 +360,7 @@ def test_a_whole_gpu_offered_beside_its_slices_shares_their_counters(
         api.request("POST", ns, claim("slice1", on_gpu1))
         api.request("POST", pods, claim_pod("slice1", {"kubernetes.io/hostname": node}, claim="slice1"))
 
-        def unschedulable(pod: str) -> dict[str, Any] | None:
-            conditions = (api.request("GET", f"{pods}/{pod}").get("status") or {}).get("conditions") or []
-            return next(
-                (c for c in conditions if c["type"] == "PodScheduled" and c["status"] == "False"), None
-            )
-
-        cond = wait(lambda: unschedulable("slice0"), "pod slice0 unschedulable")
+        cond = wait(lambda: scheduled_false(api, f"{pods}/slice0"), "pod slice0 unschedulable")
         assert "cannot allocate all claims" in cond["message"], cond
         other = wait(lambda: allocation("slice1"), "claim slice1 allocated")
         assert other["devices"]["results"][0]["device"].startswith("gpu1-1g10gb-"), other
