@@ -80,6 +80,11 @@ async def test_a_booking_of_the_whole_gpu_offered_beside_its_slices_switches_mig
         assert whole["attributes"]["mig.dynamig.io/profile"] == {"string": "whole"}
         assert mig_modes(sim) == [1]
 
+        async def offered() -> bool | None:
+            return True if (await k.partition(gpu))["status"].get("wholeOffered") else None
+
+        await eventually(offered, "status.wholeOffered on the GpuPartition")
+
         await k.claim_template("whole", ["whole"])
         await k.claim_template("slice", ["1g.10gb"])
         created = time.monotonic()
@@ -105,6 +110,7 @@ async def test_a_booking_of_the_whole_gpu_offered_beside_its_slices_switches_mig
               f"{time.monotonic() - created:.1f}s")  # fmt: skip
         part = await k.partition(gpu)
         assert part["status"]["wholeGpu"]["state"] == "allocated", part["status"]
+        assert "wholeOffered" not in part["status"], "MIG off: published whole, not offered beside slices"
         assert claim["metadata"]["name"] in " ".join(part["status"]["wholeGpu"]["claims"])
         history = [e.kind for e in sim.history()]
         assert history.count("set-mig-mode") == 1, history

@@ -90,6 +90,7 @@ from dynamig.kube.gpupartition import (
     set_condition,
 )
 from dynamig.kube.heartbeat import DEFAULT_LEASE_SECONDS, lease_body, stuck
+from dynamig.kube.inventory import whole_offers
 from dynamig.kube.names import NODE_LABEL, UNINSTALL_ANNOTATION, gpu_partition_name
 from dynamig.kube.times import now_rfc3339
 from dynamig.planner.offerlimit import in_force
@@ -683,7 +684,8 @@ class NodeAgent:
             reshape_finished=started is not None, offered_placements=offer.placements if offer else 0,
             placements_per_profile=limit if offer else None,
         )  # fmt: skip
-        status = status.model_copy(update={"holds": list(holds)})
+        beside_offered = bool(offer and offer.inventory and whole_offers([offer.inventory])) or None
+        status = status.model_copy(update={"holds": list(holds), "whole_offered": beside_offered})
         outcome = GpuOutcome(
             name=part.name,
             status=status,

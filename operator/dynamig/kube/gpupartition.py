@@ -272,6 +272,8 @@ class GpuPartitionStatus(_Model):
     last_reshape_time: str | None = None
     inventory: Inventory | None = None
     offered_placements: int = 0  # devices published that are placements still to be cut
+    # The whole GPU (gpu<index>) published beside the MIG devices (spec.offerWhole); None: not offered.
+    whole_offered: bool | None = None
     # Partitionable: the best-ranked placements of each profile offered (0: all), and whether the agent's
     # flag set it ("set") or the operator chose it ("auto (N GPU nodes)").
     placements_per_profile: int | None = None
@@ -294,12 +296,13 @@ class GpuPartitionStatus(_Model):
         return NvlinkFacts(self.nvlink_active_links, self.fabric_cluster_uuid or "", self.fabric_clique_id)
 
     def to_api(self) -> dict[str, Any]:
-        """The status as a merge patch takes it (camelCase, unset optionals dropped; ``wholeGpu`` and the
-        NVLink facts null when unset, so the patch removes those written before: a device written while MIG
-        mode was off, a link that went down to no answer, a GPU that left its fabric)."""
+        """The status as a merge patch takes it (camelCase, unset optionals dropped; ``wholeGpu``,
+        ``wholeOffered`` and the NVLink facts null when unset, so the patch removes those written before: a
+        device written while MIG mode was off, a whole GPU offered no more, a link that went down to no
+        answer, a GPU that left its fabric)."""
         out = self.model_dump(mode="json", by_alias=True, exclude_none=True)
-        for removable in ("wholeGpu", "nvlinkActiveLinks", "fabricClusterUuid", "fabricCliqueId"):
-            out.setdefault(removable, None)
+        for field in ("wholeGpu", "wholeOffered", "nvlinkActiveLinks", "fabricClusterUuid", "fabricCliqueId"):
+            out.setdefault(field, None)
         return out
 
 
