@@ -48,8 +48,10 @@ def write_config(
     path.write_text(yaml.safe_dump({**config, "clientConnection": {"kubeconfig": str(kubeconfig)}}))
     scheduler = find_binaries().kube_scheduler
     out = tmp_path / "effective.yaml"
+    # --secure-port=0: nothing is served, so runs at once (the matrix targets run together) never meet on
+    # the default port 10259, which kube-scheduler binds before it writes the config and exits
     return subprocess.run(
-        [str(scheduler), "--config", str(path), "--write-config-to", str(out), *gates],
+        [str(scheduler), "--config", str(path), "--write-config-to", str(out), "--secure-port=0", *gates],
         capture_output=True,
         text=True,
         timeout=60,
