@@ -108,8 +108,13 @@ async def test_a_booking_of_the_whole_gpu_offered_beside_its_slices_switches_mig
         assert await eventually(functools.partial(k.node_of, "train"), "the whole-GPU pod bound") == node
         print(f"\nwhole GPU offered beside its slices: pod created -> MIG off, bound in "
               f"{time.monotonic() - created:.1f}s")  # fmt: skip
-        part = await k.partition(gpu)
-        assert part["status"]["wholeGpu"]["state"] == "allocated", part["status"]
+
+        async def whole_allocated() -> dict[str, Any] | None:
+            part = await k.partition(gpu)
+            whole = part["status"].get("wholeGpu") or {}
+            return part if whole.get("state") == "allocated" else None
+
+        part = await eventually(whole_allocated, "the whole GPU reported allocated on its GpuPartition")
         assert "wholeOffered" not in part["status"], "MIG off: published whole, not offered beside slices"
         assert claim["metadata"]["name"] in " ".join(part["status"]["wholeGpu"]["claims"])
         history = [e.kind for e in sim.history()]

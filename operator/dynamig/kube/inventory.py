@@ -190,17 +190,27 @@ class OfferedDevice:
     def to_api(self) -> dict[str, Any]:
         """The resource.k8s.io/v1 ``Device``: attributes and capacity, counters, and binding conditions when
         it is guarded."""
-        body = self.device.to_api()
-        body["consumesCounters"] = [
+        return _consuming(self.device.to_api(), self.gpu_index, self.counters, self.guarded)
+
+
+def _consuming(
+    body: Mapping[str, Any], gpu_index: int, counters: Mapping[str, int], guarded: bool
+) -> dict[str, Any]:
+    """The ``Device`` ``body`` consuming ``counters`` from its GPU's counter set, with binding conditions when
+    ``guarded``. Pure."""
+    out = {
+        **body,
+        "consumesCounters": [
             {
-                "counterSet": counter_set_name(self.gpu_index),
-                "counters": {k: {"value": str(v)} for k, v in self.counters.items()},
+                "counterSet": counter_set_name(gpu_index),
+                "counters": {k: {"value": str(v)} for k, v in counters.items()},
             }
-        ]
-        if self.guarded:
-            body["bindingConditions"] = [BINDING_READY]
-            body["bindingFailureConditions"] = [BINDING_FAILED]
-        return body
+        ],
+    }
+    if guarded:
+        out["bindingConditions"] = [BINDING_READY]
+        out["bindingFailureConditions"] = [BINDING_FAILED]
+    return out
 
 
 # ------------------------------------------------------------------------------------------ counters
@@ -359,17 +369,7 @@ class WholeOffer:
 
     def to_api(self) -> dict[str, Any]:
         """The ``Device``: its counters, and binding conditions (the agent switches MIG off first)."""
-        return {
-            **self.device,
-            "consumesCounters": [
-                {
-                    "counterSet": counter_set_name(self.gpu_index),
-                    "counters": {k: {"value": str(v)} for k, v in self.counters.items()},
-                }
-            ],
-            "bindingConditions": [BINDING_READY],
-            "bindingFailureConditions": [BINDING_FAILED],
-        }
+        return _consuming(self.device, self.gpu_index, self.counters, guarded=True)
 
 
 def whole_offers(gpus: Sequence[GpuInventory]) -> tuple[WholeOffer, ...]:

@@ -6,10 +6,12 @@ counter set (:mod:`dynamig.kube.inventory`), so kube-scheduler chooses between t
 and never books both. The whole device carries binding conditions: its booking waits, as a cut does, while
 the agent
 
-1. takes the booking as ``spec.migMode: Disabled`` would ask (:func:`requested_mode`): the GPU's devices
-   leave the slice, its free instances are retired, and once the settle period has passed and nothing else
-   uses the GPU it switches MIG off through NVML (:mod:`dynamig.agent.modes.switch`); the booking itself,
-   and the pod waiting on it, are what the switch is for, so they do not hold it back (:func:`booked_by`);
+1. destroys the GPU's free instances as a cut destroys those in its way (the claims read again before each
+   destroy: :mod:`dynamig.agent.bindings.allocations`), takes the booking as ``spec.migMode: Disabled``
+   would ask (:func:`requested_mode`): the GPU's devices leave the slice, and once the settle period has
+   passed and nothing else uses the GPU it switches MIG off through NVML (:mod:`dynamig.agent.modes.switch`);
+   the booking itself, and the pod waiting on it, are what the switch is for, so they do not hold it back
+   (:func:`booked_by`);
 2. answers the booking ready once MIG mode is off and the GPU is published whole
    (:func:`dynamig.agent.bindings.decide.decide`; until then it is not answered at all).
 
