@@ -88,7 +88,7 @@ def test_valid_spec_is_accepted_and_defaults_are_filled(policy_crd: ControlPlane
         }  # fmt: skip
         assert defaults["migMode"] == {
             "policy": "Fixed", "allowReset": False, "minMigGpus": 0, "minWholeGpus": 0,
-            "cooldownSeconds": 600, "gpusWithoutMig": "Ignore",
+            "cooldownSeconds": 600, "gpusWithoutMig": "Ignore", "offerWhole": False,
         }  # fmt: skip
         table = policy_crd.kubectl("get", "gpupartitionpolicies", name).stdout
         header = table.splitlines()[0].split()
@@ -173,6 +173,12 @@ def test_valid_spec_is_accepted_and_defaults_are_filled(policy_crd: ControlPlane
         ({"migMode": {"minMigGpus": -1}}, "spec.migMode.minMigGpus", "greater than or equal to 0"),
         ({"migMode": {"minWholeGpus": -1}}, "spec.migMode.minWholeGpus", "greater than or equal to 0"),
         ({"migMode": {"gpusWithoutMig": "Some"}}, "spec.migMode.gpusWithoutMig", "Unsupported value"),
+        ({"migMode": {"offerWhole": True}}, "spec.migMode.offerWhole", "needs spec.migMode.policy Dynamic"),
+        (
+            {"migMode": {"policy": "Fixed", "offerWhole": True}},
+            "spec.migMode.offerWhole",
+            "needs spec.migMode.policy Dynamic",
+        ),
         (
             {"migMode": {"cooldownSeconds": 10_000_000}},
             "spec.migMode.cooldownSeconds",
@@ -200,7 +206,7 @@ def test_invalid_spec_is_refused_naming_the_field(
 def test_a_dynamic_mig_mode_is_accepted_as_written(policy_crd: ControlPlane) -> None:
     mig_mode = {
         "policy": "Dynamic", "allowReset": True, "minMigGpus": 1, "minWholeGpus": 2, "cooldownSeconds": 0,
-        "gpusWithoutMig": "Whole",
+        "gpusWithoutMig": "Whole", "offerWhole": True,
     }  # fmt: skip
     name, proc = _create(policy_crd, {**VALID, "migMode": mig_mode})
     assert proc.returncode == 0, proc.stderr

@@ -1,10 +1,11 @@
 """A whole GPU offered beside its MIG slices (GpuPartition ``spec.offerWhole``): when it is offered, the MIG
 mode its booking asks, what holds that switch back, and how the booking is answered. Pure functions
-(agent/modes/booked.py, agent/modes/switch.py, agent/bindings/decide.py); the e2e test
-``e2e/test_whole_offer.py`` runs them on the real scheduler."""
+(agent/modes/booked.py, agent/modes/switch.py, agent/bindings/decide.py, agent/bindings/answering.py); the
+e2e test ``e2e/test_whole_offer.py`` runs them on the real scheduler."""
 
 from __future__ import annotations
 
+from dynamig.agent.bindings.answering import refusals
 from dynamig.agent.bindings.decide import (
     REASON_MIG_ENABLED,
     REASON_PLACEMENT_TAKEN,
@@ -16,7 +17,7 @@ from dynamig.agent.bindings.decide import (
 )
 from dynamig.agent.bindings.holds import REASON_PLACEMENT_HELD
 from dynamig.agent.layout.reconcile import Observed
-from dynamig.agent.modes.booked import booked_by, offers_whole, requested_mode
+from dynamig.agent.modes.booked import booked_by, offers_whole, requested_mode, whole_bookable
 from dynamig.agent.modes.switch import gpu_users
 from dynamig.agent.nvml.device import GpuInfo
 from dynamig.geometry.catalog import load_catalog
@@ -38,14 +39,19 @@ def part(**spec: object) -> GpuPartition:
     return GpuPartition.model_validate({"metadata": {"name": "n1-gpu0"}, "spec": spec})
 
 
-def test_offered_only_in_the_partitionable_inventory_with_mig_on_and_no_mode_asked() -> None:
+def test_offered_only_in_the_partitionable_inventory_with_mig_on_and_not_asked_off() -> None:
     offer = part(offerWhole=True)
     assert offers_whole(gpu(), offer, partitionable=True)
     assert not offers_whole(gpu(), offer, partitionable=False)  # no counters: nothing could exclude it
     assert not offers_whole(gpu(mig=0), offer, partitionable=True)  # MIG off: published whole anyway
     assert not offers_whole(gpu(), part(), partitionable=True)
-    assert not offers_whole(gpu(), part(offerWhole=True, migMode="Enabled"), partitionable=True)
+    # a GPU a policy switched on (spec.migMode Enabled, the operator's) offers too
+    assert offers_whole(gpu(), part(offerWhole=True, migMode="Enabled"), partitionable=True)
+    assert not offers_whole(gpu(), part(offerWhole=True, migMode="Disabled"), partitionable=True)
     assert offers_whole(gpu(pending=0), offer, partitionable=True)  # its own switch under way
+    # a booking made while offered stays the switch's when the operator then writes Disabled
+    assert whole_bookable(gpu(), part(offerWhole=True, migMode="Disabled"), partitionable=True)
+    assert not whole_bookable(gpu(mig=0), offer, partitionable=True)
 
 
 def test_a_booking_of_the_whole_device_asks_mig_off_and_nothing_else_does() -> None:
@@ -56,6 +62,36 @@ def test_a_booking_of_the_whole_device_asks_mig_off_and_nothing_else_does() -> N
     assert requested_mode(gpu(), offer, True, {"gpu0-1g10gb-s0": ["ml/a"]}) is None
     assert booked_by(gpu(mig=0), offer, True, booked) == ()  # switched: served whole from here on
     assert requested_mode(gpu(mig=0), part(migMode="Enabled"), True, booked) is MigModeRequest.ENABLED
+    # Enabled asked before the booking (by a policy that switched the GPU on): the booking's switch first,
+    # and once MIG is off its allocation pins the GPU whole; the Enabled applies again once it ends
+    enabled = part(offerWhole=True, migMode="Enabled")
+    assert booked_by(gpu(), enabled, True, booked) == ("ml/train",)
+    assert requested_mode(gpu(), enabled, True, booked) is MigModeRequest.DISABLED
+    assert requested_mode(gpu(mig=0), enabled, True, booked) is MigModeRequest.DISABLED
+    assert requested_mode(gpu(mig=0), enabled, True, {}) is MigModeRequest.ENABLED
+    assert requested_mode(gpu(mig=0), enabled, False, booked) is MigModeRequest.ENABLED  # no offer there
+    # the operator wrote Disabled for the booking while MIG is still on: still the booking's switch
+    disabled = part(offerWhole=True, migMode="Disabled")
+    assert booked_by(gpu(), disabled, True, booked) == ("ml/train",)
+    assert requested_mode(gpu(), disabled, True, booked) is MigModeRequest.DISABLED
+
+
+def test_the_answer_refuses_a_gpu_switching_for_anything_but_the_booking_it_answers() -> None:
+    def refuse(p: GpuPartition, allocated: dict[str, list[str]], g: GpuInfo | None = None) -> object:
+        check = refusals("n1", {"n1-gpu0": p}, None, {}, part(), True, allocated)
+        found = check(g or gpu())
+        return found[0] if found else None
+
+    booked = {"gpu0": ["ml/train"]}
+    assert refuse(part(offerWhole=True), booked) is None
+    assert refuse(part(offerWhole=True, migMode="Enabled"), booked) is None
+    assert refuse(part(offerWhole=True, migMode="Disabled"), booked) is None
+    # MIG off, the whole device allocated under a stale Enabled: served whole (the answer's MigDisabled)
+    assert refuse(part(offerWhole=True, migMode="Enabled"), booked, gpu(mig=0)) == Reason.MIG_DISABLED
+    # a switch nobody booked: bookings from older slices fail
+    assert refuse(part(migMode="Disabled"), {"gpu0-1g10gb-s0": ["ml/a"]}) == Reason.MIG_MODE_DRAINING
+    assert refuse(part(offerWhole=True, migMode="Disabled"), {}) == Reason.MIG_MODE_DRAINING
+    assert refuse(part(offerWhole=True, migMode="Disabled"), booked, gpu()) is None  # booked: answered
 
 
 def test_the_booking_a_switch_is_for_does_not_hold_it_back() -> None:

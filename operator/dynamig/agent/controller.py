@@ -54,7 +54,7 @@ from dynamig.agent.kube.watch import NodeCopies, node_copies
 from dynamig.agent.layout.reconcile import plan_gpu
 from dynamig.agent.layout.reshape import Reshaper
 from dynamig.agent.metrics import AgentMetrics
-from dynamig.agent.modes.booked import booked_by, offers_whole, requested_mode
+from dynamig.agent.modes.booked import booked_by, offers_whole, requested_mode, whole_bookable
 from dynamig.agent.modes.switch import ModeSwitcher, Step, switch_status, switch_step, wants_switch
 from dynamig.agent.modes.whole import whole_outcome
 from dynamig.agent.nvml.device import GpuInfo, MigInstance, NvmlDevices
@@ -475,7 +475,11 @@ class NodeAgent:
         """Answer every booking of this node (failed at once with no GPU readable or on a GPU the round
         refuses: booked again elsewhere); then write the MIG UUIDs of bookings bound without an answer."""
         unavailable = None if view.gpus else view.unavailable
-        refuse = refusals(self.settings.node, view.parts, view.node_owner, view.foreign, _NO_PARTITION)
+        node = self.settings.node
+        allocated = allocated_devices(view.raw_claims, self.settings.driver, node)
+        refuse = refusals(
+            node, view.parts, view.node_owner, view.foreign, _NO_PARTITION, self.partitionable, allocated
+        )
         wall = time.time()
 
         def holds_of(gpu: GpuInfo) -> tuple[Hold, ...]:
@@ -488,7 +492,7 @@ class NodeAgent:
 
         def offers(gpu: GpuInfo) -> bool:
             part = view.parts.get(gpu_partition_name(self.settings.node, gpu.index))
-            return part is not None and offers_whole(gpu, part, self.partitionable)
+            return part is not None and whole_bookable(gpu, part, self.partitionable)
 
         answers = await self.answerer.answer_all(view.raw_claims, unavailable, refuse, holds_of, offers)
         for _, answer in answers:

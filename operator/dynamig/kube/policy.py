@@ -140,6 +140,9 @@ class MigModeSpec(_Model):
     cooldown_seconds: int = Field(default=600, ge=0, le=604_800)
     # GPUs whose model has no MIG: left alone, or governed and served whole (never as MIG).
     gpus_without_mig: WithoutMig = WithoutMig.IGNORE
+    # Idle MIG GPUs also offer their whole device beside their slices (GpuPartition spec.offerWhole): the
+    # scheduler books it and the agent switches MIG off for that booking (dynamig.operator.whole_offers).
+    offer_whole: bool = False
 
     @property
     def dynamic(self) -> bool:

@@ -12,8 +12,10 @@ rest), so it is in flight only while some desired instance is still missing. GPU
 at all; nor is a GPU whose ``spec.migMode`` asks for MIG mode off (the agent withdraws its devices, destroys
 its free instances and switches once nothing uses it).
 
-MIG mode: a GpuView carries the mode NVML reports (``status.migMode``), the one asked (``spec.migMode``), the
-agent's ``MigMode`` condition, the whole GPU's state, and what the operator wrote about switches in
+MIG mode: a GpuView carries the mode NVML reports (``status.migMode``), the one asked (``spec.migMode``, or
+``Disabled`` while a claim allocates the whole device a GPU offers beside its slices, ``spec.offerWhole``: the
+agent works toward that, as :func:`dynamig.agent.modes.booked.requested_mode` says), the agent's ``MigMode``
+condition, the whole GPU's state, and what the operator wrote about switches in
 annotations (when, for which claim, and the modes a GPU needs a reset for: ``dynamig.operator.modes``). It
 carries the GPU's NVLink facts too (whatever its MIG mode), which a claim of whole GPUs may select on.
 """
@@ -41,7 +43,7 @@ from dynamig.kube.gpupartition import (
     WholeGpuStatus,
     parse_gpu_partition,
 )
-from dynamig.kube.names import GPU_INDEX_LABEL, NODE_LABEL
+from dynamig.kube.names import GPU_INDEX_LABEL, NODE_LABEL, whole_device_name
 from dynamig.kube.policy import GpuIdentity, check_layout_fits
 from dynamig.kube.times import parse_time
 from dynamig.planner.model import CurrentInstance, GpuState
@@ -56,6 +58,8 @@ MIG_MODE_FOR_ANNOTATION = f"{API_GROUP}/mig-mode-for"
 # The MIG modes (comma-separated) the agent answered ResetRequired for on this GPU: never asked again. An
 # administrator removes it once the platform exposes the reset (e.g. the node left its pass-through VM).
 MIG_MODE_RESET_ANNOTATION = f"{API_GROUP}/mig-mode-reset-required"
+# The policy that wrote spec.offerWhole (migMode.offerWhole): the operator withdraws only offers of its own.
+WHOLE_OFFERED_BY_ANNOTATION = f"{API_GROUP}/whole-offered-by"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +106,14 @@ class GpuView:
     reset_required: frozenset[MigModeRequest] = frozenset()
     trouble: str = ""  # why the GPU is unfit whatever its MIG mode (Degraded, unmanaged, XID, silent agent)
     nvlink: NvlinkFacts = field(default_factory=NvlinkFacts)  # as the agent reports them, any MIG mode
+    # The whole device offered beside the MIG devices: spec.offerWhole, the policy that wrote it (annotation;
+    # "" when a person did), whether the agent publishes it now (status.wholeOffered), and whether a claim
+    # allocates it on a GPU that offers it (the agent switches MIG off for it, or keeps it off meanwhile).
+    offer_whole: bool = False
+    offer_whole_by: str = ""
+    whole_offered: bool = False
+    booked_whole: bool = False
+    mode_asked: MigModeRequest | None = None  # spec.migMode as written (mode_wanted: what the agent heeds)
 
     @property
     def mode_reset_stuck(self) -> bool:
@@ -203,6 +215,14 @@ def _gpu_view(
         model = catalog.for_product(st.product)
     # Busy: the agent says so, or a claim allocation already names the device (the agent may not know yet).
     taken = allocated.get(node, frozenset())
+    # The whole device offered beside the slices, allocated: the agent's round asks MIG off for it.
+    booked_whole = (
+        st.inventory is Inventory.PARTITIONABLE
+        and bool(gp.spec.offer_whole)
+        and model is not None
+        and whole_device_name(index) in taken
+    )
+    wanted = MigModeRequest.DISABLED if booked_whole else gp.spec.mig_mode
     busy = frozenset(
         i.placed()
         for i in st.instances
@@ -240,7 +260,9 @@ def _gpu_view(
         unusable = f"MIG mode is {st.mig_mode.value}"
     elif trouble:
         unusable = trouble
-    elif gp.spec.mig_mode is MigModeRequest.DISABLED:
+    elif booked_whole:
+        unusable = "its whole device (spec.offerWhole) is allocated: the agent switches MIG off for it"
+    elif wanted is MigModeRequest.DISABLED:
         unusable = "spec.migMode asks for MIG mode off: the agent withdraws its devices and switches"
     if node in silent:
         # Nothing planned on it and nothing awaited from it: a layout it never applies holds no budget.
@@ -292,9 +314,9 @@ def _gpu_view(
         offered=tuple(gp.spec.offered_profiles) if gp.spec.offered_profiles is not None else None,
         floor_held=floor_held,
         holds=tuple(h.placed() for h in gp.spec.holds if model is not None and h.fits(model)),
-        whole=st.mig_mode is MigMode.DISABLED and gp.spec.mig_mode is not MigModeRequest.ENABLED,
+        whole=st.mig_mode is MigMode.DISABLED and wanted is not MigModeRequest.ENABLED,
         mig_mode=st.mig_mode,
-        mode_wanted=gp.spec.mig_mode,
+        mode_wanted=wanted,
         mode_condition=mode_cond,
         whole_gpu=st.whole_gpu,
         mode_written=parse_time(annotations.get(MIG_MODE_WRITTEN_ANNOTATION)),
@@ -304,6 +326,11 @@ def _gpu_view(
         reset_required=reset,
         trouble=trouble,
         nvlink=st.nvlink(),
+        offer_whole=bool(gp.spec.offer_whole),
+        offer_whole_by=str(annotations.get(WHOLE_OFFERED_BY_ANNOTATION, "")),
+        whole_offered=bool(st.whole_offered),
+        booked_whole=booked_whole,
+        mode_asked=gp.spec.mig_mode,
     )
 
 
@@ -344,5 +371,7 @@ def parse_inventory(
 def switch_changes(gpus: Iterable[GpuView]) -> set[tuple[str, str]]:
     """The MIG mode switches under way as the disruption budget counts them: one change per node and claim
     switched for (a claim's GPUs on a node are idle and kept for it, and switch together), one per GPU where
-    no claim is recorded. Pure."""
-    return {(g.node, g.mode_for or g.name) for g in gpus if g.switching is not None}
+    no claim is recorded. A switch for a booking of the whole device a GPU offered is not counted: the
+    scheduler made it, on a GPU with nothing else allocated (the whole device consumed every counter), and
+    the operator could not hold it back. Pure."""
+    return {(g.node, g.mode_for or g.name) for g in gpus if g.switching is not None and not g.booked_whole}

@@ -212,6 +212,19 @@ def _free_whole(g: GpuView, claim: str = "") -> bool:
     )
 
 
+def _offered_whole(g: GpuView, claim: str = "") -> bool:
+    """A GPU with MIG mode on whose agent publishes its whole device beside its slices (``spec.offerWhole``,
+    ``status.wholeOffered``): the scheduler books it, and the agent switches MIG off for that booking."""
+    return (
+        g.offer_whole
+        and g.whole_offered
+        and g.switching is None
+        and g.mode_target is ON
+        and g.whole_hold in ("", claim)
+        and not g.trouble
+    )
+
+
 # Verdicts of MIG claims no GPU with MIG mode on can serve: no room, or none of a model and node they accept
 # (where every GPU of the right model has MIG mode off, the claim is told NoMatchingProfile or
 # NoEligibleNode).
@@ -595,8 +608,11 @@ class _Supply:
 
 
 def _count_supply(r: _Round, claim: PendingClaim, models: frozenset[str]) -> _Supply:
-    """Take whole GPUs (free first, then switching off) for ``claim`` on one eligible node, as many as it
-    asks; when no node has enough, the node with the most (the claim is short there; they are kept for it)."""
+    """Take whole GPUs (free first, then offered beside their slices, then switching off) for ``claim`` on
+    one eligible node, as many as it asks; when no node has enough, the node with the most (the claim is short
+    there; they are kept for it). An offered whole GPU counts for a claim of one GPU only: a claim of several
+    is booked only where all are bookable at once, and a GPU kept for it is offered no more (the agent
+    withdraws the offer of a GPU kept whole), so there it is switched like any idle MIG GPU."""
     wanted = claim.whole_by_model(models)
     need = claim.whole_gpus
     by_node: dict[str, list[GpuView]] = {}
@@ -610,12 +626,16 @@ def _count_supply(r: _Round, claim: PendingClaim, models: frozenset[str]) -> _Su
         )
         if g.whole_hold not in ("", key):
             continue  # kept whole for another claim
-        if mine or (g.name not in r.taken and (_free_whole(g, key) or g.switching is OFF)):
+        ready = _free_whole(g, key) or g.switching is OFF or (need == 1 and _offered_whole(g, key))
+        if mine or (g.name not in r.taken and ready):
             by_node.setdefault(g.node, []).append(g)
     if not by_node:
         return _Supply(False, "", ())
     node = min(by_node, key=lambda n: (-len(by_node[n]), n))
-    have = sorted(by_node[node], key=lambda g: (g.switching is OFF, g.mode_for != claim.claim.key, g.name))
+    have = sorted(
+        by_node[node],
+        key=lambda g: (g.switching is OFF, g.mode_target is ON, g.mode_for != claim.claim.key, g.name),
+    )
     taken = tuple(have[:need])
     r.taken.update(g.name for g in taken)
     return _Supply(len(taken) >= need, node, taken, {n: len(gs) for n, gs in by_node.items()})
@@ -634,7 +654,15 @@ def _whole_claim(r: _Round, v: ClaimVerdict, supply: _Supply, models: frozenset[
     claim = v.claim
     pol = r.policy.name
     coming = [g for g in supply.gpus if g.switching is OFF]
+    offered = [g.name for g in supply.gpus if g.mode_target is ON and g.switching is None]
     if supply.enough:
+        if offered and not coming:
+            return replace(
+                v,
+                message=f"{v.message}; {_names(offered)} offer(s) the whole GPU beside its MIG slices "
+                "(spec.offerWhole): the scheduler books it and the agent switches MIG mode off for it",
+                warn=False,
+            )
         if not coming:
             return v  # free whole GPUs serve it: decide's verdict stands
         g = coming[0]

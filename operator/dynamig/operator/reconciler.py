@@ -65,6 +65,7 @@ from dynamig.operator.preemption import DryRunReport
 from dynamig.operator.settings import OperatorSettings
 from dynamig.operator.silent_nodes import SilentNodes
 from dynamig.operator.verdicts import ClaimVerdict, Reason
+from dynamig.operator.whole_offers import WholeOffers, decide_whole_offers, ungoverned_whole_offers
 from dynamig.operator.world import World, parse_world
 from dynamig.operator.xid_effects import ungoverned_xid_effects, xid_effect_writes
 from dynamig.planner.offerlimit import AutoChoice, choose, needs_rewrite
@@ -224,6 +225,7 @@ class Reconciler:
                         # what GPUs that left the last policy still carry, which no policy round withdraws
                         await self._without_mig(world, snap)
                         await self._withdraw_xid_effects(world, snap)
+                        await self._withdraw_whole_offers(world, snap)
                 failures = 0
             except Exception as exc:
                 if not (isinstance(exc, ApiException) or is_transient(exc)):
@@ -265,6 +267,7 @@ class Reconciler:
             await self._keep_profile_classes(world, snap)
             await self._without_mig(world, snap)
             await self._withdraw_xid_effects(world, snap)
+            await self._withdraw_whole_offers(world, snap)
             self._gpu_uids = {p["metadata"]["name"]: p["metadata"].get("uid", "") for p in snap.partitions}
             raw = next((p for p in snap.policies if p["metadata"]["name"] == name), None)
             policy = next((p for p in world.policies if p.name == name), None)
@@ -293,8 +296,9 @@ class Reconciler:
                     name, chosen.limit or "every placement", chosen.gpu_nodes, len(limits),
                 )  # fmt: skip
             effects = xid_effect_writes(policy, mine, partitions)
+            whole = decide_whole_offers(policy, mine, now)
             written = await self._apply_writes(
-                policy, decision.writes, decision.offers, partitions, now, limits, modes, effects
+                policy, decision.writes, decision.offers, partitions, now, limits, modes, effects, whole
             )
             await self._tell_claims(decision.verdicts, now)
             stored = (raw.get("status") or {}).get("recentEvictions") or []
@@ -439,6 +443,20 @@ class Reconciler:
             log.info("%s: %s", gpu, msg)
             await self._event_gpu(gpu, "Normal", "XidEffectWithdrawn", msg)
 
+    async def _withdraw_whole_offers(self, world: World, snap: Snapshot) -> None:
+        """Remove ``spec.offerWhole`` the operator wrote on each GPU no policy governs any more (not while
+        its whole device is allocated). A refused write is logged; the next round tries again."""
+        partitions = {p["metadata"]["name"]: p for p in snap.partitions}
+        for w in ungoverned_whole_offers(world.gpus, world.ownership.owner):
+            rv = str(((partitions.get(w.gpu) or {}).get("metadata") or {}).get("resourceVersion", ""))
+            try:
+                await self.kube.write_spec(w.gpu, w.spec(), w.annotations(), rv)
+            except ApiException as exc:
+                log.warning("%s: spec.offerWhole removal failed: %s", w.gpu, exc.reason)
+                continue
+            log.info("%s", w.message)
+            await self._event_gpu(w.gpu, "Normal", "WholeOfferWithdrawn", w.message)
+
     async def _report_switches(self, policy: GpuPartitionPolicy, gpus: tuple[GpuView, ...]) -> None:
         """A ``MigModeSwitched`` Event once NVML reports a MIG mode this process asked for (on the GPU and
         the policy); a switch the agent answered ResetRequired for is told by the ResetRequired record."""
@@ -510,10 +528,12 @@ class Reconciler:
         limits: Mapping[str, AutoChoice] | None = None,
         modes: ModeDecision | None = None,
         effects: Mapping[str, str | None] | None = None,
+        whole: WholeOffers | None = None,
     ) -> tuple[LayoutWrite, ...]:
-        """Write each GPU's layout, offered profiles, automatic placements per profile and MIG mode (a switch
-        asked by operator/modes.py, or a request withdrawn after ResetRequired) in one patch (one
-        resourceVersion, one generation). Returns the layout writes done."""
+        """Write each GPU's layout, offered profiles, automatic placements per profile, MIG mode (a switch
+        asked by operator/modes.py, a request withdrawn after ResetRequired, or Disabled for a booked whole
+        device: operator/whole_offers.py) and whole offer in one patch (one resourceVersion, one generation).
+        Returns the layout writes done."""
         done: list[LayoutWrite] = []
         stamp = now_rfc3339()
         layouts = {w.gpu: w for w in writes}
@@ -524,9 +544,11 @@ class Reconciler:
         keeps = {k.gpu: k for k in modes.keeps} if modes is not None else {}
         releases = {x.gpu: x for x in modes.releases} if modes is not None else {}
         effects = effects or {}
+        wholes = whole.by_gpu() if whole is not None else {}
         for gpu in dict.fromkeys(
-            [*layouts, *offered, *limits, *switches, *resets, *keeps, *releases, *effects]
+            [*layouts, *offered, *limits, *switches, *resets, *keeps, *releases, *effects, *wholes]
         ):
+            offer_whole, booked = wholes.get(gpu, (None, None))
             w, o, limit = layouts.get(gpu), offered.get(gpu), limits.get(gpu)
             switch, reset, keep = switches.get(gpu), resets.get(gpu), keeps.get(gpu)
             release = releases.get(gpu) if keep is None else None
@@ -545,6 +567,12 @@ class Reconciler:
                 spec["autoPlacementsPerProfile"] = {"limit": limit.limit, "gpuNodes": limit.gpu_nodes}
             if gpu in effects:  # a merge patch removes the field on null: the agent's --xid-effect again
                 spec["xidEffect"] = effects[gpu]
+            if offer_whole is not None:
+                spec.update(offer_whole.spec())
+                annotations.update(offer_whole.annotations())
+            if booked is not None:  # its own Enabled, replaced: the GPU stays whole after the claim
+                spec.update(booked.spec())
+                annotations.update(booked.annotations(stamp))
             if reset is not None:
                 spec.update(reset.spec())
                 annotations.update(reset.annotations())
@@ -589,13 +617,23 @@ class Reconciler:
                 elif release is not None:
                     log.warning("%s: releasing it for %s failed: %s", gpu, release.claim, exc.reason)
                 elif switch is None and reset is None and keep is None:
-                    log.warning("%s: autoPlacementsPerProfile or xidEffect write failed: %s", gpu, exc.reason)
+                    log.warning(
+                        "%s: autoPlacementsPerProfile, xidEffect, offerWhole or migMode write failed: %s",
+                        gpu, exc.reason,
+                    )  # fmt: skip
                 elif keep is not None and switch is None:
                     log.warning("%s: keeping it whole for %s failed: %s", gpu, keep.claim, exc.reason)
                 continue
             if gpu in effects:
                 effect = effects[gpu] or "the agent's --xid-effect"
                 log.info("policy %s: %s: a critical XID taints its devices %s", policy.name, gpu, effect)
+            if offer_whole is not None:
+                log.info("%s", offer_whole.message)
+                reason = "WholeOffered" if offer_whole.offer else "WholeOfferWithdrawn"
+                await self._event_gpu(gpu, "Normal", reason, offer_whole.message)
+            if booked is not None:
+                log.info("policy %s: %s", policy.name, booked.message)
+                await self._event_gpu(gpu, "Normal", "WholeGpuBooked", booked.message)
             if keep is not None:
                 text = f"{gpu} kept whole for claim {keep.claim} (a claim of whole GPUs) {keep.why}"
                 log.info("policy %s: %s", policy.name, text)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dynamig.agent.kube.api import claim_ref, claim_results
+from dynamig.agent.modes.booked import booked_by, requested_mode
 from dynamig.agent.modes.switch import wants_switch
 from dynamig.agent.nvml.device import GpuInfo
 from dynamig.agent.publishing.gpu_status import Problem, refusal
@@ -58,10 +59,16 @@ def refusals(
     node_owner: str | None,
     foreign: Mapping[str, str],
     no_partition: GpuPartition,
+    partitionable: bool = False,
+    allocated: Mapping[str, Sequence[str]] | None = None,
 ) -> Callable[[GpuInfo], Problem | None]:
     """Why the round leaves a GPU alone (:func:`dynamig.agent.publishing.gpu_status.refusal`), as the answerer
     asks it of the GPUs it observes afresh: its GpuPartition (``no_partition`` before one exists), the node's
-    MIG owner, or another driver publishing MIG devices of the GPU (``foreign``: GPU UUID -> driver). Pure."""
+    MIG owner, another driver publishing MIG devices of the GPU (``foreign``: GPU UUID -> driver), or a MIG
+    mode switch the round works toward (:func:`dynamig.agent.modes.booked.requested_mode`, from the devices
+    ``allocated``: device name -> claims) that is not the switch a booking of the whole GPU asks (that
+    booking is answered by the switch). Pure."""
+    claims = allocated or {}
 
     def refuse(gpu: GpuInfo) -> Problem | None:
         owner = node_owner
@@ -69,10 +76,11 @@ def refusals(
             owner = f"driver {foreign[gpu.uuid]} publishes MIG devices of this GPU"
         part = parts.get(gpu_partition_name(node, gpu.index), no_partition)
         problem = refusal(gpu, part, owner)
-        if problem is None and wants_switch(gpu, part.spec.mig_mode):
+        wanted = requested_mode(gpu, part, partitionable, claims)
+        if problem is None and wants_switch(gpu, wanted) and not booked_by(gpu, part, partitionable, claims):
             # withdrawn for a MIG mode switch (agent/modes/switch.py): a booking from an older slice fails
-            wanted = part.spec.mig_mode.value if part.spec.mig_mode else ""
-            return Reason.MIG_MODE_DRAINING, f"GPU {gpu.index} is being switched to MIG mode {wanted}"
+            assert wanted is not None
+            return Reason.MIG_MODE_DRAINING, f"GPU {gpu.index} is being switched to MIG mode {wanted.value}"
         return problem
 
     return refuse
