@@ -1,6 +1,6 @@
 """A whole GPU offered beside its MIG slices (GpuPartition ``spec.offerWhole``), on the real scheduler: the
 scheduler chooses, and a booking of the whole GPU waits on binding conditions while the agent switches MIG
-off.
+off. Written by a person, and by a policy's ``migMode.offerWhole`` with the operator running.
 
 Real: etcd, kube-apiserver, kube-scheduler (DRA allocation with partitionable devices and binding
 conditions), kube-controller-manager, the node agent's whole loop over the NVML code path. Simulated: the GPU
@@ -10,6 +10,7 @@ whose history is the ground truth for what NVML was asked) and the node (no kube
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import time
@@ -21,10 +22,12 @@ import pytest
 from kubernetes_asyncio import client
 
 from dynamig.demo.cluster import ScenarioApi
-from dynamig.demo.inprocess import agent_running, mig_modes, quick_agent_settings
+from dynamig.demo.inprocess import agent_running, mig_modes, operator_running, quick_agent_settings
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.kube.gpupartition import Inventory
 from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, VERSION
+from dynamig.operator.inventory import MIG_MODE_REQUESTED_ANNOTATION, WHOLE_OFFERED_BY_ANNOTATION
+from dynamig.operator.metrics import OperatorMetrics
 
 pytestmark = pytest.mark.controlplane
 
@@ -125,3 +128,94 @@ async def test_a_booking_of_the_whole_gpu_offered_beside_its_slices_switches_mig
         await eventually(functools.partial(k.unschedulable, "small"), "the slice pod waits: no slice is left")
         assert await k.node_of("small") is None
         await k.delete_pods(["train", "small"])
+
+
+async def _gpu_event(k: ScenarioApi, gpu: str, reason: str) -> dict[str, Any] | None:
+    return next((e for e in await k.events(gpu, namespace="default") if e["reason"] == reason), None)
+
+
+async def _spec_says(k: ScenarioApi, gpu: str, **fields: Any) -> dict[str, Any] | None:
+    part = await k.partition(gpu)
+    return part if all(part["spec"].get(f) == v for f, v in fields.items()) else None
+
+
+async def test_a_policy_offers_the_whole_gpu_of_a_gpu_it_switched_on_and_keeps_it_whole_once_booked(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+) -> None:
+    """An H100 with MIG off under a policy with ``migMode.offerWhole`` (cooldown 0). A 1g.10gb pod has the
+    operator switch it on (its ``spec.migMode: Enabled``) and binds. Once it ends, the operator offers the
+    GPU's whole device (``spec.offerWhole``, annotated with the policy). A whole-GPU pod is then booked on it
+    by the scheduler and binds after the agent switched MIG off; the operator replaces its ``Enabled`` with
+    ``Disabled`` (``WholeGpuBooked``), so when that pod ends the GPU stays whole: two switches in all."""
+    k = ScenarioApi(kube_api, namespace)
+    await k.ensure_device_class()
+    sim.configure(gpus=["H100-80GB"], state_file=None, mig_enabled=False)
+    node = make_node("offerpol", labels={"dynamig.io/managed": "true", "test-pool": namespace})
+    gpu, where = f"{node}-gpu0", {"kubernetes.io/hostname": node}
+    settings = dataclasses.replace(quick_agent_settings(node), inventory=Inventory.PARTITIONABLE)
+    await k.claim_template("whole", ["whole"])
+    await k.claim_template("slice", ["1g.10gb"])
+    policy = f"offer-{namespace}"[:60]
+    async with (
+        agent_running(kube_api, node, sim, settings),
+        operator_running(crds.kubeconfig_path, OperatorMetrics()),
+    ):
+        await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
+        await k.create_policy(policy, {
+            "nodeSelector": {"matchLabels": {"test-pool": namespace}}, "mode": "Dynamic",
+            "batchWindowSeconds": 1, "disruptionBudget": {"maxGpusReshaping": 2},
+            "migMode": {"policy": "Dynamic", "offerWhole": True, "cooldownSeconds": 0},
+        })  # fmt: skip
+        await k.pod("small", "slice", where)
+        assert await eventually(functools.partial(k.node_of, "small"), "the slice pod bound", within_s=60)
+        assert mig_modes(sim) == [1]
+        part = await k.partition(gpu)
+        assert part["spec"]["migMode"] == "Enabled"
+        assert part["metadata"]["annotations"][MIG_MODE_REQUESTED_ANNOTATION] == "Enabled"
+
+        await k.delete_pods(["small"])
+        part = await eventually(
+            functools.partial(_spec_says, k, gpu, offerWhole=True), "spec.offerWhole written", within_s=60
+        )
+        assert part["metadata"]["annotations"][WHOLE_OFFERED_BY_ANNOTATION] == policy
+        assert await eventually(functools.partial(_gpu_event, k, gpu, "WholeOffered"), "WholeOffered")
+
+        async def offered() -> bool | None:
+            return True if (await k.partition(gpu))["status"].get("wholeOffered") else None
+
+        await eventually(offered, "status.wholeOffered: the agent publishes the whole device", within_s=60)
+        created = time.monotonic()
+        await k.pod("train", "whole", where)
+        assert await eventually(functools.partial(k.node_of, "train"), "the whole-GPU pod bound", within_s=60)
+        print(f"\npolicy offerWhole: whole-GPU pod created -> booked, MIG off, bound in "
+              f"{time.monotonic() - created:.1f}s")  # fmt: skip
+        assert mig_modes(sim) == [0]
+        claim = await k.claim_of("train")
+        assert claim is not None
+        assert claim["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu0"
+        booked = await eventually(
+            functools.partial(_gpu_event, k, gpu, "WholeGpuBooked"), "WholeGpuBooked", within_s=30
+        )
+        assert "stays whole" in booked["message"], booked
+        part = await k.partition(gpu)
+        assert part["spec"]["migMode"] == "Disabled", part["spec"]
+        assert part["metadata"]["annotations"][MIG_MODE_REQUESTED_ANNOTATION] == "Disabled"
+
+        await k.delete_pods(["train"])
+
+        async def whole_free() -> dict[str, Any] | None:
+            st = (await k.partition(gpu))["status"]
+            whole = st.get("wholeGpu") or {}
+            return st if whole.get("state") == "free" and not whole.get("claims") else None
+
+        await eventually(whole_free, "the whole GPU free again", within_s=60)
+        # Several agent and operator rounds (1 s batch window, quick agent): nothing switches it back on.
+        await asyncio.sleep(5)
+        assert mig_modes(sim) == [0]
+        switches = [e for e in sim.history() if e.kind == "set-mig-mode"]
+        assert len(switches) == 2, switches
+        await k.custom.delete_cluster_custom_object(GROUP, VERSION, "gpupartitionpolicies", policy)
