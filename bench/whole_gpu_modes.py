@@ -50,6 +50,7 @@ POLICIES = ",".join(
         "whole-split",
         "whole-split-nodes",
         "dynamig-modes",
+        "dynamig-modes-offer",
         "dynamig-modes-keep",
         "nvidia-toggle",
     )
@@ -180,7 +181,11 @@ def main(argv: list[str] | None = None) -> int:
         print(report.text_table(report.KIND_HEADER, report.kind_rows(mine)))
         for rep in mine:
             print(f"  {rep.node_order} @{rep.load:g}:")
-            goals = [*report.mode_goals(rep), *report.mode_goals(rep, "dynamig-modes-keep")]
+            goals = [
+                *report.mode_goals(rep),
+                *report.mode_goals(rep, "dynamig-modes-offer"),
+                *report.mode_goals(rep, "dynamig-modes-keep"),
+            ]
             for line in goals + report.mode_goals(rep, "nvidia-toggle"):
                 print(f"    {line}")
     print("\n== summary: all-MIG dynamig, the best fixed split, the policies that switch MIG modes")

@@ -96,6 +96,7 @@ def test_kubectl_get_gpupartitions_shows_node_product_layout_slices_offers_phase
                     {"profile": "1g.10gb", "start": 4, "deviceName": "gpu0-1g10gb-s4", "state": "free"},
                 ],
                 "lastReshapeTime": "2026-01-01T00:00:00Z",
+                "wholeOffered": True,
                 "conditions": [
                     {
                         "type": "Ready",
@@ -125,6 +126,7 @@ def test_kubectl_get_gpupartitions_shows_node_product_layout_slices_offers_phase
             "PRODUCT",
             "MIG",
             "INVENTORY",
+            "WHOLE OFFERED",
             "LAST RESHAPE",
             "MESSAGE",
         ]
@@ -137,6 +139,7 @@ def test_kubectl_get_gpupartitions_shows_node_product_layout_slices_offers_phase
             "3g.40gb@0,1g.10gb@4",
             "NVIDIA A100-SXM4-80GB",
             "Enabled",
+            " true ",  # WHOLE OFFERED
             "GPU matches spec.layout",
         ):
             assert cell in wide[1], cell

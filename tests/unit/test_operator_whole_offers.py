@@ -252,3 +252,14 @@ async def test_a_round_writes_the_offer_then_disabled_for_the_booking() -> None:
     assert annotations[MIG_MODE_WRITTEN_ANNOTATION] >= stamp(before - 1)
     (event,) = [e for e in kube.events if e[2] == "WholeGpuBooked"]
     assert event[0]["kind"] == "GpuPartition" and "stays whole" in event[3]
+
+
+def test_a_gpu_switching_off_for_the_booking_of_its_whole_device_is_no_supply_for_another_claim() -> None:
+    pol = parse_policy(policy(OFFER))
+    gpus = parse_inventory([booked("Enabled"), part("node-a-gpu1")], CATALOG, ALLOCATED)
+    pairs = [claim("other")]
+    round_ = decide_round(RoundInput(pol, (), gpus, pending(pairs), NOW, {}, CATALOG))
+    modes = decide_modes(ModeInput(pol, gpus, round_, NOW))
+    # not "node-a-gpu0 is being switched off for it": that switch is the booking's
+    (v,) = modes.verdicts
+    assert "node-a-gpu0" not in v.message, v.message

@@ -249,6 +249,46 @@ def test_a_free_whole_gpu_is_not_switched_on_while_a_whole_claim_could_take_it()
     assert result.by_kind["mig"]["started"] == 1 and result.mode_switches == 1
 
 
+def test_the_offer_variant_books_an_idle_mig_gpu_whole_at_once_outside_the_budget() -> None:
+    spec = uniform_cluster(1, 2, "A100-80GB")
+    jobs = [mig("m", 0.0, 1.0), whole("w1", 10.0, 100.0), whole("w2", 10.5, 100.0)]
+    offer = modes_alloc(spec, offer_whole=True)
+    result = run(spec, jobs, offer)
+    # booked when they arrive: each runs once its GPU's switch is done, no round, no budget between them
+    assert offer.name == "dynamig-modes-offer"
+    assert wait_of(result, "whole-single") == pytest.approx(SWITCH)
+    assert result.mode_switches == 2 and result.by_kind["whole-single"]["started"] == 2
+    assert result.destroyed == 1  # the 1g instance m left, destroyed for the booking
+    assert_no_switch_under_a_job(offer)
+    # the operator's switches instead: a round after the batch window, one at a time under a budget of one
+    plain = modes_alloc(spec)
+    result = run(spec, jobs, plain)
+    assert result.by_kind["whole-single"]["p95_s"] == pytest.approx(CFG.window_s + 2 * SWITCH + 0.5, abs=2.0)
+    assert wait_of(result, "whole-single") > SWITCH
+
+
+def test_the_offer_keeps_the_policy_s_limits() -> None:
+    spec = uniform_cluster(1, 1, "A100-80GB")
+    # no reset allowed on an Ampere GPU: not offered, and not switched either
+    no_reset = modes_alloc(spec, ModeSettings(switch_s=SWITCH, allow_reset=False), offer_whole=True)
+    assert run(spec, [whole("w", 0.0, 10.0)], no_reset, horizon=1000.0).started == 0
+    # the floor of MIG GPUs: the one GPU stays MIG
+    floor = modes_alloc(spec, ModeSettings(switch_s=SWITCH, min_mig_gpus=1), offer_whole=True)
+    assert run(spec, [whole("w", 0.0, 10.0)], floor, horizon=1000.0).started == 0
+    # switched on for a MIG job at 2 (cooldown 600): a whole job at 30 is offered the GPU only at 602,
+    # when the operator's round switches it off (12 s after the round); with cooldown 0 it books it at once
+    on = ModeSettings(switch_s=SWITCH, cooldown_s=600.0)
+    cooled = modes_alloc(spec, on, offer_whole=True, split=(1.0, "gpu"))
+    result = run(spec, [mig("m", 0.0, 10.0), whole("w", 30.0, 10.0)], cooled)
+    assert wait_of(result, "whole-single") >= 600.0 - 30.0
+    free = modes_alloc(
+        spec, ModeSettings(switch_s=SWITCH, cooldown_s=0.0), offer_whole=True, split=(1.0, "gpu")
+    )
+    result = run(spec, [mig("m", 0.0, 10.0), whole("w", 30.0, 10.0)], free)
+    assert wait_of(result, "whole-single") == pytest.approx(SWITCH)
+    assert_no_switch_under_a_job(free)
+
+
 def test_the_keep_variant_keeps_an_idle_node_and_switches_it_at_once() -> None:
     # node a full with two 7g jobs; a 2-GPU whole claim at 1, a 1g job at 1.5 that would land on node b
     spec = ClusterSpec((NodeSpec("a", 2, "A100-80GB"), NodeSpec("b", 2, "A100-80GB")))
@@ -363,6 +403,7 @@ def test_mode_policies_are_listed_and_opt_in() -> None:
         "whole-split-nodes:0.25",
         "whole-split-nodes:0.75",
         "dynamig-modes",
+        "dynamig-modes-offer",
         "dynamig-modes-keep",
         "nvidia-toggle",
     ]

@@ -626,6 +626,8 @@ def _count_supply(r: _Round, claim: PendingClaim, models: frozenset[str]) -> _Su
         )
         if g.whole_hold not in ("", key):
             continue  # kept whole for another claim
+        if g.booked_whole:
+            continue  # switching off for the claim that booked its whole device
         ready = _free_whole(g, key) or g.switching is OFF or (need == 1 and _offered_whole(g, key))
         if mine or (g.name not in r.taken and ready):
             by_node.setdefault(g.node, []).append(g)

@@ -37,6 +37,15 @@ demand and serves the job's MIG alternatives, as before.
   a kept whole GPU takes only its claim; switches for a claim go to the node kept for it first; the holds
   end when the claim starts. A switch written is itself a change: the next round runs a batch window later
   where the budget has room, else when a switch ends.
+- ``dynamig-modes-offer`` (``offer_whole=True``): ``dynamig-modes`` under ``migMode.offerWhole``
+  (``dynamig.operator.whole_offers``): an idle MIG GPU (no instance held, reserved or being created) that the
+  policy could switch off now (its cooldown over, a reset allowed) also offers its whole device, as many as
+  leave ``min_mig_gpus`` with MIG on. A whole-GPU job the scheduler books on one takes it at once (as a free
+  whole GPU: lowest-numbered usable GPUs of the first node in the run's order, MIG-off GPUs and offered ones
+  alike); the GPU's free instances are destroyed and its MIG mode switched off for the job, which runs once
+  the switch (``switch_s``) is done and the scheduler's binding-conditions check after it passed (the whole
+  device carries binding conditions, as a cut does). The switch spends no disruption budget (the scheduler
+  made it) and starts the GPU's cooldown; the GPU stays whole after the job, as the operator leaves it.
 - ``dynamig-modes-keep`` (``keep_whole=True``; labelled, a proposal, not what the operator does): as
   ``dynamig-modes`` before its node keeps, and while a multi-GPU claim of whole GPUs waits, one whole idle
   node is kept for it (the choice ``dynamig.planner.reserve.keep_idle_nodes`` makes for MIG claims): the
@@ -164,6 +173,15 @@ class WholeGpuBooking(OfferAllocator):
         """Whether ``node``'s whole GPUs are offered to ``job`` (a node kept for another claim: not)."""
         return True
 
+    def bookable_whole(self, job: Job, gpu: Gpu, now: float) -> bool:
+        """Whether ``job`` can book ``gpu`` whole at ``now``."""
+        return self.whole_usable(gpu) and self.accepts_whole(job, gpu)
+
+    def before_whole(self, gpu: Gpu, job: Job, now: float) -> float:
+        """When ``job``, booking ``gpu`` whole at ``now``, may run as far as ``gpu`` goes (``now``: at once).
+        May change state (a MIG GPU offering its whole device is switched off for the booking)."""
+        return now
+
     def accepts_whole(self, job: Job, gpu: Gpu) -> bool:
         """Whether ``job`` takes ``gpu``'s model whole (its alternatives name that model's full GPU)."""
         return self._full[gpu.model.key] in job.alternatives
@@ -191,9 +209,7 @@ class WholeGpuBooking(OfferAllocator):
             key = node_order_key(self.node_order, node, self.node_busy[node], self.node_size[node])
             if best_key is not None and key >= best_key:
                 continue
-            gpus = [
-                g for g in self.cluster.nodes[node] if self.whole_usable(g) and self.accepts_whole(job, g)
-            ]
+            gpus = [g for g in self.cluster.nodes[node] if self.bookable_whole(job, g, now)]
             if len(gpus) >= job.count:
                 best, best_key = gpus[: job.count], key
         if best is None:
@@ -201,6 +217,7 @@ class WholeGpuBooking(OfferAllocator):
         node = best[0].node_pos
         delay = self.whole_delay(node, now)
         for g in best:
+            delay = max(delay, self.before_whole(g, job, now) - now)
             self.cluster.assign_whole(g, job.name, now)
         slices = sum(g.model.compute_slices for g in best)
         self.node_busy[node] += slices
@@ -243,9 +260,11 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
         split: tuple[float, str] | None = None,
         window_s: float = 2.0,
         keep_whole: bool = False,
+        offer_whole: bool = False,
         **kwargs: Any,
     ) -> None:
         self.modes = modes or ModeSettings()
+        self.offer_whole = offer_whole  # dynamig-modes-offer: idle MIG GPUs offer their whole device
         self.dynamic = dynamic
         # dynamig-modes-keep (a proposal, not the operator): an idle node kept for each waiting multi-GPU
         # claim of whole GPUs, switched off at once
@@ -263,7 +282,8 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
         self._needs_reset = {key: mode_switch_needs_reset(key) for key in cluster.models}
         super().__init__(cluster, policy, **kwargs)
         if dynamic:
-            self.name = "dynamig-modes-keep" if keep_whole else "dynamig-modes"
+            variant = "-keep" if keep_whole else "-offer" if offer_whole else ""
+            self.name = f"dynamig-modes{variant}"
         elif split is not None:
             self.name = f"whole-split{'-nodes' if split[1] == 'node' else ''}:{split[0]:g}"
         self._recount_all()
@@ -275,7 +295,33 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
         return gpu.mig and not gpu.switching and gpu.pos not in self._whole_held
 
     def whole_usable(self, gpu: Gpu) -> bool:
-        return not gpu.mig and not gpu.switching and not gpu.whole_job
+        if gpu.mig:
+            return self._may_offer(gpu)
+        return not gpu.switching and not gpu.whole_job
+
+    def _may_offer(self, gpu: Gpu) -> bool:
+        """dynamig-modes-offer: ``gpu`` (MIG mode on) offers its whole device as far as its state goes (its
+        cooldown and the floor are checked at the booking, ``bookable_whole``: a count made at any other time
+        must not leave out a GPU whose cooldown ended since)."""
+        return (
+            self.offer_whole
+            and self.dynamic
+            and not gpu.switching
+            and gpu.pos not in self._whole_held
+            and not any(self._kept(i) for i in gpu.instances)
+            and not (self._needs_reset[gpu.model.key] and not self.modes.allow_reset)
+        )
+
+    def before_whole(self, gpu: Gpu, job: Job, now: float) -> float:
+        if not gpu.mig:
+            return now
+        # the booking of an offered whole device: free instances destroyed, MIG switched off for it (no
+        # budget spent, the cooldown starts); the pod binds at the binding-conditions check after the switch
+        for inst in list(gpu.instances):
+            self.cluster.destroy(inst, now)
+        self.cluster.set_mode(gpu, False, now, now, job.name)
+        self.touch([gpu])  # its MIG offers go
+        return self.running_at(now, now + self.modes.switch_s)
 
     def _offerable(self, gpu: Gpu) -> frozenset[str]:
         return super()._offerable(gpu) if self.mig_ready(gpu) else frozenset()
@@ -322,6 +368,19 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
     def accepts_whole(self, job: Job, gpu: Gpu) -> bool:
         # a GPU kept whole for a claim is that claim's alone (the agent answers others PlacementHeld)
         return super().accepts_whole(job, gpu) and self._whole_held.get(gpu.pos, job.name) == job.name
+
+    def bookable_whole(self, job: Job, gpu: Gpu, now: float) -> bool:
+        if not super().bookable_whole(job, gpu, now):
+            return False
+        if not gpu.mig:
+            return True
+        # offered: not within its cooldown, nor while the floor of MIG GPUs would be crossed
+        mig_n = sum(1 for g in self.cluster.gpus if g.mig)
+        return (
+            not self._busy(gpu, now)
+            and self._blocked_gpu(gpu, now) is None
+            and mig_n > self.modes.min_mig_gpus
+        )
 
     def place_whole(self, job: Job, now: float) -> Allocation | None:
         got = super().place_whole(job, now)

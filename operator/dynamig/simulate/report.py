@@ -425,7 +425,9 @@ def mode_summary_rows(reports: Sequence[TraceReport]) -> list[list[str]]:
         best = max(splits, key=lambda r: r.served_slice_h) if splits else None
         shown = [base, *([best] if best else [])]
         shown += [
-            r for r in rep.results if r.policy in ("dynamig-modes", "dynamig-modes-keep", "nvidia-toggle")
+            r
+            for r in rep.results
+            if r.policy in ("dynamig-modes", "dynamig-modes-offer", "dynamig-modes-keep", "nvidia-toggle")
         ]
         ref = base.by_kind.get("whole-multi", {})
         for r in shown:

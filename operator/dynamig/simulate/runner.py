@@ -51,6 +51,7 @@ POLICIES = (
     "whole-split",
     "whole-split-nodes",
     "dynamig-modes",
+    "dynamig-modes-offer",
     "dynamig-modes-keep",
     "nvidia-toggle",
 )
@@ -60,7 +61,14 @@ DRAINING = ("dynamig-drain",)  # dynamig with spec.drain's holds (dynamig.simula
 # the policies with GPUs in MIG mode off, for whole-GPU demand (dynamig.simulate.modes); opt-in:
 # whole-split[-nodes] gives one policy per share of DynamigSettings.modes.split_shares
 # (dynamig-modes-keep: a labelled proposal, not the operator's rules: see dynamig.simulate.modes)
-MODE_POLICIES = ("whole-split", "whole-split-nodes", "dynamig-modes", "dynamig-modes-keep", "nvidia-toggle")
+MODE_POLICIES = (
+    "whole-split",
+    "whole-split-nodes",
+    "dynamig-modes",
+    "dynamig-modes-offer",
+    "dynamig-modes-keep",
+    "nvidia-toggle",
+)
 # every policy but those: what run_trace runs unless told otherwise
 BASE_POLICIES = tuple(p for p in POLICIES if p not in MODE_POLICIES)
 # what `dynamig simulate` runs unless --policies says otherwise (the labelled variants are opt-in)
@@ -278,6 +286,19 @@ def allocator_factories(
                 "dynamig-modes",
                 lambda: dynamig_like(
                     DynamigModesAllocator, dyn.policy(models), modes=dyn.modes, window_s=cfg.window_s
+                ),
+            )
+        )
+    if "dynamig-modes-offer" in policies:  # and migMode.offerWhole: idle MIG GPUs offer their whole device
+        out.append(
+            (
+                "dynamig-modes-offer",
+                lambda: dynamig_like(
+                    DynamigModesAllocator,
+                    dyn.policy(models),
+                    modes=dyn.modes,
+                    window_s=cfg.window_s,
+                    offer_whole=True,
                 ),
             )
         )
