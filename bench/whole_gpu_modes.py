@@ -10,6 +10,7 @@ GPU only). Options: ``--models`` (catalog keys, one run each; A100: a switch res
 not), ``--loads``, ``--node-orders``, ``--policies``, ``--split-shares`` (one ``whole-split:<share>`` and one
 ``whole-split-nodes:<share>`` per share), ``--switch-s`` (a MIG mode switch, default 10), ``--cooldown-s``
 (600), ``--max-switching`` (GPUs switching at once, the disruption budget: 1), ``--no-allow-reset``,
+``--min-mig-gpus`` (the floor ``minMigGpus``: 0),
 ``--create-latency-s`` (6), ``--out`` (``results.json`` and ``tables.md``), ``--explain`` (each cell's served
 difference between ``dynamig-modes`` and all-MIG ``dynamig``, job by job: both run once more, recording
 starts).
@@ -116,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cooldown-s", type=float, default=600.0)
     p.add_argument("--max-switching", type=int, default=1)
     p.add_argument("--no-allow-reset", action="store_true")
+    p.add_argument("--min-mig-gpus", type=int, default=0, help="the floor of GPUs with MIG mode on")
     p.add_argument("--no-single-fallback", action="store_true")
     p.add_argument("--create-latency-s", type=float, default=6.0)
     p.add_argument("--out", type=Path, default=None)
@@ -127,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         cooldown_s=args.cooldown_s,
         max_switching=args.max_switching,
         allow_reset=not args.no_allow_reset,
+        min_mig_gpus=args.min_mig_gpus,
         split_shares=tuple(floats(args.split_shares)),
     )
     dyn = DynamigSettings(modes=modes)
