@@ -21,8 +21,12 @@ $(STAMP): pyproject.toml setup.py
 	  $(PIP_INSTALL) -e '.[dev]'
 	@touch $(STAMP)
 
-proto: $(STAMP)
+# The stubs are checked once per change of the venv or the .proto files (not again by each target after it).
+PROTO_STAMP := $(VENV)/.protos
+proto: $(PROTO_STAMP)
+$(PROTO_STAMP): $(STAMP) $(wildcard $(PROTO_DIR)/*.proto) $(if $(wildcard $(GEN_DIR)),,FORCE)
 	@if [ -d $(PROTO_DIR) ]; then $(BIN)/python -m dynamig.agent.plugin.build_protos; fi
+	@touch $@
 
 controlplane:
 	@bash hack/build-control-plane.sh >/dev/null
@@ -112,3 +116,5 @@ image:
 
 clean:
 	rm -rf $(VENV) $(GEN_DIR) .mypy_cache .ruff_cache
+
+FORCE:
