@@ -714,6 +714,26 @@ def test_a_whole_gpu_asked_to_switch_on_serves_no_whole_claim() -> None:
     assert g.switching is None and g.mode_target is MigModeRequest.ENABLED and not g.unusable
 
 
+def test_a_free_whole_gpu_is_kept_from_mig_claims_only_for_a_whole_claim_its_node_could_complete() -> None:
+    # node-a and node-b have one GPU each, both whole and free; a claim of two whole GPUs waits (it is
+    # counted on node-a, the first of the nodes with the most); a MIG claim finds no GPU with MIG mode on
+    parts = [gpu("node-a-gpu0", mig="Disabled"), gpu("node-b-gpu0", mig="Disabled")]
+    pair, small = claim("pair", count=2), slice_claim("small", minute=1)
+    out = decide(parts, [pair, small], policy({**DYNAMIC, "cooldownSeconds": 0}))
+    # node-b's one GPU cannot complete a claim of two: it is switched on for the MIG claim
+    assert [(s.gpu, s.to) for s in out.switches] == [("node-b-gpu0", MigModeRequest.ENABLED)]
+    # a second GPU on node-b that cannot be switched off (its instances allocated): still no room for two
+    busy = [*parts, gpu("node-b-gpu1", instances=FULL)]
+    out = decide(busy, [pair, small], policy({**DYNAMIC, "cooldownSeconds": 0}))
+    assert [(s.gpu, s.to) for s in out.switches] == [("node-b-gpu0", MigModeRequest.ENABLED)]
+    # a claim of one whole GPU could complete on either node: both free whole GPUs are kept from the MIG claim
+    single = claim("single")
+    out = decide(parts, [single, small], policy({**DYNAMIC, "cooldownSeconds": 0}))
+    assert out.switches == ()
+    told = next(v for v in out.verdicts if v.claim.claim.key == "ml/small")
+    assert "a pending claim of whole GPUs could take it" in told.message, told.message
+
+
 # ------------------------------------------------------------------------------------------ the policy field
 
 

@@ -289,6 +289,18 @@ def test_the_offer_keeps_the_policy_s_limits() -> None:
     assert_no_switch_under_a_job(free)
 
 
+def test_a_free_whole_gpu_is_switched_on_where_the_waiting_whole_claim_could_not_complete() -> None:
+    # two nodes of one GPU, both off and free; a 2-GPU whole claim waits (counted on node a) and can complete
+    # on neither node: node b's GPU is switched on for the MIG job (the operator's _could_host)
+    spec = ClusterSpec((NodeSpec("a", 1, "A100-80GB"), NodeSpec("b", 1, "A100-80GB")))
+    alloc = modes_alloc(spec, split=(1.0, "gpu"))
+    jobs = [whole("multi", 1.0, 10.0, count=2), mig("m", 2.0, 10.0)]
+    result = run(spec, jobs, alloc, horizon=400.0)
+    assert result.by_kind["mig"]["started"] == 1 and result.mode_switches == 1
+    assert [e.gpu for e in alloc.cluster.log or [] if e.op == "mig-on"] == [1]
+    assert_no_switch_under_a_job(alloc)
+
+
 def test_the_keep_variant_keeps_an_idle_node_and_switches_it_at_once() -> None:
     # node a full with two 7g jobs; a 2-GPU whole claim at 1, a 1g job at 1.5 that would land on node b
     spec = ClusterSpec((NodeSpec("a", 2, "A100-80GB"), NodeSpec("b", 2, "A100-80GB")))

@@ -15,7 +15,8 @@ devices, waits until nothing uses them, and switches through NVML):
   the fewest free instances to destroy.
 - **on** (``Enabled``) for MIG claims the round left ``NoCapacity``: one free whole GPU (nothing allocated or
   running, no claim) of a model with a profile every MIG request of the claim accepts, that no pending
-  whole-GPU claim could take.
+  whole-GPU claim could take and complete on its node (as many of the node's GPUs as it asks could be whole
+  for it).
 
 Limits, each told to the claim when it is what stops a switch: the policy's ``Fixed`` MIG mode (nothing is
 switched; ``decide`` says so); models whose switch resets the GPU (Ampere,
@@ -557,6 +558,23 @@ def _could_keep(r: _Round, claim: PendingClaim, g: GpuView) -> bool:
     return why is None or why[1]
 
 
+def _could_host(r: _Round, claim: PendingClaim, node: str, seen: dict[tuple[str, str], bool]) -> bool:
+    """Whether ``node`` has as many GPUs as ``claim`` asks that could be whole for it (:func:`_could_keep`, or
+    switching off for it): a free whole GPU is kept from MIG claims only for a claim of whole GPUs that could
+    complete on its node (an eight-GPU claim holds no free whole GPU of a four-GPU node). Memoised in
+    ``seen``. Pure."""
+    key = (claim.claim.key, node)
+    if key not in seen:
+        room = sum(
+            1
+            for g in r.gpus
+            if g.node == node
+            and (_could_keep(r, claim, g) or (g.switching is OFF and g.mode_for == claim.claim.key))
+        )
+        seen[key] = room >= claim.whole_gpus
+    return seen[key]
+
+
 def _keep_order(claim: PendingClaim, gpus: Sequence[GpuView]) -> list[GpuView]:
     """Free whole GPUs first, then the MIG GPUs whose switch destroys the fewest instances."""
     return sorted(
@@ -815,11 +833,15 @@ def _mig_claim(
             gpu=g.name,
         )
     wanted_whole = [verdicts[i].claim for i in whole_claims]
+    hosts: dict[tuple[str, str], bool] = {}
 
     def kept_whole(g: GpuView) -> bool:
         assert g.model is not None
         return g.name in r.taken or any(
-            g.model.key in c.whole_by_model(models) and r.eligible(c, g) and serves_whole(c, g)
+            g.model.key in c.whole_by_model(models)
+            and r.eligible(c, g)
+            and serves_whole(c, g)
+            and _could_host(r, c, g.node, hosts)
             for c in wanted_whole
         )
 

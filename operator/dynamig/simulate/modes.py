@@ -23,7 +23,8 @@ demand and serves the job's MIG alternatives, as before.
   reserved or being created; its free instances are destroyed) on the node that completes the claim with
   the fewest switches, the GPU with the fewest instances first. *On* for a MIG claim nothing can place: a
   free GPU with MIG mode off that an empty GPU of its model serves the claim on, unless a GPU is already
-  switching on for it or a waiting claim of whole GPUs could take that GPU; the lowest node and GPU first.
+  switching on for it or a waiting claim of whole GPUs could take that GPU and complete on its node (as many
+  of the node's GPUs as it asks could be whole for it); the lowest node and GPU first.
   A GPU is not switched again within ``cooldown_s`` (600 s, ``cooldownSeconds``) of its last switch; the
   floors ``min_mig_gpus`` / ``min_whole_gpus`` (0) are never crossed; a model whose switch resets the GPU
   (Ampere, ``dynamig.geometry.generation``) is switched only with ``allow_reset``. A switch takes
@@ -566,12 +567,16 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
                     continue
                 tried.add(shape)
                 if kept is None:  # free whole GPUs a waiting claim of whole GPUs could take: not switched on
-                    wanted = {(c.alternatives, c.gpu_types): c for c in whole_claims}.values()
+                    wanted = {(c.alternatives, c.gpu_types, c.count): c for c in whole_claims}.values()
+                    hosts: dict[tuple[str, int], bool] = {}
                     kept = {
                         g.pos
                         for g in off
                         if any(
-                            self.accepts_whole(c, g) and self.cluster.allows(c, g.node_pos) for c in wanted
+                            self.accepts_whole(c, g)
+                            and self.cluster.allows(c, g.node_pos)
+                            and self._could_host(c, g.node_pos, now, hosts)
+                            for c in wanted
                         )
                     }
                 done, wait = self._on_for(job, off, kept | taken, now, len(gpus) - mig_n)
@@ -711,6 +716,21 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
         for g in sorted(fit, key=lambda g: (len(g.instances), g.index))[:room]:
             done = max(done, self._switch(g, False, job, now))
         return done, None
+
+    def _could_host(self, job: Job, node: int, now: float, seen: dict[tuple[str, int], bool]) -> bool:
+        """Whether ``node`` has as many GPUs as ``job`` asks that could be whole for it (``_could_keep``, or
+        switching off for it):
+        a free whole GPU is kept from MIG claims only for a claim of whole GPUs that could complete on its
+        node (``dynamig.operator.modes._could_host``). Memoised in ``seen``."""
+        key = (job.name, node)
+        if key not in seen:
+            room = sum(
+                1
+                for g in self.cluster.nodes[node]
+                if self._could_keep(job, g, now) or (g.switching and not g.mig and g.mode_for == job.name)
+            )
+            seen[key] = room >= job.count
+        return seen[key]
 
     def _on_for(
         self, job: Job, off: Sequence[Gpu], kept: set[int], now: float, whole_n: int
