@@ -35,6 +35,7 @@ from dynamig.simulate import alibaba, report
 from dynamig.simulate.engine import SimConfig
 from dynamig.simulate.modes import ModeSettings
 from dynamig.simulate.runner import (
+    MODE_POLICIES,
     DynamigSettings,
     TraceReport,
     run_trace,
@@ -43,19 +44,7 @@ from dynamig.simulate.runner import (
 )
 from dynamig.simulate.trace import WHOLE_ONLY, Trace
 
-POLICIES = ",".join(
-    (
-        "whole-gpu",
-        "nvidia-dynamic-mig",
-        "dynamig",
-        "whole-split",
-        "whole-split-nodes",
-        "dynamig-modes",
-        "dynamig-modes-offer",
-        "dynamig-modes-keep",
-        "nvidia-toggle",
-    )
-)
+POLICIES = ",".join(("whole-gpu", "nvidia-dynamic-mig", "dynamig", *MODE_POLICIES))
 
 
 def floats(text: str) -> list[float]:

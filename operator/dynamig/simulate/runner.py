@@ -35,6 +35,17 @@ from dynamig.simulate.preemption import PreemptSettings
 from dynamig.simulate.static_layouts import average_mix, device_mix_on, mixed_static_candidates
 from dynamig.simulate.trace import ClusterSpec, Job, Trace, compute_slices_by_name, order_models
 
+# the policies with GPUs in MIG mode off, for whole-GPU demand (dynamig.simulate.modes); opt-in:
+# whole-split[-nodes] gives one policy per share of DynamigSettings.modes.split_shares
+# (dynamig-modes-keep: a labelled proposal, not the operator's rules: see dynamig.simulate.modes)
+MODE_POLICIES = (
+    "whole-split",
+    "whole-split-nodes",
+    "dynamig-modes",
+    "dynamig-modes-offer",
+    "dynamig-modes-keep",
+    "nvidia-toggle",
+)
 POLICIES = (
     "whole-gpu",
     "static",
@@ -48,27 +59,11 @@ POLICIES = (
     "static-preempt",
     "dynamig-preempt",
     "dynamig-drain",
-    "whole-split",
-    "whole-split-nodes",
-    "dynamig-modes",
-    "dynamig-modes-offer",
-    "dynamig-modes-keep",
-    "nvidia-toggle",
+    *MODE_POLICIES,
 )
 # the policies that evict lower-priority jobs (dynamig.simulate.preempt_policies); opt-in
 PREEMPTING = ("static-preempt", "dynamig-preempt")
 DRAINING = ("dynamig-drain",)  # dynamig with spec.drain's holds (dynamig.simulate.drain_policy); opt-in
-# the policies with GPUs in MIG mode off, for whole-GPU demand (dynamig.simulate.modes); opt-in:
-# whole-split[-nodes] gives one policy per share of DynamigSettings.modes.split_shares
-# (dynamig-modes-keep: a labelled proposal, not the operator's rules: see dynamig.simulate.modes)
-MODE_POLICIES = (
-    "whole-split",
-    "whole-split-nodes",
-    "dynamig-modes",
-    "dynamig-modes-offer",
-    "dynamig-modes-keep",
-    "nvidia-toggle",
-)
 # every policy but those: what run_trace runs unless told otherwise
 BASE_POLICIES = tuple(p for p in POLICIES if p not in MODE_POLICIES)
 # what `dynamig simulate` runs unless --policies says otherwise (the labelled variants are opt-in)
