@@ -32,6 +32,10 @@ def test_a_policy_governed_or_forgotten_keeps_its_counters() -> None:
     assert m.registry.get_sample_value(RESHAPES, {"policy": "q", "result": "failed"}) == 0
     m.forget_policy("q")  # gauges go, counters stay
     assert m.registry.get_sample_value("dynamig_operator_governed_gpus", {"policy": "q"}) is None
+    assert (
+        m.registry.get_sample_value("dynamig_operator_whole_offers", {"policy": "q", "state": "booked"})
+        is None
+    )
     assert m.registry.get_sample_value(RESHAPES, {"policy": "q", "result": "failed"}) == 0
 
 

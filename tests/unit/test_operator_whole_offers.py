@@ -229,7 +229,8 @@ def allocation(device: str) -> dict[str, Any]:
 
 async def test_a_round_writes_the_offer_then_disabled_for_the_booking() -> None:
     kube = FakeKube(round_snapshot(part("node-a-gpu0")))
-    rec = Reconciler(cast(KubeIO, kube), CATALOG, OperatorMetrics(), OperatorSettings())
+    metrics = OperatorMetrics()
+    rec = Reconciler(cast(KubeIO, kube), CATALOG, metrics, OperatorSettings())
     await rec.round("fleet")
     ((name, spec, annotations),) = kube.writes
     assert (name, spec.get("offerWhole"), annotations.get(WHOLE_OFFERED_BY_ANNOTATION)) == (
@@ -252,6 +253,9 @@ async def test_a_round_writes_the_offer_then_disabled_for_the_booking() -> None:
     assert annotations[MIG_MODE_WRITTEN_ANNOTATION] >= stamp(before - 1)
     (event,) = [e for e in kube.events if e[2] == "WholeGpuBooked"]
     assert event[0]["kind"] == "GpuPartition" and "stays whole" in event[3]
+    offers = "dynamig_operator_whole_offers"
+    assert metrics.registry.get_sample_value(offers, {"policy": "fleet", "state": "booked"}) == 1
+    assert metrics.registry.get_sample_value(offers, {"policy": "fleet", "state": "published"}) == 1
 
 
 def test_a_gpu_switching_off_for_the_booking_of_its_whole_device_is_no_supply_for_another_claim() -> None:

@@ -18,6 +18,7 @@ PREEMPTOR_RESULTS = ("would-preempt", "no-victims")
 EVICTION_RESULTS = ("evicted", "gone", "refused", "error")
 HOLD_ENDS = ("served", "gone", "expired", "refused", "off", "moved")
 MIG_MODES = ("Disabled", "Enabled")  # the `to` of a MIG mode switch (GpuPartition spec.migMode)
+WHOLE_OFFER_STATES = ("published", "booked")  # a whole device offered beside the MIG devices
 
 
 @dataclass
@@ -57,6 +58,14 @@ class OperatorMetrics:
         )
         self.governed_gpus = Gauge(
             "dynamig_operator_governed_gpus", "GPUs governed by each policy", ["policy"], registry=r
+        )
+        self.whole_offers = Gauge(
+            "dynamig_operator_whole_offers",
+            "GPUs of a policy with spec.offerWhole, by state: published (the agent publishes the whole "
+            "device beside the MIG devices) or booked (a claim allocated it: switched off, or kept whole, "
+            "for it)",
+            ["policy", "state"],
+            registry=r,
         )
         self.oldest_pending = Gauge(
             "dynamig_operator_oldest_pending_claim_age_seconds",
@@ -204,10 +213,16 @@ class OperatorMetrics:
         if policy in self._governed_series:
             self.governed_gpus.remove(policy)
             self.oldest_pending.remove(policy)
+            for state in WHOLE_OFFER_STATES:
+                self.whole_offers.remove(policy, state)
             self._governed_series.discard(policy)
 
-    def set_governed(self, policy: str, gpus: int, oldest_pending_s: float) -> None:
+    def set_governed(
+        self, policy: str, gpus: int, oldest_pending_s: float, whole_published: int = 0, whole_booked: int = 0
+    ) -> None:
         self.policy_seen(policy)
         self.governed_gpus.labels(policy=policy).set(gpus)
         self.oldest_pending.labels(policy=policy).set(oldest_pending_s)
+        self.whole_offers.labels(policy=policy, state="published").set(whole_published)
+        self.whole_offers.labels(policy=policy, state="booked").set(whole_booked)
         self._governed_series.add(policy)

@@ -857,7 +857,9 @@ class Reconciler:
         self.metrics.set_pending(name, counts)
         created = [parse_time(v.claim.created) for v in decision.verdicts]
         oldest = max((now - t for t in created if t is not None), default=0.0)
-        self.metrics.set_governed(name, len(mine), max(0.0, oldest))
+        published = sum(1 for g in mine if g.offer_whole and g.whole_offered)
+        booked = sum(1 for g in mine if g.booked_whole)
+        self.metrics.set_governed(name, len(mine), max(0.0, oldest), published, booked)
 
     async def _event_policy(self, policy: GpuPartitionPolicy, kind: str, reason: str, message: str) -> None:
         ref = {
