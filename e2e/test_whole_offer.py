@@ -219,3 +219,43 @@ async def test_a_policy_offers_the_whole_gpu_of_a_gpu_it_switched_on_and_keeps_i
         switches = [e for e in sim.history() if e.kind == "set-mig-mode"]
         assert len(switches) == 2, switches
         await k.custom.delete_cluster_custom_object(GROUP, VERSION, "gpupartitionpolicies", policy)
+
+
+async def test_a_booking_whose_switch_needs_a_reset_the_platform_lacks_is_failed_not_left_waiting(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+) -> None:
+    """An A100 in a pass-through VM (simnvml ``vm``: a switch that needs a GPU reset stays pending until a
+    reboot) offers its whole device. A booking of it gets the switch tried; NVML answers
+    NVML_ERROR_RESET_REQUIRED, and the booking is answered failed (booked again elsewhere) rather than left
+    waiting on binding conditions until kube-scheduler's binding timeout."""
+    k = ScenarioApi(kube_api, namespace)
+    await k.ensure_device_class()
+    sim.configure(gpus=["A100-80GB"], state_file=None, vm=True)
+    node = make_node("offervm", labels={"dynamig.io/managed": "true"})
+    gpu, where = f"{node}-gpu0", {"kubernetes.io/hostname": node}
+    settings = dataclasses.replace(quick_agent_settings(node), inventory=Inventory.PARTITIONABLE)
+    async with agent_running(kube_api, node, sim, settings):
+        await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
+        await k.custom.patch_cluster_custom_object(
+            GROUP, VERSION, GPU_PARTITION_PLURAL, gpu, {"spec": {"offerWhole": True}},
+            _content_type="application/merge-patch+json",
+        )  # fmt: skip
+        await eventually(functools.partial(_published, k, node, "gpu0"), "the whole GPU offered")
+        await k.claim_template("whole", ["whole"])
+        await k.pod("train", "whole", where)
+        claim = await eventually(lambda: k.claim_of("train"), "the whole-GPU pod's claim")
+        name = claim["metadata"]["name"]
+
+        async def failed() -> dict[str, Any] | None:
+            return next((e for e in await k.events(name) if e["reason"] == "AllocationFailed"), None)
+
+        told = await eventually(failed, "the booking answered failed", within_s=60)
+        assert "pending" in told["message"], told
+        kinds = [e.kind for e in sim.history()]
+        assert kinds.count("set-mig-mode") == 1, kinds  # tried once, never looped
+        assert await k.node_of("train") is None
+        await k.delete_pods(["train"])

@@ -491,8 +491,11 @@ class NodeAgent:
             return whole if gpu.model is None else (*valid_holds(gpu.model, active), *whole)
 
         def offers(gpu: GpuInfo) -> bool:
+            # a booking whose switch NVML answered ResetRequired is failed (booked again elsewhere), not
+            # left to wait for a VM reboot
             part = view.parts.get(gpu_partition_name(self.settings.node, gpu.index))
-            return part is not None and whole_bookable(gpu, part, self.partitionable)
+            bookable = part is not None and whole_bookable(gpu, part, self.partitionable)
+            return bookable and not self.modes.reset_required(gpu)
 
         answers = await self.answerer.answer_all(view.raw_claims, unavailable, refuse, holds_of, offers)
         for _, answer in answers:

@@ -13,7 +13,9 @@ books both. The whole device carries binding conditions: its booking waits, as a
    the booking itself, and the pod waiting on it, are what the switch is for, so they do not hold it back
    (:func:`booked_by`);
 2. answers the booking ready once MIG mode is off and the GPU is published whole
-   (:func:`dynamig.agent.bindings.decide.decide`; until then it is not answered at all).
+   (:func:`dynamig.agent.bindings.decide.decide`; until then it is not answered at all), or failed once
+   NVML answered the switch NVML_ERROR_RESET_REQUIRED (a pass-through VM: the switch waits for a reboot),
+   so the pod is booked again elsewhere instead of waiting out kube-scheduler's binding timeout.
 
 The GPU then stays whole, as a GPU whose MIG mode is off is served. While its whole device is allocated the
 round works toward MIG off whatever ``spec.migMode`` says (:func:`requested_mode`): an ``Enabled`` written

@@ -189,6 +189,12 @@ class ModeSwitcher:
     def forget(self, gpu: GpuInfo) -> None:
         self._switches.pop(gpu.uuid, None)
 
+    def reset_required(self, gpu: GpuInfo) -> bool:
+        """Whether NVML answered NVML_ERROR_RESET_REQUIRED for ``gpu``'s switch under way: a booking that
+        waits on it would wait until a VM reboot."""
+        s = self._switches.get(gpu.uuid)
+        return s is not None and s.last == "ResetRequired"
+
     async def step(
         self,
         gpu: GpuInfo,
