@@ -11,10 +11,12 @@ scheduler).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
+import pytest
 from test_operator_modes import (
     CATALOG,
     DRIVER_CLASS,
@@ -28,7 +30,9 @@ from test_operator_modes import (
     stamp,
 )
 
-from dynamig.kube.gpupartition import MigModeRequest
+from dynamig.agent.modes.booked import requested_mode
+from dynamig.agent.nvml.device import GpuInfo
+from dynamig.kube.gpupartition import MigModeRequest, parse_gpu_partition
 from dynamig.kube.policy import parse_policy
 from dynamig.operator.decide import RoundInput, decide_round
 from dynamig.operator.inventory import (
@@ -157,6 +161,26 @@ def test_a_booked_whole_device_counts_as_a_switch_off_outside_the_budget() -> No
     # switched: the allocation keeps it whole, whatever the stale Enabled says
     (done,) = parse_inventory([booked("Enabled", mig="Disabled")], CATALOG, ALLOCATED)
     assert done.whole and done.switching is None
+
+
+@pytest.mark.parametrize("ask", [None, "Enabled", "Disabled"])
+@pytest.mark.parametrize("mig", ["Enabled", "Disabled"])
+def test_the_operator_and_the_agent_work_toward_the_same_mode(ask: str | None, mig: str) -> None:
+    """The operator plans around the mode the agent's round works toward: both read it from
+    GpuPartitionSpec.pinned_whole/mode_toward; each reaches it from its own inputs (the claims' allocations
+    on the node; the agent's NVML view and the claims on its devices)."""
+    for offered, partitionable, allocated in itertools.product((False, True), repeat=3):
+        obj = part("node-a-gpu0", offered=offered, ask=ask, mig=mig)
+        if not partitionable:
+            obj["status"]["inventory"] = "Instances"
+        (view,) = parse_inventory([obj], CATALOG, ALLOCATED if allocated else {})
+        on = int(mig == "Enabled")
+        info = GpuInfo(0, "GPU-x", "NVIDIA H100 80GB HBM3", 0x2330, 0, on, on, CATALOG.model("H100-80GB"))
+        claims = {"gpu0": ["ml/train"]} if allocated else {}
+        agent = requested_mode(info, parse_gpu_partition(obj), partitionable, claims)
+        case = f"offered={offered} partitionable={partitionable} allocated={allocated}"
+        assert view.mode_wanted is agent, case
+        assert view.booked_whole is (offered and partitionable and allocated), case
 
 
 def test_the_operator_replaces_its_own_enabled_on_a_booked_gpu_and_keeps_the_offer() -> None:

@@ -197,6 +197,18 @@ class GpuPartitionSpec(_Model):
     # Written by the operator from its policy's spec.health.xidEffect; None: the agent's --xid-effect.
     xid_effect: XidEffect | None = None
 
+    def pinned_whole(self, *, partitionable: bool, known_model: bool, whole_allocated: bool) -> bool:
+        """Whether a claim allocating the GPU's offered whole device pins it MIG-off: the partitionable
+        inventory, ``offerWhole``, a catalog model and an allocation of ``gpu<index>``. Its round then works
+        toward MIG off whatever ``migMode`` says (MIG on: the switch the booking asks; off already: kept whole
+        until the allocation ends). The agent and the operator both decide it here. Pure."""
+        return partitionable and bool(self.offer_whole) and known_model and whole_allocated
+
+    def mode_toward(self, pinned_whole: bool) -> MigModeRequest | None:
+        """The MIG mode the GPU's round works toward: ``Disabled`` while :meth:`pinned_whole`, else
+        ``migMode``. Pure."""
+        return MigModeRequest.DISABLED if pinned_whole else self.mig_mode
+
     def active_holds(self, now: float) -> tuple[Hold, ...]:
         """The holds not yet expired at ``now`` (epoch seconds). Pure."""
         return tuple(h for h in self.holds if h.expires() > now)

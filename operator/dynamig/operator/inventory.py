@@ -216,13 +216,12 @@ def _gpu_view(
     # Busy: the agent says so, or a claim allocation already names the device (the agent may not know yet).
     taken = allocated.get(node, frozenset())
     # The whole device offered beside the slices, allocated: the agent's round asks MIG off for it.
-    booked_whole = (
-        st.inventory is Inventory.PARTITIONABLE
-        and bool(gp.spec.offer_whole)
-        and model is not None
-        and whole_device_name(index) in taken
+    booked_whole = gp.spec.pinned_whole(
+        partitionable=st.inventory is Inventory.PARTITIONABLE,
+        known_model=model is not None,
+        whole_allocated=whole_device_name(index) in taken,
     )
-    wanted = MigModeRequest.DISABLED if booked_whole else gp.spec.mig_mode
+    wanted = gp.spec.mode_toward(booked_whole)
     busy = frozenset(
         i.placed()
         for i in st.instances

@@ -64,9 +64,12 @@ def requested_mode(
     """The MIG mode the round works toward: ``Disabled`` while a claim allocates the whole device of a GPU
     with ``spec.offerWhole`` (MIG mode on: the switch its booking asks; off already: the allocation pins it
     whole until it ends, whatever ``spec.migMode`` says); else ``spec.migMode``. Pure."""
-    offered = partitionable and bool(part.spec.offer_whole) and gpu.model is not None
-    pinned = offered and bool(_holders(gpu, claims))
-    return MigModeRequest.DISABLED if pinned else part.spec.mig_mode
+    pinned = part.spec.pinned_whole(
+        partitionable=partitionable,
+        known_model=gpu.model is not None,
+        whole_allocated=bool(_holders(gpu, claims)),
+    )
+    return part.spec.mode_toward(pinned)
 
 
 def _holders(gpu: GpuInfo, claims: Mapping[str, Sequence[str]]) -> tuple[str, ...]:
