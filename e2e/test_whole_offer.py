@@ -256,6 +256,16 @@ async def test_a_booking_whose_switch_needs_a_reset_the_platform_lacks_is_failed
         told = await eventually(failed, "the booking answered failed", within_s=60)
         assert "pending" in told["message"], told
         kinds = [e.kind for e in sim.history()]
-        assert kinds.count("set-mig-mode") == 1, kinds  # tried once, never looped
-        assert await k.node_of("train") is None
+        assert kinds.count("set-mig-mode") == 1, kinds  # tried once
+        # and never again: 20 agent rounds (0.5 s each) after the answer, while the scheduler retries the pod
+        for _ in range(20):
+            await asyncio.sleep(0.5)
+            kinds = [e.kind for e in sim.history()]
+            assert kinds.count("set-mig-mode") == 1, kinds
+            assert await k.node_of("train") is None
+        # what holds it back, told on the GPU: Degraded until a VM reboot applies the pending mode, and
+        # neither its whole device nor any MIG device is published meanwhile
+        status = (await k.partition(gpu))["status"]
+        assert status["phase"] == "Degraded" and "pending" in status["message"], status
+        assert not await k.published(node)
         await k.delete_pods(["train"])
