@@ -34,10 +34,12 @@ from dynamig.operator.inventory import (
 )
 from dynamig.operator.kubeio import KubeIO, Snapshot
 from dynamig.operator.metrics import OperatorMetrics
-from dynamig.operator.modes import WHOLE_HOLD_SECONDS, ModeDecision, ModeInput, decide_modes
+from dynamig.operator.mode_round import ModeInput
+from dynamig.operator.modes import ModeDecision, decide_modes
 from dynamig.operator.reconciler import Reconciler
 from dynamig.operator.settings import OperatorSettings
 from dynamig.operator.verdicts import Reason
+from dynamig.operator.whole_keeps import WHOLE_HOLD_SECONDS
 
 CATALOG = load_catalog()
 MODELS = (CATALOG.model("H100-80GB"), CATALOG.model("A100-80GB"))

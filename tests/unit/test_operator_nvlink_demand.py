@@ -22,7 +22,8 @@ from dynamig.kube.gpupartition import GpuPartitionStatus, Phase, parse_gpu_parti
 from dynamig.operator.decide import RoundInput, decide_round
 from dynamig.operator.inventory import nvlink_by_model, parse_inventory
 from dynamig.operator.kubeio import Snapshot
-from dynamig.operator.modes import ModeDecision, ModeInput, decide_modes
+from dynamig.operator.mode_round import ModeInput
+from dynamig.operator.modes import ModeDecision, decide_modes
 from dynamig.operator.verdicts import Reason
 from dynamig.operator.world import World, parse_world
 

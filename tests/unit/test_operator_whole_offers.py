@@ -44,7 +44,8 @@ from dynamig.operator.inventory import (
 )
 from dynamig.operator.kubeio import KubeIO, Snapshot
 from dynamig.operator.metrics import OperatorMetrics
-from dynamig.operator.modes import ModeInput, decide_modes
+from dynamig.operator.mode_round import ModeInput
+from dynamig.operator.modes import decide_modes
 from dynamig.operator.reconciler import Reconciler
 from dynamig.operator.settings import OperatorSettings
 from dynamig.operator.whole_offers import decide_whole_offers, ungoverned_whole_offers

@@ -53,9 +53,9 @@ from dynamig.operator.inventory import (
 )
 from dynamig.operator.kubeio import KubeIO, Snapshot
 from dynamig.operator.metrics import OperatorMetrics
+from dynamig.operator.mode_round import ModeInput
 from dynamig.operator.modes import (
     ModeDecision,
-    ModeInput,
     decide_modes,
     released_without_mig,
     served_without_mig,

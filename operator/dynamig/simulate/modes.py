@@ -412,8 +412,8 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
             self.touch(mig)
 
     def _could_keep(self, job: Job, gpu: Gpu, now: float) -> bool:
-        """Whether ``gpu`` could be kept whole for ``job`` (``dynamig.operator.modes._could_keep``): a free
-        whole GPU, or an idle MIG GPU that could be switched off now or after a cooldown."""
+        """Whether ``gpu`` could be kept whole for ``job`` (``dynamig.operator.whole_keeps.could_keep``): a
+        free whole GPU, or an idle MIG GPU that could be switched off now or after a cooldown."""
         if self._whole_held.get(gpu.pos, job.name) != job.name or not self.accepts_whole(job, gpu):
             return False
         if not self.cluster.allows(job, gpu.node_pos) or gpu.switching:
@@ -423,10 +423,10 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
         return not self._busy(gpu, now) and self._blocked_gpu(gpu, now) != math.inf
 
     def _keep_idle_nodes(self, now: float, pending: Sequence[Job]) -> None:
-        """The operator's node keep (``dynamig.operator.modes._kept_nodes``): each waiting claim of several
-        whole GPUs with nothing kept or switching for it, that the free whole GPUs on no node serve, gets an
-        idle node (``keep_idle_nodes``), as many of its GPUs held whole for it as it asks, free whole GPUs
-        first. Side effect: the holds."""
+        """The operator's node keep (``dynamig.operator.whole_keeps.kept_nodes``): each waiting claim of
+        several whole GPUs with nothing kept or switching for it, that the free whole GPUs on no node serve,
+        gets an idle node (``keep_idle_nodes``), as many of its GPUs held whole for it as it asks, free whole
+        GPUs first. Side effect: the holds."""
         started = set(self._whole_held.values()) | {g.mode_for for g in self._switching}
         wanting: list[Job] = []
         for j in pending:
@@ -721,7 +721,7 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
         """Whether ``node`` has as many GPUs as ``job`` asks that could be whole for it (``_could_keep``, or
         switching off for it):
         a free whole GPU is kept from MIG claims only for a claim of whole GPUs that could complete on its
-        node (``dynamig.operator.modes._could_host``). Memoised in ``seen``."""
+        node (``dynamig.operator.whole_keeps.could_host``). Memoised in ``seen``."""
         key = (job.name, node)
         if key not in seen:
             room = sum(

@@ -1,0 +1,189 @@
+"""The GPUs a policy's MIG mode round keeps whole for claims of whole GPUs (holds of kind ``Whole`` in
+GpuPartition ``spec.holds``): no other claim is booked there, and the planner cuts nothing there, while the
+GPUs such a claim lacks switch MIG off (:func:`decide_keeps`). Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from dynamig.kube.gpupartition import Hold, HoldKind
+from dynamig.kube.names import WHOLE_PROFILE
+from dynamig.kube.times import micro_time
+from dynamig.operator.demand import PendingClaim
+from dynamig.operator.inventory import GpuView
+from dynamig.operator.mode_round import (
+    OFF,
+    ON,
+    ModeRound,
+    Supply,
+    free_whole,
+)
+from dynamig.operator.verdicts import serves_whole
+from dynamig.planner.reserve import IdleNode, WaitingClaim, keep_idle_nodes
+
+# How long a GPU is kept whole for a claim of whole GPUs (its switch, an A100's reset included, and the
+# scheduler's next try fit well within it); a claim still waiting then is kept for again.
+WHOLE_HOLD_SECONDS = 900.0
+
+
+@dataclass(frozen=True, slots=True)
+class WholeKeep:
+    """A GPU to keep whole for one claim of whole GPUs (a hold of the whole GPU in its ``spec.holds``): one
+    switched off for it, or free with MIG mode off and counted for it while others still switch."""
+
+    gpu: str
+    claim: str  # namespace/name
+    claim_uid: str
+    why: str = "while GPUs switch"  # ends the WholeGpuKept Event's sentence
+
+    def hold(self, now: float, seconds: float = WHOLE_HOLD_SECONDS) -> Hold:
+        """The hold written (``now``: epoch seconds)."""
+        return Hold(
+            claim=self.claim,
+            claim_uid=self.claim_uid,
+            kind=HoldKind.WHOLE,
+            profile=WHOLE_PROFILE,
+            start=0,
+            created_at=micro_time(now),
+            expires_at=micro_time(now + seconds),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WholeRelease:
+    """A GPU kept whole for a claim that is kept on another node now: its hold is taken out with the round,
+    rather than standing until it expires while the claim waits elsewhere."""
+
+    gpu: str
+    claim: str  # namespace/name
+    node: str  # where the claim is kept now
+
+    @property
+    def why(self) -> str:
+        return f"claim {self.claim} is kept on node {self.node} now"
+
+
+def decide_keeps(
+    r: ModeRound, claims: Sequence[PendingClaim], supplies: Sequence[Supply]
+) -> tuple[tuple[WholeKeep, ...], tuple[WholeRelease, ...]]:
+    """The GPUs to keep whole for each claim of whole GPUs no node serves now, so nobody else books them (the
+    agent answers PlacementHeld and retires their free instances; the planner plans nothing there) while
+    the GPUs it lacks switch, one round or budget at a time:
+
+    - a claim GPUs are switched off for (this round or before), or GPUs are already kept for: on that node,
+      the GPUs switched, the free whole GPUs counted for it, and the idle MIG GPUs it still lacks there;
+    - a claim of several whole GPUs with nothing switched or kept for it yet (its switch waits for the
+      disruption budget, a cooldown, or another claim's round): an idle node, the choice
+      :func:`dynamig.planner.reserve.keep_idle_nodes` makes for multi-device MIG claims (largest claim
+      first, the smallest idle node that holds it), as many of its GPUs as it asks, free whole GPUs first.
+      A node is idle when none of its GPUs is allocated, in use, held, switching on or unfit.
+
+    A claim free whole GPUs serve at once gets none (the scheduler books them in its next cycle; a hold
+    would make it wait on binding conditions). GPUs kept for a claim on another node than the one it is kept
+    on now (its switches went elsewhere: the kept GPUs could not be switched in time) are released."""
+    out: list[WholeKeep] = []
+    releases: list[WholeRelease] = []
+    by_name = {g.name: g for g in r.gpus}
+    held = {g.name: g.whole_hold for g in r.gpus if g.whole_hold}  # GPU -> claim kept for, as decided
+    for_idle: list[PendingClaim] = []
+    for claim, supply in zip(claims, supplies, strict=True):
+        key = claim.claim.key
+        switched = [s.gpu for s in r.switches if s.claim == key]
+        switching = [g.name for g in supply.gpus if g.switching is OFF and g.mode_for == key]
+        mine = [name for name, c in held.items() if c == key]
+        if not switched and not switching and (supply.enough or not mine):
+            if not supply.enough and claim.whole_gpus > 1:
+                for_idle.append(claim)
+            continue
+        node = by_name[(switched or switching or mine)[0]].node
+        releases += [WholeRelease(name, key, node) for name in mine if by_name[name].node != node]
+        keep = [*switched, *(g.name for g in supply.gpus), *mine]
+        keep = [n for n in dict.fromkeys(keep) if by_name[n].node == node]
+        lacking = [
+            g
+            for g in r.gpus
+            if g.node == node and g.name not in keep and g.name not in held and could_keep(r, claim, g)
+        ]
+        keep += [g.name for g in keep_order(claim, lacking)[: claim.whole_gpus - len(keep)]]
+        for name in keep:
+            held[name] = key
+            if by_name[name].whole_hold != key:
+                out.append(WholeKeep(name, key, claim.claim.uid))
+    return (*out, *kept_nodes(r, for_idle, held)), tuple(releases)
+
+
+def could_keep(r: ModeRound, claim: PendingClaim, g: GpuView) -> bool:
+    """Whether ``g`` could be kept whole for ``claim``: a free whole GPU, or a MIG GPU that could be switched
+    off for it now or once time passes (a cooldown, its layout applied). Pure."""
+    assert g.model is not None
+    models = frozenset({g.model.key})
+    if not claim.whole_by_model(models) or not r.eligible(claim, g) or not serves_whole(claim, g):
+        return False
+    if g.whole_hold not in ("", claim.claim.key):
+        return False
+    if free_whole(g, claim.claim.key):
+        return True
+    if g.mode_target is not ON or g.name in r.taken:
+        return False
+    why = r.why_not(g, OFF)
+    return why is None or why[1]
+
+
+def could_host(r: ModeRound, claim: PendingClaim, node: str, seen: dict[tuple[str, str], bool]) -> bool:
+    """Whether ``node`` has as many GPUs as ``claim`` asks that could be whole for it (:func:`could_keep`, or
+    switching off for it): a free whole GPU is kept from MIG claims only for a claim of whole GPUs that could
+    complete on its node (an eight-GPU claim holds no free whole GPU of a four-GPU node). Memoised in
+    ``seen``. Pure."""
+    key = (claim.claim.key, node)
+    if key not in seen:
+        room = sum(
+            1
+            for g in r.gpus
+            if g.node == node
+            and (could_keep(r, claim, g) or (g.switching is OFF and g.mode_for == claim.claim.key))
+        )
+        seen[key] = room >= claim.whole_gpus
+    return seen[key]
+
+
+def keep_order(claim: PendingClaim, gpus: Sequence[GpuView]) -> list[GpuView]:
+    """Free whole GPUs first, then the MIG GPUs whose switch destroys the fewest instances."""
+    return sorted(
+        gpus, key=lambda g: (not free_whole(g, claim.claim.key), len(g.actual), len(g.desired), g.name)
+    )
+
+
+def kept_nodes(
+    r: ModeRound, claims: Sequence[PendingClaim], held: Mapping[str, str]
+) -> tuple[WholeKeep, ...]:
+    """An idle node kept for each of ``claims`` (several whole GPUs each, nothing kept for them yet), as
+    :func:`decide_keeps` says; ``held``: GPU -> the claim it is kept for already. Pure."""
+    if not claims:
+        return ()
+    by_node: dict[str, list[GpuView]] = {}
+    for g in r.gpus:
+        by_node.setdefault(g.node, []).append(g)
+
+    def idle(gs: Sequence[GpuView]) -> bool:
+        return not any(
+            g.trouble or g.name in held or g.holds or g.busy or g.claims_on or g.switching is ON
+            or (g.whole and not free_whole(g))
+            for g in gs
+        )  # fmt: skip
+
+    # Each GPU "offers" the keys of the claims it could be kept for (reserve.IdleNode counts the matches).
+    nodes = [
+        IdleNode(node, tuple(frozenset(c.claim.key for c in claims if could_keep(r, c, g)) for g in gs))
+        for node, gs in sorted(by_node.items())
+        if idle(gs)
+    ]
+    waiting = [WaitingClaim(c.claim.key, c.whole_gpus, frozenset({c.claim.key}), c.nodes) for c in claims]
+    by_key = {c.claim.key: c for c in claims}
+    out: list[WholeKeep] = []
+    for node, w in keep_idle_nodes(nodes, waiting).items():
+        c = by_key[w.name]
+        fit = keep_order(c, [g for g in by_node[node] if could_keep(r, c, g)])
+        why = f"while it waits: node {node} is kept for it until {c.whole_gpus} of its GPUs are whole"
+        out.extend(WholeKeep(g.name, c.claim.key, c.claim.uid, why) for g in fit[: c.whole_gpus])
+    return tuple(out)
