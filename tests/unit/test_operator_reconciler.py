@@ -23,7 +23,8 @@ from dynamig.geometry.catalog import load_catalog
 from dynamig.kube.heartbeat import lease_body
 from dynamig.operator.kubeio import KubeIO, Snapshot
 from dynamig.operator.metrics import OperatorMetrics
-from dynamig.operator.reconciler import Reconciler, _differs, _replacing
+from dynamig.operator.policy_status import replacing_keys, status_differs
+from dynamig.operator.reconciler import Reconciler
 from dynamig.operator.settings import OperatorSettings
 from dynamig.operator.world import parse_world
 
@@ -114,11 +115,11 @@ def test_claim_pinned_to_a_node_goes_to_the_policy_governing_that_node() -> None
 
 
 def test_merge_patch_of_a_map_names_keys_to_drop() -> None:
-    assert _replacing({"NoCapacity": 2, "ReshapeScheduled": 1}, {"ReshapeScheduled": 3}) == {
+    assert replacing_keys({"NoCapacity": 2, "ReshapeScheduled": 1}, {"ReshapeScheduled": 3}) == {
         "NoCapacity": None,
         "ReshapeScheduled": 3,
     }
-    assert _replacing(None, {}) == {}
+    assert replacing_keys(None, {}) == {}
 
 
 def test_status_difference_ignores_condition_times_and_empty_lists() -> None:
@@ -129,9 +130,9 @@ def test_status_difference_ignores_condition_times_and_empty_lists() -> None:
         "lostGpus": [],
         "conditions": [{**cond, "lastTransitionTime": "2026-06-01T00:00:00Z"}],
     }
-    assert not _differs(old, same)
-    assert _differs(old, {**same, "matchedGpus": 3})
-    assert _differs(old, {**same, "conditions": [{**cond, "status": "False"}]})
+    assert not status_differs(old, same)
+    assert status_differs(old, {**same, "matchedGpus": 3})
+    assert status_differs(old, {**same, "conditions": [{**cond, "status": "False"}]})
 
 
 def test_metrics_series_are_replaced_and_forgotten() -> None:

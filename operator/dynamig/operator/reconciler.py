@@ -29,10 +29,8 @@ from dynamig.kube.apicalls import is_transient, status_of
 from dynamig.kube.events import gpu_partition_ref
 from dynamig.kube.gpupartition import (
     AutoPlacementsSpec,
-    Condition,
     MigModeRequest,
     layout_summary,
-    set_condition,
 )
 from dynamig.kube.heartbeat import Sighting, agent_leases, next_silence, sightings
 from dynamig.kube.names import GROUP_VERSION, POLICY_KIND, WHOLE_PROFILE
@@ -60,6 +58,7 @@ from dynamig.operator.modes import (
     released_without_mig,
     served_without_mig,
 )
+from dynamig.operator.policy_status import policy_status, status_differs
 from dynamig.operator.preempting import Preempter
 from dynamig.operator.preemption import DryRunReport
 from dynamig.operator.settings import OperatorSettings
@@ -746,105 +745,13 @@ class Reconciler:
         now: float,
         preemption: DryRunReport | None = None,
     ) -> None:
-        old: dict[str, Any] = dict(raw.get("status") or {})
-        conds = [Condition.model_validate(c) for c in old.get("conditions") or []]
-        gen = policy.metadata.generation
-        stamp = now_rfc3339()
-        if problems:
-            text = "; ".join(str(p) for p in problems)
-            conds = set_condition(conds, "Valid", False, "InvalidSpec", text, gen, stamp)
-        elif warm_shortfall:
-            conds = set_condition(conds, "Valid", False, "WarmPoolTooLarge", warm_shortfall, gen, stamp)
-        else:
-            conds = set_condition(
-                conds, "Valid", True, "Valid", "the spec fits the GPU models it governs", gen, stamp
-            )
         lost = world.ownership.lost.get(policy.name, {})
-        if lost:
-            winners = sorted(set(lost.values()))
-            msg = f"{len(lost)} selected GPU(s) are governed by older policy {', '.join(winners)}"
-            conds = set_condition(conds, "Overlapping", True, "GovernedByOlderPolicy", msg, gen, stamp)
-        else:
-            conds = set_condition(
-                conds, "Overlapping", False, "NoOverlap", "no other policy selects its GPUs", gen, stamp
-            )
-        reshaping = [g.name for g in mine if g.reshaping]
-        if reshaping:
-            conds = set_condition(
-                conds,
-                "Reshaping",
-                True,
-                "AgentsApplying",
-                f"waiting for agents on {', '.join(reshaping)}",
-                gen,
-                stamp,
-            )
-        elif written:
-            conds = set_condition(
-                conds,
-                "Reshaping",
-                True,
-                "LayoutWritten",
-                f"wrote {', '.join(w.gpu for w in written)}",
-                gen,
-                stamp,
-            )
-        else:
-            conds = set_condition(
-                conds, "Reshaping", False, "Stable", "no GpuPartition is being reshaped", gen, stamp
-            )
-        # Ready: valid and every governed GPU at its layout, so `kubectl wait --for=condition=Ready` works.
-        if problems:
-            ready = (False, "InvalidSpec", f"the spec is invalid: {'; '.join(str(p) for p in problems)}")
-        elif reshaping or written:
-            moving = reshaping or [w.gpu for w in written]
-            ready = (False, "Reshaping", f"waiting for agents on {', '.join(moving)}")
-        else:
-            ready = (True, "Stable", f"{len(mine)} governed GPU(s) at their layouts")
-        conds = set_condition(conds, "Ready", *ready, gen, stamp)
-        if preemption is not None:
-            text = preemption.summary()
-            reason = "DryRun" if not preemption.evicting else "Sparing" if preemption.spared else "Evict"
-            conds = set_condition(conds, "Preemption", True, reason, text, gen, stamp)
-        else:  # Off: no condition
-            conds = [c for c in conds if c.type != "Preemption"]
-        old_demand: dict[str, Any] = dict(old.get("pendingDemand") or {})
-        status: dict[str, Any] = {
-            "observedGeneration": gen,
-            "matchedGpus": len(mine),
-            "gpus": [g.name for g in mine],
-            "lostGpus": [{"gpu": g, "governedBy": p} for g, p in sorted(lost.items())],
-            "pendingDemand": {
-                "total": len(decision.verdicts),
-                # a merge patch keeps map keys it does not name: null removes the ones that went away
-                "byProfile": _replacing(old_demand.get("byProfile"), decision.pending_by_profile()),
-                "byReason": _replacing(old_demand.get("byReason"), decision.pending_by_reason()),
-            },
-            "plannedLayouts": [
-                {"gpu": w.gpu, "layout": layout_summary(w.layout), "reason": w.reason}
-                for w in decision.planned
-            ]
-            if policy.spec.mode == Mode.DRY_RUN
-            else [],
-            # GPUs whose agent does not report an inventory yet are re-cut ahead, like Instances ones.
-            "inventory": {
-                "partitionable": sum(1 for g in mine if g.partitionable),
-                "instances": sum(1 for g in mine if not g.partitionable),
-            },
-            "plannedOffers": [{"gpu": o.gpu, "profiles": list(o.profiles)} for o in decision.planned_offers]
-            if policy.spec.mode == Mode.DRY_RUN
-            else [],
-            "conditions": [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in conds],
-            # the eviction ledger, read back by the next operator process (operator/holds.py Ledger)
-            "recentEvictions": self.preempter.recent_evictions(policy.name),
-        }
-        if written:
-            status["lastReshape"] = {
-                "time": stamp,
-                "gpus": [w.gpu for w in written],
-                "reason": "; ".join(f"{w.gpu}: {w.reason}" for w in written)[:1024],
-            }
-        if _differs(old, status):
+        evictions = self.preempter.recent_evictions(policy.name)
+        status = policy_status(
+            policy, raw, lost, mine, decision, written, problems, warm_shortfall, evictions, now_rfc3339(),
+            preemption,
+        )  # fmt: skip
+        if status_differs(raw.get("status") or {}, status):
             await self.kube.patch_policy_status(policy.name, status)
 
     def _update_metrics(
@@ -875,31 +782,6 @@ class Reconciler:
         # for a caller that runs before the round's snapshot uids are kept (a silent agent's GPUs).
         ref = gpu_partition_ref(gpu, uid or self._gpu_uids.get(gpu))
         await self.kube.post_event(ref, kind, reason, message, self.settings.events_namespace)
-
-
-def _replacing(old: Mapping[str, Any] | None, new: Mapping[str, int]) -> dict[str, int | None]:
-    """``new`` plus ``None`` for each key of ``old`` it lacks (a merge patch that replaces the map). Pure."""
-    out: dict[str, int | None] = {k: None for k in old or {} if k not in new}
-    out.update(new)
-    return out
-
-
-def _differs(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    """Whether writing ``new`` would change the status (condition timestamps aside). Pure."""
-
-    def strip(conds: Any) -> list[tuple[Any, ...]]:
-        return sorted(
-            (c.get("type"), c.get("status"), c.get("reason"), c.get("message"), c.get("observedGeneration"))
-            for c in conds or []
-        )
-
-    for key, value in new.items():
-        if key == "conditions":
-            if strip(old.get(key)) != strip(value):
-                return True
-        elif old.get(key) != value and not (value == [] and key not in old):
-            return True
-    return False
 
 
 __all__ = ["Reason", "Reconciler", "StopFlag"]
