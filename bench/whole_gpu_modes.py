@@ -108,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-allow-reset", action="store_true")
     p.add_argument("--min-mig-gpus", type=int, default=0, help="the floor of GPUs with MIG mode on")
     p.add_argument("--no-single-fallback", action="store_true")
+    p.add_argument("--drain-hold-s", type=float, default=3600.0, help="migMode.drainNodeHoldSeconds")
+    p.add_argument(
+        "--drain-node-after-s", type=float, default=None, help="migMode.drainNodeAfterSeconds (unset: none)"
+    )
     p.add_argument("--create-latency-s", type=float, default=6.0)
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--explain", action="store_true", help="explain each cell's served difference job by job")
@@ -120,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         allow_reset=not args.no_allow_reset,
         min_mig_gpus=args.min_mig_gpus,
         split_shares=tuple(floats(args.split_shares)),
+        drain_node_after_s=args.drain_node_after_s,
+        drain_hold_s=args.drain_hold_s,
     )
     dyn = DynamigSettings(modes=modes)
     policies = tuple(x.strip() for x in args.policies.split(",") if x.strip())

@@ -89,6 +89,7 @@ def test_valid_spec_is_accepted_and_defaults_are_filled(policy_crd: ControlPlane
         assert defaults["migMode"] == {
             "policy": "Fixed", "allowReset": False, "minMigGpus": 0, "minWholeGpus": 0,
             "cooldownSeconds": 600, "gpusWithoutMig": "Ignore", "offerWhole": False,
+            "drainNodeHoldSeconds": 3600,
         }  # fmt: skip
         table = policy_crd.kubectl("get", "gpupartitionpolicies", name).stdout
         header = table.splitlines()[0].split()
@@ -180,6 +181,21 @@ def test_valid_spec_is_accepted_and_defaults_are_filled(policy_crd: ControlPlane
             "needs spec.migMode.policy Dynamic",
         ),
         (
+            {"migMode": {"drainNodeAfterSeconds": 300}},
+            "spec.migMode.drainNodeAfterSeconds",
+            "needs spec.migMode.policy Dynamic",
+        ),
+        (
+            {"migMode": {"policy": "Dynamic", "drainNodeAfterSeconds": -1}},
+            "spec.migMode.drainNodeAfterSeconds",
+            "greater than or equal to 0",
+        ),
+        (
+            {"migMode": {"policy": "Dynamic", "drainNodeHoldSeconds": 59}},
+            "spec.migMode.drainNodeHoldSeconds",
+            "greater than or equal to 60",
+        ),
+        (
             {"migMode": {"cooldownSeconds": 10_000_000}},
             "spec.migMode.cooldownSeconds",
             "less than or equal to 604800",
@@ -206,7 +222,8 @@ def test_invalid_spec_is_refused_naming_the_field(
 def test_a_dynamic_mig_mode_is_accepted_as_written(policy_crd: ControlPlane) -> None:
     mig_mode = {
         "policy": "Dynamic", "allowReset": True, "minMigGpus": 1, "minWholeGpus": 2, "cooldownSeconds": 0,
-        "gpusWithoutMig": "Whole", "offerWhole": True,
+        "gpusWithoutMig": "Whole", "offerWhole": True, "drainNodeAfterSeconds": 300,
+        "drainNodeHoldSeconds": 1200,
     }  # fmt: skip
     name, proc = _create(policy_crd, {**VALID, "migMode": mig_mode})
     assert proc.returncode == 0, proc.stderr

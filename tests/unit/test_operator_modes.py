@@ -22,6 +22,7 @@ from dynamig.geometry.catalog import load_catalog
 from dynamig.geometry.generation import Generation, generation, mode_switch_needs_reset
 from dynamig.kube.gpupartition import MigModeRequest
 from dynamig.kube.policy import MigModeKind, parse_policy
+from dynamig.kube.times import parse_time
 from dynamig.operator.decide import RoundInput, decide_round
 from dynamig.operator.demand import PendingClaim, extract_demand, parse_device_classes
 from dynamig.operator.extended import ClassChanges
@@ -1089,6 +1090,62 @@ def test_an_idle_node_is_kept_for_a_claim_of_several_whole_gpus_whose_switch_mus
     assert not decide([budget, *small, *large, *middle], [claim("big", count=2)], dry).keeps
 
 
+def test_a_node_is_drained_for_a_claim_of_several_whole_gpus_that_waited_long_enough() -> None:
+    """migMode.drainNodeAfterSeconds: with no idle node for a claim of two whole GPUs, the node whose two
+    least busy GPUs hold the fewest busy compute slices is kept for it though work runs there (nothing new
+    is booked on those GPUs; each switches once idle). Not before the claim has waited that long, not when
+    unset, not under DryRun, not for one GPU, never on a node with a GPU kept for another claim, and never on
+    GPUs whose switch needs a reset the policy does not allow."""
+    one = (("3g.40gb", 0, "allocated"), ("3g.40gb", 4, "free"))
+    a = [
+        gpu("node-a-gpu0", instances=FULL),
+        gpu("node-a-gpu1", instances=one),
+        gpu("node-a-gpu2", instances=FULL),
+    ]
+    b = [gpu("node-b-gpu0", instances=FULL), gpu("node-b-gpu1", instances=FULL)]
+    c = [_kept_for(gpu("node-c-gpu0", instances=one), "ml/other"), gpu("node-c-gpu1", instances=one)]
+    drain = policy({**DYNAMIC, "drainNodeAfterSeconds": 300})
+    other = claim("other", count=2, minute=1)  # waiting too, kept on node-c already
+    d = decide([*a, *b, *c], [claim("big", count=2), other], drain)
+    assert d.switches == ()
+    assert sorted((k.gpu, k.claim, k.claim_uid) for k in d.keeps if k.claim == "ml/big") == [
+        ("node-a-gpu0", "ml/big", "c-big"),
+        ("node-a-gpu1", "ml/big", "c-big"),
+    ]
+    mine = [k for k in d.keeps if k.claim == "ml/big"]
+    assert all("node node-a is drained for it" in k.why and "9 compute slice(s) busy" in k.why for k in mine)
+    assert all(k.drain and k.seconds == 3600 for k in mine)  # drainNodeHoldSeconds' default
+    assert mine[0].hold(NOW).expires() == NOW + 3600
+    # once per claim: a claim drained for before (by this operator) is not drained again
+    p = parse_policy(drain)
+    gpus = parse_inventory([*a, *b, *c], CATALOG)
+    round_ = decide_round(RoundInput(p, (), gpus, pending([claim("big", count=2), other]), NOW, {}, CATALOG))
+    again = decide_modes(ModeInput(p, gpus, round_, NOW, {"ml/big": NOW - 3600}))
+    assert not [k for k in again.keeps if k.claim == "ml/big"]
+    v = next(v for v in d.verdicts if v.claim.claim.key == "ml/big")
+    assert "kept whole for it" in v.message, v.message
+    # the same cluster without the setting, or with the claim younger than it, or DryRun: nothing kept
+    assert not decide([*a, *b, *c], [claim("big", count=2)], policy(DYNAMIC)).keeps
+    young, pod = claim("big", count=2)
+    young["metadata"]["creationTimestamp"] = stamp(NOW - 299)
+    assert not decide([*a, *b, *c], [(young, pod)], drain).keeps
+    young["metadata"]["creationTimestamp"] = stamp(NOW - 301)
+    assert len(decide([*a, *b, *c], [(young, pod)], drain).keeps) == 2
+    assert not decide(
+        [*a, *b, *c], [claim("big", count=2)], {**drain, "spec": {**drain["spec"], "mode": "DryRun"}}
+    ).keeps
+    assert not decide([*a, *b, *c], [claim("one")], drain).keeps
+    # an idle node goes first, as without the setting: switched for it (and kept), no node drained
+    idle = [gpu("node-d-gpu0"), gpu("node-d-gpu1")]
+    d = decide([*a, *b, *c, *idle], [claim("big", count=2)], drain)
+    assert {k.gpu for k in d.keeps} == {s.gpu for s in d.switches} == {"node-d-gpu0", "node-d-gpu1"}
+    # A100s switch only through a reset: drained only where the policy allows it
+    a100 = [gpu(f"node-e-gpu{i}", "A100-80GB", instances=one) for i in range(2)]
+    assert not decide(a100, [claim("big", count=2)], drain).keeps
+    reset = policy({**DYNAMIC, "drainNodeAfterSeconds": 300, "allowReset": True})
+    assert len(decide(a100, [claim("big", count=2)], reset).keeps) == 2
+
+
 def test_gpus_kept_for_a_claim_switched_for_on_another_node_are_released() -> None:
     """A claim of two whole GPUs kept on node-c, where one GPU became busy, gets its switches on node-d,
     which completes it: node-c's holds are released in the same round (not left for their 15 minutes),
@@ -1142,3 +1199,37 @@ async def test_a_round_takes_out_the_holds_of_a_claim_kept_on_another_node_now()
     assert "kept on node node-d now" in next(e[3] for e in kube.events if e[2] == "WholeGpuReleased")
     released = "dynamig_operator_preemption_holds_released_total"
     assert metrics.registry.get_sample_value(released, {"policy": "fleet", "why": "moved"}) == 2
+
+
+async def test_a_round_drains_a_node_once_per_claim() -> None:
+    """drainNodeAfterSeconds through a reconciler round: the drained GPUs' whole holds are written to last
+    drainNodeHoldSeconds, each GPU is told why (WholeGpuKept), and once those holds are gone (expired) while
+    the claim still waits, the next round drains nothing for it again."""
+    c, p = claim("big", count=2)
+    one = (("3g.40gb", 0, "allocated"), ("3g.40gb", 4, "free"))
+    busy = (gpu("node-a-gpu0", instances=FULL), gpu("node-a-gpu1", instances=one))
+    snap = Snapshot(
+        policies=(policy({**DYNAMIC, "drainNodeAfterSeconds": 300, "drainNodeHoldSeconds": 1200}),),
+        partitions=busy,
+        nodes=({"metadata": {"name": "node-a", "labels": {"kubernetes.io/hostname": "node-a"}}},),
+        pods=(p,),
+        claims=(c,),
+        device_classes=(DRIVER_CLASS,),
+    )
+    kube = FakeKube(snap)
+    rec = Reconciler(cast(KubeIO, kube), CATALOG, OperatorMetrics(), OperatorSettings())
+    before = time.time()
+    await rec.round("fleet")
+    holds = {name: spec["holds"] for name, spec, _ in kube.writes if "holds" in spec}
+    assert sorted(holds) == ["node-a-gpu0", "node-a-gpu1"]
+    for (h,) in holds.values():
+        assert h["claim"] == "ml/big" and h["kind"] == "Whole"
+        lasts = parse_time(h["expiresAt"]) - parse_time(h["createdAt"])  # type: ignore[operator]
+        assert lasts == pytest.approx(1200, abs=1)
+        assert parse_time(h["createdAt"]) >= before - 1  # type: ignore[operator]
+    kept = [e for e in kube.events if e[2] == "WholeGpuKept"]
+    assert len(kept) == 2 and all("node node-a is drained for it for up to 1200s" in e[3] for e in kept)
+    # the holds expired (the snapshot has none), the claim still waits: not drained again
+    kube.writes.clear()
+    await rec.round("fleet")
+    assert not [spec for _, spec, _ in kube.writes if spec.get("holds")]

@@ -143,6 +143,11 @@ class MigModeSpec(_Model):
     # Idle MIG GPUs also offer their whole device beside their slices (GpuPartition spec.offerWhole): the
     # scheduler books it and the agent switches MIG off for that booking (dynamig.operator.whole_offers).
     offer_whole: bool = False
+    # A claim of several whole GPUs that no idle node serves and that waited this long gets a node drained:
+    # as many of its GPUs as it asks kept whole for it though busy (operator/whole_keeps.py). None: never.
+    drain_node_after_seconds: int | None = Field(default=None, ge=0, le=604_800)
+    # How long a drained node is kept for its claim; a claim is drained once (by one operator process).
+    drain_node_hold_seconds: int = Field(default=3600, ge=60, le=604_800)
 
     @property
     def dynamic(self) -> bool:

@@ -4,7 +4,7 @@ count as whole GPUs for a claim of whole GPUs (:func:`count_supply`). Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +69,8 @@ class ModeInput:
     gpus: tuple[GpuView, ...]  # every GPU the policy governs, unusable ones included
     decision: RoundDecision  # the round's layout writes and verdicts (decide_round)
     now: float
+    # claims a node was drained for (migMode.drainNodeAfterSeconds) -> when: each is drained once
+    drained: Mapping[str, float] = field(default_factory=dict)
 
 
 def seconds_text(s: float) -> str:

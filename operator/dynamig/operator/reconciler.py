@@ -92,6 +92,7 @@ class _Memory:
     leases: dict[str, Sighting] = field(default_factory=dict)  # agent Lease -> when seen renewed
     # GPU -> (policy, MIG mode asked, claim, when): switches written, for their completion Event
     switching: dict[str, tuple[str, str, str, float]] = field(default_factory=dict)
+    drained: dict[str, float] = field(default_factory=dict)  # claim key -> when a node was drained for it
 
 
 def auto_limits(
@@ -283,7 +284,10 @@ class Reconciler:
                 RoundInput(policy, problems, mine, claims, now, dict(self._memory.idle_since), self.catalog)
             )
             # MIG mode switches (operator/modes.py) and the verdicts they change, with the round's writes.
-            modes = decide_modes(ModeInput(policy, mine, decision, now))
+            modes = decide_modes(ModeInput(policy, mine, decision, now, dict(self._memory.drained)))
+            for keep in modes.keeps:
+                if keep.drain:
+                    self._memory.drained.setdefault(keep.claim, now)
             decision = replace(decision, verdicts=modes.verdicts)
             await self._report_switches(policy, mine)
             self.metrics.plan_duration.labels(policy=name).observe(decision.plan_seconds)
@@ -386,6 +390,8 @@ class Reconciler:
             if uid not in live:
                 mem.pending_since.pop(uid, None)
                 mem.told.pop(uid, None)
+        waiting = {c.claim.key for c in world.pending}
+        mem.drained = {key: t for key, t in mem.drained.items() if key in waiting}
 
     def _track_idle(self, gpus: tuple[GpuView, ...], now: float) -> None:
         idle = self._memory.idle_since

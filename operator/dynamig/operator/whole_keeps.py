@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from dynamig.geometry.generation import mode_switch_needs_reset
 from dynamig.kube.gpupartition import Hold, HoldKind
 from dynamig.kube.names import WHOLE_PROFILE
-from dynamig.kube.times import micro_time
+from dynamig.kube.times import micro_time, parse_time
 from dynamig.operator.demand import PendingClaim
 from dynamig.operator.inventory import GpuView
 from dynamig.operator.mode_round import (
@@ -36,9 +37,12 @@ class WholeKeep:
     claim: str  # namespace/name
     claim_uid: str
     why: str = "while GPUs switch"  # ends the WholeGpuKept Event's sentence
+    seconds: float = WHOLE_HOLD_SECONDS  # how long the hold lasts
+    drain: bool = False  # a node drained for the claim (drainNodeAfterSeconds): once per claim
 
-    def hold(self, now: float, seconds: float = WHOLE_HOLD_SECONDS) -> Hold:
+    def hold(self, now: float) -> Hold:
         """The hold written (``now``: epoch seconds)."""
+        seconds = self.seconds
         return Hold(
             claim=self.claim,
             claim_uid=self.claim_uid,
@@ -110,7 +114,11 @@ def decide_keeps(
             held[name] = key
             if by_name[name].whole_hold != key:
                 out.append(WholeKeep(name, key, claim.claim.uid))
-    return (*out, *kept_nodes(r, for_idle, held)), tuple(releases)
+    idle = kept_nodes(r, for_idle, held)
+    kept = {k.claim for k in idle}
+    held.update((k.gpu, k.claim) for k in idle)
+    drains = drained_nodes(r, [c for c in for_idle if c.claim.key not in kept], held)
+    return (*out, *idle, *drains), tuple(releases)
 
 
 def could_keep(r: ModeRound, claim: PendingClaim, g: GpuView) -> bool:
@@ -186,4 +194,82 @@ def kept_nodes(
         fit = keep_order(c, [g for g in by_node[node] if could_keep(r, c, g)])
         why = f"while it waits: node {node} is kept for it until {c.whole_gpus} of its GPUs are whole"
         out.extend(WholeKeep(g.name, c.claim.key, c.claim.uid, why) for g in fit[: c.whole_gpus])
+    return tuple(out)
+
+
+def busy_slices(g: GpuView) -> int:
+    """The compute slices of ``g`` that allocated or running work holds: its busy MIG instances, or the
+    whole GPU when its whole device is not free. Pure."""
+    if g.model is None:
+        return 0
+    if g.whole:
+        return 0 if free_whole(g) else g.model.compute_slices
+    placed = g.busy | set(g.claims_on)
+    return sum(g.model.profile(p.profile).compute_slices for p in placed)
+
+
+def could_drain(r: ModeRound, claim: PendingClaim, g: GpuView) -> bool:
+    """Whether ``g`` could be kept whole for ``claim`` while work still runs on it: a GPU the claim takes
+    whole, not unfit, not held for anything else, and, with MIG mode on, one the policy may switch off once
+    it is idle (a reset it allows, none that the platform refused). Pure."""
+    assert g.model is not None
+    if not claim.whole_by_model(frozenset({g.model.key})) or not r.eligible(claim, g):
+        return False
+    if not serves_whole(claim, g) or g.trouble or g.holds or g.whole_hold not in ("", claim.claim.key):
+        return False
+    if g.switching is ON or g.name in r.taken:
+        return False
+    if g.whole:
+        return True
+    allow_reset = r.policy.spec.mig_mode.allow_reset
+    needs_reset = mode_switch_needs_reset(g.model.key) and not allow_reset
+    return not needs_reset and not g.mode_reset_stuck and OFF not in g.reset_required
+
+
+def drained_nodes(
+    r: ModeRound, claims: Sequence[PendingClaim], held: Mapping[str, str]
+) -> tuple[WholeKeep, ...]:
+    """``spec.migMode.drainNodeAfterSeconds``: each of ``claims`` (several whole GPUs each, nothing kept for
+    them, no idle node either) that has waited that long, oldest first, gets a node drained: as many GPUs as
+    it asks kept whole for it though work still runs there, so nothing new is booked on them and each is
+    switched off for it once idle (:func:`dynamig.operator.modes.decide_modes`), for
+    ``drainNodeHoldSeconds``; a claim drained for before (``ModeInput.drained``) is not drained again. The
+    node is the one whose chosen GPUs hold the fewest busy compute slices (:func:`busy_slices`), a node with
+    a GPU kept for another claim left out; on it, the least busy GPUs. Nobody is evicted. ``held``: GPU ->
+    the claim it is kept for already. Pure."""
+    mm = r.policy.spec.mig_mode
+    after = mm.drain_node_after_seconds
+    if after is None or not claims:
+        return ()
+    by_node: dict[str, list[GpuView]] = {}
+    for g in r.gpus:
+        by_node.setdefault(g.node, []).append(g)
+    taken_nodes = {g.node for g in r.gpus if g.name in held}
+    waited = [(parse_time(c.created), c) for c in claims]
+    out: list[WholeKeep] = []
+    for created, c in sorted(((t, c) for t, c in waited if t is not None), key=lambda tc: tc[0]):
+        if r.inp.now - created < after or c.claim.key in r.inp.drained:
+            continue
+        best: tuple[tuple[int, str], list[GpuView]] | None = None
+        for node, gs in sorted(by_node.items()):
+            if node in taken_nodes:
+                continue
+            fit = sorted((g for g in gs if could_drain(r, c, g)), key=lambda g: (busy_slices(g), g.name))
+            if len(fit) < c.whole_gpus:
+                continue
+            chosen = fit[: c.whole_gpus]
+            key = (sum(busy_slices(g) for g in chosen), node)
+            if best is None or key < best[0]:
+                best = (key, chosen)
+        if best is None:
+            continue
+        (busy, node), chosen = best
+        taken_nodes.add(node)
+        why = (
+            f"while it waits (over {after}s): node {node} is drained for it for up to "
+            f"{mm.drain_node_hold_seconds}s, nothing new is booked on these GPUs ({busy} compute slice(s) "
+            "busy there now) and each is switched off for it once idle"
+        )
+        hold_s = float(mm.drain_node_hold_seconds)
+        out.extend(WholeKeep(g.name, c.claim.key, c.claim.uid, why, hold_s, drain=True) for g in chosen)
     return tuple(out)

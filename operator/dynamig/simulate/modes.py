@@ -107,6 +107,8 @@ class ModeSettings:
     )
     split_shares: tuple[float, ...] = (0.5,)  # whole-split / whole-split-nodes: one policy per share
     keep_budget: int = 8  # dynamig-modes-keep: GPUs switching at once (a node's worth)
+    drain_node_after_s: float | None = None  # spec.migMode.drainNodeAfterSeconds (None: unset)
+    drain_hold_s: float = 3600.0  # spec.migMode.drainNodeHoldSeconds
 
 
 # DynamigModesAllocator._supply: (enough, the node with the most, its GPUs counted for the claim, such GPUs
@@ -273,6 +275,7 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
         self._whole_kept: dict[int, str] = {}  # node -> the claim of whole GPUs it is kept for
         # GPU position -> the claim of whole GPUs it is kept whole for (the operator's holds of kind Whole)
         self._whole_held: dict[int, str] = {}
+        self._drained: dict[str, float] = {}  # claim of whole GPUs -> when its drained node's keep ends
         self.window_s = window_s  # the operator's batch window: its own switch write starts a round after it
         if split is not None:
             for pos in split_whole_gpus(cluster, *split):
@@ -427,6 +430,9 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
         several whole GPUs with nothing kept or switching for it, that the free whole GPUs on no node serve,
         gets an idle node (``keep_idle_nodes``), as many of its GPUs held whole for it as it asks, free whole
         GPUs first. Side effect: the holds."""
+        for name in [n for n, until in self._drained.items() if until <= now]:
+            self._drained[name] = math.inf
+            self._release_holds(name)  # a drain lasts drain_hold_s; a claim is drained once
         started = set(self._whole_held.values()) | {g.mode_for for g in self._switching}
         wanting: list[Job] = []
         for j in pending:
@@ -453,11 +459,51 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
             WaitingClaim(j.name, j.count, frozenset({j.name}), self._allowed_names(j)) for j in wanting
         ]
         by_name = {j.name: j for j in wanting}
-        for name, w in keep_idle_nodes(idle, waiting).items():
+        kept = keep_idle_nodes(idle, waiting)
+        for name, w in kept.items():
             job = by_name[w.name]
             fit = [g for g in self.cluster.nodes[self._node_pos[name]] if self._could_keep(job, g, now)]
             fit.sort(key=lambda g: (g.mig, len(g.instances), g.index))
             self._hold(fit[: job.count], job)
+        self._drain_nodes(now, [j for j in wanting if j.name not in {w.name for w in kept.values()}])
+
+    def _drain_nodes(self, now: float, claims: Sequence[Job]) -> None:
+        """``drainNodeAfterSeconds`` (``dynamig.operator.whole_keeps.drained_nodes``): each of ``claims`` (no
+        idle node kept for it) that waited ``drain_node_after_s``, oldest first, gets the node whose GPUs it
+        would take hold the fewest busy slices: as many of them as it asks held whole for it though busy (no
+        other job books them; each switches off for it once idle), for ``drain_hold_s``, then chosen again.
+        Side effect: the holds."""
+        after = self.modes.drain_node_after_s
+        if after is None:
+            return
+        held_nodes = {self.cluster.gpus[p].node_pos for p in self._whole_held}
+        for j in claims:
+            if now - j.arrival < after or j.name in self._drained:
+                continue
+            best: tuple[tuple[int, int], list[Gpu]] | None = None
+            for n, gpus in enumerate(self.cluster.nodes):
+                if n in held_nodes or not self.cluster.allows(j, n):
+                    continue
+                fit = [g for g in gpus if self._could_drain(j, g)]
+                if len(fit) < j.count:
+                    continue
+                fit.sort(key=lambda g: (g.busy_slices, g.index))
+                key = (sum(g.busy_slices for g in fit[: j.count]), n)
+                if best is None or key < best[0]:
+                    best = (key, fit[: j.count])
+            if best is not None:
+                self._drained[j.name] = now + self.modes.drain_hold_s
+                self._hold(best[1], j)
+                held_nodes.add(best[1][0].node_pos)
+
+    def _could_drain(self, job: Job, gpu: Gpu) -> bool:
+        """``dynamig.operator.whole_keeps.could_drain``: a GPU ``job`` takes whole, held for nothing else, not
+        switching on, and with MIG mode on one the policy may switch (a reset it allows)."""
+        if not self.accepts_whole(job, gpu) or gpu.pos in self._whole_held:
+            return False
+        if gpu.mig and gpu.switching:
+            return False
+        return not gpu.mig or not (self._needs_reset[gpu.model.key] and not self.modes.allow_reset)
 
     def candidates(self, now: float, claims: Sequence[ClaimDemand]) -> tuple[list[Gpu], float | None]:
         gpus, cooling = super().candidates(now, claims)
