@@ -519,3 +519,87 @@ async def test_whole_gpus_kept_on_a_node_the_claim_cannot_use_are_released_when_
         event = await eventually(released, "a's gpu1 released from the pair's hold", within_s=30)
         print(f"released: {event['message']}")
         assert mig_modes(sim_a) == [1, 1]
+
+
+async def test_a_node_is_drained_for_a_claim_of_two_whole_gpus_when_no_node_is_idle(
+    crds: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    make_node: Callable[..., str],
+    sim: ModuleType,
+) -> None:
+    """One node of two H100s with MIG on, and a 1g.10gb pod running on one of them: no node is idle. A pod
+    asking two whole GPUs under a policy with migMode.drainNodeAfterSeconds gets the node drained: both GPUs
+    kept whole for its claim (spec.holds, kind Whole, lasting drainNodeHoldSeconds; WholeGpuKept says
+    drained). Nothing is switched or destroyed while the small pod runs, and a second 1g.10gb pod gets no
+    slice there. Once the small pod is deleted, both GPUs are switched off and the pair binds on them."""
+    k = ScenarioApi(kube_api, namespace)
+    await k.ensure_device_class()
+    await k.claim_template("small", ["1g.10gb"])
+    await _pair_template(k)
+    sim.configure(
+        gpus=["H100-80GB", "H100-80GB"], state_file=None, mig_enabled=[True, True], switch_latency_s=[2, 2]
+    )
+    pool = uuid.uuid4().hex[:8]
+    node = make_node("drained", labels={"dynamig.io/managed": "true", "test-pool": pool})
+    where = {"test-pool": pool}
+    settings = dataclasses.replace(quick_agent_settings(node), inventory=Inventory.PARTITIONABLE)
+    drain = {"cooldownSeconds": 0, "drainNodeAfterSeconds": 0, "drainNodeHoldSeconds": 600}
+    async with (
+        agent_running(kube_api, node, sim, settings),
+        operator_running(crds.kubeconfig_path, OperatorMetrics()),
+    ):
+        for i in (0, 1):
+            await eventually(
+                functools.partial(k.stable, f"{node}-gpu{i}"), f"GpuPartition gpu{i}", within_s=60
+            )
+        await k.create_policy(f"drained-{pool}", _policy(pool, **drain))
+        await k.pod("first", "small", where)
+        assert await eventually(
+            functools.partial(k.node_of, "first"), "the first 1g.10gb pod bound", within_s=60
+        )
+        await k.pod("train", "pair", where)
+        train = await eventually(functools.partial(k.claim_of, "train"), "the pair's claim", within_s=30)
+        key = f"{k.ns}/{train['metadata']['name']}"
+
+        async def drained() -> list[dict[str, Any]] | None:
+            parts = [await k.partition(f"{node}-gpu{i}") for i in (0, 1)]
+            held = [[(h["claim"], h["kind"]) for h in p["spec"].get("holds") or []] for p in parts]
+            return parts if held == [[(key, "Whole")], [(key, "Whole")]] else None
+
+        parts = await eventually(drained, "both GPUs kept whole for the pair", within_s=30)
+        switches_before = [e for e in sim.history() if e.kind == "set-mig-mode"]
+        for p in parts:
+            (hold,) = p["spec"]["holds"]
+            created = datetime.datetime.fromisoformat(hold["createdAt"].replace("Z", "+00:00"))
+            expires = datetime.datetime.fromisoformat(hold["expiresAt"].replace("Z", "+00:00"))
+            assert abs((expires - created).total_seconds() - 600) < 2, hold
+            assert "migMode" not in p["spec"] or p["spec"]["migMode"] != "Disabled", p["spec"]
+
+        async def told(gpu: str) -> dict[str, Any] | None:
+            for e in await k.events(gpu, "default"):
+                if e["reason"] == "WholeGpuKept" and f"node {node} is drained for it" in (e["message"] or ""):
+                    return e
+            return None
+
+        for i in (0, 1):
+            await eventually(
+                functools.partial(told, f"{node}-gpu{i}"), f"WholeGpuKept on gpu{i}", within_s=30
+            )
+        await k.pod("second", "small", where)
+        for _ in range(10):  # 5 s of agent and operator rounds: the drain holds, nothing is switched
+            await asyncio.sleep(0.5)
+            assert await k.node_of("second") is None
+            assert await k.node_of("train") is None
+            assert mig_modes(sim) == [1, 1]
+        assert [e for e in sim.history() if e.kind == "set-mig-mode"] == switches_before == []
+        await k.delete_pods(["first"])
+        made = time.monotonic()
+        assert await eventually(functools.partial(k.node_of, "train"), "the pair bound", within_s=90)
+        print(f"pair bound {time.monotonic() - made:.1f}s after the small pod was deleted")
+        claim = await k.claim_of("train")
+        assert claim is not None
+        got = sorted(r["device"] for r in claim["status"]["allocation"]["devices"]["results"])
+        assert got == ["gpu0", "gpu1"], got
+        assert mig_modes(sim) == [0, 0]
+        assert await k.node_of("second") is None
