@@ -27,6 +27,7 @@ from dynamig.operator.decide import RoundInput, decide_round
 from dynamig.operator.demand import PendingClaim, extract_demand, parse_device_classes
 from dynamig.operator.extended import ClassChanges
 from dynamig.operator.inventory import (
+    LAYOUT_WRITTEN_ANNOTATION,
     MIG_MODE_FOR_ANNOTATION,
     MIG_MODE_REQUESTED_ANNOTATION,
     MIG_MODE_RESET_ANNOTATION,
@@ -336,6 +337,26 @@ CASES = [
                 Reason.WAITING_FOR_MIG_MODE_SWITCH,
                 False,
                 ("switching node-a-gpu1", "Now: no room"),
+                "node-a-gpu1",
+            )
+        },
+    ),
+    Case(
+        # the MIG GPU was cut 10 s ago (cooldown 60 s) and is full: a free whole GPU is switched on now
+        # rather than the claim waiting out the cooldown (a burst whose last claim came a round late)
+        "the-reverse-switch-while-the-mig-gpu-cools",
+        (
+            gpu("node-a-gpu0", instances=FULL, annotations={LAYOUT_WRITTEN_ANNOTATION: stamp(NOW - 10)}),
+            gpu("node-a-gpu1", mig="Disabled"),
+        ),
+        (slice_claim("infer"),),
+        DYNAMIC,
+        (("node-a-gpu1", "Enabled", "ml/infer"),),
+        {
+            "infer": Told(
+                Reason.WAITING_FOR_MIG_MODE_SWITCH,
+                False,
+                ("switching node-a-gpu1", "Now: no GPU of policy fleet that may be cut now"),
                 "node-a-gpu1",
             )
         },

@@ -512,10 +512,18 @@ async def _whole_gpu(
     waited = (await _bound_waits(watch, {"train-whole": created}, within))[0]
     report.timed("whole-GPU pod created to bound (GPU switched off first)", waited)
     switched = [e for e in agent.history() if e.kind == "set-mig-mode"]
-    modes: list[tuple[str, ...]] = []
-    for name in gpus:
-        st = (await api.partition(name)).get("status") or {}
-        modes.append((name, str(st.get("migMode", "?")), str(st.get("layoutSummary", "-"))))
+
+    async def reported() -> list[dict[str, Any]] | None:
+        # the pod binds once the agent publishes the whole GPU; its status write may come a round later
+        states = [(await api.partition(name)).get("status") or {} for name in gpus]
+        whole = [st for name, st in zip(gpus, states, strict=True) if name.endswith(f"-{device}")]
+        return states if whole and whole[0].get("migMode") == "Disabled" else None
+
+    states = await eventually(reported, f"{device}'s status reporting MIG mode off", within)
+    modes: list[tuple[str, ...]] = [
+        (name, str(st.get("migMode", "?")), str(st.get("layoutSummary", "-")))
+        for name, st in zip(gpus, states, strict=True)
+    ]
     report.info(f"train-whole -> {device}; NVML asked to switch MIG mode {len(switched)} time(s)")
     report.table(("GPU", "MIG MODE", "LAYOUT"), modes)
     if agent.node is not None:

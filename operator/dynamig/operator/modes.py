@@ -13,10 +13,10 @@ devices, waits until nothing uses them, and switches through NVML):
   whose whole GPU the claim's selectors accept with the GPU's own NVLink facts (``nvlinkActiveLinks``, the
   fabric: the agent reports them whatever the MIG mode). The GPU whose switch disturbs least goes first:
   the fewest free instances to destroy.
-- **on** (``Enabled``) for MIG claims the round left ``NoCapacity``: one free whole GPU (nothing allocated or
-  running, no claim) of a model with a profile every MIG request of the claim accepts, that no pending
-  whole-GPU claim could take and complete on its node (as many of the node's GPUs as it asks could be whole
-  for it).
+- **on** (``Enabled``) for MIG claims the round left ``NoCapacity`` or ``WaitingForCooldown``: one free
+  whole GPU (nothing allocated or running, no claim) of a model with a profile every MIG request of the claim
+  accepts, that no pending whole-GPU claim could take and complete on its node (as many of the node's GPUs as
+  it asks could be whole for it).
 
 Limits, each told to the claim when it is what stops a switch: the policy's ``Fixed`` MIG mode (nothing is
 switched; ``decide`` says so); models whose switch resets the GPU (Ampere,
@@ -108,10 +108,12 @@ class ModeDecision:
     verdicts: tuple[ClaimVerdict, ...] = ()  # the round's verdicts, those a switch concerns rewritten
 
 
-# Verdicts of MIG claims no GPU with MIG mode on can serve: no room, or none of a model and node they accept
-# (where every GPU of the right model has MIG mode off, the claim is told NoMatchingProfile or
-# NoEligibleNode).
-_NO_MIG_GPU = frozenset({Reason.NO_CAPACITY, Reason.NO_MATCHING_PROFILE, Reason.NO_ELIGIBLE_NODE})
+# Verdicts of MIG claims no GPU with MIG mode on can serve now: no room, room only once a GPU's cooldown ends
+# (a claim that came a round after the GPU was cut would otherwise wait out the cooldown beside a free whole
+# GPU), or none of a model and node they accept (where every GPU of the right model has MIG mode off, the
+# claim is told NoMatchingProfile or NoEligibleNode).
+_NO_ROOM_NOW = frozenset({Reason.NO_CAPACITY, Reason.WAITING_FOR_COOLDOWN})
+_NO_MIG_GPU = _NO_ROOM_NOW | {Reason.NO_MATCHING_PROFILE, Reason.NO_ELIGIBLE_NODE}
 
 
 def _fits_empty(model: GpuModel, claim: PendingClaim, allowed: frozenset[str] | None) -> bool:
@@ -383,13 +385,13 @@ def _mig_claim(
     whole_claims: Sequence[int],
     models: frozenset[str],
 ) -> ClaimVerdict:
-    """The verdict on a MIG claim no GPU with MIG mode on can serve (NoCapacity, or none of a model and node
-    it accepts): a free whole GPU switched on for it, or one already switching on; otherwise the verdict as
-    it was, with why no whole GPU can be switched when one could serve it."""
+    """The verdict on a MIG claim no GPU with MIG mode on can serve now (NoCapacity, WaitingForCooldown, or
+    none of a model and node it accepts): a free whole GPU switched on for it, or one already switching on;
+    otherwise the verdict as it was, with why no whole GPU can be switched when one could serve it."""
     claim = v.claim
     now = (
         f"Now: {v.message}"
-        if v.reason is Reason.NO_CAPACITY
+        if v.reason in _NO_ROOM_NOW
         else "No GPU with MIG mode on of a model and node it accepts serves it now."
     )
     allowed = frozenset(a) if (a := r.policy.spec.allowed_profiles) is not None else None
