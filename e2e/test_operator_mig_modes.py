@@ -16,7 +16,7 @@ import datetime
 import functools
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import ModuleType
 from typing import Any
 
@@ -227,9 +227,11 @@ class _PairOnTwoH100s:
         sim: ModuleType,
         inventory: Inventory,
         spec: dict[str, Any],
+        before: Callable[[dict[str, str]], Awaitable[None]] | None = None,
     ) -> AsyncIterator[tuple[str, dict[str, str], str]]:
-        """Agent and operator running, the policy (``spec`` merged in) made, ``train`` created: yields the
-        node, the pods' node selector and the pair's claim (namespace/name)."""
+        """Agent and operator running, the policy (``spec`` merged in) made, ``before`` awaited (given the
+        pods' node selector), ``train`` created: yields the node, the pods' node selector and the pair's claim
+        (namespace/name)."""
         k = self.k
         await k.ensure_device_class()
         sim.configure(
@@ -252,6 +254,8 @@ class _PairOnTwoH100s:
                     functools.partial(k.stable, f"{node}-gpu{i}"), f"GpuPartition gpu{i}", within_s=60
                 )
             await k.create_policy(f"{self.node_name}-{pool}", {**_policy(pool, cooldownSeconds=0), **spec})
+            if before is not None:
+                await before(where)
             await k.pod("train", "pair", where)
             train = await eventually(functools.partial(k.claim_of, "train"), "the pair's claim", within_s=30)
             yield node, where, f"{k.ns}/{train['metadata']['name']}"
@@ -534,33 +538,22 @@ async def test_a_node_is_drained_for_a_claim_of_two_whole_gpus_when_no_node_is_i
     drained). Nothing is switched or destroyed while the small pod runs, and a second 1g.10gb pod gets no
     slice there. Once the small pod is deleted, both GPUs are switched off and the pair binds on them."""
     k = ScenarioApi(kube_api, namespace)
-    await k.ensure_device_class()
     await k.claim_template("small", ["1g.10gb"])
-    await _pair_template(k)
-    sim.configure(
-        gpus=["H100-80GB", "H100-80GB"], state_file=None, mig_enabled=[True, True], switch_latency_s=[2, 2]
-    )
-    pool = uuid.uuid4().hex[:8]
-    node = make_node("drained", labels={"dynamig.io/managed": "true", "test-pool": pool})
-    where = {"test-pool": pool}
-    settings = dataclasses.replace(quick_agent_settings(node), inventory=Inventory.PARTITIONABLE)
-    drain = {"cooldownSeconds": 0, "drainNodeAfterSeconds": 0, "drainNodeHoldSeconds": 600}
-    async with (
-        agent_running(kube_api, node, sim, settings),
-        operator_running(crds.kubeconfig_path, OperatorMetrics()),
-    ):
-        for i in (0, 1):
-            await eventually(
-                functools.partial(k.stable, f"{node}-gpu{i}"), f"GpuPartition gpu{i}", within_s=60
-            )
-        await k.create_policy(f"drained-{pool}", _policy(pool, **drain))
+
+    async def first(where: dict[str, str]) -> None:
         await k.pod("first", "small", where)
         assert await eventually(
             functools.partial(k.node_of, "first"), "the first 1g.10gb pod bound", within_s=60
         )
-        await k.pod("train", "pair", where)
-        train = await eventually(functools.partial(k.claim_of, "train"), "the pair's claim", within_s=30)
-        key = f"{k.ns}/{train['metadata']['name']}"
+
+    pair = _PairOnTwoH100s(k, "drained", mig_enabled=[True, True], switch_latency_s=[2, 2])
+    drain = {"migMode": {"policy": "Dynamic", "cooldownSeconds": 0, "drainNodeAfterSeconds": 0,
+                         "drainNodeHoldSeconds": 600}}  # fmt: skip
+    async with pair.running(kube_api, crds, make_node, sim, Inventory.PARTITIONABLE, drain, first) as (
+        node,
+        where,
+        key,
+    ):
 
         async def drained() -> list[dict[str, Any]] | None:
             parts = [await k.partition(f"{node}-gpu{i}") for i in (0, 1)]
