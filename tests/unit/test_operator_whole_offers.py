@@ -292,3 +292,22 @@ def test_a_gpu_switching_off_for_the_booking_of_its_whole_device_is_no_supply_fo
     # not "node-a-gpu0 is being switched off for it": that switch is the booking's
     (v,) = modes.verdicts
     assert "node-a-gpu0" not in v.message, v.message
+
+
+def test_a_gpu_switching_off_for_the_booking_of_its_whole_device_is_never_kept_or_drained_for_another() -> (
+    None
+):
+    """A node drained for a claim of two whole GPUs never takes a GPU whose offered whole device another
+    claim booked (its switch is that booking's; a hold there would turn the booking away), nor counts its
+    node as idle: with only one other GPU on the node, nothing is kept there."""
+    pol = parse_policy(policy({**OFFER, "drainNodeAfterSeconds": 0}))
+    gpus = parse_inventory([booked("Enabled"), part("node-a-gpu1")], CATALOG, ALLOCATED)
+    pairs = [claim("big", count=2)]
+    round_ = decide_round(RoundInput(pol, (), gpus, pending(pairs), NOW, {}, CATALOG))
+    modes = decide_modes(ModeInput(pol, gpus, round_, NOW))
+    assert modes.keeps == () and modes.switches == ()
+    # the same node without the booking: drained for the pair (both GPUs kept whole for it)
+    free = parse_inventory([booked("Enabled"), part("node-a-gpu1", instances=BUSY_ONE)], CATALOG)
+    round_ = decide_round(RoundInput(pol, (), free, pending(pairs), NOW, {}, CATALOG))
+    kept = decide_modes(ModeInput(pol, free, round_, NOW)).keeps
+    assert sorted(k.gpu for k in kept) == ["node-a-gpu0", "node-a-gpu1"]

@@ -176,7 +176,7 @@ def kept_nodes(
     def idle(gs: Sequence[GpuView]) -> bool:
         return not any(
             g.trouble or g.name in held or g.holds or g.busy or g.claims_on or g.switching is ON
-            or (g.whole and not free_whole(g))
+            or g.booked_whole or (g.whole and not free_whole(g))
             for g in gs
         )  # fmt: skip
 
@@ -217,6 +217,8 @@ def could_drain(r: ModeRound, claim: PendingClaim, g: GpuView) -> bool:
         return False
     if not serves_whole(claim, g) or g.trouble or g.holds or g.whole_hold not in ("", claim.claim.key):
         return False
+    if g.booked_whole:
+        return False  # switching off for the claim that booked its whole device: a hold would turn it away
     if g.switching is ON or g.name in r.taken:
         return False
     if g.whole:

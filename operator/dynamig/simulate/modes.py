@@ -276,6 +276,8 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
         # GPU position -> the claim of whole GPUs it is kept whole for (the operator's holds of kind Whole)
         self._whole_held: dict[int, str] = {}
         self._drained: dict[str, float] = {}  # claim of whole GPUs -> when its drained node's keep ends
+        # GPUs whose offered whole device a job booked, while it runs (the operator's booked_whole)
+        self._offer_booked: set[int] = set()
         self.window_s = window_s  # the operator's batch window: its own switch write starts a round after it
         if split is not None:
             for pos in split_whole_gpus(cluster, *split):
@@ -324,8 +326,13 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
         for inst in list(gpu.instances):
             self.cluster.destroy(inst, now)
         self.cluster.set_mode(gpu, False, now, now, job.name)
+        self._offer_booked.add(gpu.pos)
         self.touch([gpu])  # its MIG offers go
         return self.running_at(now, now + self.modes.switch_s)
+
+    def release_whole(self, alloc: Allocation, now: float) -> None:
+        self._offer_booked.difference_update(g.pos for g in alloc.gpus)
+        super().release_whole(alloc, now)
 
     def _offerable(self, gpu: Gpu) -> frozenset[str]:
         return super()._offerable(gpu) if self.mig_ready(gpu) else frozenset()
@@ -498,8 +505,9 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
 
     def _could_drain(self, job: Job, gpu: Gpu) -> bool:
         """``dynamig.operator.whole_keeps.could_drain``: a GPU ``job`` takes whole, held for nothing else, not
-        switching on, and with MIG mode on one the policy may switch (a reset it allows)."""
-        if not self.accepts_whole(job, gpu) or gpu.pos in self._whole_held:
+        switching on, not running a job that booked its offered whole device, and with MIG mode on one the
+        policy may switch (a reset it allows)."""
+        if not self.accepts_whole(job, gpu) or gpu.pos in self._whole_held or gpu.pos in self._offer_booked:
             return False
         if gpu.mig and gpu.switching:
             return False
