@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 import pytest
+from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from dynamig.geometry.catalog import load_catalog
@@ -1222,6 +1223,20 @@ async def test_a_round_takes_out_the_holds_of_a_claim_kept_on_another_node_now()
     assert metrics.registry.get_sample_value(released, {"policy": "fleet", "why": "moved"}) == 2
 
 
+class _ConflictingKube(FakeKube):
+    """FakeKube whose spec writes are answered 409 Conflict while ``fail`` is set."""
+
+    def __init__(self, snap: Snapshot) -> None:
+        super().__init__(snap)
+        self.fail, self.conflicts = True, 0
+
+    async def write_spec(self, name: str, spec: Any, annotations: Any, rv: str) -> dict[str, Any]:
+        if self.fail:
+            self.conflicts += 1
+            raise ApiException(status=409, reason="Conflict")
+        return await super().write_spec(name, spec, annotations, rv)
+
+
 async def test_a_round_drains_a_node_once_per_claim() -> None:
     """drainNodeAfterSeconds through a reconciler round: the drained GPUs' whole holds are written to last
     drainNodeHoldSeconds, each GPU is told why (WholeGpuKept), and once those holds are gone (expired) while
@@ -1237,8 +1252,12 @@ async def test_a_round_drains_a_node_once_per_claim() -> None:
         claims=(c,),
         device_classes=(DRIVER_CLASS,),
     )
-    kube = FakeKube(snap)
+    kube = _ConflictingKube(snap)
     rec = Reconciler(cast(KubeIO, kube), CATALOG, OperatorMetrics(), OperatorSettings())
+    await rec.round("fleet")  # the holds' writes answered 409: not drained yet, so not remembered
+    assert kube.conflicts and not [e for e in kube.events if e[2] == "WholeGpuKept"]
+    kube.conflicts = 0
+    kube.fail = False
     before = time.time()
     await rec.round("fleet")
     holds = {name: spec["holds"] for name, spec, _ in kube.writes if "holds" in spec}

@@ -285,9 +285,6 @@ class Reconciler:
             )
             # MIG mode switches (operator/modes.py) and the verdicts they change, with the round's writes.
             modes = decide_modes(ModeInput(policy, mine, decision, now, dict(self._memory.drained)))
-            for keep in modes.keeps:
-                if keep.drain:
-                    self._memory.drained.setdefault(keep.claim, now)
             decision = replace(decision, verdicts=modes.verdicts)
             await self._report_switches(policy, mine)
             self.metrics.plan_duration.labels(policy=name).observe(decision.plan_seconds)
@@ -640,6 +637,8 @@ class Reconciler:
                 log.info("policy %s: %s", policy.name, booked.message)
                 await self._event_gpu(gpu, "Normal", "WholeGpuBooked", booked.message)
             if keep is not None:
+                if keep.drain:  # once per claim: remembered once a drain's hold is written
+                    self._memory.drained.setdefault(keep.claim, now)
                 text = f"{gpu} kept whole for claim {keep.claim} (a claim of whole GPUs) {keep.why}"
                 log.info("policy %s: %s", policy.name, text)
                 await self._event_gpu(gpu, "Normal", "WholeGpuKept", text)
