@@ -1166,6 +1166,13 @@ def test_a_node_is_drained_for_a_claim_of_several_whole_gpus_that_waited_long_en
     assert not decide(a100, [claim("big", count=2)], drain).keeps
     reset = policy({**DYNAMIC, "drainNodeAfterSeconds": 300, "allowReset": True})
     assert len(decide(a100, [claim("big", count=2)], reset).keeps) == 2
+    # nor where the platform refused the reset: on that GPU, and (the platform is the node's) beside it
+    vm = {MIG_MODE_RESET_ANNOTATION: "Disabled"}
+    stuck = [
+        gpu("node-e-gpu0", "A100-80GB", instances=one, annotations=vm),
+        *(gpu(f"node-e-gpu{i}", "A100-80GB", instances=one) for i in (1, 2)),
+    ]
+    assert not decide(stuck, [claim("big", count=2)], reset).keeps
 
 
 def test_gpus_kept_for_a_claim_switched_for_on_another_node_are_released() -> None:

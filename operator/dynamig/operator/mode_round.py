@@ -136,6 +136,26 @@ class ModeRound:
     def eligible(self, claim: PendingClaim, g: GpuView) -> bool:
         return g.model is not None and (claim.nodes is None or g.node in claim.nodes)
 
+    def refused(self, g: GpuView, to: MigModeRequest) -> str | None:
+        """Why the policy or the platform never lets ``g`` be switched ``to`` (a reset the policy does not
+        allow, or one the platform does not expose, here or on a GPU of its model on its node); None when
+        nothing of the kind stands in the way. Pure."""
+        assert g.model is not None
+        if mode_switch_needs_reset(g.model.key) and not self.policy.spec.mig_mode.allow_reset:
+            return (
+                f"{g.model.key} switches MIG mode only through a GPU reset, and policy {self.policy.name}'s "
+                "spec.migMode.allowReset is false"
+            )
+        if to in g.reset_required:
+            return f"the agent answered ResetRequired for MIG mode {mode_word(to)} here: not asked again"
+        other = self.reset_nodes.get((g.node, g.model.key, to))
+        if other is not None and other != g.name:
+            return (
+                f"{other} on the same node answered ResetRequired for MIG mode {mode_word(to)} (its platform "
+                "exposes no GPU reset)"
+            )
+        return None
+
     def why_not(self, g: GpuView, to: MigModeRequest) -> tuple[str, bool] | None:
         """Why ``g`` may not be switched ``to`` now, and whether only time stands in the way (a cooldown, a
         reshape under way); None when it may."""
@@ -159,24 +179,9 @@ class ModeRound:
             w = g.whole_gpu
             state = "not published" if w is None or not w.published else w.state.value
             return f"the whole GPU is {state}", False
-        if mode_switch_needs_reset(g.model.key) and not mm.allow_reset:
-            return (
-                f"{g.model.key} switches MIG mode only through a GPU reset, and policy {self.policy.name}'s "
-                "spec.migMode.allowReset is false",
-                False,
-            )
-        if to in g.reset_required:
-            return (
-                f"the agent answered ResetRequired for MIG mode {mode_word(to)} here: not asked again",
-                False,
-            )
-        other = self.reset_nodes.get((g.node, g.model.key, to))
-        if other is not None and other != g.name:
-            return (
-                f"{other} on the same node answered ResetRequired for MIG mode {mode_word(to)} (its platform "
-                "exposes no GPU reset)",
-                False,
-            )
+        refused = self.refused(g, to)
+        if refused is not None:
+            return refused, False
         if g.in_flight:
             return "its layout is being applied", True
         if any(w.gpu == g.name for w in self.inp.decision.writes):

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from dynamig.geometry.generation import mode_switch_needs_reset
 from dynamig.kube.gpupartition import Hold, HoldKind
 from dynamig.kube.names import WHOLE_PROFILE
 from dynamig.kube.times import micro_time, parse_time
@@ -121,14 +120,19 @@ def decide_keeps(
     return (*out, *idle, *drains), tuple(releases)
 
 
+def _takes_whole(r: ModeRound, claim: PendingClaim, g: GpuView) -> bool:
+    """Whether ``claim`` takes ``g`` whole (its model, a node it may use, the GPU's own NVLink facts) and
+    ``g`` is kept whole for no other claim. Pure."""
+    assert g.model is not None
+    if not claim.whole_by_model(frozenset({g.model.key})) or not r.eligible(claim, g):
+        return False
+    return serves_whole(claim, g) and g.whole_hold in ("", claim.claim.key)
+
+
 def could_keep(r: ModeRound, claim: PendingClaim, g: GpuView) -> bool:
     """Whether ``g`` could be kept whole for ``claim``: a free whole GPU, or a MIG GPU that could be switched
     off for it now or once time passes (a cooldown, its layout applied). Pure."""
-    assert g.model is not None
-    models = frozenset({g.model.key})
-    if not claim.whole_by_model(models) or not r.eligible(claim, g) or not serves_whole(claim, g):
-        return False
-    if g.whole_hold not in ("", claim.claim.key):
+    if not _takes_whole(r, claim, g):
         return False
     if free_whole(g, claim.claim.key):
         return True
@@ -212,20 +216,13 @@ def could_drain(r: ModeRound, claim: PendingClaim, g: GpuView) -> bool:
     """Whether ``g`` could be kept whole for ``claim`` while work still runs on it: a GPU the claim takes
     whole, not unfit, not held for anything else, and, with MIG mode on, one the policy may switch off once
     it is idle (a reset it allows, none that the platform refused). Pure."""
-    assert g.model is not None
-    if not claim.whole_by_model(frozenset({g.model.key})) or not r.eligible(claim, g):
-        return False
-    if not serves_whole(claim, g) or g.trouble or g.holds or g.whole_hold not in ("", claim.claim.key):
+    if not _takes_whole(r, claim, g) or g.trouble or g.holds:
         return False
     if g.booked_whole:
         return False  # switching off for the claim that booked its whole device: a hold would turn it away
     if g.switching is ON or g.name in r.taken:
         return False
-    if g.whole:
-        return True
-    allow_reset = r.policy.spec.mig_mode.allow_reset
-    needs_reset = mode_switch_needs_reset(g.model.key) and not allow_reset
-    return not needs_reset and not g.mode_reset_stuck and OFF not in g.reset_required
+    return g.whole or (not g.mode_reset_stuck and r.refused(g, OFF) is None)
 
 
 def drained_nodes(

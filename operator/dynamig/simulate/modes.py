@@ -478,7 +478,7 @@ class DynamigModesAllocator(WholeGpuBooking, DynamigAllocator):
         """``drainNodeAfterSeconds`` (``dynamig.operator.whole_keeps.drained_nodes``): each of ``claims`` (no
         idle node kept for it) that waited ``drain_node_after_s``, oldest first, gets the node whose GPUs it
         would take hold the fewest busy slices: as many of them as it asks held whole for it though busy (no
-        other job books them; each switches off for it once idle), for ``drain_hold_s``, then chosen again.
+        other job books them; each switches off for it once idle), for ``drain_hold_s``, once per claim.
         Side effect: the holds."""
         after = self.modes.drain_node_after_s
         if after is None:
