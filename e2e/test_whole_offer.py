@@ -263,9 +263,13 @@ async def test_a_booking_whose_switch_needs_a_reset_the_platform_lacks_is_failed
             kinds = [e.kind for e in sim.history()]
             assert kinds.count("set-mig-mode") == 1, kinds
             assert await k.node_of("train") is None
+
         # what holds it back, told on the GPU: Degraded until a VM reboot applies the pending mode, and
         # neither its whole device nor any MIG device is published meanwhile
-        status = (await k.partition(gpu))["status"]
-        assert status["phase"] == "Degraded" and "pending" in status["message"], status
-        assert not await k.published(node)
+        async def degraded() -> dict[str, Any] | None:
+            status = (await k.partition(gpu))["status"]
+            return status if status["phase"] == "Degraded" and not await k.published(node) else None
+
+        status = await eventually(degraded, "the GPU Degraded with nothing published", within_s=30)
+        assert "pending" in status["message"], status
         await k.delete_pods(["train"])
