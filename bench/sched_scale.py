@@ -46,6 +46,7 @@ from dynamig.kube.devices import MigDevice, device_class
 from dynamig.kube.inventory import GpuInventory, build_inventory_slices
 from dynamig.kube.names import DEVICE_CLASS_NAME
 from dynamig.kube.slices import build_resource_slices
+from dynamig.planner.offerlimit import auto_limit, parse_limit
 from dynamig.simulate.trace import percentile
 
 MODEL = load_catalog().model("A100-80GB")
@@ -150,6 +151,15 @@ def filter_totals(port: int) -> tuple[float, float]:
     return total["sum"], total["count"]
 
 
+def publish(api: RestClient, name: str, inventory: str, gpus: int, top: int) -> tuple[int, int]:
+    """Publish node ``name``'s slices; (devices, slices) it published."""
+    built = node_slices(name, inventory, gpus, top)
+    for s in built:
+        with contextlib.suppress(ApiError):
+            api.request("POST", SLICES, s)
+    return sum(len(s["spec"].get("devices") or []) for s in built), len(built)
+
+
 def grow(
     api: RestClient, cp: ControlPlane, have: int, want: int, inventory: str, gpus: int, top: int
 ) -> tuple[int, int]:
@@ -158,13 +168,16 @@ def grow(
     for n in range(have, want):
         name = f"gpu-{n:04d}"
         cp.register_node(name, allocatable={"pods": "500"})
-        built = node_slices(name, inventory, gpus, top)
-        devices = sum(len(s["spec"].get("devices") or []) for s in built)
-        slices = len(built)
-        for s in built:
-            with contextlib.suppress(ApiError):
-                api.request("POST", SLICES, s)
+        devices, slices = publish(api, name, inventory, gpus, top)
     return devices, slices
+
+
+def republish(api: RestClient, nodes: int, inventory: str, gpus: int, top: int) -> None:
+    """Replace the slices of nodes 0..``nodes``-1 with ones offering ``top`` placements per profile, as the
+    agents do when the operator's choice for the cluster's size changes."""
+    api.request("DELETE", SLICES)
+    for n in range(nodes):
+        publish(api, f"gpu-{n:04d}", inventory, gpus, top)
 
 
 def wait_idle(pid: int, limit_s: float = 300.0) -> None:
@@ -245,11 +258,13 @@ def run(
     sizes: list[int],
     args: argparse.Namespace,
     say: Any,
-    top: int = 0,
+    top: int | None = 0,
     score_pct: int = 0,
 ) -> list[Row]:
+    """``top``: placements per profile (0: every one); None: the default, the operator's choice for each
+    size (``offerlimit.auto_limit``), with every node republished when that choice changes."""
     rows: list[Row] = []
-    label = inventory if not top else f"{inventory}-top{top}"
+    label = "partitionable-default" if top is None else inventory if not top else f"{inventory}-top{top}"
     if score_pct:
         label += f"@{score_pct}%"
     # percentageOfNodesToScore: 0 leaves kube-scheduler's adaptive default (50% - N/125, at least 5%): each
@@ -262,9 +277,14 @@ def run(
         api = cp.rest()
         api.request("POST", "/apis/resource.k8s.io/v1/deviceclasses", device_class())
         have = 0
+        published: int | None = None
         for n in sizes:
             t0 = time.monotonic()
-            devices, slices = grow(api, cp, have, n, inventory, args.gpus, top)
+            limit = auto_limit(n) if top is None else top
+            if published is not None and limit != published:
+                republish(api, have, inventory, args.gpus, limit)
+            published = limit
+            devices, slices = grow(api, cp, have, n, inventory, args.gpus, limit)
             have = n
             say(f"{version} {label}: {n} nodes registered and published in {time.monotonic() - t0:.0f}s")
             time.sleep(args.settle_s)  # the scheduler's informers take the new slices in
@@ -295,7 +315,8 @@ def main() -> int:
         "--top",
         default="",
         help="also run the partitionable inventory publishing only the K best-ranked placements of each "
-        "profile per GPU, for each K listed (e.g. 1,2), on the last version",
+        "profile per GPU, for each K listed (e.g. 1,2), on the last version; 'auto' is the default, the "
+        "operator's choice for each size (every placement up to 64 nodes, one above)",
     )
     ap.add_argument(
         "--nodes-to-score",
@@ -317,7 +338,7 @@ def main() -> int:
         for version in versions:
             for inventory in args.inventories.split(","):
                 rows += run(version, inventory, sizes, args, say, score_pct=pct)
-        for k in [int(x) for x in args.top.split(",") if x]:
+        for k in [parse_limit(x) for x in args.top.split(",") if x]:
             rows += run(versions[-1], "partitionable", sizes, args, say, top=k, score_pct=pct)
     if args.output == "json":
         print(json.dumps([asdict(r) for r in rows], indent=1))
