@@ -182,15 +182,44 @@ def test_recently_reshaped_gpu_waits_for_cooldown() -> None:
     assert "cooldown 60s (60s left)" in v1.message
 
 
-def test_claims_go_to_a_gpu_that_may_be_cut_rather_than_wait_behind_a_cooldown() -> None:
-    # gpu0 was cut for earlier claims a moment ago and packing would put the new ones there too; gpu1 is at
-    # the baseline and may be cut now, so the claims are planned and written there.
+def test_a_gpu_in_its_cooldown_gains_instances_in_free_slices_and_re_cuts_go_elsewhere() -> None:
+    # gpu0 was cut for earlier claims 2 s ago: memory slices 2-3 are free and a free 3g.40gb sits at 4. Two
+    # of the four new claims get 1g.10gb instances cut into slices 2 and 3 at once (nothing on gpu0 is
+    # destroyed, so the cooldown does not hold them); the free 3g.40gb may not be destroyed for the other
+    # two, which are planned and written on gpu1, at the baseline and free to be cut.
     cut = [("1g.10gb", 0, "allocated"), ("1g.10gb", 1, "allocated"), ("3g.40gb", 4, "free")]
     recent = partition(0, cut, written="2027-01-15T07:59:58Z")
     decision, _ = run(policy(disruptionBudget={"maxGpusReshaping": 2}), [recent, baseline_gpu(1)], burst(4))
-    (w,) = decision.writes
-    assert w.gpu == "node-a-gpu1" and len(w.claims) == 4
+    by_gpu = {w.gpu: w for w in decision.writes}
+    assert set(by_gpu) == {"node-a-gpu0", "node-a-gpu1"}
+    gpu0 = by_gpu["node-a-gpu0"]
+    assert set(gpu0.before) <= set(gpu0.layout)  # every instance gpu0 had is kept
+    assert set(gpu0.layout) - set(gpu0.before) == {PlacedInstance(2, "1g.10gb"), PlacedInstance(3, "1g.10gb")}
+    assert len(gpu0.claims) == 2 and len(by_gpu["node-a-gpu1"].claims) == 2
     assert {v.reason for v in decision.verdicts} == {Reason.RESHAPE_SCHEDULED}
+
+
+def test_a_burst_split_across_two_rounds_is_cut_on_the_same_gpu_within_its_cooldown() -> None:
+    # The first claim of a burst got gpu0 cut to a 1g.10gb 2 s ago (cooldown 60 s); the rest of the burst
+    # comes a round later and gpu0 is the only GPU. Before, it waited out the cooldown; now gpu0 gains the
+    # instances in its free slices and nothing it has is touched.
+    first = partition(0, [("1g.10gb", 0, "allocated")], written="2027-01-15T07:59:58Z")
+    decision, _ = run(policy(), [first], burst(3))
+    (w,) = decision.writes
+    assert w.gpu == "node-a-gpu0" and len(w.claims) == 3
+    assert PlacedInstance(0, "1g.10gb") in w.layout and len(w.layout) == 4
+    assert {v.reason for v in decision.verdicts} == {Reason.RESHAPE_SCHEDULED}
+
+
+def test_a_gpu_in_its_cooldown_is_not_re_cut_and_the_claim_is_told_why() -> None:
+    # gpu0 holds a free 3g.40gb at slice 0; a 4g.40gb needs it destroyed, which waits for the cooldown.
+    cut = [("3g.40gb", 0, "free"), ("1g.10gb", 4, "allocated")]
+    recent = partition(0, cut, written="2027-01-15T07:59:58Z")
+    decision, _ = run(policy(), [recent], burst(1, "4g.40gb", "4g.40gb"))
+    assert decision.writes == ()
+    (v,) = decision.verdicts
+    assert v.reason is Reason.WAITING_FOR_COOLDOWN
+    assert "without a re-cut" in v.message and "cooldown 60s (58s left)" in v.message
 
 
 def test_a_layout_the_agent_could_not_apply_is_not_rewritten_and_claims_go_elsewhere() -> None:

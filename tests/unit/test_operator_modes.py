@@ -357,7 +357,10 @@ CASES = [
             "infer": Told(
                 Reason.WAITING_FOR_MIG_MODE_SWITCH,
                 False,
-                ("switching node-a-gpu1", "Now: no GPU of policy fleet that may be cut now"),
+                (
+                    "switching node-a-gpu1",
+                    "Now: no GPU of policy fleet has room for the claim without a re-cut",
+                ),
                 "node-a-gpu1",
             )
         },

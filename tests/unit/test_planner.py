@@ -64,6 +64,15 @@ def check_invariants(
         assert bool(gp.reason) == gp.changed
         changed += gp.changed
         assert not (gp.changed and state.key in policy.frozen), f"frozen {state.key} changed"
+        if state.key in policy.additive and state.key not in policy.frozen:
+            assert set(current) <= set(gp.layout), f"an instance of additive {state.key} was destroyed"
+            added = {i for i in gp.layout if i not in current}
+            got = {
+                PlacedInstance(a.start, a.profile)
+                for a in result.assignments
+                if (a.node, a.index) == (state.node, state.index)
+            }
+            assert added <= got, f"additive {state.key} gained {added - got}, which no claim takes"
         for cur in state.instances:
             if cur.busy:
                 assert cur.placed in gp.layout, f"busy {cur} removed from {gp.node}-gpu{gp.index}"
@@ -238,6 +247,28 @@ def test_a_frozen_gpu_serves_from_its_free_instances_and_the_rest_is_cut_elsewhe
     assert sorted(a.index for a in result.assignments) == [0, 1, 1]
 
 
+def test_an_additive_gpu_gains_instances_in_free_slices_and_destroys_nothing() -> None:
+    # gpu0 has busy 1g.10gb at 0 and 1, slices 2-3 free and a free 3g.40gb at 4; three 1g.10gb claims.
+    gpus = (gpu("n", 0, "A100-80GB", ("1g.10gb", 0, True), ("1g.10gb", 1, True), ("3g.40gb", 4, False)),)
+    claims = tuple(ClaimDemand(f"c{i}", ("1g.10gb",)) for i in range(3))
+    # Cooling down (additive): two claims get 1g.10gb cut into slices 2 and 3; the free 3g.40gb stays, so
+    # the third claim waits; no warm-pool instance is added.
+    policy = Policy(additive=frozenset({gpus[0].key}), warm_pool={"2g.20gb": 1})
+    result = plan(gpus, claims, policy, CATALOG)
+    check_invariants(gpus, claims, policy, result)
+    assert sorted(a.start for a in result.assignments) == [2, 3] and len(result.unsatisfied) == 1
+    assert set(result.gpus[0].layout) == {
+        *(PlacedInstance(s, "1g.10gb") for s in range(4)),
+        PlacedInstance(4, "3g.40gb"),
+    }
+    # Free to be cut: the 3g.40gb is destroyed for the third claim.
+    free = plan(gpus, claims, Policy(), CATALOG)
+    assert free.unsatisfied == () and PlacedInstance(4, "3g.40gb") not in free.gpus[0].layout
+    # Frozen (still reshaping): nothing is cut at all.
+    frozen = plan(gpus, claims, Policy(frozen=frozenset({gpus[0].key})), CATALOG)
+    assert len(frozen.unsatisfied) == 3 and not frozen.gpus[0].changed
+
+
 def test_pack_keeps_whole_gpus_free_and_spread_spreads() -> None:
     gpus = (gpu("n", 0, "A100-80GB"), gpu("n", 1, "A100-80GB"))
     claims = (ClaimDemand("a", ("1g.10gb",)), ClaimDemand("b", ("1g.10gb",)))
@@ -353,6 +384,19 @@ def test_frozen_gpus_never_change(
     gpus, claims, policy = case
     frozen = data.draw(st.frozensets(st.sampled_from([g.key for g in gpus])))
     policy = dataclasses.replace(policy, frozen=frozen)
+    check_invariants(gpus, claims, policy, plan(gpus, claims, policy, CATALOG))
+
+
+@PROPERTY
+@given(rounds(), st.data())
+def test_additive_gpus_only_gain_instances_for_claims(
+    case: tuple[tuple[GpuState, ...], tuple[ClaimDemand, ...], Policy], data: st.DataObject
+) -> None:
+    gpus, claims, policy = case
+    keys = [g.key for g in gpus]
+    additive = data.draw(st.frozensets(st.sampled_from(keys)))
+    frozen = data.draw(st.frozensets(st.sampled_from(keys)))
+    policy = dataclasses.replace(policy, additive=additive, frozen=frozen)
     check_invariants(gpus, claims, policy, plan(gpus, claims, policy, CATALOG))
 
 

@@ -10,8 +10,9 @@ policy's mode, cooldown and disruption budget on top of it:
 - ``DryRun``: the planned layouts are reported (status ``plannedLayouts`` and ``WouldReshape``), not written.
 - ``Dynamic``: a changed GPU is written when it is not in flight, the disruption budget (GPUs in flight plus
   GPUs written this round) allows, and its cooldown (since the operator last wrote its layout) is over;
-  that holds for changes that serve claims and for warm-pool top-ups. A return to the baseline waits until
-  the GPU has had no allocated instance for the cooldown.
+  that holds for re-cuts that serve claims and for warm-pool top-ups. Within its cooldown a GPU may still
+  gain instances for claims in free memory slices (nothing destroyed, nothing disrupted). A return to the
+  baseline waits until the GPU has had no allocated instance for the cooldown.
 
 GPUs whose agent reports the ``Partitionable`` inventory are booked by the kube-scheduler directly (every
 valid placement of ``spec.offeredProfiles`` is a device; the agent cuts it before the pod binds), so no claim
@@ -306,7 +307,9 @@ def decide_round(inp: RoundInput) -> RoundDecision:
     demands = [d for c in to_plan for d in demands_of[c.claim.key]]
     states = [replace(g.state(), node=_planner_node(g)) for g in usable]
     # GPUs that could not be written this round are planned as they are, so demand goes where it can be cut
-    # now instead of queueing behind a cooldown or a reshape in flight.
+    # now instead of queueing behind a reshape in flight. A GPU in its cooldown may still gain instances in
+    # free memory slices for claims (nothing on it is destroyed, so nothing is disrupted): a burst whose
+    # claims come a round apart is cut for at once, not after the cooldown.
     cooling = {g.name for g in usable if _cooling(g, inp.now, spec.cooldown_seconds)}
     # A GPU whose agent could not apply its current spec.layout is not written again (the agent retries it
     # itself): rewriting the same layout every round would be a hot loop that serves nobody.
@@ -314,11 +317,10 @@ def decide_round(inp: RoundInput) -> RoundDecision:
     # A partitionable GPU whose floor waits for bookings is not rewritten either: the agent creates the floor
     # once they end, and a new floor would wait on the same bookings.
     waiting = {g.name for g in usable if g.floor_held and not g.in_flight}
-    frozen_gpus = [
-        g for g in usable if g.in_flight or g.name in cooling or g.name in failed or g.name in waiting
-    ]
+    frozen_gpus = [g for g in usable if g.in_flight or g.name in failed or g.name in waiting]
     frozen = frozenset(GpuKey(_planner_node(g), g.index) for g in frozen_gpus)
-    planner_policy = replace(spec.to_planner(), frozen=frozen)
+    additive = frozenset(GpuKey(_planner_node(g), g.index) for g in usable if g.name in cooling) - frozen
+    planner_policy = replace(spec.to_planner(), frozen=frozen, additive=additive)
     started = time.perf_counter()
     groups = _pod_groups(to_plan, demands_of)
     result: PlanResult = _plan_together(states, demands, groups, planner_policy, inp.catalog)
@@ -343,8 +345,12 @@ def decide_round(inp: RoundInput) -> RoundDecision:
         planned.append(_write_for(g, gp, tuple(sorted(set(claims_per_gpu.get(g.name, []))))))
 
     writes: list[LayoutWrite] = []
-    # Frozen GPUs were planned as they are; say why each may not change this round.
+    # Frozen GPUs were planned as they are; say why each may not change this round. GPUs cooling down were
+    # planned to gain instances for claims only, so what was planned for them may be written.
     held: dict[str, str] = {g.name: _why_frozen(g, inp.now, spec.cooldown_seconds) for g in frozen_gpus}
+    recut_later = {
+        g.name: _why_frozen(g, inp.now, spec.cooldown_seconds) for g in usable if g.name in cooling | failed
+    }
     budget = spec.disruption_budget.max_gpus_reshaping
     # MIG mode switches (their GPUs unusable meanwhile) count against the budget as reshaping GPUs do.
     in_flight = sum(1 for g in usable if g.reshaping) + len(switch_changes(inp.gpus))
@@ -371,6 +377,9 @@ def decide_round(inp: RoundInput) -> RoundDecision:
         writes.append(w)
 
     written = {w.gpu for w in writes}
+    # A GPU in its cooldown that gains nothing this round is held by it (its status says so).
+    for name in sorted(cooling - written):
+        held.setdefault(name, recut_later[name])
     planned_by_gpu = {w.gpu: w for w in planned}
     for c in to_plan:
         names = [d.name for d in demands_of[c.claim.key]]
@@ -393,8 +402,9 @@ def decide_round(inp: RoundInput) -> RoundDecision:
                 verdicts.append(ClaimVerdict(c, Reason.RESHAPE_IN_PROGRESS, msg, profile))
             elif cooling or failed:
                 msg = (
-                    f"no GPU of policy {policy.name} that may be cut now has room for the claim; "
-                    + "; ".join(held[name] for name in sorted(cooling | failed))
+                    f"no GPU of policy {policy.name} has room for the claim without a re-cut it may not "
+                    "make now; "
+                    + "; ".join(recut_later[name] for name in sorted(cooling | failed))
                     + "; the claim is planned again when they may change"
                 )
                 reason = Reason.WAITING_FOR_COOLDOWN if cooling and not failed else Reason.NO_CAPACITY

@@ -20,7 +20,9 @@ How a round is planned
    a GPU the start that leaves the largest creatable profile and the most creatable placements wins.
    Busy and assigned instances are pinned: no option ever removes or moves them, and every layout an
    option produces passes the geometry check (overlap, allowed starts, instance caps, media-engine rules).
-   A GPU the policy marks frozen (still reshaping, cooling down) offers only its free instances.
+   A GPU the policy marks frozen (still reshaping) offers only its free instances; one it marks additive
+   (cooling down) also offers new instances in free memory slices, never one that destroys anything, and
+   neither returns to the baseline nor takes warm-pool instances.
 
 2. Several passes run with different claim orders (large first, small first, least capacity needed first,
    most constrained first, seeded shuffles), with "use existing free instances before anything else" on or
@@ -76,7 +78,7 @@ _PASS_WORK_BUDGET = 20_000
 def _return_to_baseline(p: Pass, baseline: Mapping[str, Layout]) -> None:
     for g in p.gpus:
         base = baseline.get(g.model.key)
-        if base is None or g.busy or g.assigned or g.order in p.ctx.frozen:
+        if base is None or g.busy or g.assigned or g.order in p.ctx.frozen or g.order in p.ctx.additive:
             continue
         target = normalize_layout(list(base))
         if g.layout() == target:
@@ -107,7 +109,8 @@ def _fill_warm_pool(p: Pass, warm_pool: Mapping[str, int]) -> None:
             best: tuple[tuple[int, ...], int, Option] | None = None
             seen: dict[int, Option | None] = {}
             for g in p.gpus:
-                if not g.model.has_profile(pname) or g.order in ctx.frozen:
+                # A GPU cooling down gains instances for claims only: the warm pool waits for the cooldown.
+                if not g.model.has_profile(pname) or g.order in ctx.frozen or g.order in ctx.additive:
                     continue
                 if g.sid not in seen:
                     opt = ctx.new_option(g.sid, pname) if (g.changed or not p.exhausted) else None

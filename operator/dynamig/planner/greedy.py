@@ -116,6 +116,7 @@ class Context:
         self.base = [_Gpu(i, s, geo.model(s.model)) for i, s in enumerate(states)]
         self.frozen = frozenset(g.order for g in self.base if g.state.key in policy.frozen)
         self.changeable = frozenset(range(len(self.base))) - self.frozen
+        self.additive = frozenset(g.order for g in self.base if g.state.key in policy.additive) - self.frozen
         self.nodes: dict[str, list[int]] = {}
         for g in self.base:
             self.nodes.setdefault(g.node, []).append(g.order)
@@ -133,10 +134,10 @@ class Context:
         for p in demanded:
             sizes = [m.profile(p).placement_size / m.memory_slices for m in self.models if m.has_profile(p)]
             self.size[p] = min(sizes) if sizes else 1.0
-        self._opt: dict[tuple[int, str, bool, bool, bool], Option | None] = {}
+        self._opt: dict[tuple[int, str, bool, bool, bool, bool], Option | None] = {}
         self._new: dict[tuple[int, str, bool], list[Option]] = {}
         self._use: dict[tuple[int, str], Option | None] = {}
-        self._lb: dict[tuple[int, str, bool], tuple[tuple[int, ...], bool] | None] = {}
+        self._lb: dict[tuple[int, str, bool, bool], tuple[tuple[int, ...], bool] | None] = {}
         self.initial_heaps: dict[
             tuple[frozenset[int] | None, bool, bool], dict[tuple[str, str], list[_Entry]]
         ] = {}
@@ -187,16 +188,22 @@ class Context:
         return opt
 
     def option(
-        self, sid: int, pname: str, may_touch: bool, repack: bool = False, capacity: bool = False
+        self,
+        sid: int,
+        pname: str,
+        may_touch: bool,
+        repack: bool = False,
+        capacity: bool = False,
+        add_only: bool = False,
     ) -> Option | None:
         """Cheapest way to get one ``pname`` device on a GPU with signature ``sig``; None if impossible.
 
         Default costs put existing free instances first, then fewest destroyed, fewest GPUs touched, packing
         and fragmentation. ``repack`` costs rank every option, existing instances included, by how much
         room the pinned instances leave for later claims (a pass variant for tight rounds). ``capacity``
-        selects the fragmentation measure (see ``GeoCache.flex``).
+        selects the fragmentation measure (see ``GeoCache.flex``). ``add_only``: no option destroys anything.
         """
-        k = (sid, pname, may_touch, repack, capacity)
+        k = (sid, pname, may_touch, repack, capacity, add_only)
         got = self._opt.get(k, _MISSING)
         if got is not _MISSING:
             return got  # type: ignore[return-value]
@@ -205,12 +212,13 @@ class Context:
         use = self.use_option(sid, pname)
         opt: Option | None
         if not repack:
-            opt = use if use is not None or not may else self.new_option(sid, pname, capacity)
+            opt = use if use is not None or not may else self.new_option(sid, pname, capacity, add_only)
         else:
             model = self.geo.model(sig[0])
             options = [use] if use is not None else []
             if may:
-                options += self._new_options(sid, pname, capacity)
+                news = self._new_options(sid, pname, capacity)
+                options += [o for o in news if not (add_only and o.destroyed)]
             opt = None
             for o in options:
                 cost = (*self.geo.flex(model, o.pinned, self.allowed, capacity), *o.cost)
@@ -220,7 +228,7 @@ class Context:
         return opt
 
     def lower_bound(
-        self, sid: int, pname: str, may_touch: bool, repack: bool, capacity: bool
+        self, sid: int, pname: str, may_touch: bool, repack: bool, capacity: bool, add_only: bool = False
     ) -> tuple[tuple[int, ...], bool] | None:
         """A cheap lower bound of ``option(...).cost`` and whether it is exact; None if no option exists.
 
@@ -229,9 +237,9 @@ class Context:
         and only entries that reach the top get their exact cost.
         """
         if repack:
-            opt = self.option(sid, pname, may_touch, repack, capacity)
+            opt = self.option(sid, pname, may_touch, repack, capacity, add_only)
             return None if opt is None else (opt.cost, True)
-        k = (sid, pname, may_touch)  # the bound does not depend on the fragmentation measure
+        k = (sid, pname, may_touch, add_only)  # the bound does not depend on the fragmentation measure
         got = self._lb.get(k, _MISSING)
         if got is not _MISSING:
             return got  # type: ignore[return-value]
@@ -256,17 +264,22 @@ class Context:
             if any(not (m & full) for m in masks):
                 used = full.bit_count() + model.profile(pname).placement_size
                 result = ((0, touch, 1, used if self.spread else -used), False)
-            elif any(not (m & self.pin_mask[sid]) for m in masks):
+            elif not add_only and any(not (m & self.pin_mask[sid]) for m in masks):
                 result = ((1,), False)
             else:
                 result = None
         self._lb[k] = result
         return result
 
-    def new_option(self, sid: int, pname: str, capacity: bool = False) -> Option | None:
-        """Cheapest new ``pname`` instance (default costs) on a GPU with signature ``sid``, or None."""
+    def new_option(
+        self, sid: int, pname: str, capacity: bool = False, add_only: bool = False
+    ) -> Option | None:
+        """Cheapest new ``pname`` instance (default costs) on a GPU with signature ``sid``, or None;
+        ``add_only``: only one that destroys nothing."""
         best: Option | None = None
         for o in self._new_options(sid, pname, capacity):
+            if add_only and o.destroyed:
+                continue
             if best is None or o.cost < best.cost:
                 best = o
         return best
@@ -389,6 +402,10 @@ class Pass:
         """May GPU ``order`` change (if it has not already)?"""
         return not self.exhausted and (self.touchable is None or order in self.touchable)
 
+    def add_only(self, order: int) -> bool:
+        """May GPU ``order`` only gain instances (it is cooling down)?"""
+        return order in self.ctx.additive
+
     def _build_heaps(self) -> None:
         ctx = self.ctx
         fresh = all(g.version == 0 for g in self.gpus) and not self.exhausted
@@ -399,15 +416,15 @@ class Pass:
         heaps: dict[tuple[str, str], list[_Entry]] = {
             (m.key, p): [] for m in ctx.models for p in ctx.demanded[m.key]
         }
-        bounds: dict[tuple[int, str, bool], tuple[tuple[int, ...], bool] | None] = {}
+        bounds: dict[tuple[int, str, bool, bool], tuple[tuple[int, ...], bool] | None] = {}
         for g in self.gpus:
-            may = self.may_touch(g.order)
+            may, add_only = self.may_touch(g.order), self.add_only(g.order)
             for p in ctx.demanded[g.model.key]:
-                bk = (g.sid, p, may)
+                bk = (g.sid, p, may, add_only)
                 if bk in bounds:
                     lb = bounds[bk]
                 else:
-                    lb = bounds[bk] = ctx.lower_bound(g.sid, p, may, self.repack, self.capacity)
+                    lb = bounds[bk] = ctx.lower_bound(g.sid, p, may, self.repack, self.capacity, add_only)
                 if lb is not None:
                     heaps[(g.model.key, p)].append((lb[0], g.order, g.version, lb[1]))
         for h in heaps.values():
@@ -418,9 +435,9 @@ class Pass:
 
     def _refresh(self, g: _Gpu) -> None:
         g.version += 1
-        may = self.may_touch(g.order)
+        may, add_only = self.may_touch(g.order), self.add_only(g.order)
         for p in self.ctx.demanded[g.model.key]:
-            lb = self.ctx.lower_bound(g.sid, p, may, self.repack, self.capacity)
+            lb = self.ctx.lower_bound(g.sid, p, may, self.repack, self.capacity, add_only)
             if lb is not None:
                 heapq.heappush(self.heaps[(g.model.key, p)], (lb[0], g.order, g.version, lb[1]))
 
@@ -444,10 +461,15 @@ class Pass:
             if entry[3]:
                 return entry
             heapq.heappop(heap)
-            opt = self.ctx.option(g.sid, pname, self.may_touch(g.order), self.repack, self.capacity)
+            opt = self._option(g, pname)
             if opt is not None:
                 heapq.heappush(heap, (opt.cost, g.order, g.version, True))
         return None
+
+    def _option(self, g: _Gpu, pname: str) -> Option | None:
+        return self.ctx.option(
+            g.sid, pname, self.may_touch(g.order), self.repack, self.capacity, self.add_only(g.order)
+        )
 
     # -- placing a claim ----------------------------------------------------------------------------------
     def place(self, claim: ClaimDemand, rank: int, pname: str, use_only: bool) -> bool:
@@ -483,7 +505,7 @@ class Pass:
         if best is None or (use_only and best[0] != _USE_COST):
             return None
         g = self.gpus[best[1]]
-        opt = self.ctx.option(g.sid, pname, self.may_touch(g.order), self.repack, self.capacity)
+        opt = self._option(g, pname)
         assert opt is not None and opt.cost == best[0]
         return [(g.order, opt)]
 
@@ -509,14 +531,14 @@ class Pass:
                 bounds = []
                 for o in orders:
                     may_o = may and (self.touchable is None or o in self.touchable)
-                    lb = ctx.lower_bound(sids[o], pname, may_o, self.repack, self.capacity)
+                    lb = ctx.lower_bound(sids[o], pname, may_o, self.repack, self.capacity, self.add_only(o))
                     if lb is not None:
                         bounds.append((lb[0], o, may_o))
                 bounds.sort()
                 for lb_cost, o, may_o in bounds:
                     if best is not None and (lb_cost, o) >= best[:2]:
                         break
-                    opt = ctx.option(sids[o], pname, may_o, self.repack, self.capacity)
+                    opt = ctx.option(sids[o], pname, may_o, self.repack, self.capacity, self.add_only(o))
                     if opt is not None and (best is None or (opt.cost, o) < best[:2]):
                         best = (opt.cost, o, opt)
             if best is None:

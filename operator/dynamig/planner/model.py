@@ -78,9 +78,13 @@ class Policy:
     baseline: Mapping[str, Layout] = field(default_factory=dict)  # model key -> layout idle GPUs return to
     max_gpus_reshaped: int | None = None  # disruption budget per round; None: unlimited
     strategy: Strategy = Strategy.PACK
-    # GPUs that may not change this round (still reshaping, cooling down): claims may take their free
-    # instances, nothing is cut or destroyed on them, so the rest of the demand is planned elsewhere.
+    # GPUs that may not change this round (still reshaping): claims may take their free instances, nothing
+    # is cut or destroyed on them, so the rest of the demand is planned elsewhere.
     frozen: frozenset[GpuKey] = frozenset()
+    # GPUs that may only gain instances this round (cooling down after a re-cut): claims may take their free
+    # instances and have new ones cut in free memory slices, but no instance is destroyed there. A cut into
+    # free slices disrupts nothing, so a burst split across two rounds does not wait out the cooldown.
+    additive: frozenset[GpuKey] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

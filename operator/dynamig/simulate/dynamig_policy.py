@@ -24,7 +24,9 @@ What the simulation does, as the operator, the agents and the scheduler would:
   offers did not already show (the same free space, re-cuts included), so none is run. The
   instances a round creates are reserved for the claims it assigned them to (the scheduler books what
   the operator planned) and become usable after the create latency, one GPU after another per node. A
-  reshaped GPU is not reshaped by a planning round again for ``cooldown_s``.
+  reshaped GPU is not re-cut by a planning round again for ``cooldown_s``; meanwhile it may only gain
+  instances for claims in its free memory slices (the planner's ``Policy.additive``, as the operator plans
+  a GPU in its cooldown).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from dataclasses import replace
 
 from dynamig.geometry.catalog import Catalog
 from dynamig.geometry.model import Layout, normalize_layout
-from dynamig.planner import ClaimDemand, CurrentInstance, GpuState, Policy, plan
+from dynamig.planner import ClaimDemand, CurrentInstance, GpuKey, GpuState, Policy, plan
 from dynamig.planner.offerlimit import EVERY_PLACEMENT, auto_limit
 from dynamig.planner.ranking import GpuOffers, OfferKind, RankedOffer, rank_offers
 from dynamig.planner.reserve import IdleNode, WaitingClaim, keep_idle_nodes
@@ -393,7 +395,8 @@ class DynamigAllocator(OfferAllocator):
             )
             for g in gpus
         ]
-        result = plan(states, claims, self.policy, self.catalog)
+        additive = frozenset(GpuKey(g.node, g.index) for g in gpus if g.cooldown_until > now)
+        result = plan(states, claims, replace(self.policy, additive=additive), self.catalog)
         by_key = {(g.node, g.index): g for g in gpus}
         readies: list[float] = []
         touched: list[Gpu] = []
@@ -456,12 +459,12 @@ class DynamigAllocator(OfferAllocator):
         return bool(self._can[gpu.pos])
 
     def candidates(self, now: float, claims: Sequence[ClaimDemand]) -> tuple[list[Gpu], float | None]:
-        """GPUs a round may use, and the earliest time a GPU now in cooldown becomes eligible.
+        """GPUs a round may use, and the earliest time a GPU now in cooldown may be re-cut.
 
-        Every partly used GPU with room, and idle nodes: first one node per multi-GPU claim and per claim
-        tied to some nodes (largest claim first, smallest allowed node that holds it), then more idle
-        nodes until the other single devices and the warm pool are covered. Nodes taken for the first
-        group do not count towards the single devices.
+        Every partly used GPU with room (one in its cooldown may only gain instances), and idle nodes: first
+        one node per multi-GPU claim and per claim tied to some nodes (largest claim first, smallest allowed
+        node that holds it), then more idle nodes until the other single devices and the warm pool are
+        covered. Nodes taken for the first group do not count towards the single devices.
         """
         cooling: float | None = None
         busy: list[Gpu] = []
@@ -471,6 +474,8 @@ class DynamigAllocator(OfferAllocator):
                 continue
             if gpu.cooldown_until > now:
                 cooling = gpu.cooldown_until if cooling is None else min(cooling, gpu.cooldown_until)
+                if self._has_room(gpu):
+                    busy.append(gpu)
                 continue
             if gpu.busy_slices or any(self._kept(i) for i in gpu.instances):
                 if self._has_room(gpu):
