@@ -22,7 +22,7 @@ from types import ModuleType
 import pytest
 from kubernetes_asyncio import client
 
-from dynamig.demo.cluster import ScenarioApi, claim_pod, exactly, resource_claim
+from dynamig.demo.cluster import ScenarioApi
 from dynamig.demo.inprocess import agent_running, operator_running
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.operator.inventory import LAYOUT_WRITTEN_ANNOTATION
@@ -30,7 +30,6 @@ from dynamig.operator.metrics import OperatorMetrics
 
 pytestmark = pytest.mark.controlplane
 
-PROFILE = 'device.attributes["mig.dynamig.io"].profile'
 COOLDOWN_S = 300  # the policy default, written out so the assertion below says what it is compared with
 
 
@@ -49,15 +48,9 @@ async def test_a_second_claim_a_round_later_is_cut_for_within_the_cooldown(
     gpu = f"{node}-gpu0"
     policy = f"burst-{pool}"
 
-    async def start(name: str) -> None:
-        body = resource_claim(name, exactly(f'{PROFILE} == "1g.10gb"'))
-        await k.custom.create_namespaced_custom_object(
-            "resource.k8s.io", "v1", namespace, "resourceclaims", body
-        )
-        await k.core.create_namespaced_pod(namespace, claim_pod(name, {"test-pool": pool}, claim=name))
-
     async with agent_running(kube_api, node, sim), operator_running(crds.kubeconfig_path, OperatorMetrics()):
         await eventually(functools.partial(k.stable, gpu), f"GpuPartition {gpu}", within_s=60)
+        await k.claim_template("one-1g", ["1g.10gb"])
         await k.create_policy(
             policy,
             {
@@ -68,14 +61,14 @@ async def test_a_second_claim_a_round_later_is_cut_for_within_the_cooldown(
             },
         )
         try:
-            await start("first")
+            await k.pod("first", "one-1g", {"test-pool": pool})
             await eventually(functools.partial(k.node_of, "first"), "first bound", within_s=60)
             part = await k.partition(gpu)
             first_written = (part["metadata"].get("annotations") or {}).get(LAYOUT_WRITTEN_ANNOTATION)
             assert first_written, part["metadata"]
             since = len(sim.history())
             created = time.monotonic()
-            await start("second")
+            await k.pod("second", "one-1g", {"test-pool": pool})
             bound_on = await eventually(functools.partial(k.node_of, "second"), "second bound", within_s=60)
             took = time.monotonic() - created
             print(f"\nthe second 1g.10gb pod bound {took:.1f}s after it was created (cooldown {COOLDOWN_S}s)")
