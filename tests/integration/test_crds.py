@@ -368,6 +368,46 @@ def test_policy_status_keeps_the_eviction_ledger_within_bounds(crds: ControlPlan
         cp.kubectl("delete", "gpupartitionpolicy", name, "--ignore-not-found")
 
 
+def test_policy_status_keeps_the_drained_claims_a_new_operator_reads_back(crds: ControlPlane) -> None:
+    """``status.drainedClaims`` as the operator writes it is kept by the API server and read back to the same
+    claims and times; a malformed time or a missing claim is refused naming the field."""
+    from dynamig.operator.policy_status import drained_claims, read_drained_claims
+
+    cp = crds
+    name = _name("drained")
+    body = {
+        "apiVersion": "dynamig.io/v1alpha1",
+        "kind": "GpuPartitionPolicy",
+        "metadata": {"name": name},
+        "spec": {"nodeSelector": {"matchLabels": {"dynamig.io/drained-test": name}}},
+    }
+    cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(body))
+    try:
+        good = drained_claims({"ml/train": 1_800_000_000.0, "ml/other": 1_800_000_060.0})
+        bad: list[tuple[dict[str, Any], str]] = [
+            ({"time": "yesterday"}, "status.drainedClaims[0].time"),
+            ({"claim": None}, "status.drainedClaims[0].claim"),
+        ]
+        for entry, field in [*bad, ({}, "")]:
+            item = {k: v for k, v in {**good[0], **entry}.items() if v is not None}
+            patch = json.dumps({"status": {"drainedClaims": [item, *good[1:]]}})
+            got = cp.kubectl(
+                "patch", "gpupartitionpolicy", name, "--subresource=status", "--type=merge", "-p", patch,
+                check=False,
+            )  # fmt: skip
+            assert (got.returncode == 0) == (not field), got.stderr
+            if field:
+                assert field in got.stderr, got.stderr
+        stored = json.loads(cp.kubectl("get", "gpupartitionpolicy", name, "-o", "json").stdout)
+        assert stored["status"]["drainedClaims"] == good
+        assert read_drained_claims(stored["status"]["drainedClaims"]) == {
+            "ml/train": 1_800_000_000.0,
+            "ml/other": 1_800_000_060.0,
+        }
+    finally:
+        cp.kubectl("delete", "gpupartitionpolicy", name, "--ignore-not-found")
+
+
 def test_gpupartition_status_keeps_the_nvlink_facts_the_agent_writes(crds: ControlPlane) -> None:
     """The NVLink facts of a GPU (whatever its MIG mode) as the agent's merge patch writes them are kept field
     for field and read back by the operator; a patch of the same GPU once NVML no longer gives them removes

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -39,6 +39,7 @@ from dynamig.operator.kubeio import KubeIO, Snapshot
 from dynamig.operator.metrics import OperatorMetrics
 from dynamig.operator.mode_round import ModeInput
 from dynamig.operator.modes import ModeDecision, decide_modes
+from dynamig.operator.policy_status import MAX_DRAINED_CLAIMS, drained_claims, read_drained_claims
 from dynamig.operator.reconciler import Reconciler
 from dynamig.operator.settings import OperatorSettings
 from dynamig.operator.verdicts import Reason
@@ -806,6 +807,7 @@ class FakeKube:
         self.writes: list[tuple[str, dict[str, Any], dict[str, str]]] = []
         # the preempter's writes of spec.holds (operator/preempting.py)
         self.hold_writes: list[tuple[str, list[dict[str, Any]]]] = []
+        self.statuses: list[tuple[str, dict[str, Any]]] = []  # policy status patches
 
     async def snapshot(self, lease_namespace: str | None = None) -> Snapshot:
         return self.snap
@@ -820,7 +822,7 @@ class FakeKube:
         return {"metadata": {"generation": 2}}
 
     async def patch_policy_status(self, name: str, status: Mapping[str, Any]) -> None:
-        pass
+        self.statuses.append((name, dict(status)))
 
     async def write_device_classes(self, changes: ClassChanges) -> None:
         pass
@@ -1233,6 +1235,20 @@ async def test_a_round_takes_out_the_holds_of_a_claim_kept_on_another_node_now()
     assert metrics.registry.get_sample_value(released, {"policy": "fleet", "why": "moved"}) == 2
 
 
+def test_drained_claims_round_trip_skip_what_does_not_parse_and_keep_the_newest() -> None:
+    stored = drained_claims({"ml/b": 1_800_000_060.0, "ml/a": 1_800_000_000.0})
+    assert stored == [
+        {"claim": "ml/a", "time": "2027-01-15T08:00:00Z"},
+        {"claim": "ml/b", "time": "2027-01-15T08:01:00Z"},
+    ]
+    assert read_drained_claims(stored) == {"ml/a": 1_800_000_000.0, "ml/b": 1_800_000_060.0}
+    junk = [{"claim": "ml/c"}, {"time": "2027-01-15T08:00:00Z"}, {"claim": 7, "time": "x"}, "ml/d"]
+    assert read_drained_claims([*junk, stored[0]]) == {"ml/a": 1_800_000_000.0}
+    assert read_drained_claims(None) == {} and read_drained_claims({"claim": "ml/a"}) == {}
+    many = drained_claims({f"ml/c{i}": 1_800_000_000.0 + i for i in range(MAX_DRAINED_CLAIMS + 5)})
+    assert len(many) == MAX_DRAINED_CLAIMS and many[0]["claim"] == "ml/c5"
+
+
 class _ConflictingKube(FakeKube):
     """FakeKube whose spec writes are answered 409 Conflict while ``fail`` is set."""
 
@@ -1283,3 +1299,20 @@ async def test_a_round_drains_a_node_once_per_claim() -> None:
     kube.writes.clear()
     await rec.round("fleet")
     assert not [spec for _, spec, _ in kube.writes if spec.get("holds")]
+    # the drain is in the policy's status, and a new operator process (a restart, a new leader) reads it
+    # back: it does not drain the claim again either
+    assert kube.statuses[0][1]["drainedClaims"] == []  # the round answered 409 stored nothing
+    (entry,) = kube.statuses[-1][1]["drainedClaims"]
+    assert entry["claim"] == "ml/big" and parse_time(entry["time"]) >= before - 1  # type: ignore[operator]
+    raw = {**snap.policies[0], "status": {"drainedClaims": [entry]}}
+    again = _ConflictingKube(replace(snap, policies=(raw,)))
+    again.fail = False
+    restarted = Reconciler(cast(KubeIO, again), CATALOG, OperatorMetrics(), OperatorSettings())
+    await restarted.round("fleet")
+    assert not [spec for _, spec, _ in again.writes if spec.get("holds")]
+    assert again.statuses[-1][1]["drainedClaims"] == [entry]  # still waiting: kept
+    # without it in the status, a new process would drain the node for the claim a second time
+    fresh = _ConflictingKube(snap)
+    fresh.fail = False
+    await Reconciler(cast(KubeIO, fresh), CATALOG, OperatorMetrics(), OperatorSettings()).round("fleet")
+    assert sorted(n for n, spec, _ in fresh.writes if spec.get("holds")) == ["node-a-gpu0", "node-a-gpu1"]

@@ -10,6 +10,11 @@ def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def rfc3339(epoch: float) -> str:
+    """Epoch seconds in the RFC 3339 form Kubernetes uses (UTC, seconds precision). Pure."""
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def micro_time(epoch: float) -> str:
     """A ``MicroTime`` as the API writes it: RFC 3339 UTC with microseconds. Pure."""
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

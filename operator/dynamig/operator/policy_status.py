@@ -9,6 +9,7 @@ from typing import Any
 
 from dynamig.kube.gpupartition import Condition, layout_summary, set_condition
 from dynamig.kube.policy import GpuPartitionPolicy, Mode
+from dynamig.kube.times import parse_time, rfc3339
 from dynamig.operator.decide import LayoutWrite, RoundDecision
 from dynamig.operator.inventory import GpuView
 from dynamig.operator.preemption import DryRunReport
@@ -26,9 +27,10 @@ def policy_status(
     recent_evictions: Sequence[dict[str, Any]],
     stamp: str,
     preemption: DryRunReport | None = None,
+    drained: Sequence[dict[str, str]] = (),
 ) -> dict[str, Any]:
     """The status to write (``raw``: the policy as read; ``lost``: its selected GPUs an older policy governs,
-    GPU -> that policy; ``stamp``: now, RFC 3339). Pure."""
+    GPU -> that policy; ``stamp``: now, RFC 3339; ``drained``: :func:`drained_claims`). Pure."""
     old: dict[str, Any] = dict(raw.get("status") or {})
     conds = [Condition.model_validate(c) for c in old.get("conditions") or []]
     gen = policy.metadata.generation
@@ -117,6 +119,8 @@ def policy_status(
         "conditions": [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in conds],
         # the eviction ledger, read back by the next operator process (operator/holds.py Ledger)
         "recentEvictions": list(recent_evictions),
+        # claims a node was drained for (migMode.drainNodeAfterSeconds), read back by a new operator process
+        "drainedClaims": list(drained),
     }
     if written:
         status["lastReshape"] = {
@@ -125,6 +129,29 @@ def policy_status(
             "reason": "; ".join(f"{w.gpu}: {w.reason}" for w in written)[:1024],
         }
     return status
+
+
+MAX_DRAINED_CLAIMS = 1000  # the CRD's maxItems: the newest are kept
+
+
+def drained_claims(drained: Mapping[str, float]) -> list[dict[str, str]]:
+    """``status.drainedClaims``: claim key -> when a node was drained for it (epoch seconds), oldest first,
+    the newest :data:`MAX_DRAINED_CLAIMS`. Pure."""
+    ordered = sorted(drained.items(), key=lambda kv: (kv[1], kv[0]))[-MAX_DRAINED_CLAIMS:]
+    return [{"claim": key, "time": rfc3339(when)} for key, when in ordered]
+
+
+def read_drained_claims(raw: Any) -> dict[str, float]:
+    """``status.drainedClaims`` as written by :func:`drained_claims`, back to claim key -> epoch seconds;
+    entries that do not parse are skipped. Pure."""
+    out: dict[str, float] = {}
+    for entry in raw if isinstance(raw, list) else []:
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("claim"), str):
+            continue
+        when = parse_time(entry.get("time"))
+        if when is not None:
+            out[entry["claim"]] = when
+    return out
 
 
 def replacing_keys(old: Mapping[str, Any] | None, new: Mapping[str, int]) -> dict[str, int | None]:

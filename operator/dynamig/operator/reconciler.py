@@ -58,7 +58,7 @@ from dynamig.operator.modes import (
     released_without_mig,
     served_without_mig,
 )
-from dynamig.operator.policy_status import policy_status, status_differs
+from dynamig.operator.policy_status import drained_claims, policy_status, read_drained_claims, status_differs
 from dynamig.operator.preempting import Preempter
 from dynamig.operator.preemption import DryRunReport
 from dynamig.operator.settings import OperatorSettings
@@ -93,6 +93,8 @@ class _Memory:
     # GPU -> (policy, MIG mode asked, claim, when): switches written, for their completion Event
     switching: dict[str, tuple[str, str, str, float]] = field(default_factory=dict)
     drained: dict[str, float] = field(default_factory=dict)  # claim key -> when a node was drained for it
+    # policies whose status.drainedClaims this process has read back into ``drained``
+    drains_read: set[str] = field(default_factory=set)
 
 
 def auto_limits(
@@ -283,6 +285,7 @@ class Reconciler:
             decision = decide_round(
                 RoundInput(policy, problems, mine, claims, now, dict(self._memory.idle_since), self.catalog)
             )
+            self._read_drains(name, raw)
             # MIG mode switches (operator/modes.py) and the verdicts they change, with the round's writes.
             modes = decide_modes(ModeInput(policy, mine, decision, now, dict(self._memory.drained)))
             decision = replace(decision, verdicts=modes.verdicts)
@@ -637,8 +640,8 @@ class Reconciler:
                 log.info("policy %s: %s", policy.name, booked.message)
                 await self._event_gpu(gpu, "Normal", "WholeGpuBooked", booked.message)
             if keep is not None:
-                if keep.drain:  # once per claim: remembered once a drain's hold is written
-                    self._memory.drained.setdefault(keep.claim, now)
+                if keep.drain:  # once per claim: remembered once a drain's hold is written (and in status)
+                    self._memory.drained.setdefault(keep.claim, self.wall())
                 text = f"{gpu} kept whole for claim {keep.claim} (a claim of whole GPUs) {keep.why}"
                 log.info("policy %s: %s", policy.name, text)
                 await self._event_gpu(gpu, "Normal", "WholeGpuKept", text)
@@ -752,12 +755,25 @@ class Reconciler:
     ) -> None:
         lost = world.ownership.lost.get(policy.name, {})
         evictions = self.preempter.recent_evictions(policy.name)
+        drains = {k: t for k, t in self._memory.drained.items() if world.claim_owner.get(k) == policy.name}
         status = policy_status(
             policy, raw, lost, mine, decision, written, problems, warm_shortfall, evictions, now_rfc3339(),
-            preemption,
+            preemption, drained_claims(drains),
         )  # fmt: skip
         if status_differs(raw.get("status") or {}, status):
             await self.kube.patch_policy_status(policy.name, status)
+
+    def _read_drains(self, name: str, raw: Mapping[str, Any]) -> None:
+        """Once per policy and process: the claims a node was drained for, as the policy's
+        ``status.drainedClaims`` has them, so a restarted operator (or a new leader) drains none again."""
+        if name in self._memory.drains_read:
+            return
+        self._memory.drains_read.add(name)
+        stored = read_drained_claims((raw.get("status") or {}).get("drainedClaims"))
+        for key, when in stored.items():
+            self._memory.drained.setdefault(key, when)
+        if stored:
+            log.info("policy %s: %d claim(s) already drained for, read back from status", name, len(stored))
 
     def _update_metrics(
         self, name: str, mine: tuple[GpuView, ...], decision: RoundDecision, now: float

@@ -29,7 +29,6 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from types import ModuleType
 from typing import Any
 
@@ -51,7 +50,7 @@ from dynamig.agent.publishing.gpu_status import GpuOutcome
 from dynamig.geometry.model import device_name
 from dynamig.kube.gpupartition import ConditionType, GpuPartition, set_condition
 from dynamig.kube.names import gpu_partition_name
-from dynamig.kube.times import now_rfc3339
+from dynamig.kube.times import now_rfc3339, parse_time, rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -60,17 +59,6 @@ CLEAR_ANNOTATION = f"{API_GROUP}/xid-cleared"
 EFFECTS = ("NoSchedule", "NoExecute")
 WAIT_MS = 1000
 RETRY_S = 5.0  # after NVML fails the watcher (driver reload, a GPU lost), register again this much later
-
-
-def _rfc3339(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _parse_rfc3339(text: str) -> float | None:
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 @dataclass
@@ -97,7 +85,7 @@ class Fault:
         return f"{', '.join(sorted(self.devices))} ({inst})"
 
     def text(self) -> str:
-        return f"XID {self.xid} ({self.meaning}) on {self.where()} at {_rfc3339(self.at)}"
+        return f"XID {self.xid} ({self.meaning}) on {self.where()} at {rfc3339(self.at)}"
 
 
 @dataclass
@@ -169,7 +157,7 @@ class DeviceHealth:
                 index = self._index.get(f.gpu_uuid)
                 part = None if index is None else parts.get(gpu_partition_name(self.node, index))
                 mark = (part.metadata.annotations or {}).get(CLEAR_ANNOTATION) if part else None
-                cleared_at = _parse_rfc3339(mark) if mark else None
+                cleared_at = parse_time(mark) if mark else None
                 latest = max(g.at for g in self._faults if g.gpu_uuid == f.gpu_uuid)
                 if cleared_at is not None and f.at <= cleared_at:
                     why = f"cleared by {CLEAR_ANNOTATION}={mark}"
@@ -191,7 +179,7 @@ class DeviceHealth:
             index = self._index.get(f.gpu_uuid)
             if not f.resolved or index is None:
                 continue
-            taint = Taint(f.xid, _rfc3339(f.at), self._effects.get(index, ""))
+            taint = Taint(f.xid, rfc3339(f.at), self._effects.get(index, ""))
             if f.devices is None:
                 if index not in gpus or gpus[index].time_added <= taint.time_added:
                     gpus[index] = taint
