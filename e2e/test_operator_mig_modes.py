@@ -28,7 +28,7 @@ from dynamig.demo.cluster import PROFILE_ATTRIBUTE, ScenarioApi, exactly, resour
 from dynamig.demo.inprocess import agent_running, mig_modes, operator_running, quick_agent_settings
 from dynamig.devcluster import ControlPlane, eventually
 from dynamig.kube.gpupartition import Inventory
-from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, VERSION
+from dynamig.kube.names import GPU_PARTITION_PLURAL, GROUP, POLICY_PLURAL, VERSION
 from dynamig.operator.inventory import MIG_MODE_FOR_ANNOTATION
 from dynamig.operator.metrics import OperatorMetrics
 
@@ -535,8 +535,9 @@ async def test_a_node_is_drained_for_a_claim_of_two_whole_gpus_when_no_node_is_i
     """One node of two H100s with MIG on, and a 1g.10gb pod running on one of them: no node is idle. A pod
     asking two whole GPUs under a policy with migMode.drainNodeAfterSeconds gets the node drained: both GPUs
     kept whole for its claim (spec.holds, kind Whole, lasting drainNodeHoldSeconds; WholeGpuKept says
-    drained). Nothing is switched or destroyed while the small pod runs, and a second 1g.10gb pod gets no
-    slice there. Once the small pod is deleted, both GPUs are switched off and the pair binds on them."""
+    drained; the policy's status.drainedClaims lists the claim). Nothing is switched or destroyed while the
+    small pod runs, and a second 1g.10gb pod gets no slice there. Once the small pod is deleted, both GPUs are
+    switched off and the pair binds on them (and the claim leaves status.drainedClaims)."""
     k = ScenarioApi(kube_api, namespace)
     await k.claim_template("small", ["1g.10gb"])
 
@@ -579,6 +580,16 @@ async def test_a_node_is_drained_for_a_claim_of_two_whole_gpus_when_no_node_is_i
             await eventually(
                 functools.partial(told, f"{node}-gpu{i}"), f"WholeGpuKept on gpu{i}", within_s=30
             )
+
+        async def in_status(present: bool) -> bool | None:
+            """Whether the policy's status.drainedClaims lists the pair's claim is ``present``."""
+            got = await k.custom.list_cluster_custom_object(GROUP, VERSION, POLICY_PLURAL)
+            listed = {
+                e["claim"] for p in got["items"] for e in (p.get("status") or {}).get("drainedClaims") or []
+            }
+            return True if (key in listed) == present else None
+
+        await eventually(functools.partial(in_status, True), "the drain in the policy's status", within_s=30)
         await k.pod("second", "small", where)
         for _ in range(10):  # 5 s of agent and operator rounds: the drain holds, nothing is switched
             await asyncio.sleep(0.5)
@@ -596,3 +607,6 @@ async def test_a_node_is_drained_for_a_claim_of_two_whole_gpus_when_no_node_is_i
         assert got == ["gpu0", "gpu1"], got
         assert mig_modes(sim) == [0, 0]
         assert await k.node_of("second") is None
+        await eventually(
+            functools.partial(in_status, False), "the served claim out of the status", within_s=30
+        )
