@@ -7,6 +7,7 @@ GpuPartition status a node agent would write is patched in by the test through t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -325,47 +326,61 @@ def test_conditions_follow_metav1_condition_rules(
         cp.kubectl("delete", "gpupartition", name, "--ignore-not-found")
 
 
-def test_policy_status_keeps_the_eviction_ledger_within_bounds(crds: ControlPlane) -> None:
-    """``status.recentEvictions`` (the ledger a new operator process reads back) as the operator writes it is
-    kept by the API server, field for field; a malformed time, a missing GPU or more owners than the schema
-    allows is refused naming the field."""
-    cp = crds
-    name = _name("ledger")
+@contextlib.contextmanager
+def _bare_policy(cp: ControlPlane, prefix: str) -> Iterator[str]:
+    """A policy selecting no node, deleted afterwards: its status is the operator's to write."""
+    name = _name(prefix)
     body = {
         "apiVersion": "dynamig.io/v1alpha1",
         "kind": "GpuPartitionPolicy",
         "metadata": {"name": name},
-        "spec": {"nodeSelector": {"matchLabels": {"dynamig.io/ledger-test": name}}},
+        "spec": {"nodeSelector": {"matchLabels": {f"dynamig.io/{prefix}-test": name}}},
     }
     cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(body))
     try:
-        from dynamig.operator.holds import Ledger
+        yield name
+    finally:
+        cp.kubectl("delete", "gpupartitionpolicy", name, "--ignore-not-found")
 
+
+def _patch_status_list(
+    cp: ControlPlane, name: str, key: str, good: list[dict[str, Any]], bad: list[tuple[dict[str, Any], str]]
+) -> dict[str, Any]:
+    """Merge-patch ``status.<key>`` with ``good``, its first entry changed by each of ``bad`` (None drops a
+    field): each is refused naming its field; ``good`` itself is kept. Returns the policy as stored."""
+    for entry, field in [*bad, ({}, "")]:
+        item = {k: v for k, v in {**good[0], **entry}.items() if v is not None}
+        patch = json.dumps({"status": {key: [item, *good[1:]]}})
+        got = cp.kubectl(
+            "patch", "gpupartitionpolicy", name, "--subresource=status", "--type=merge", "-p", patch,
+            check=False,
+        )  # fmt: skip
+        assert (got.returncode == 0) == (not field), got.stderr
+        if field:
+            assert field in got.stderr, got.stderr
+    stored: dict[str, Any] = json.loads(cp.kubectl("get", "gpupartitionpolicy", name, "-o", "json").stdout)
+    assert stored["status"][key] == good
+    return stored
+
+
+def test_policy_status_keeps_the_eviction_ledger_within_bounds(crds: ControlPlane) -> None:
+    """``status.recentEvictions`` (the ledger a new operator process reads back) as the operator writes it is
+    kept by the API server, field for field; a malformed time, a missing GPU or more owners than the schema
+    allows is refused naming the field."""
+    from dynamig.operator.holds import Ledger
+
+    with _bare_policy(crds, "ledger") as name:
         ledger = Ledger()
         ledger.record(name, 1_800_000_000.25, "n1-gpu0", ["ReplicaSet ml/web", "Pod ml/x"])
-        good = ledger.stored(name)
         bad: list[tuple[dict[str, Any], str]] = [
             ({"time": "yesterday"}, "status.recentEvictions[0].time"),
             ({"gpu": None}, "status.recentEvictions[0].gpu"),
             ({"owners": ["Pod ml/x"] * 257}, "status.recentEvictions[0].owners"),
         ]
-        for entry, field in [({}, ""), *bad]:
-            item = {k: v for k, v in {**good[0], **entry}.items() if v is not None}
-            patch = json.dumps({"status": {"recentEvictions": [item]}})
-            got = cp.kubectl(
-                "patch", "gpupartitionpolicy", name, "--subresource=status", "--type=merge", "-p", patch,
-                check=False,
-            )  # fmt: skip
-            assert (got.returncode == 0) == (not field), got.stderr
-            if field:
-                assert field in got.stderr, got.stderr
-        stored = json.loads(cp.kubectl("get", "gpupartitionpolicy", name, "-o", "json").stdout)
-        assert stored["status"]["recentEvictions"] == good
+        stored = _patch_status_list(crds, name, "recentEvictions", ledger.stored(name), bad)
         back = Ledger()
         assert back.restore(name, stored["status"]["recentEvictions"]) == 1
         assert back.count(name, 1_800_000_100.0) == 2 and back.last_hold("n1-gpu0") == 1_800_000_000.25
-    finally:
-        cp.kubectl("delete", "gpupartitionpolicy", name, "--ignore-not-found")
 
 
 def test_policy_status_keeps_the_drained_claims_a_new_operator_reads_back(crds: ControlPlane) -> None:
@@ -373,39 +388,17 @@ def test_policy_status_keeps_the_drained_claims_a_new_operator_reads_back(crds: 
     claims and times; a malformed time or a missing claim is refused naming the field."""
     from dynamig.operator.policy_status import drained_claims, read_drained_claims
 
-    cp = crds
-    name = _name("drained")
-    body = {
-        "apiVersion": "dynamig.io/v1alpha1",
-        "kind": "GpuPartitionPolicy",
-        "metadata": {"name": name},
-        "spec": {"nodeSelector": {"matchLabels": {"dynamig.io/drained-test": name}}},
-    }
-    cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(body))
-    try:
+    with _bare_policy(crds, "drained") as name:
         good = drained_claims({"ml/train": 1_800_000_000.0, "ml/other": 1_800_000_060.0})
         bad: list[tuple[dict[str, Any], str]] = [
             ({"time": "yesterday"}, "status.drainedClaims[0].time"),
             ({"claim": None}, "status.drainedClaims[0].claim"),
         ]
-        for entry, field in [*bad, ({}, "")]:
-            item = {k: v for k, v in {**good[0], **entry}.items() if v is not None}
-            patch = json.dumps({"status": {"drainedClaims": [item, *good[1:]]}})
-            got = cp.kubectl(
-                "patch", "gpupartitionpolicy", name, "--subresource=status", "--type=merge", "-p", patch,
-                check=False,
-            )  # fmt: skip
-            assert (got.returncode == 0) == (not field), got.stderr
-            if field:
-                assert field in got.stderr, got.stderr
-        stored = json.loads(cp.kubectl("get", "gpupartitionpolicy", name, "-o", "json").stdout)
-        assert stored["status"]["drainedClaims"] == good
+        stored = _patch_status_list(crds, name, "drainedClaims", good, bad)
         assert read_drained_claims(stored["status"]["drainedClaims"]) == {
             "ml/train": 1_800_000_000.0,
             "ml/other": 1_800_000_060.0,
         }
-    finally:
-        cp.kubectl("delete", "gpupartitionpolicy", name, "--ignore-not-found")
 
 
 def test_gpupartition_status_keeps_the_nvlink_facts_the_agent_writes(crds: ControlPlane) -> None:
