@@ -72,9 +72,6 @@ async def test_the_operator_never_cuts_on_a_gpu_with_an_uncleared_critical_xid(
                 "nodeSelector": {"matchLabels": {"test-pool": pool}},
                 "mode": "Dynamic",
                 "batchWindowSeconds": 1,
-                # the two claims may come a round apart on a busy machine: gpu1 is cut again for the second
-                # at once rather than after the default 300 s cooldown
-                "cooldownSeconds": 0,
             },
         )
         try:
